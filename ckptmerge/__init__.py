@@ -1,0 +1,52 @@
+"""ckptmerge: restore TensorFlow variables from several checkpoints at once, with a plan first.
+
+Importing this package does not import TensorFlow: planning and inspection read checkpoints
+with ckptmerge's own reader; TF is imported only when variables are touched.
+
+Example:
+    >>> import ckptmerge as cm
+    >>> sources = [cm.Source("runs/A", map={"a1": "c/x1"}),
+    ...            cm.Source("runs/B/model-10", map={"b1": "c/y1"})]      # doctest: +SKIP
+    >>> plan = cm.plan(None, sources, allow_missing=["c/z"])               # doctest: +SKIP
+    >>> print(plan.report())                                               # doctest: +SKIP
+    >>> plan.restore(session=sess)                                         # doctest: +SKIP
+"""
+
+from .api import list_variables, load, open, plan, restore
+from .resolve import CheckpointInfo, checkpoints
+from .errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    CkptMergeError,
+    ConfigError,
+    PlanError,
+    RestoreError,
+    RuleError,
+)
+from .planner import Plan
+from .report import Report
+from .source import Source
+from .specs import VariableInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointFormatError",
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "CkptMergeError",
+    "ConfigError",
+    "Plan",
+    "PlanError",
+    "Report",
+    "RestoreError",
+    "RuleError",
+    "Source",
+    "VariableInfo",
+    "checkpoints",
+    "list_variables",
+    "load",
+    "open",
+    "plan",
+    "restore",
+]

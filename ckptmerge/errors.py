@@ -1,0 +1,211 @@
+"""The error family of ckptmerge.
+
+Every error ckptmerge raises on purpose derives from :class:`CkptMergeError`, with a builtin
+co-base where one fits, so callers can catch ``FileNotFoundError`` or ``ValueError`` as they
+already do. Errors carry their data as attributes (``e.path``, ``e.plan``, ``e.problems``) so
+callers and tests need not parse messages. This module also holds the one "did you mean" helper.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable, Optional, Sequence
+
+__all__ = [
+    "CkptMergeError",
+    "CheckpointNotFoundError",
+    "CheckpointFormatError",
+    "RuleError",
+    "PlanError",
+    "ConfigError",
+    "RestoreError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "OutputExistsError",
+    "CheckpointWriteError",
+    "did_you_mean",
+    "format_list",
+]
+
+
+class CkptMergeError(Exception):
+    """Base class of every error ckptmerge raises on purpose.
+
+    Example:
+        >>> try:
+        ...     raise CkptMergeError("boom")
+        ... except CkptMergeError as e:
+        ...     str(e)
+        'boom'
+    """
+
+
+class CheckpointNotFoundError(CkptMergeError, FileNotFoundError):
+    """A checkpoint path, step or file does not exist.
+
+    Attributes:
+        path: the path that was asked for (as given by the user).
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:  # FileNotFoundError would otherwise format errno/filename
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointFormatError(CkptMergeError, ValueError):
+    """A checkpoint file is corrupt, truncated, or in a format ckptmerge does not read.
+
+    Attributes:
+        path: the file in which the problem was found.
+        key: the tensor key concerned, if any.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, key: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.key = key
+
+
+class RuleError(CkptMergeError, ValueError):
+    """A rename/selection rule is invalid (bad regex, bad backreference, bad glob, bad map entry)."""
+
+
+class PlanError(CkptMergeError):
+    """A plan has findings that ``strict`` mode does not accept, or cannot be built.
+
+    Attributes:
+        plan: the :class:`ckptmerge.Plan` with every finding (may be ``None`` when the plan
+            could not be built at all, e.g. duplicate target names).
+    """
+
+    def __init__(self, message: str, *, plan: Any = None) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+class ConfigError(CkptMergeError, ValueError):
+    """A config file (or dict) is invalid.
+
+    Attributes:
+        path: the config file, if any.
+        problems: every problem found, each a one-line string such as
+            ``"warm.yaml:7 sources[1].regex[0]: unbalanced parenthesis in '^head/(.*'"``.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.path = path
+        self.problems = list(problems)
+
+
+class RestoreError(CkptMergeError):
+    """Reading or assigning failed during a restore; the targets were put back as they were.
+
+    Attributes:
+        path: the file that failed, if known.
+        key: the tensor key that failed, if known.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, key: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.key = key
+
+
+class ArgumentError(CkptMergeError, ValueError):
+    """An argument has a value ckptmerge cannot use (e.g. ``step=-1``), or is ambiguous.
+
+    Example:
+        >>> try:
+        ...     from ckptmerge.resolve import resolve_checkpoint
+        ...     resolve_checkpoint("runs/A", step=-1)
+        ... except ValueError as e:
+        ...     print(type(e).__name__)
+        ArgumentError
+    """
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument has the wrong type (e.g. ``step="10"`` or ``step=True``)."""
+
+
+class OutputExistsError(CkptMergeError, FileExistsError):
+    """The output checkpoint already exists and ``overwrite`` was not set.
+
+    Attributes:
+        path: the existing file.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class CheckpointWriteError(CkptMergeError, OSError):
+    """Writing the checkpoint failed (disk full, permission denied, ...); nothing was left behind.
+
+    Attributes:
+        path: the file that could not be written.
+        errno: the OS error number, if any.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, errno_: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno_
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+# --------------------------------------------------------------------------------------------
+# the SSTable (.index) encoding
+
+
+def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.8) -> str:
+    """Return ``" Did you mean 'x'?"`` (or ``" Did you mean 'x' or 'y'?"``) or ``""``.
+
+    Matching is on the whole name and, as a fallback, on the last path component, so that
+    ``enc/kernal`` finds ``encoder/dense/kernel`` when the scope differs too.
+
+    Example:
+        >>> did_you_mean("dense/kernal", ["dense/kernel", "dense/bias"])
+        " Did you mean 'dense/kernel'?"
+    """
+    cands = list(dict.fromkeys(candidates))
+    close = difflib.get_close_matches(name, cands, n=n, cutoff=cutoff)
+    if not close:
+        leaf = name.rstrip("/").rsplit("/", 1)[-1]
+        by_leaf = {}
+        for c in cands:
+            by_leaf.setdefault(c.rstrip("/").rsplit("/", 1)[-1], []).append(c)
+        for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.8):
+            close = difflib.get_close_matches(name, by_leaf[m], n=n, cutoff=0.0)
+    if not close:
+        return ""
+    quoted = [f"'{c}'" for c in close]
+    if len(quoted) == 1:
+        return f" Did you mean {quoted[0]}?"
+    return " Did you mean " + ", ".join(quoted[:-1]) + " or " + quoted[-1] + "?"
+
+
+def format_list(items: Sequence[str], *, limit: int = 5, more_hint: str = "") -> str:
+    """Render the first ``limit`` items quoted, then ``... and N more``.
+
+    Example:
+        >>> format_list(["a", "b", "c"], limit=2)
+        "'a', 'b' ... and 1 more"
+    """
+    shown = ", ".join(f"'{x}'" for x in items[:limit])
+    rest = len(items) - limit
+    if rest > 0:
+        shown += f" ... and {rest} more"
+        if more_hint:
+            shown += f" ({more_hint})"
+    return shown

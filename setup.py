@@ -1,0 +1,39 @@
+"""Packaging for ckptmerge: restore TensorFlow variables from several checkpoints at once."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="ckptmerge",
+    version="0.1.0",
+    description="Restore TensorFlow variables from several checkpoints at once, with a plan first.",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ckptmerge", "ckptmerge.*"]),
+    package_data={"ckptmerge": ["py.typed"]},
+    install_requires=[
+        "tensorflow>=2.16",
+        "numpy>=1.23",
+        "click>=8.0",
+        "PyYAML>=5.4",
+        # Reasons in README "Dependencies": TF-free reading and writing of checkpoints.
+        "crc32c>=2.3",
+        "cramjam>=2.6",
+        "ml_dtypes>=0.3",
+        "h5py>=3.0",
+        "tomli>=1.1; python_version < '3.11'",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0"],
+    },
+    entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
