@@ -1,0 +1,791 @@
+"""The plan: which target variable gets which checkpoint variable, computed before any restore.
+
+:func:`make_plan` is pure: it takes target specs and one :class:`SourceView` per checkpoint
+(names, specs and :class:`~ckptmerge.rules.Rules`, no readers) and returns a :class:`Plan`
+holding the :class:`Assignment` of every target that can be restored plus every finding:
+``missing``, ``allowed_missing``, ``unused``, ``dropped``, ``mismatched`` (with ``skipped``),
+``conflicts``, ``ambiguous`` and ``unmatched_rules``. Nothing is resolved silently:
+:meth:`Plan.blocking` turns the findings into one fix-it line each, and :meth:`Plan.check`
+raises one :class:`~ckptmerge.errors.PlanError` listing all of them.
+
+Every target lands in exactly one of ``assignments``, ``missing``, ``allowed_missing``,
+``skipped`` (a provider exists but does not fit) or :attr:`Plan.unresolved_conflicts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from .errors import CkptMergeError, PlanError, RuleError
+from .rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule, _q,
+                    _received, _scopes_of, did_you_mean_text, suggest)
+from .specs import VariableInfo
+from .transforms import TransformError, cast_problem, chain_output_shape
+
+__all__ = [
+    "OptionError",
+    "SourceView",
+    "Assignment",
+    "Mismatch",
+    "Conflict",
+    "Plan",
+    "make_plan",
+    "ON_CONFLICT",
+    "ON_SHAPE_MISMATCH",
+]
+
+#: Valid values of ``on_conflict``.
+ON_CONFLICT = ("error", "first", "last")
+#: Valid values of ``on_shape_mismatch``.
+ON_SHAPE_MISMATCH = ("error", "skip")
+
+#: How many blocking lines :meth:`Plan.check` shows before "... and N more".
+CHECK_LIMIT = 20
+
+
+class OptionError(CkptMergeError, ValueError):
+    """An option has a value ckptmerge does not accept (the message lists the valid values).
+
+    Example:
+        >>> try:
+        ...     make_plan([], [], on_conflict="frist")
+        ... except OptionError as e:
+        ...     print(e)
+        on_conflict must be one of 'error', 'first', 'last'; received 'frist'. Did you mean 'first'?
+    """
+
+
+def _provider(label: str, name: str) -> str:
+    return f"{label}:{_q(name)}"
+
+
+def _and_list(items: Sequence[str]) -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _check_choice(option: str, value: Any, choices: Sequence[str]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        valid = ", ".join(_q(c) for c in choices)
+        dym = did_you_mean_text(suggest(value, choices, cutoff=0.6)) if isinstance(value, str) else ""
+        raise OptionError(f"{option} must be one of {valid}; received {value!r}.{dym}")
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and findings
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What the plan needs to know of one source checkpoint.
+
+    Attributes:
+        label: unique display name, e.g. ``"A"`` or ``"base"``.
+        path: resolved checkpoint prefix, or ``"<memory>"``.
+        note: how it was resolved, e.g. ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
+        variables: name -> :class:`~ckptmerge.specs.VariableInfo`, already filtered (e.g.
+            optimizer state left out); stored as a read-only mapping sorted by name.
+        rules: the source's selection/rename rules (identity by default).
+        transforms: value transforms (:mod:`ckptmerge.transforms`: objects with
+            ``applies_to(target_name)``, ``output_shape(source_shape, target_shape)`` and
+            ``describe(source_shape, target_shape)``); the plan compares the shape they produce
+            with the target's, so e.g. a ``Slice`` turns a shape mismatch into an assignment.
+
+    Raises:
+        OptionError: a field has the wrong type or the label is empty.
+
+    Example:
+        >>> s = SourceView("A", "<memory>", "", {"x": VariableInfo("x", (2,), "float32")})
+        >>> list(s.variables)
+        ['x']
+    """
+
+    label: str
+    path: str
+    note: str
+    variables: Mapping[str, VariableInfo]
+    rules: Rules = field(default_factory=Rules)
+    transforms: Tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.label, str) or not self.label:
+            raise OptionError(f"a source label must be a non-empty str; received {_received(self.label)}.")
+        for name in ("path", "note"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(f"source {_q(self.label)}: {name} must be a str; received "
+                                  f"{_received(getattr(self, name))}.")
+        if not isinstance(self.variables, Mapping):
+            raise OptionError(f"source {_q(self.label)}: variables must be a dict of name -> "
+                              f"VariableInfo; received {_received(self.variables)}.")
+        bad = [k for k, v in self.variables.items()
+               if not isinstance(k, str) or not isinstance(v, VariableInfo)]
+        if bad:
+            raise OptionError(f"source {_q(self.label)}: variables must map names (str) to "
+                              f"VariableInfo; {len(bad)} entr{'y does' if len(bad) == 1 else 'ies do'} "
+                              f"not, e.g. {bad[0]!r} -> {_received(self.variables[bad[0]])}.")
+        if not isinstance(self.rules, Rules):
+            raise OptionError(f"source {_q(self.label)}: rules must be a Rules (build it with "
+                              f"Rules.from_options(...)); received {_received(self.rules)}.")
+        if isinstance(self.transforms, (str, bytes)) or not isinstance(self.transforms, Iterable):
+            raise OptionError(f"source {_q(self.label)}: transforms must be a list of transforms; "
+                              f"received {_received(self.transforms)}.")
+        transforms = tuple(self.transforms)
+        for t in transforms:
+            if not (callable(getattr(t, "applies_to", None)) and callable(getattr(t, "output_shape", None))):
+                raise OptionError(f"source {_q(self.label)}: {_received(t)} is not a value transform "
+                                  "(see ckptmerge.transforms: Slice, VocabRemap).")
+        object.__setattr__(self, "transforms", transforms)
+        frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(self.variables)})
+        object.__setattr__(self, "variables", frozen)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: label, path, note, rules (options dict), n_variables, transforms."""
+        return {"label": self.label, "path": self.path, "note": self.note,
+                "rules": self.rules.to_dict(), "n_variables": len(self.variables),
+                "transforms": [t.to_dict() if hasattr(t, "to_dict") else repr(t)
+                               for t in self.transforms]}
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One target restored from one checkpoint variable.
+
+    Attributes:
+        target: the target name.
+        source: the source label.
+        name: the checkpoint name.
+        key: the raw checkpoint key.
+        spec: the checkpoint side's spec.
+        target_spec: the target's spec.
+        cast: whether the value is converted from ``spec.dtype`` to ``target_spec.dtype``.
+        rule: display form of the rule that renamed it (``None`` for identity).
+        transforms: one description per value transform applied after the cast, in order.
+
+    Example:
+        >>> a = Assignment("x", "A", "x", "x", VariableInfo("x", (2,), "float16"),
+        ...                VariableInfo("x", (2,), "float32"), cast=True)
+        >>> a.describe()
+        "x <- A:'x' float16 (2,) cast float16->float32"
+    """
+
+    target: str
+    source: str
+    name: str
+    key: str
+    spec: VariableInfo
+    target_spec: VariableInfo
+    cast: bool = False
+    rule: Optional[str] = None
+    transforms: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "transforms", tuple(self.transforms))
+
+    def describe(self) -> str:
+        """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"`` and transforms."""
+        text = (f"{self.target} <- {_provider(self.source, self.name)} "
+                f"{self.spec.dtype} {tuple(self.spec.shape)}")
+        if self.cast:
+            text += f" cast {self.spec.dtype}->{self.target_spec.dtype}"
+        for t in self.transforms:
+            text += f"; {t}"
+        return text
+
+    def to_dict(self) -> dict:
+        """JSON-ready: target, source, name, key, dtype, shape, target_dtype, target_shape,
+        cast, rule, nbytes."""
+        return {"target": self.target, "source": self.source, "name": self.name,
+                "key": self.key, "dtype": self.spec.dtype, "shape": list(self.spec.shape),
+                "target_dtype": self.target_spec.dtype,
+                "target_shape": list(self.target_spec.shape), "cast": self.cast,
+                "rule": self.rule, "transforms": list(self.transforms),
+                "nbytes": self.spec.nbytes}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A target whose chosen checkpoint variable has another shape and/or dtype.
+
+    Attributes:
+        target, source, name, key: the target, the source label, the checkpoint name and key.
+        target_shape, source_shape: shapes as tuples.
+        target_dtype, source_dtype: numpy-style dtype names.
+        kind: ``"shape"``, ``"dtype"``, ``"shape+dtype"`` or ``"transform"`` (a value
+            transform of the source does not fit these shapes).
+        detail: why, when there is more to say: the cast problem (``cast_problem``), the
+            transform's error, or the shape after the transforms.
+
+    Example:
+        >>> Mismatch("h/k", "B", "h/k", "h/k", (8, 10), (8, 5), "float32", "float32", "shape").message()
+        "shape mismatch: target 'h/k' (8, 10) <- B:'h/k' (8, 5) (pass on_shape_mismatch='skip' to leave it as it is)"
+    """
+
+    target: str
+    source: str
+    name: str
+    key: str
+    target_shape: Tuple[int, ...]
+    source_shape: Tuple[int, ...]
+    target_dtype: str
+    source_dtype: str
+    kind: str
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_shape", tuple(self.target_shape))
+        object.__setattr__(self, "source_shape", tuple(self.source_shape))
+
+    def message(self) -> str:
+        """One line: what differs, on both sides, and how to fix it."""
+        fix = "pass on_shape_mismatch='skip' to leave it as it is"
+        if self.kind == "dtype" and not self.detail:
+            fix = "pass cast=True to convert it, or on_shape_mismatch='skip' to leave it as it is"
+        elif self.kind == "transform":
+            fix = "fix the transform, or pass on_shape_mismatch='skip' to leave it as it is"
+        return f"{self.describe()} ({fix})"
+
+    def describe(self) -> str:
+        """What differs, on both sides, without the fix (e.g. for skipped mismatches)."""
+        prov = _provider(self.source, self.name)
+        if self.kind == "shape":
+            text = f"shape mismatch: target {_q(self.target)} {self.target_shape} <- {prov} {self.source_shape}"
+        elif self.kind == "dtype":
+            text = f"dtype mismatch: target {_q(self.target)} {self.target_dtype} <- {prov} {self.source_dtype}"
+        elif self.kind == "transform":
+            text = (f"transform mismatch: target {_q(self.target)} {self.target_shape} <- "
+                    f"{prov} {self.source_shape}")
+        else:
+            text = (f"shape and dtype mismatch: target {_q(self.target)} {self.target_shape} "
+                    f"{self.target_dtype} <- {prov} {self.source_shape} {self.source_dtype}")
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def to_dict(self) -> dict:
+        """JSON-ready: every field (shapes as lists) plus ``message``."""
+        return {"target": self.target, "source": self.source, "name": self.name, "key": self.key,
+                "kind": self.kind, "target_shape": list(self.target_shape),
+                "source_shape": list(self.source_shape), "target_dtype": self.target_dtype,
+                "source_dtype": self.source_dtype, "detail": self.detail,
+                "message": self.message()}
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A target that several checkpoint variables (in one source or several) would provide.
+
+    Attributes:
+        target: the target name.
+        providers: ``(source label, checkpoint name)`` pairs in source order, then name order.
+        resolved_to: the provider ``on_conflict='first'``/``'last'`` picked, or ``None``
+            (``on_conflict='error'``: the target is not restored and the conflict blocks).
+
+    Example:
+        >>> Conflict("x", (("A", "x"), ("B", "x"))).message()
+        "conflict: target 'x' is provided by A:'x' and B:'x' (pass on_conflict='first' or 'last', or narrow a source with include/exclude)"
+    """
+
+    target: str
+    providers: Tuple[Tuple[str, str], ...]
+    resolved_to: Optional[Tuple[str, str]] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", tuple(tuple(p) for p in self.providers))
+        if self.resolved_to is not None:
+            object.__setattr__(self, "resolved_to", tuple(self.resolved_to))
+
+    @property
+    def blocking(self) -> bool:
+        """True when unresolved."""
+        return self.resolved_to is None
+
+    def message(self) -> str:
+        """One line naming every provider, and the fix (or the resolution)."""
+        provs = _and_list([_provider(*p) for p in self.providers])
+        text = f"conflict: target {_q(self.target)} is provided by {provs}"
+        if self.resolved_to is not None:
+            return text + f"; resolved to {_provider(*self.resolved_to)} by on_conflict."
+        return text + (" (pass on_conflict='first' or 'last', or narrow a source with "
+                       "include/exclude)")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: target, providers (list of {source, name}), resolved_to, message."""
+        return {"target": self.target,
+                "providers": [{"source": s, "name": n} for s, n in self.providers],
+                "resolved_to": (None if self.resolved_to is None else
+                                {"source": self.resolved_to[0], "name": self.resolved_to[1]}),
+                "message": self.message()}
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision and finding of a restore, before anything is read.
+
+    Lists are sorted (targets and target-keyed findings by target name; per-source findings
+    in source order, then name); ``sources`` keep the order given (it decides
+    ``on_conflict='first'``/``'last'``).
+
+    Attributes:
+        targets: target specs, sorted by name.
+        sources: the :class:`SourceView` objects, in the order given.
+        assignments: target name -> :class:`Assignment`, sorted by target name.
+        missing: targets no source provides and no ``allow_missing`` glob allows (blocking).
+        allowed_missing: targets no source provides, allowed by ``allow_missing``.
+        unused: label -> checkpoint names no assignment took, the dropped ones included (never blocking).
+        dropped: label -> the unused names that the source's rules left out (never blocking).
+        mismatched: :class:`Mismatch` findings (blocking unless ``on_shape_mismatch='skip'``).
+        skipped: targets that have a provider but are left as they are (their mismatch).
+        conflicts: :class:`Conflict` findings (blocking when unresolved).
+        ambiguous: :class:`~ckptmerge.rules.Ambiguity` findings: names that regex rules
+            rename differently (blocking when unresolved; shown with the conflicts).
+        unmatched_rules: :class:`~ckptmerge.rules.UnmatchedRule` findings (explicit map
+            entries block even a non-strict restore, the others only a strict one).
+        allow_missing, on_conflict, on_shape_mismatch, cast: the options used.
+
+    Example:
+        >>> t = [VariableInfo("x", (2,), "float32")]
+        >>> plan = make_plan(t, [SourceView("A", "<memory>", "", {"x": t[0]})])
+        >>> plan.ok, list(plan.assignments)
+        (True, ['x'])
+    """
+
+    targets: List[VariableInfo]
+    sources: List[SourceView]
+    assignments: Dict[str, Assignment]
+    missing: List[str]
+    allowed_missing: List[str]
+    unused: Dict[str, List[str]]
+    dropped: Dict[str, List[str]]
+    mismatched: List[Mismatch]
+    skipped: List[str]
+    conflicts: List[Conflict]
+    ambiguous: List[Ambiguity]
+    unmatched_rules: List[UnmatchedRule]
+    allow_missing: Tuple[str, ...] = ()
+    on_conflict: str = "error"
+    on_shape_mismatch: str = "error"
+    cast: bool = False
+    _binding: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def unresolved_conflicts(self) -> List[str]:
+        """Targets left alone because of an unresolved conflict (sorted)."""
+        return sorted(c.target for c in self.conflicts if c.blocking)
+
+    def blocking(self, strict: bool = True) -> List[str]:
+        """One fix-it line per finding that blocks a restore.
+
+        Args:
+            strict: ``True``: missing targets, mismatches (unless ``on_shape_mismatch='skip'``),
+                unresolved conflicts and ambiguities, and every unmatched rule block.
+                ``False``: only explicit map entries that match nothing (or name no target).
+
+        Returns:
+            The lines, in a stable order (empty when nothing blocks).
+
+        Example:
+            >>> make_plan([VariableInfo("c/z", (), "int64")], []).blocking()
+            ["missing: target 'c/z' is provided by no source (map a checkpoint variable to it, or pass allow_missing=['c/z'])"]
+        """
+        if not strict:
+            return [u.message() for u in self.unmatched_rules if u.explicit]
+        lines = [f"missing: target {_q(t)} is provided by no source (map a checkpoint variable "
+                 f"to it, or pass allow_missing=[{_q(t)}])" for t in self.missing]
+        if self.on_shape_mismatch == "error":
+            lines += [m.message() for m in self.mismatched]
+        lines += [c.message() for c in self.conflicts if c.blocking]
+        lines += [a.message() for a in self.ambiguous if not a.resolved]
+        lines += [u.message() for u in self.unmatched_rules]
+        return lines
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing blocks a strict restore."""
+        return not self.blocking(strict=True)
+
+    def check(self, strict: bool = True) -> "Plan":
+        """Raise one :class:`~ckptmerge.errors.PlanError` listing every blocking finding.
+
+        Args:
+            strict: see :meth:`blocking`.
+
+        Returns:
+            ``self``, so ``plan.check().restore()`` reads naturally.
+
+        Raises:
+            PlanError: with ``e.plan`` set to this plan; the message gives the count, then
+                one line per finding (the first 20, then "... and N more").
+
+        Example:
+            >>> make_plan([VariableInfo("x", (), "int64")], [], allow_missing=["x"]).check().ok
+            True
+        """
+        lines = self.blocking(strict=strict)
+        if not lines:
+            return self
+        n = len(lines)
+        head = (f"{n} blocking finding{'s' if n != 1 else ''} in the plan "
+                f"(strict={strict}):")
+        body = [f"  - {line}" for line in lines[:CHECK_LIMIT]]
+        if n > CHECK_LIMIT:
+            body.append(f"  ... and {n - CHECK_LIMIT} more (plan.report() or "
+                        "`ckptmerge plan --json` shows all)")
+        tail = []
+        if strict and len(self.blocking(strict=False)) < n:
+            tail.append("Pass strict=False to restore what can be restored; then only explicit "
+                        "map entries that match nothing block.")
+        raise PlanError("\n".join([head, *body, *tail]), plan=self)
+
+    def report(self, *, limit: Optional[int] = 50) -> str:
+        """Plain-text report for people (see :func:`ckptmerge.report.render_plan`)."""
+        from .report import render_plan
+
+        return render_plan(self, limit=limit)
+
+    def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> Any:
+        """Run this plan (see :mod:`ckptmerge.backends`); returns a :class:`~ckptmerge.report.Report`.
+
+        Only plans made by :func:`ckptmerge.planner` (which attaches the live variables and
+        readers) can be restored; ``progress`` is passed on to the backend.
+        """
+        from .backends import run_plan
+
+        if progress is None:
+            return run_plan(self, session=session, strict=strict)
+        return run_plan(self, session=session, strict=strict, progress=progress)
+
+    def with_binding(self, binding: Any) -> "Plan":
+        """A copy of this plan with live readers/variables attached (used by the restore layer)."""
+        return dataclasses.replace(self, _binding=binding)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (shapes as lists, everything sorted as in the plan).
+
+        Schema::
+
+            {"ok": bool, "blocking": [str], "blocking_non_strict": [str],
+             "options": {"allow_missing": [glob], "on_conflict": str,
+                         "on_shape_mismatch": str, "cast": bool},
+             "targets": [VariableInfo.to_dict()],
+             "sources": [{"label", "path", "note", "rules": {...}, "n_variables"}],
+             "assignments": {target: {"target", "source", "name", "key", "dtype", "shape",
+                                      "target_dtype", "target_shape", "cast", "rule", "nbytes"}},
+             "missing": [str], "allowed_missing": [str], "skipped": [str],
+             "unused": {label: [str]}, "dropped": {label: [str]},
+             "mismatched": [Mismatch.to_dict()], "conflicts": [Conflict.to_dict()],
+             "ambiguous": [Ambiguity.to_dict()], "unmatched_rules": [UnmatchedRule.to_dict()]}
+
+        Example:
+            >>> import json
+            >>> json.loads(json.dumps(make_plan([], []).to_dict()))["ok"]
+            True
+        """
+        blocking = self.blocking(strict=True)
+        return {
+            "ok": not blocking,
+            "blocking": blocking,
+            "blocking_non_strict": self.blocking(strict=False),
+            "options": {"allow_missing": list(self.allow_missing), "on_conflict": self.on_conflict,
+                        "on_shape_mismatch": self.on_shape_mismatch, "cast": self.cast},
+            "targets": [t.to_dict() for t in self.targets],
+            "sources": [s.to_dict() for s in self.sources],
+            "assignments": {k: a.to_dict() for k, a in self.assignments.items()},
+            "missing": list(self.missing),
+            "allowed_missing": list(self.allowed_missing),
+            "skipped": list(self.skipped),
+            "unused": {k: list(v) for k, v in self.unused.items()},
+            "dropped": {k: list(v) for k, v in self.dropped.items()},
+            "mismatched": [m.to_dict() for m in self.mismatched],
+            "conflicts": [c.to_dict() for c in self.conflicts],
+            "ambiguous": [a.to_dict() for a in self.ambiguous],
+            "unmatched_rules": [u.to_dict() for u in self.unmatched_rules],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# make_plan
+# --------------------------------------------------------------------------------------------
+
+
+def _as_allow_missing(value: Any) -> Tuple[GlobFilter, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise OptionError("allow_missing must be a glob (str) or a list of globs over target "
+                          f"names, e.g. ['head/*']; received {_received(value)}.")
+    out = []
+    for i, pat in enumerate(value):
+        try:
+            out.append(GlobFilter(pat))
+        except RuleError as e:
+            raise OptionError(f"allow_missing[{i}]: {e}") from None
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass
+class _Candidate:
+    target: str
+    order: Tuple[int, str]  # (source index, checkpoint name): resolution order
+    label: str
+    name: str
+    rule: Optional[Union[MapRule, RegexRule]]
+
+
+@dataclass
+class _SourceMatch:
+    candidates: List[_Candidate]
+    unmatched: List[UnmatchedRule]
+    ambiguous: List[Ambiguity]
+    dropped: List[str]
+    selected: Set[str]
+
+
+def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
+                  on_conflict: str) -> _SourceMatch:
+    """Apply one source's rules and match the results against the target names."""
+    res = src.rules.apply(list(src.variables))
+    label = src.label
+    target_names = list(target_by_name)
+    unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]
+    ambiguous: List[Ambiguity] = []
+    drop = list(res.dropped)
+    selected = set(res.mapping)
+    pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = [
+        (n, t, res.via.get(n)) for n, t in res.mapping.items()]
+    for amb in res.ambiguous:
+        if on_conflict == "error":
+            ambiguous.append(dataclasses.replace(amb, source=label))
+            selected.add(amb.name)
+            continue
+        chosen = amb.targets[0 if on_conflict == "first" else -1]
+        ambiguous.append(dataclasses.replace(amb, source=label, resolved=True, resolved_to=chosen))
+        if chosen is None:
+            drop.append(amb.name)
+        else:
+            selected.add(amb.name)
+            pairs.append((amb.name, chosen, None))
+
+    candidates: List[_Candidate] = []
+    renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
+    landed_by: Dict[str, int] = {}
+    rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
+    for name, tname, rule in sorted(pairs, key=lambda p: p[0]):
+        d = rule.describe() if rule is not None else None
+        if rule is not None:
+            rule_of[d] = rule
+            renamed_by.setdefault(d, []).append((name, tname))
+            landed_by.setdefault(d, 0)
+        if tname not in target_by_name:
+            if name in res.explicit:
+                unmatched.append(UnmatchedRule(
+                    "map", d or name, tuple(suggest(tname, target_names)), True, label,
+                    reason=f"names no target variable {_q(tname)}"))
+            continue
+        if d is not None:
+            landed_by[d] += 1
+        candidates.append(_Candidate(tname, (si, name), label, name, rule))
+    # A scope or regex rule that renamed names but put none on a target does nothing.
+    for d, renamed in renamed_by.items():
+        rule = rule_of[d]
+        if landed_by[d] or (isinstance(rule, MapRule) and not rule.is_scope):
+            continue
+        n0, t0 = renamed[0]
+        k = len(renamed)
+        if isinstance(rule, MapRule):
+            kind, sugg = "map-scope", suggest(rule.target, _scopes_of(target_names))
+        else:
+            kind, sugg = "regex", suggest(t0, target_names)
+        unmatched.append(UnmatchedRule(
+            kind, d, tuple(sugg), False, label,
+            reason=(f"renamed {k} checkpoint variable{'s' if k != 1 else ''} but none to a "
+                    f"target variable (e.g. {_q(n0)} -> {_q(t0)})")))
+    return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), selected)
+
+
+def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
+              allow_missing: Union[str, Sequence[str]] = (), on_conflict: str = "error",
+              on_shape_mismatch: str = "error", cast: bool = False) -> Plan:
+    """Work out which checkpoint variable restores which target, and every finding.
+
+    Pure: no file access, no TensorFlow.
+
+    Args:
+        targets: the target variables' specs (names must be unique).
+        sources: one :class:`SourceView` per checkpoint (labels must be unique); their order
+            decides ``on_conflict='first'``/``'last'``.
+        allow_missing: globs (:func:`fnmatch.fnmatchcase`) over target names that may stay
+            unrestored without blocking.
+        on_conflict: ``"error"`` (a target with several providers is not restored and
+            blocks), ``"first"`` or ``"last"`` (pick by source order, then checkpoint name
+            order; for regex ambiguity, by rule order).
+        on_shape_mismatch: ``"error"`` (a mismatch blocks) or ``"skip"`` (leave the target
+            as it is). Both leave a mismatched target unrestored (listed in ``skipped``).
+        cast: convert dtypes to the target's dtype instead of reporting a dtype mismatch,
+            where :func:`ckptmerge.transforms.cast_problem` allows it (not string <-> number,
+            not complex -> real).
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        OptionError: an option has an invalid value or type, or two sources share a label.
+        PlanError: two targets share a name (``e.plan`` is ``None``).
+
+    Example:
+        >>> t = [VariableInfo("c/x1", (3,), "float32")]
+        >>> a = SourceView("A", "<memory>", "", {"a1": VariableInfo("a1", (3,), "float32")},
+        ...                Rules.from_options(map={"a1": "c/x1"}))
+        >>> make_plan(t, [a]).assignments["c/x1"].name
+        'a1'
+    """
+    _check_choice("on_conflict", on_conflict, ON_CONFLICT)
+    _check_choice("on_shape_mismatch", on_shape_mismatch, ON_SHAPE_MISMATCH)
+    if not isinstance(cast, bool):
+        raise OptionError(f"cast must be True or False; received {_received(cast)}.")
+    allow = _as_allow_missing(allow_missing)
+    if isinstance(targets, (str, bytes, Mapping)) or not isinstance(targets, Iterable):
+        raise OptionError("targets must be a list of VariableInfo; received "
+                          f"{_received(targets)}.")
+    targets = list(targets)
+    bad = [i for i, t in enumerate(targets) if not isinstance(t, VariableInfo)]
+    if bad:
+        raise OptionError(f"targets must be VariableInfo objects; targets[{bad[0]}] is "
+                          f"{_received(targets[bad[0]])} ({len(bad)} bad in all).")
+    if isinstance(sources, (str, bytes, Mapping)) or not isinstance(sources, Iterable):
+        raise OptionError(f"sources must be a list of SourceView; received {_received(sources)}.")
+    sources = list(sources)
+    bad = [i for i, s in enumerate(sources) if not isinstance(s, SourceView)]
+    if bad:
+        raise OptionError(f"sources must be SourceView objects; sources[{bad[0]}] is "
+                          f"{_received(sources[bad[0]])}.")
+
+    counts: Dict[str, int] = {}
+    for t in targets:
+        counts[t.name] = counts.get(t.name, 0) + 1
+    dups = sorted(n for n, c in counts.items() if c > 1)
+    if dups:
+        raise PlanError(f"{len(dups)} target name{'s are' if len(dups) != 1 else ' is'} used by "
+                        "more than one target variable: " + ", ".join(_q(d) for d in dups)
+                        + ". Target names must be unique; rename the variables or restore them "
+                        "in separate calls.", plan=None)
+    labels: Dict[str, int] = {}
+    for s in sources:
+        labels[s.label] = labels.get(s.label, 0) + 1
+    dup_labels = [lb for lb, c in labels.items() if c > 1]
+    if dup_labels:
+        raise OptionError("source labels must be unique; " + ", ".join(_q(d) for d in dup_labels)
+                          + " appear" + ("s" if len(dup_labels) == 1 else "")
+                          + " more than once. Give each source its own label.")
+
+    source_by_label = {s.label: s for s in sources}
+    target_by_name = {t.name: t for t in sorted(targets, key=lambda t: t.name)}
+    target_names = list(target_by_name)
+    candidates: Dict[str, List[_Candidate]] = {}
+    unmatched: List[UnmatchedRule] = []
+    ambiguous: List[Ambiguity] = []
+    dropped: Dict[str, List[str]] = {}
+    selected: Dict[str, Set[str]] = {}
+
+    for si, src in enumerate(sources):
+        found = _match_source(si, src, target_by_name, on_conflict)
+        for c in found.candidates:
+            candidates.setdefault(c.target, []).append(c)
+        unmatched.extend(found.unmatched)
+        ambiguous.extend(found.ambiguous)
+        dropped[src.label] = found.dropped
+        selected[src.label] = found.selected
+
+    assignments: Dict[str, Assignment] = {}
+    conflicts: List[Conflict] = []
+    mismatched: List[Mismatch] = []
+    skipped: List[str] = []
+    missing: List[str] = []
+    allowed: List[str] = []
+    for tname, tspec in target_by_name.items():
+        cands = sorted(candidates.get(tname, []), key=lambda c: c.order)
+        if not cands:
+            (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
+            continue
+        chosen: Optional[_Candidate] = cands[0]
+        if len(cands) > 1:
+            chosen = {"first": cands[0], "last": cands[-1]}.get(on_conflict)
+            conflicts.append(Conflict(
+                tname, tuple((c.label, c.name) for c in cands),
+                None if chosen is None else (chosen.label, chosen.name)))
+            if chosen is None:
+                continue
+        spec = source_by_label[chosen.label].variables[chosen.name]
+        src_shape, tgt_shape = tuple(spec.shape), tuple(tspec.shape)
+        mismatch = functools.partial(Mismatch, tname, chosen.label, chosen.name, spec.raw_key,
+                                     tgt_shape, src_shape, tspec.dtype, spec.dtype)
+        # Cast first, then the value transforms (as the backends do).
+        dtype_differs = spec.dtype != tspec.dtype
+        problem = cast_problem(spec.dtype, tspec.dtype) if dtype_differs else None
+        dtype_bad = dtype_differs and (not cast or problem is not None)
+        ts = [t for t in source_by_label[chosen.label].transforms if t.applies_to(tname)]
+        out_shape, detail = src_shape, problem or ""
+        if ts:
+            try:
+                out_shape = tuple(chain_output_shape(ts, src_shape, tgt_shape))
+            except TransformError as e:
+                mismatched.append(mismatch("transform", str(e)))
+                skipped.append(tname)
+                continue
+            if out_shape != tgt_shape:
+                detail = "; ".join(x for x in (problem, f"{out_shape} after the transforms") if x)
+        shape_differs = out_shape != tgt_shape
+        if shape_differs or dtype_bad:
+            kind = "shape+dtype" if shape_differs and dtype_bad else ("shape" if shape_differs else "dtype")
+            mismatched.append(mismatch(kind, detail))
+            skipped.append(tname)
+            continue
+        assignments[tname] = Assignment(
+            tname, chosen.label, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
+            rule=chosen.rule.describe() if chosen.rule else None,
+            transforms=tuple(t.describe(src_shape, tgt_shape) if hasattr(t, "describe") else repr(t)
+                             for t in ts))
+
+    for g in allow:
+        if not any(g.matches(t) for t in target_names):
+            cands = [s + "*" for s in _scopes_of(target_names)] + target_names
+            unmatched.append(UnmatchedRule("allow_missing", f"allow_missing {_q(g.pattern)}",
+                                           tuple(suggest(g.pattern, cands, cutoff=0.6)), False,
+                                           None, reason="matched no target variable"))
+
+    taken: Dict[str, set] = {}
+    for a in assignments.values():
+        taken.setdefault(a.source, set()).add(a.name)
+    # "unused" is every name nothing took (the issue's definition); "dropped" says which of
+    # those the rules left out on purpose, so reports can tell the two apart.
+    unused = {s.label: sorted((selected[s.label] - taken.get(s.label, set())) | set(dropped[s.label]))
+              for s in sources}
+    order = {s.label: i for i, s in enumerate(sources)}
+    ambiguous.sort(key=lambda a: (order[a.source], a.name))
+
+    return Plan(
+        targets=list(target_by_name.values()),
+        sources=list(sources),
+        assignments=assignments,
+        missing=missing,
+        allowed_missing=allowed,
+        unused=unused,
+        dropped=dropped,
+        mismatched=mismatched,
+        skipped=skipped,
+        conflicts=conflicts,
+        ambiguous=ambiguous,
+        unmatched_rules=unmatched,
+        allow_missing=tuple(g.pattern for g in allow),
+        on_conflict=on_conflict,
+        on_shape_mismatch=on_shape_mismatch,
+        cast=cast,
+    )

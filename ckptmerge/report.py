@@ -1,0 +1,222 @@
+"""Plain-text rendering of plans, and the :class:`Report` a restore returns.
+
+Everything here is deterministic (sorted, no timestamps beyond what it is given) so that the
+CLI tests can assert exact output. Nothing here reads files or imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from .planner import OptionError, _q
+from .rules import _received
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .planner import Plan
+
+__all__ = ["render_plan", "Report", "RESTORE_MODES"]
+
+#: Valid values of :attr:`Report.mode`.
+RESTORE_MODES = ("graph", "eager", "offline")
+
+
+def _plural(n: int, word: str, plural: Optional[str] = None) -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+def _section(title: str, lines: Sequence[str], limit: Optional[int], hint: str = "") -> List[str]:
+    """``Title (N):`` (plus an optional hint) then the lines indented, truncated at ``limit``."""
+    if not lines:
+        return []
+    head = f"{title} ({len(lines)}):" if not hint else f"{title} ({len(lines)}) - {hint}:"
+    shown = lines if limit is None else lines[:limit]
+    out = [head] + [f"  {line}" for line in shown]
+    if len(shown) < len(lines):
+        out.append(f"  ... and {len(lines) - len(shown)} more")
+    return out
+
+
+def _human_bytes(n: int) -> str:
+    """``"512 B"``, ``"1.5 KiB"``, ``"3.0 MiB"``, ..."""
+    if n < 1024:
+        return f"{n} B"
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024.0
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def verdict(plan: "Plan") -> str:
+    """The last line of a plan report.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> verdict(make_plan([], []))
+        'OK: nothing blocks a strict restore'
+    """
+    n = len(plan.blocking(strict=True))
+    if not n:
+        return "OK: nothing blocks a strict restore"
+    m = len(plan.blocking(strict=False))
+    return f"{_plural(n, 'blocking finding')} (strict); {m} with strict=False"
+
+
+def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
+    """Render a plan as plain text for people.
+
+    Layout: a header line, the options, one block per source (path, note, rules, counts),
+    then the sections Assignments, Missing, Allowed missing, Mismatched, Conflicts,
+    Unmatched rules and Unused (empty ones left out; "No findings." when there is none),
+    and a final verdict line.
+
+    Args:
+        plan: the plan.
+        limit: at most this many lines per section, then ``... and N more``; ``None``
+            shows all.
+
+    Returns:
+        The text, lines joined with ``"\\n"`` (no trailing newline).
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> print(render_plan(make_plan([], [])))
+        Plan: 0 targets, 0 sources, 0 assigned
+        Options: on_conflict='error', on_shape_mismatch='error', cast=False, allow_missing=[]
+        No findings.
+        OK: nothing blocks a strict restore
+    """
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise OptionError(f"limit must be a non-negative int or None; received {_received(limit)}.")
+    out: List[str] = [
+        f"Plan: {_plural(len(plan.targets), 'target')}, {_plural(len(plan.sources), 'source')}, "
+        f"{len(plan.assignments)} assigned",
+        f"Options: on_conflict={_q(plan.on_conflict)}, "
+        f"on_shape_mismatch={_q(plan.on_shape_mismatch)}, cast={plan.cast}, "
+        "allow_missing=[" + ", ".join(_q(g) for g in plan.allow_missing) + "]",
+    ]
+    used: Dict[str, int] = {}
+    for a in plan.assignments.values():
+        used[a.source] = used.get(a.source, 0) + 1
+    if plan.sources:
+        out.append("Sources:")
+    for s in plan.sources:
+        note = f" ({s.note})" if s.note else ""
+        out.append(f"  {s.label}: {s.path}{note}")
+        out.append("    rules: " + "; ".join(s.rules.describe()))
+        out.append(f"    {_plural(len(s.variables), 'variable')}: {used.get(s.label, 0)} used, "
+                   f"{len(plan.unused.get(s.label, []))} unused "
+                   f"({len(plan.dropped.get(s.label, []))} left out by rules)")
+
+    out += _section("Assignments", [a.describe() for a in plan.assignments.values()], limit)
+
+    findings: List[str] = []
+    findings += _section("Missing", list(plan.missing), limit,
+                         "map a checkpoint variable to each, or pass allow_missing")
+    findings += _section("Allowed missing", list(plan.allowed_missing), limit)
+    if plan.on_shape_mismatch == "skip":
+        mism = [m.describe() + " (skipped: on_shape_mismatch='skip')"
+                for m in plan.mismatched]
+    else:
+        mism = [m.message() for m in plan.mismatched]
+    findings += _section("Mismatched", mism, limit)
+    findings += _section("Conflicts", [c.message() for c in plan.conflicts]
+                         + [a.message() for a in plan.ambiguous], limit)
+    findings += _section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)
+    dropped_by = {label: set(names) for label, names in plan.dropped.items()}
+    unused_lines = [f"{label}: {name}" + (" (left out by rules)" if name in dropped_by[label] else "")
+                    for label, names in plan.unused.items() for name in names]
+    findings += _section("Unused", unused_lines, limit, "checkpoint variables no target takes")
+    out += findings if findings else ["No findings."]
+    out.append(verdict(plan))
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a restore did (built by the restore backends).
+
+    Attributes:
+        plan: the plan that was run.
+        mode: ``"graph"``, ``"eager"`` or ``"offline"``.
+        restored: target names that were assigned (stored sorted).
+        skipped: ``(target, reason)`` pairs of targets left as they were (stored sorted).
+        elapsed: seconds the restore took.
+        bytes_read: bytes read from all checkpoints.
+        sources: one dict per source: ``label``, ``path``, ``note``, ``n_restored``, ``bytes``.
+
+    Raises:
+        OptionError: ``mode`` is not one of :data:`RESTORE_MODES`.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> Report(make_plan([], []), "eager", [], [], 0.5, 0, []).summary()
+        'restored 0 variables from 0 sources in 0.50 s; 0 allowed missing; 0 skipped'
+    """
+
+    plan: "Plan"
+    mode: str
+    restored: List[str]
+    skipped: List[Tuple[str, str]]
+    elapsed: float
+    bytes_read: int
+    sources: List[Dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        if self.mode not in RESTORE_MODES:
+            raise OptionError(f"mode must be one of {', '.join(_q(m) for m in RESTORE_MODES)}; "
+                              f"received {self.mode!r}.")
+        object.__setattr__(self, "restored", sorted(self.restored))
+        object.__setattr__(self, "skipped", sorted((str(t), str(r)) for t, r in self.skipped))
+        object.__setattr__(self, "sources", [dict(s) for s in self.sources])
+
+    @property
+    def n_sources_used(self) -> int:
+        """How many sources provided at least one restored variable."""
+        by_target = self.plan.assignments
+        return len({by_target[t].source for t in self.restored if t in by_target})
+
+    def summary(self) -> str:
+        """One line, e.g. ``"restored 2 variables from 2 sources in 0.12 s; 1 allowed missing; 0 skipped"``."""
+        return (f"restored {_plural(len(self.restored), 'variable')} from "
+                f"{_plural(self.n_sources_used, 'source')} in {self.elapsed:.2f} s; "
+                f"{len(self.plan.allowed_missing)} allowed missing; {len(self.skipped)} skipped")
+
+    def render(self, *, limit: Optional[int] = 50) -> str:
+        """Plain text: the summary, mode and bytes, per-source lines, restored and skipped."""
+        out = [self.summary(), f"Mode: {self.mode}; read {_human_bytes(self.bytes_read)}"]
+        if self.sources:
+            out.append("Sources:")
+        for s in self.sources:
+            note = f" ({s['note']})" if s.get("note") else ""
+            out.append(f"  {s.get('label', '?')}: {s.get('path', '?')}{note}: "
+                       f"{s.get('n_restored', 0)} restored, {_human_bytes(int(s.get('bytes', 0)))}")
+        by_target = self.plan.assignments
+        restored = []
+        for t in self.restored:
+            a = by_target.get(t)
+            restored.append(t if a is None else a.describe())
+        out += _section("Restored", restored, limit)
+        out += _section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
+        out += _section("Allowed missing", list(self.plan.allowed_missing), limit)
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict.
+
+        Schema::
+
+            {"summary": str, "mode": str, "restored": [str],
+             "skipped": [{"target": str, "reason": str}], "elapsed": float,
+             "bytes_read": int, "sources": [{"label", "path", "note", "n_restored", "bytes"}],
+             "plan": Plan.to_dict()}
+        """
+        return {"summary": self.summary(), "mode": self.mode, "restored": list(self.restored),
+                "skipped": [{"target": t, "reason": r} for t, r in self.skipped],
+                "elapsed": float(self.elapsed), "bytes_read": int(self.bytes_read),
+                "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict()}

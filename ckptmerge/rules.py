@@ -1,0 +1,727 @@
+"""Rename and selection rules: which checkpoint names go to which target names.
+
+This is the pure half of the mapping engine (the other half is :mod:`ckptmerge.planner`): names
+in, a :class:`RuleResult` out, no files and no TensorFlow. A source's :class:`Rules` hold
+
+* ``include`` / ``exclude`` globs (:class:`GlobFilter`, :func:`fnmatch.fnmatchcase` syntax) that
+  select checkpoint names first;
+* ``map`` entries (:class:`MapRule`) with the semantics of
+  ``tf.compat.v1.train.init_from_checkpoint``'s ``assignment_map``: an exact entry
+  ``"a1" -> "c/x1"`` renames one name, a scope entry ``"a/" -> "c/encoder/"`` renames every
+  name under ``a/``, ``"/"`` stands for the root; exact entries beat scope entries and the
+  longest scope wins;
+* ``regex`` rules (:class:`RegexRule`): :func:`re.fullmatch` over checkpoint names and
+  ``match.expand(replacement)``; a ``None`` replacement drops the name.
+
+Without ``map`` and ``regex`` every selected name keeps its name (identity). With them, a name
+no rule covers is dropped. Rules that match nothing come back as :class:`UnmatchedRule`, and a
+name that two regex rules rename differently comes back as an :class:`Ambiguity`; neither is
+ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import RuleError
+from .specs import normalize_name
+
+__all__ = [
+    "MapRule",
+    "RegexRule",
+    "GlobFilter",
+    "Rules",
+    "RuleResult",
+    "UnmatchedRule",
+    "Ambiguity",
+    "suggest",
+]
+
+_UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "exclude", "allow_missing")
+_REGEX_EXAMPLE = r"[('^head/(.*)', r'new_head/\1'), ('^tmp/.*', None)]"
+
+
+def _q(s: Optional[str]) -> str:
+    """Quote a name for messages without doubling backslashes (``'\\1'`` reads as typed)."""
+    return "None" if s is None else f"'{s}'"
+
+
+def _received(value: Any) -> str:
+    """Describe a received value for an error message: its repr (shortened) and type."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (type {type(value).__name__})"
+
+
+def suggest(name: str, candidates: Sequence[str], *, n: int = 3, cutoff: float = 0.8) -> List[str]:
+    """Return up to ``n`` candidates close to ``name``, best first (empty if none is close).
+
+    Same matching as :func:`ckptmerge.errors.did_you_mean` (whole name, then the last path
+    component), but returns the list so findings can carry it as data.
+
+    Example:
+        >>> suggest("dense/kernal", ["dense/kernel", "dense/bias"])
+        ['dense/kernel']
+    """
+    cands = list(dict.fromkeys(candidates))
+    close = difflib.get_close_matches(name, cands, n=n, cutoff=cutoff)
+    if not close:
+        leaf = name.rstrip("/").rsplit("/", 1)[-1]
+        by_leaf: Dict[str, List[str]] = {}
+        for c in cands:
+            by_leaf.setdefault(c.rstrip("/").rsplit("/", 1)[-1], []).append(c)
+        for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=cutoff):
+            close = difflib.get_close_matches(name, by_leaf[m], n=n, cutoff=0.0)
+    return close
+
+
+def did_you_mean_text(suggestions: Sequence[str]) -> str:
+    """Render ``" Did you mean 'x'?"`` / ``" Did you mean 'x' or 'y'?"`` or ``""``.
+
+    Example:
+        >>> did_you_mean_text(["a", "b"])
+        " Did you mean 'a' or 'b'?"
+    """
+    if not suggestions:
+        return ""
+    quoted = [_q(s) for s in suggestions]
+    if len(quoted) == 1:
+        return f" Did you mean {quoted[0]}?"
+    return " Did you mean " + ", ".join(quoted[:-1]) + " or " + quoted[-1] + "?"
+
+
+def _scopes_of(names: Sequence[str]) -> List[str]:
+    """Every scope prefix (``"a/"``, ``"a/b/"``) of the names, sorted."""
+    scopes = set()
+    for n in names:
+        parts = n.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            scopes.add("/".join(parts[:i]) + "/")
+    return sorted(scopes)
+
+
+# --------------------------------------------------------------------------------------------
+# One small frozen class per rule kind
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MapRule:
+    """One ``assignment_map`` entry: an exact rename or a scope rename.
+
+    Both names are normalised (a ``:0`` suffix and a leading ``/`` are removed). A scope entry
+    has both sides ending with ``"/"``; ``"/"`` alone is the root (every name).
+
+    Attributes:
+        source: the checkpoint name (exact) or scope (``"a/"``, ``"/"``).
+        target: the target name (exact) or scope (``"c/encoder/"``, ``"/"``).
+
+    Raises:
+        RuleError: a side is not a non-empty str, or only one side ends with ``"/"``.
+
+    Example:
+        >>> MapRule("a/", "c/encoder/").rename("a/dense/kernel")
+        'c/encoder/dense/kernel'
+        >>> MapRule("a1", "c/x1").rename("a1")
+        'c/x1'
+    """
+
+    source: str
+    target: str
+
+    def __post_init__(self) -> None:
+        for side, value in (("source", self.source), ("target", self.target)):
+            if not isinstance(value, str):
+                hint = " (pass the variable's name, e.g. v.name)" if side == "target" else ""
+                raise RuleError(
+                    f"map entry {side} must be a name (str); received {_received(value)}{hint}.")
+        source, target = normalize_name(self.source), normalize_name(self.target)
+        if not source or not target:
+            raise RuleError(
+                f"map entry {_q(self.source)} -> {_q(self.target)} has an empty name; "
+                "use '/' for the root scope.")
+        if source.endswith("/") != target.endswith("/"):
+            fixed_s = source if source.endswith("/") else source + "/"
+            fixed_t = target if target.endswith("/") else target + "/"
+            raise RuleError(
+                f"map entry {_q(source)} -> {_q(target)} mixes a scope and a variable name: "
+                "a scope entry needs both sides to end with '/' (and an exact entry neither). "
+                f"Write {_q(fixed_s)} -> {_q(fixed_t)} to map a scope, or drop the '/' to map "
+                "one variable.")
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "target", target)
+
+    @property
+    def is_scope(self) -> bool:
+        """True for a scope entry (both sides end with ``"/"``)."""
+        return self.source.endswith("/")
+
+    @property
+    def _source_prefix(self) -> str:
+        return "" if self.source == "/" else self.source
+
+    @property
+    def _target_prefix(self) -> str:
+        return "" if self.target == "/" else self.target
+
+    def matches(self, name: str) -> bool:
+        """Whether this entry covers ``name`` (ignoring precedence over other entries)."""
+        if self.is_scope:
+            return name.startswith(self._source_prefix)
+        return name == self.source
+
+    def rename(self, name: str) -> str:
+        """The target name of ``name``, which this entry must cover."""
+        if self.is_scope:
+            return self._target_prefix + name[len(self._source_prefix):]
+        return self.target
+
+    def describe(self) -> str:
+        """Display form, e.g. ``"map 'a/' -> 'c/encoder/'"``."""
+        return f"map {_q(self.source)} -> {_q(self.target)}"
+
+
+@dataclass(frozen=True)
+class RegexRule:
+    """A regex rename: ``re.fullmatch(pattern, name)`` then ``match.expand(replacement)``.
+
+    The pattern is compiled once; the replacement is checked at construction, so a
+    backreference to a group the pattern does not have fails here, not mid-restore.
+
+    Attributes:
+        pattern: a Python regular expression matched against whole checkpoint names.
+        replacement: a :meth:`re.Match.expand` template (``\\1``, ``\\g<name>``), or ``None``
+            to drop the matching names.
+
+    Raises:
+        RuleError: the pattern is not a valid regex, the replacement is not a valid template
+            for it, or either has the wrong type.
+
+    Example:
+        >>> RegexRule(r"^head/(.*)", r"new_head/\\1").rename("head/kernel")
+        'new_head/kernel'
+        >>> RegexRule(r".*/Adam(_1)?", None).rename("dense/kernel/Adam") is None
+        True
+    """
+
+    pattern: str
+    replacement: Optional[str]
+    _regex: "re.Pattern[str]" = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str):
+            raise RuleError(f"regex pattern must be a str; received {_received(self.pattern)}.")
+        if self.replacement is not None and not isinstance(self.replacement, str):
+            raise RuleError(
+                f"regex replacement for {_q(self.pattern)} must be a str or None (drop); "
+                f"received {_received(self.replacement)}.")
+        try:
+            compiled = re.compile(self.pattern)
+        except re.error as e:
+            raise RuleError(f"invalid regex {_q(self.pattern)}: {e}") from None
+        if self.replacement is not None:
+            try:
+                # sub() parses the template before matching, so this checks group references
+                # and escapes without needing a name that matches.
+                compiled.sub(self.replacement, "")
+            except (re.error, IndexError) as e:
+                groups = compiled.groups
+                names = sorted(compiled.groupindex)
+                have = f"{groups} group{'s' if groups != 1 else ''}"
+                if names:
+                    have += " (named: " + ", ".join(_q(n) for n in names) + ")"
+                raise RuleError(
+                    f"invalid replacement {_q(self.replacement)} for regex {_q(self.pattern)}: "
+                    f"{e}; the pattern has {have}.") from None
+        object.__setattr__(self, "_regex", compiled)
+
+    def matches(self, name: str) -> bool:
+        """Whether the pattern matches the whole ``name``."""
+        return self._regex.fullmatch(name) is not None
+
+    def rename(self, name: str) -> Optional[str]:
+        """The new name (``None``: drop), or raise :class:`RuleError` if it does not match."""
+        m = self._regex.fullmatch(name)
+        if m is None:
+            raise RuleError(f"{self.describe()} does not match {_q(name)}.")
+        return None if self.replacement is None else m.expand(self.replacement)
+
+    def search(self, name: str) -> bool:
+        """Whether the pattern matches some part of ``name`` (used for hints)."""
+        return self._regex.search(name) is not None
+
+    def describe(self) -> str:
+        """Display form, e.g. ``"regex '^head/(.*)' -> 'new_head/\\1'"`` or ``"... -> None (drop)"``."""
+        right = "None (drop)" if self.replacement is None else _q(self.replacement)
+        return f"regex {_q(self.pattern)} -> {right}"
+
+
+@dataclass(frozen=True)
+class GlobFilter:
+    """One include/exclude glob (:func:`fnmatch.fnmatchcase`: ``*``, ``?``, ``[seq]``).
+
+    ``*`` also matches ``/``, so ``"encoder/*"`` selects the whole ``encoder`` scope.
+
+    Raises:
+        RuleError: the pattern is not a non-empty str.
+
+    Example:
+        >>> GlobFilter("*/Adam*").matches("dense/kernel/Adam_1")
+        True
+    """
+
+    pattern: str
+    _regex: "re.Pattern[str]" = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise RuleError(f"a glob must be a non-empty str; received {_received(self.pattern)}.")
+        object.__setattr__(self, "_regex", re.compile(fnmatch.translate(self.pattern)))
+
+    def matches(self, name: str) -> bool:
+        """Whether ``name`` matches the glob (case-sensitive)."""
+        return self._regex.match(name) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Findings
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnmatchedRule:
+    """A rule that did nothing (or named something that does not exist).
+
+    Attributes:
+        kind: ``"map"`` (exact entry), ``"map-scope"``, ``"regex"``, ``"include"``,
+            ``"exclude"`` or ``"allow_missing"``.
+        rule: display form, e.g. ``"map 'a1' -> 'c/x1'"``.
+        suggestions: close names, best first (may be empty).
+        explicit: ``True`` for exact map entries: those block even a non-strict restore.
+        source: the label of the source the rule belongs to (``None`` for ``allow_missing``).
+        reason: what went wrong, completing the sentence ``"<rule> in source 'A' <reason>"``.
+
+    Example:
+        >>> UnmatchedRule("map", "map 'a1' -> 'c/x1'", ("a_1",), True, "A").message()
+        "map 'a1' -> 'c/x1' in source 'A' matched no checkpoint variable. Did you mean 'a_1'?"
+    """
+
+    kind: str
+    rule: str
+    suggestions: Tuple[str, ...] = ()
+    explicit: bool = False
+    source: Optional[str] = None
+    reason: str = "matched no checkpoint variable"
+
+    def __post_init__(self) -> None:
+        if self.kind not in _UNMATCHED_KINDS:
+            raise RuleError(f"unknown unmatched-rule kind {_q(self.kind)}; "
+                            f"expected one of {', '.join(_UNMATCHED_KINDS)}.")
+        object.__setattr__(self, "suggestions", tuple(self.suggestions))
+
+    def message(self) -> str:
+        """One line saying what did not match and how to fix it."""
+        where = f" in source {_q(self.source)}" if self.source is not None else ""
+        text = f"{self.rule}{where} {self.reason}."
+        dym = did_you_mean_text(self.suggestions)
+        if dym:
+            text += dym
+        elif self.explicit:
+            text += " Fix or remove the entry."
+        else:
+            text += " Fix or remove it."
+        if not self.explicit:
+            text += " (strict=False ignores this.)"
+        return text
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with every field (suggestions as a list)."""
+        return {"kind": self.kind, "rule": self.rule, "source": self.source,
+                "reason": self.reason, "explicit": self.explicit,
+                "suggestions": list(self.suggestions), "message": self.message()}
+
+
+@dataclass(frozen=True)
+class Ambiguity:
+    """A checkpoint name that several regex rules rename to different results.
+
+    Attributes:
+        name: the checkpoint name.
+        targets: what each matching rule gives, in rule order (``None``: the rule drops it).
+        rules: the matching rules' display forms, in rule order.
+        source: the source label (set by the plan).
+        resolved: whether the plan picked one (``on_conflict='first'`` or ``'last'``).
+        resolved_to: the picked result when resolved (``None`` means dropped).
+
+    Example:
+        >>> a = Ambiguity("x/k", ("a/k", "b/x"), ("regex 'x/(.*)' -> 'a/\\1'", "regex '(.*)/k' -> 'b/\\1'"))
+        >>> a.resolved
+        False
+    """
+
+    name: str
+    targets: Tuple[Optional[str], ...]
+    rules: Tuple[str, ...]
+    source: Optional[str] = None
+    resolved: bool = False
+    resolved_to: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "targets", tuple(self.targets))
+        object.__setattr__(self, "rules", tuple(self.rules))
+
+    def message(self) -> str:
+        """One line naming every rule and result, and how to fix it."""
+        where = f" in source {_q(self.source)}" if self.source is not None else ""
+        parts = ", ".join(f"{r} gives {_q(t) if t is not None else 'a drop'}"
+                          for r, t in zip(self.rules, self.targets))
+        text = f"conflict: regex rules{where} rename {_q(self.name)} differently: {parts}"
+        if self.resolved:
+            chosen = _q(self.resolved_to) if self.resolved_to is not None else "a drop"
+            return text + f"; resolved to {chosen} by on_conflict."
+        return text + (" (pass on_conflict='first' or 'last' to pick by rule order, make the "
+                       "patterns disjoint, or use exclude to drop names).")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict with every field."""
+        return {"source": self.source, "name": self.name, "targets": list(self.targets),
+                "rules": list(self.rules), "resolved": self.resolved,
+                "resolved_to": self.resolved_to, "message": self.message()}
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """What :meth:`Rules.apply` made of a list of checkpoint names (every list sorted).
+
+    Attributes:
+        mapping: checkpoint name -> target name, for every selected name (sorted by name).
+        dropped: names left out: by include/exclude, by a regex with a ``None`` replacement,
+            or covered by no rule when ``map``/``regex`` rules exist.
+        unmatched: rules that matched (renamed) no name.
+        ambiguous: names that several regex rules rename differently (not in ``mapping``).
+        explicit: names renamed by an exact map entry.
+        via: name -> the rule that renamed it (absent for identity and ambiguous names).
+    """
+
+    mapping: Dict[str, str]
+    dropped: List[str]
+    unmatched: List[UnmatchedRule]
+    ambiguous: List[Ambiguity]
+    explicit: FrozenSet[str] = frozenset()
+    via: Dict[str, Union["MapRule", "RegexRule"]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Rules
+# --------------------------------------------------------------------------------------------
+
+
+def _as_globs(option: str, value: Any, problems: List[str]) -> Tuple[GlobFilter, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        problems.append(f"{option} must be a glob (str) or a list of globs, e.g. "
+                        f"['encoder/*']; received {_received(value)}.")
+        return ()
+    out = []
+    for i, pat in enumerate(value):
+        try:
+            out.append(GlobFilter(pat))
+        except RuleError as e:
+            problems.append(f"{option}[{i}]: {e}")
+    return tuple(dict.fromkeys(out))
+
+
+def _as_maps(value: Any, problems: List[str]) -> Tuple[MapRule, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        problems.append("map must be a dict of checkpoint name/scope -> target name/scope, e.g. "
+                        f"{{'a/': 'c/encoder/', 'a1': 'c/x1'}}; received {_received(value)}.")
+        return ()
+    out: Dict[str, MapRule] = {}
+    for src, tgt in value.items():
+        try:
+            rule = MapRule(src, tgt)
+        except RuleError as e:
+            problems.append(f"map[{src!r}]: {e}")
+            continue
+        if rule.source in out and out[rule.source] != rule:
+            problems.append(f"map[{src!r}]: {_q(rule.source)} is mapped twice (to "
+                            f"{_q(out[rule.source].target)} and {_q(rule.target)}) after "
+                            "normalisation; keep one entry.")
+            continue
+        out[rule.source] = rule
+    return tuple(out[k] for k in sorted(out))
+
+
+def _as_regexes(value: Any, problems: List[str]) -> Tuple[RegexRule, ...]:
+    if value is None:
+        return ()
+    if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+            and (value[1] is None or isinstance(value[1], str))):
+        problems.append("regex must be a list of (pattern, replacement) pairs; received a single "
+                        f"pair {value!r}: write [{value!r}].")
+        return ()
+    if not isinstance(value, (list, tuple)):
+        problems.append("regex must be a list of (pattern, replacement) pairs, e.g. "
+                        f"{_REGEX_EXAMPLE}; received {_received(value)}.")
+        return ()
+    out = []
+    for i, pair in enumerate(value):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            problems.append(f"regex[{i}] must be a (pattern, replacement) pair, e.g. "
+                            f"('^head/(.*)', r'new_head/\\1'); received {_received(pair)}.")
+            continue
+        try:
+            out.append(RegexRule(pair[0], pair[1]))
+        except RuleError as e:
+            problems.append(f"regex[{i}]: {e}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The selection and rename rules of one source.
+
+    Build with :meth:`from_options`; the fields hold validated rule objects. Map entries are
+    sorted (their order never matters), regex rules keep their order (it only matters for
+    ``on_conflict='first'``/``'last'``).
+
+    Example:
+        >>> r = Rules.from_options(map={"a/": "c/"}, exclude="*/Adam*")
+        >>> r.apply(["a/x", "a/x/Adam", "b"]).mapping
+        {'a/x': 'c/x'}
+    """
+
+    maps: Tuple[MapRule, ...] = ()
+    regexes: Tuple[RegexRule, ...] = ()
+    include: Tuple[GlobFilter, ...] = ()
+    exclude: Tuple[GlobFilter, ...] = ()
+    _exact: Dict[str, MapRule] = field(init=False, repr=False, compare=False)
+    _scopes: Tuple[MapRule, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, cls in (("maps", MapRule), ("regexes", RegexRule),
+                          ("include", GlobFilter), ("exclude", GlobFilter)):
+            value = getattr(self, name)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(x, cls) for x in value):
+                raise RuleError(f"Rules.{name} must be a tuple of {cls.__name__}; received "
+                                f"{_received(value)} (Rules.from_options builds them from "
+                                "plain values).")
+            object.__setattr__(self, name, tuple(value))
+        seen: Dict[str, MapRule] = {}
+        for m in self.maps:
+            if m.source in seen:
+                raise RuleError(f"map source {_q(m.source)} appears twice "
+                                f"({seen[m.source].describe()} and {m.describe()}).")
+            seen[m.source] = m
+        object.__setattr__(self, "_exact", {m.source: m for m in self.maps if not m.is_scope})
+        # Longest scope first: the first scope that covers a name is the one that applies.
+        scopes = sorted((m for m in self.maps if m.is_scope),
+                        key=lambda m: (-len(m._source_prefix), m.source))
+        object.__setattr__(self, "_scopes", tuple(scopes))
+
+    @classmethod
+    def from_options(cls, map: Optional[Mapping[str, str]] = None,  # noqa: A002 (user-facing name)
+                     regex: Optional[Sequence[Sequence[Optional[str]]]] = None,
+                     include: Optional[Any] = None, exclude: Optional[Any] = None) -> "Rules":
+        """Build and validate rules from plain values (as in a config file or API call).
+
+        Every problem is collected and reported at once.
+
+        Args:
+            map: checkpoint name or scope -> target name or scope (``assignment_map`` style).
+            regex: a list of ``(pattern, replacement)`` pairs; ``replacement=None`` drops.
+            include: a glob or a list of globs; only matching names are selected. An empty
+                list counts as not given.
+            exclude: a glob or a list of globs; matching names are left out.
+
+        Returns:
+            The validated :class:`Rules`.
+
+        Raises:
+            RuleError: listing every invalid option, with what was received.
+
+        Example:
+            >>> Rules.from_options(regex=[(r"^head/(.*)", r"new/\\1")]).describe()
+            ["regex '^head/(.*)' -> 'new/\\\\1'"]
+        """
+        problems: List[str] = []
+        maps = _as_maps(map, problems)
+        regexes = _as_regexes(regex, problems)
+        inc = _as_globs("include", include, problems)
+        exc = _as_globs("exclude", exclude, problems)
+        if problems:
+            if len(problems) == 1:
+                raise RuleError(f"Invalid rule: {problems[0]}")
+            raise RuleError(f"{len(problems)} invalid rules:\n" + "\n".join(f"  - {p}" for p in problems))
+        return cls(maps=maps, regexes=regexes, include=inc, exclude=exc)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when there is no rule at all: every name is selected and keeps its name."""
+        return not (self.maps or self.regexes or self.include or self.exclude)
+
+    @property
+    def renames(self) -> bool:
+        """True when ``map`` or ``regex`` rules exist (uncovered names are then dropped)."""
+        return bool(self.maps or self.regexes)
+
+    def describe(self) -> List[str]:
+        """One display line per rule, in the order they apply.
+
+        Example:
+            >>> Rules().describe()
+            ['identity (every name is kept as it is)']
+        """
+        lines = [f"include {_q(g.pattern)}" for g in self.include]
+        lines += [f"exclude {_q(g.pattern)}" for g in self.exclude]
+        lines += [m.describe() for m in self.maps]
+        lines += [r.describe() for r in self.regexes]
+        if not self.renames:
+            lines.append("identity (every name is kept as it is)" if not lines
+                         else "other names are kept as they are")
+        return lines
+
+    def to_dict(self) -> dict:
+        """JSON-ready options, round-trippable: ``Rules.from_options(**r.to_dict()) == r``.
+
+        Schema: ``{"map": {src: tgt}, "regex": [[pattern, replacement|null]],
+        "include": [glob], "exclude": [glob]}``; empty options are left out.
+
+        Example:
+            >>> Rules.from_options(map={"a/": "c/"}).to_dict()
+            {'map': {'a/': 'c/'}}
+        """
+        out: dict = {}
+        if self.maps:
+            out["map"] = {m.source: m.target for m in self.maps}
+        if self.regexes:
+            out["regex"] = [[r.pattern, r.replacement] for r in self.regexes]
+        if self.include:
+            out["include"] = [g.pattern for g in self.include]
+        if self.exclude:
+            out["exclude"] = [g.pattern for g in self.exclude]
+        return out
+
+    def apply(self, names: Sequence[str]) -> RuleResult:
+        """Select and rename checkpoint names.
+
+        Order: include/exclude first; then, if there are no map/regex rules, identity;
+        otherwise exact map entries, then the longest covering scope entry, then the regex
+        rules (all of them: when they disagree the name is :class:`Ambiguity`, never silently
+        resolved); names covered by no rule are dropped. The result does not depend on the
+        order of ``names`` (duplicates are ignored).
+
+        Args:
+            names: checkpoint names of one source.
+
+        Returns:
+            A :class:`RuleResult`.
+
+        Example:
+            >>> Rules.from_options(map={"a1": "c/x1"}).apply(["a1", "b"]).dropped
+            ['b']
+        """
+        all_names = sorted(set(names))
+        dropped: List[str] = []
+        unmatched: List[UnmatchedRule] = []
+
+        # 1. include / exclude
+        selected = all_names
+        if self.include:
+            selected = [n for n in all_names if any(g.matches(n) for g in self.include)]
+        if self.exclude:
+            selected = [n for n in selected if not any(g.matches(n) for g in self.exclude)]
+        if len(selected) != len(all_names):
+            kept = set(selected)
+            dropped.extend(n for n in all_names if n not in kept)
+        for role, globs in (("include", self.include), ("exclude", self.exclude)):
+            for g in globs:
+                if not any(g.matches(n) for n in all_names):
+                    cands = [s + "*" for s in _scopes_of(all_names)] + all_names
+                    unmatched.append(UnmatchedRule(role, f"{role} {_q(g.pattern)}",
+                                                   tuple(suggest(g.pattern, cands, cutoff=0.6))))
+
+        # 2. identity
+        if not self.renames:
+            return RuleResult(mapping={n: n for n in selected}, dropped=sorted(dropped),
+                              unmatched=unmatched, ambiguous=[])
+
+        # 3. map, then regex
+        mapping: Dict[str, str] = {}
+        via: Dict[str, Union[MapRule, RegexRule]] = {}
+        explicit = set()
+        ambiguous: List[Ambiguity] = []
+        used_maps = set()
+        used_regexes = set()
+        for n in selected:
+            rule = self._exact.get(n)
+            if rule is None:
+                rule = next((s for s in self._scopes if s.matches(n)), None)
+            if rule is not None:
+                mapping[n] = rule.rename(n)
+                via[n] = rule
+                used_maps.add(rule.source)
+                if not rule.is_scope:
+                    explicit.add(n)
+                continue
+            hits = [(i, r) for i, r in enumerate(self.regexes) if r.matches(n)]
+            if not hits:
+                dropped.append(n)
+                continue
+            used_regexes.update(i for i, _ in hits)
+            results = [r.rename(n) for _, r in hits]
+            if len(set(results)) > 1:
+                ambiguous.append(Ambiguity(n, tuple(results), tuple(r.describe() for _, r in hits)))
+            elif results[0] is None:
+                dropped.append(n)
+            else:
+                mapping[n] = results[0]
+                via[n] = hits[0][1]
+
+        selected_set = set(selected)
+        for m in self.maps:
+            if m.source in used_maps:
+                continue
+            if not m.is_scope:
+                if m.source in all_names and m.source not in selected_set:
+                    reason = (f"matched no checkpoint variable ({_q(m.source)} exists but "
+                              "include/exclude leave it out)")
+                    unmatched.append(UnmatchedRule("map", m.describe(), (), True, reason=reason))
+                else:
+                    unmatched.append(UnmatchedRule("map", m.describe(),
+                                                   tuple(suggest(m.source, all_names)), True))
+            else:
+                covered = [n for n in selected if m.matches(n)]
+                if covered:
+                    reason = ("renamed no checkpoint variable (longer scopes or exact entries "
+                              f"cover all {len(covered)} names under {_q(m.source)})")
+                    unmatched.append(UnmatchedRule("map-scope", m.describe(), (), reason=reason))
+                else:
+                    unmatched.append(UnmatchedRule("map-scope", m.describe(),
+                                                   tuple(suggest(m.source, _scopes_of(all_names)))))
+        for i, r in enumerate(self.regexes):
+            if i in used_regexes:
+                continue
+            taken = sum(1 for n in selected if r.matches(n))
+            partial = next((n for n in selected if r.search(n)), None)
+            reason = "matched no checkpoint variable"
+            if taken:
+                reason = (f"renamed no checkpoint variable (map entries cover all {taken} "
+                          "names it matches)")
+            elif partial is not None:
+                reason += (f" (the pattern must match whole names; it matches part of "
+                           f"{_q(partial)})")
+            unmatched.append(UnmatchedRule("regex", r.describe(), (), reason=reason))
+
+        return RuleResult(mapping=mapping, dropped=sorted(dropped), unmatched=unmatched,
+                          ambiguous=ambiguous, explicit=frozenset(explicit), via=via)
