@@ -1,0 +1,254 @@
+"""The public functions: plan and restore, plus TF-free inspection helpers.
+
+``plan`` is the one place where the three worlds meet: it names the target variables
+(``targets``), opens the sources (``source``: resolution and TF-free readers), hands names and
+specs to the pure engine (``plan.make_plan``) and attaches the live objects to the result so that
+``Plan.restore`` can run a backend (``restore``). Everything else here is a thin convenience.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from .backends.tensors import cast_value
+from .errors import CkptMergeError
+from .planner import Plan, SourceView, make_plan
+from .source import Source, SourceHandle
+from .specs import KIND_VARIABLE, VariableInfo
+
+__all__ = ["plan", "restore", "list_variables", "open", "load", "Binding"]
+
+SourcesArg = Union[Source, str, "os.PathLike[str]", Sequence[Union[Source, str, "os.PathLike[str]"]]]
+
+
+@dataclass
+class Binding:
+    """The live objects behind a plan: target variables, opened sources, cached graph ops."""
+
+    targets: Any
+    handles: List[SourceHandle]
+    graph_ops: Any = None
+    session: Any = None
+
+    def _transforms(self, assignment: Any) -> List[Any]:
+        from .transforms import select
+
+        for h in self.handles:
+            if h.label == assignment.source:
+                return select(h.source.transforms, assignment.target)
+        return []
+
+    def has_transform(self, assignment: Any) -> bool:
+        """True when value transforms (vocab remap, slicing) apply to this assignment."""
+        return bool(self._transforms(assignment))
+
+    def transform(self, assignment: Any, value: Any) -> Any:
+        """Cast if the plan says so, then apply the assignment's transforms, in order."""
+        if assignment.cast:
+            value = cast_value(value, assignment.target_spec.dtype)
+        transforms = self._transforms(assignment)
+        if not transforms:
+            return value
+        from .transforms import chain_apply
+
+        current = self.current_value(assignment.target)
+        return chain_apply(transforms, np.asarray(value), current, target_shape=assignment.target_spec.shape)
+
+    def current_value(self, name: str) -> np.ndarray:
+        """The target variable's current value as numpy (whole, parts reassembled)."""
+        target = self.targets.variables[name]
+        if self.targets.mode == "graph":
+            vals = self.session.run([v for v, _ in target.parts]) if self.session is not None else None
+        else:
+            vals = [v.numpy() for v, _ in target.parts]
+        if len(target.parts) == 1 and target.parts[0][1] is None:
+            return np.asarray(vals[0])
+        from .backends.tensors import parse_slice_spec
+
+        full = np.zeros(target.info.shape, dtype=vals[0].dtype)
+        for (_, spec), val in zip(target.parts, vals):
+            full[parse_slice_spec(spec)[1]] = val
+        return full
+
+    def close(self) -> None:
+        """Close every source's files."""
+        for h in self.handles:
+            h.close()
+
+
+def _as_sources(sources: SourcesArg) -> List[Source]:
+    if isinstance(sources, (Source, str, os.PathLike)):
+        sources = [sources]
+    out = []
+    for s in sources:
+        if isinstance(s, Source):
+            out.append(s)
+        elif isinstance(s, (str, os.PathLike)):
+            out.append(Source(s))
+        else:
+            raise CkptMergeError(
+                "sources must be ckptmerge.Source objects or checkpoint paths. "
+                f"Received: {s!r:.80} of type {type(s).__name__}"
+            )
+    if not out:
+        raise CkptMergeError("No sources given: pass at least one ckptmerge.Source or checkpoint path.")
+    return out
+
+
+def _unique_labels(sources: List[Source]) -> None:
+    seen: Dict[str, int] = {}
+    for s in sources:
+        seen[s.label] = seen.get(s.label, 0) + 1
+    dups = sorted(k for k, v in seen.items() if v > 1)
+    if dups:
+        raise CkptMergeError(
+            f"Two sources share the label {', '.join(repr(d) for d in dups)}; "
+            "give each a distinct name=..., e.g. Source(path, name='encoder')."
+        )
+
+
+def open_sources(sources: List[Source], *, verify: bool = True) -> List[SourceHandle]:
+    """Open every source, closing the ones already opened if one fails."""
+    handles: List[SourceHandle] = []
+    try:
+        for s in sources:
+            handles.append(s.open(verify=verify))
+    except BaseException:
+        for h in handles:
+            h.close()
+        raise
+    return handles
+
+
+def plan(
+    target: Any = None,
+    sources: SourcesArg = (),
+    *,
+    allow_missing: Union[str, Sequence[str]] = (),
+    on_conflict: str = "error",
+    on_shape_mismatch: str = "error",
+    cast: bool = False,
+    verify: bool = True,
+) -> Plan:
+    """Match sources to target variables and report every finding; change nothing.
+
+    Args:
+        target: ``None`` (the default graph's global variables, graph mode), a list or dict of
+            variables, a ``tf.Module`` or a Keras model.
+        sources: :class:`Source` objects (or plain checkpoint paths), in priority order.
+        allow_missing: glob(s) of target names that may stay as they are.
+        on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources provide a target.
+        on_shape_mismatch: ``"error"`` or ``"skip"`` (leave mismatched targets as they are).
+        cast: cast values whose dtype differs from the target's (e.g. float16 -> float32).
+        verify: check CRC32C checksums when reading.
+
+    Returns:
+        A :class:`Plan`; ``plan.report()`` renders it, ``plan.restore()`` carries it out.
+
+    Example:
+        >>> p = plan(model_c, [Source("runs/A", map={"a1": "c/x1"})], allow_missing=["c/z"])  # doctest: +SKIP
+        >>> print(p.report())                                                               # doctest: +SKIP
+    """
+    from .targets import collect_targets
+
+    srcs = _as_sources(sources)
+    _unique_labels(srcs)
+    targets = collect_targets(target)
+    rules = [s.rules(targets.name_of) for s in srcs]
+    handles = open_sources(srcs, verify=verify)
+    try:
+        views = [
+            SourceView(label=h.label, path=h.path, note=h.note, variables=h.selectable(), rules=r,
+                       transforms=tuple(h.source.transforms))
+            for h, r in zip(handles, rules)
+        ]
+        allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
+        result = make_plan(targets.infos, views, allow_missing=allow, on_conflict=on_conflict,
+                           on_shape_mismatch=on_shape_mismatch, cast=cast)
+    except BaseException:
+        for h in handles:
+            h.close()
+        raise
+    return result.with_binding(Binding(targets=targets, handles=handles))
+
+
+def restore(
+    target: Any = None,
+    sources: SourcesArg = (),
+    *,
+    session: Any = None,
+    strict: bool = True,
+    progress: Any = None,
+    **plan_options: Any,
+) -> Any:
+    """Plan and restore in one call; returns the :class:`ckptmerge.report.Report`.
+
+    ``plan_options`` are those of :func:`plan`. With ``strict=True`` any finding other than
+    ``unused`` raises :class:`ckptmerge.PlanError` before a single variable is changed.
+
+    Example:
+        >>> cm.restore(None, [cm.Source("runs/A", map={"a1": "c/x1"})], session=sess,
+        ...            allow_missing=["c/z"])                                   # doctest: +SKIP
+    """
+    p = plan(target, sources, **plan_options)
+    try:
+        return p.restore(session=session, strict=strict, progress=progress)
+    finally:
+        p._binding.close()
+
+
+def _resolve_reader(path: Any, step: Optional[int], verify: bool) -> Any:
+    from .resolve import resolve_checkpoint
+    from .formats import open_checkpoint
+
+    resolved = resolve_checkpoint(path, step=step)
+    return open_checkpoint(resolved.prefix, verify=verify)
+
+
+def list_variables(path: Any, *, step: Optional[int] = None, optimizer: bool = True) -> List[VariableInfo]:
+    """List a checkpoint's variables (name, shape, dtype, key, kind), sorted by name. No TF needed.
+
+    Args:
+        path: anything :class:`Source` accepts (prefix, directory, SavedModel, ``.weights.h5``).
+        step: take this step's checkpoint from a directory.
+        optimizer: include optimizer state and bookkeeping (as TF's ``list_variables`` does).
+
+    Example:
+        >>> [v.name for v in list_variables("runs/A")]          # doctest: +SKIP
+        ['a1', 'a2', 'a3']
+    """
+    with _resolve_reader(path, step, True) as reader:
+        infos = list(reader.variables())
+    if not optimizer:
+        infos = [v for v in infos if v.kind == KIND_VARIABLE]
+    return sorted(infos, key=lambda v: v.name)
+
+
+def open(path: Any, *, step: Optional[int] = None, verify: bool = True) -> Any:  # noqa: A001
+    """Open a checkpoint for reading without TensorFlow; use it as a context manager.
+
+    The reader keeps its files open across calls: ``names()``, ``spec(name)``, ``get(name)``.
+
+    Example:
+        >>> with open("runs/A") as r:                          # doctest: +SKIP
+        ...     kernel = r.get("dense/kernel")
+    """
+    return _resolve_reader(path, step, verify)
+
+
+def load(path: Any, names: Optional[Iterable[str]] = None, *, step: Optional[int] = None,
+         verify: bool = True) -> Dict[str, np.ndarray]:
+    """Read tensors into a dict of numpy arrays (all model variables when ``names`` is None).
+
+    Example:
+        >>> load("runs/A", ["a1"])["a1"].shape                  # doctest: +SKIP
+        (3, 4)
+    """
+    with _resolve_reader(path, step, verify) as reader:
+        if names is None:
+            names = [v.name for v in reader.variables() if v.kind == KIND_VARIABLE]
+        return reader.read_many(list(names))

@@ -1,0 +1,71 @@
+"""Restore backends: carry out a plan in graph mode or in eager mode.
+
+:func:`run_plan` is what ``Plan.restore`` calls. It checks the plan's findings first (nothing
+is touched when ``strict`` rejects the plan), then hands over to the graph backend (one
+``RestoreV2`` per source, built once, assignments gated on every read) or the eager backend
+(sources read concurrently by the TF-free reader, then assigned without copies). Both are
+atomic: a read that fails changes no variable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from ..errors import CkptMergeError
+
+__all__ = ["run_plan", "Progress"]
+
+log = logging.getLogger(__name__)
+
+#: A progress callback: ``progress(done_bytes, total_bytes)``.
+Progress = Callable[[int, int], None]
+
+
+def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: Optional[Progress] = None) -> Any:
+    """Restore the variables of ``plan`` and return a :class:`ckptmerge.report.Report`.
+
+    Args:
+        plan: a plan made by :func:`ckptmerge.planner` (it carries the live targets and sources).
+        session: the ``tf.compat.v1.Session`` in graph mode (default: the default session).
+        strict: raise :class:`ckptmerge.PlanError` for any finding other than ``unused``.
+        progress: optional ``progress(done_bytes, total_bytes)`` callback.
+
+    Raises:
+        PlanError: the plan has blocking findings; nothing was changed.
+        RestoreError: reading failed; every target variable kept its value.
+    """
+    binding = plan._binding
+    if binding is None:
+        raise CkptMergeError(
+            "This plan has no live target or sources (it was built from specs alone). "
+            "Make it with ckptmerge.plan(target, sources) to restore it."
+        )
+    plan.check(strict=strict)
+    if not strict:
+        lenient = plan.blocking(strict=True)
+        if lenient:
+            log.warning("ckptmerge: restoring with %d finding(s) not enforced (strict=False): %s",
+                        len(lenient), "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
+    if binding.targets.mode == "graph":
+        from .graph import restore_graph
+
+        return restore_graph(plan, binding, session, progress=progress)
+    from .eager import restore_eager
+
+    return restore_eager(plan, binding, progress=progress)
+
+
+def make_report(plan: Any, binding: Any, *, mode: str, elapsed: float, bytes_read: int) -> Any:
+    """Build the :class:`ckptmerge.report.Report` of a finished restore."""
+    from ..report import Report
+
+    restored = sorted(plan.assignments)
+    skipped = [(name, "shape/dtype mismatch (on_shape_mismatch='skip')") for name in plan.skipped]
+    per_source = []
+    for h in binding.handles:
+        mine = [a for a in plan.assignments.values() if a.source == h.label]
+        per_source.append({"label": h.label, "path": h.path, "note": h.note,
+                           "n_restored": len(mine), "bytes": sum(a.spec.nbytes for a in mine)})
+    return Report(plan=plan, mode=mode, restored=restored, skipped=skipped, elapsed=elapsed,
+                  bytes_read=bytes_read, sources=per_source)

@@ -1,0 +1,87 @@
+"""Turning numpy values into TF tensors without copies, and small helpers both backends share."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+__all__ = ["to_tensor", "parse_slice_spec", "cast_value", "ALIGN"]
+
+#: TF requires tensor buffers aligned to 64 bytes; DLPack imports of unaligned data abort.
+ALIGN = 64
+
+
+def _aligned(arr: np.ndarray) -> bool:
+    return arr.ctypes.data % ALIGN == 0 and arr.flags.c_contiguous
+
+
+def aligned_empty(shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is 64-byte aligned."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.empty(n + ALIGN, np.uint8)
+    off = (-buf.ctypes.data) % ALIGN
+    return buf[off:off + n].view(dt).reshape(shape)
+
+
+def to_tensor(value: Any, *, owned: bool) -> Any:
+    """A TF tensor holding ``value``; zero-copy for owned, aligned numeric numpy arrays.
+
+    ``owned`` says the array is ours alone (freshly read), so the tensor may alias it: the
+    variable then takes over its buffer and assigning costs no copy at all.
+    """
+    import tensorflow as tf
+
+    if isinstance(value, (tf.Tensor, tf.Variable)) or not isinstance(value, np.ndarray):
+        return tf.convert_to_tensor(value)
+    arr = value
+    if arr.dtype.kind in "OSU":
+        return tf.constant(arr)
+    if not owned or not _aligned(arr) or arr.size == 0:
+        copy = aligned_empty(arr.shape, arr.dtype)
+        copy[...] = arr
+        arr = copy
+    from tensorflow.experimental import dlpack
+
+    if arr.dtype.name == "bfloat16":  # DLPack has no bfloat16: ship the bits, bitcast in TF
+        return tf.bitcast(dlpack.from_dlpack(arr.view(np.uint16).__dlpack__()), tf.bfloat16)
+    return dlpack.from_dlpack(arr.__dlpack__())
+
+
+def parse_slice_spec(spec: str) -> Tuple[List[int], Tuple[slice, ...]]:
+    """Parse TF's ``"full_shape slice"`` string, e.g. ``"10 3 0,5:-"``.
+
+    Example:
+        >>> parse_slice_spec("10 3 0,5:-")
+        ([10, 3], (slice(0, 5, None), slice(None, None, None)))
+    """
+    parts = spec.split(" ")
+    full = [int(x) for x in parts[:-1]]
+    sls = []
+    for ext in parts[-1].split(":"):
+        if ext == "-":
+            sls.append(slice(None))
+        else:
+            start, length = (int(x) for x in ext.split(","))
+            sls.append(slice(start, start + length))
+    return full, tuple(sls)
+
+
+def cast_value(value: Any, dtype_name: str) -> Any:
+    """Cast a numpy array (see :func:`ckptmerge.transforms.cast_array`) or a TF tensor."""
+    if isinstance(value, np.ndarray):
+        from ..transforms import cast_array
+
+        return cast_array(value, dtype_name)
+    import tensorflow as tf
+
+    return tf.cast(value, dtype_name)
+
+
+def part_value(value: np.ndarray, spec: Optional[str]) -> np.ndarray:
+    """The piece of ``value`` that one part of a partitioned variable holds."""
+    if spec is None:
+        return value
+    _, sls = parse_slice_spec(spec)
+    return np.ascontiguousarray(value[sls])

@@ -1,0 +1,245 @@
+"""Sources: where values come from (a checkpoint, or values held in memory) plus their rules.
+
+A :class:`Source` is a description: a path (or in-memory values) and the rename/selection rules
+that say which checkpoint variable feeds which target. It is validated when it is made (a bad
+regex fails at once), and opened when a plan is made: :meth:`Source.open` resolves the path
+(latest checkpoint, a step, a SavedModel, ...), opens a TensorFlow-free reader and lists the
+variables, keeping optimizer state and bookkeeping out unless ``optimizer=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import CkptMergeError, RuleError
+from .rules import Rules
+from .specs import KIND_VARIABLE, VariableInfo, normalize_name
+
+__all__ = ["Source", "SourceHandle"]
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _map_display(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "path", None) or getattr(value, "name", None)
+    return f"<variable {name}>"
+
+
+class Source:
+    """One source of values for a plan: a checkpoint (or in-memory values) plus rules.
+
+    Args:
+        path: a checkpoint prefix; a directory with a ``checkpoint`` state file (its latest
+            checkpoint); a directory plus ``step``; a SavedModel directory; a path ending in
+            ``.index`` or ``.data-*``; or a Keras 3 ``.weights.h5`` file.
+        step: take the checkpoint of this global step from the directory (error if absent).
+        map: ``{checkpoint_name: target_name_or_variable}``; keys and values ending in ``/``
+            map a scope to a scope (``{"a/": "c/encoder/"}``; ``{"/": "c/"}`` for the root).
+        regex: list of ``(pattern, replacement)`` over checkpoint names (``re.fullmatch``,
+            backreferences allowed); a ``None`` replacement drops the name.
+        include: glob pattern(s) a checkpoint name must match to be used.
+        exclude: glob pattern(s) that drop checkpoint names.
+        optimizer: also use optimizer state and bookkeeping (``global_step``, slots, ...).
+        name: the label used in reports (default: the path as given).
+        cast: per-source override of the plan's ``cast`` option.
+        transforms: value transforms (``ckptmerge.transforms``) applied to this source's values.
+
+    Example:
+        >>> src = Source("runs/A", map={"a1": "c/x1"})
+        >>> src.label
+        'runs/A'
+    """
+
+    def __init__(
+        self,
+        path: Optional[PathLike],
+        *,
+        step: Optional[int] = None,
+        map: Optional[Mapping[str, Any]] = None,  # noqa: A002 - public name from the issue
+        regex: Optional[Sequence[Tuple[str, Optional[str]]]] = None,
+        include: Union[str, Sequence[str], None] = None,
+        exclude: Union[str, Sequence[str], None] = None,
+        optimizer: bool = False,
+        name: Optional[str] = None,
+        cast: Optional[bool] = None,
+        transforms: Sequence[Any] = (),
+        _values: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        if path is None and _values is None:
+            raise CkptMergeError("Source needs a checkpoint path. Received: path=None")
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise CkptMergeError(
+                "Source path must be a str or os.PathLike (a checkpoint prefix or directory). "
+                f"Received: path={path!r:.80} of type {type(path).__name__}"
+            )
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise CkptMergeError(f"Source step must be an int >= 0. Received: step={step!r}")
+        if map is not None and not isinstance(map, Mapping):
+            raise RuleError(
+                "map must be a dict {checkpoint_name: target_name}, e.g. {'a1': 'c/x1'}. "
+                f"Received: map={map!r:.80}"
+            )
+        self.path = os.fspath(path) if path is not None else None
+        self.step = step
+        self.map = dict(map) if map is not None else None
+        self.regex = [tuple(r) for r in regex] if isinstance(regex, (list, tuple)) else regex
+        self.include = include
+        self.exclude = exclude
+        self.optimizer = bool(optimizer)
+        self.name = name
+        self.cast = cast
+        self.transforms = tuple(transforms)
+        self._values = dict(_values) if _values is not None else None
+        # Validate every rule now, so a bad regex fails where the source is written.
+        self._check_map_keys()
+        self.rules(None)
+
+    def _check_map_keys(self) -> None:
+        for k in self.map or {}:
+            if not isinstance(k, str):
+                raise RuleError(f"map keys must be checkpoint names (str). Received key {k!r} in map={self.map!r:.120}")
+
+    # -- description -------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        """The name used in reports: ``name`` if given, else the path as given."""
+        if self.name:
+            return self.name
+        return self.path if self.path is not None else "memory"
+
+    @property
+    def in_memory(self) -> bool:
+        """True for sources made from values in memory (:func:`ckptmerge.snapshot`)."""
+        return self._values is not None
+
+    def rules(self, name_of: Any) -> Rules:
+        """The compiled rules; ``name_of(variable)`` names map values given as variables."""
+        mapping = None
+        if self.map is not None:
+            mapping = {}
+            for k, v in self.map.items():
+                if isinstance(v, str):
+                    mapping[k] = v
+                elif name_of is None:
+                    mapping[k] = _map_display(v)
+                else:
+                    target_name = name_of(v)
+                    if target_name is None:
+                        raise RuleError(
+                            f"map value for '{k}' in source '{self.label}' is a variable "
+                            f"({_map_display(v)}) that is not part of the target. Add it to the "
+                            "target, or map to a target name instead."
+                        )
+                    mapping[k] = target_name
+        return Rules.from_options(map=mapping, regex=self.regex, include=self.include, exclude=self.exclude)
+
+    def __repr__(self) -> str:
+        parts = [repr(self.path) if self.path is not None else "<memory>"]
+        for attr in ("step", "map", "regex", "include", "exclude", "name"):
+            val = getattr(self, attr)
+            if val is not None:
+                parts.append(f"{attr}={val!r}")
+        if self.optimizer:
+            parts.append("optimizer=True")
+        return f"Source({', '.join(parts)})"
+
+    # -- opening -----------------------------------------------------------------------------
+    def open(self, *, verify: bool = True) -> "SourceHandle":
+        """Resolve the path and open a reader (no TensorFlow needed).
+
+        Raises:
+            CheckpointNotFoundError: the path, the latest checkpoint or the step does not exist.
+            CheckpointFormatError: the files are corrupt or in an unsupported format.
+        """
+        if self._values is not None:
+            return MemoryHandle(self, self._values)
+        from .resolve import resolve_checkpoint
+        from .formats import open_checkpoint
+
+        resolved = resolve_checkpoint(self.path, step=self.step)
+        reader = open_checkpoint(resolved.prefix, verify=verify)
+        return CheckpointHandle(self, resolved.prefix, resolved.note, reader, step=resolved.step)
+
+
+@dataclass
+class SourceHandle:
+    """An opened source: what it resolved to and the variables it offers.
+
+    Attributes:
+        source: the :class:`Source` it came from.
+        path: the resolved checkpoint prefix (or ``"<memory>"``).
+        note: how the path was resolved, for reports.
+        all_variables: every tensor, optimizer state and bookkeeping included.
+    """
+
+    source: Source
+    path: str
+    note: str
+    all_variables: List[VariableInfo] = field(default_factory=list)
+    step: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        """The source's report label."""
+        return self.source.label
+
+    def selectable(self) -> Dict[str, VariableInfo]:
+        """Variables the rules may use: all of them with ``optimizer=True``, else model variables."""
+        return {
+            v.name: v for v in self.all_variables if self.source.optimizer or v.kind == KIND_VARIABLE
+        }
+
+    def read(self, names: Sequence[str]) -> Dict[str, Any]:
+        """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release files."""
+
+
+class CheckpointHandle(SourceHandle):
+    """A source backed by a checkpoint on disk, read with ckptmerge's TF-free reader."""
+
+    def __init__(self, source: Source, path: str, note: str, reader: Any, step: Optional[int] = None) -> None:
+        super().__init__(source, path, note, list(reader.variables()), step)
+        self.reader = reader
+
+    def read(self, names: Sequence[str]) -> Dict[str, Any]:
+        """Read the named tensors with CRC checks; see ``CheckpointReader.read_many``."""
+        return self.reader.read_many(list(names))
+
+    def close(self) -> None:
+        """Close the reader's files."""
+        self.reader.close()
+
+
+def _value_info(name: str, value: Any) -> VariableInfo:
+    shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
+    dtype = getattr(value, "dtype", None)
+    dname = getattr(dtype, "name", None) or np.asarray(value).dtype.name
+    if dname in ("object", "bytes_") or dname.startswith("bytes") or dname.startswith("str"):
+        dname = "string"
+    nbytes = int(getattr(value, "nbytes", 0) or 0)
+    return VariableInfo(name=name, shape=shape, dtype=dname, key=name, nbytes=nbytes)
+
+
+class MemoryHandle(SourceHandle):
+    """A source whose values live in memory (numpy arrays or TF tensors)."""
+
+    def __init__(self, source: Source, values: Mapping[str, Any]) -> None:
+        infos = sorted((_value_info(normalize_name(k), v) for k, v in values.items()), key=lambda i: i.name)
+        super().__init__(source, "<memory>", "values held in memory", infos)
+        self.values = {normalize_name(k): v for k, v in values.items()}
+
+    def read(self, names: Sequence[str]) -> Dict[str, Any]:
+        """Return the held values themselves (no copy)."""
+        return {n: self.values[n] for n in names}

@@ -1,0 +1,250 @@
+"""Naming target variables: turn what the user passes as ``target`` into named variables.
+
+This is one of the few modules that touch TensorFlow, and it imports it lazily. A target is:
+
+- ``None``: the default graph's global variables (graph mode only);
+- a list/tuple of variables (TF variables or Keras 3 variables);
+- a dict ``{name: variable}``: the names are the user's;
+- a ``tf.Module``;
+- a Keras 3 model or layer.
+
+Every target variable gets exactly one name (see :func:`variable_name`):
+
+- graph mode: the variable's op name (``c/x1``); partitioned variables (saved as slices) are
+  grouped under their full name, as a ``Saver`` writes them;
+- Keras 3: the variable's ``.path`` (``enc1/kernel``, or ``sequential/enc1/kernel`` for a
+  ``Sequential`` model, whose path includes the model's name);
+- ``tf.Module``: the variable's own name (``v.name`` without ``:0``) when it was given
+  explicitly and is unique in the module; otherwise its attribute path (``sub/b``, ``layers/0``).
+  TF's automatic names (``Variable``, ``Variable_1``) count as no name.
+
+Two target variables with one name are an error that lists every duplicate.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .errors import CkptMergeError, PlanError
+from .specs import VariableInfo, normalize_name
+
+__all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf"]
+
+_AUTO_NAME = re.compile(r"^Variable(_\d+)?$")
+
+
+def import_tf() -> Any:
+    """Import TensorFlow, or raise a clear error saying how to install it."""
+    try:
+        import tensorflow as tf  # noqa: WPS433 (lazy by design: importing TF costs ~2.5 s)
+    except ImportError as exc:  # pragma: no cover - TF is a dependency of the package
+        raise CkptMergeError(
+            "TensorFlow is needed to restore into variables but could not be imported "
+            f"({exc}). Install it with: pip install 'tensorflow>=2.16'"
+        ) from exc
+    return tf
+
+
+@dataclass
+class TargetVariable:
+    """One named target: a variable, or the parts of one partitioned variable.
+
+    Attributes:
+        name: the unique target name.
+        info: its spec (full shape, dtype).
+        parts: ``(variable, slice_spec)`` pairs; ``slice_spec`` is ``None`` for a whole
+            variable, else TF's ``"full_shape slice"`` string (e.g. ``"10 3 0,5:-"``).
+        assign_target: the object to call ``.assign`` on (a Keras variable's TF variable).
+    """
+
+    name: str
+    info: VariableInfo
+    parts: List[Tuple[Any, Optional[str]]] = field(default_factory=list)
+
+    @property
+    def variable(self) -> Any:
+        """The single variable (raises for a partitioned target)."""
+        if len(self.parts) != 1 or self.parts[0][1] is not None:
+            raise CkptMergeError(f"target '{self.name}' is partitioned into {len(self.parts)} parts")
+        return self.parts[0][0]
+
+
+@dataclass
+class TargetSet:
+    """All target variables of a plan, by name, and the mode they live in.
+
+    Attributes:
+        variables: name -> :class:`TargetVariable`, sorted by name.
+        mode: ``"graph"`` or ``"eager"``.
+        graph: the ``tf.Graph`` in graph mode, else ``None``.
+        by_id: ``id(variable) -> name`` so map values given as variables can be named.
+    """
+
+    variables: Dict[str, TargetVariable]
+    mode: str
+    graph: Any = None
+    by_id: Dict[int, str] = field(default_factory=dict)
+
+    @property
+    def infos(self) -> List[VariableInfo]:
+        """The target specs, sorted by name."""
+        return [t.info for t in self.variables.values()]
+
+    def name_of(self, variable: Any) -> Optional[str]:
+        """The target name of a variable object, or ``None`` if it is not a target."""
+        name = self.by_id.get(id(variable))
+        if name is None:
+            inner = getattr(variable, "value", None)
+            name = self.by_id.get(id(inner)) if inner is not None and not callable(inner) else None
+        return name
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = getattr(dtype, "name", str(dtype))
+    name = {"string": "string", "bool": "bool"}.get(name, name)
+    return name.replace("_ref", "")
+
+
+def _is_keras_object(obj: Any) -> bool:
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return False
+    try:
+        return isinstance(obj, (keras.Layer, keras.Variable))
+    except AttributeError:  # pragma: no cover - very old keras
+        return False
+
+
+def _tf_variable(v: Any) -> Any:
+    """The TF variable behind ``v`` (a Keras 3 variable wraps one in ``.value``)."""
+    if _is_keras_object(v):
+        return v.value
+    return v
+
+
+def variable_name(v: Any, *, graph_mode: bool) -> str:
+    """The default target name of one variable (no module context).
+
+    Example:
+        >>> import tensorflow as tf                                # doctest: +SKIP
+        >>> variable_name(tf.Variable(1.0, name="w"), graph_mode=False)  # doctest: +SKIP
+        'w'
+    """
+    if _is_keras_object(v):
+        return v.path
+    if graph_mode:
+        return normalize_name(v.op.name)
+    return normalize_name(v.name)
+
+
+def _info(name: str, v: Any, shape: Optional[Sequence[int]] = None) -> VariableInfo:
+    shp = tuple(int(d) for d in (shape if shape is not None else v.shape))
+    return VariableInfo(name=name, shape=shp, dtype=_dtype_name(v.dtype), key=name)
+
+
+def _raise_duplicates(names: Sequence[str], hint: str) -> None:
+    seen: Dict[str, int] = {}
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+    dups = sorted(n for n, c in seen.items() if c > 1)
+    if dups:
+        listed = ", ".join(f"'{d}' ({seen[d]}x)" for d in dups)
+        raise PlanError(f"{len(dups)} target name(s) are used by more than one variable: {listed}. {hint}")
+
+
+def _module_entries(module: Any) -> List[Tuple[str, Any]]:
+    tf = import_tf()
+    flat = module._flatten(with_path=True, predicate=lambda x: isinstance(x, tf.Variable))
+    entries: List[Tuple[str, Any]] = []
+    seen_ids = set()
+    for path, v in flat:
+        if id(v) in seen_ids:
+            continue
+        seen_ids.add(id(v))
+        entries.append(("/".join(str(p) for p in path), v))
+    own = [normalize_name(v.name) for _, v in entries]
+    counts: Dict[str, int] = {}
+    for n in own:
+        counts[n] = counts.get(n, 0) + 1
+    named = []
+    for (path, v), n in zip(entries, own):
+        explicit = not _AUTO_NAME.match(n.rsplit("/", 1)[-1]) and counts[n] == 1
+        named.append((n if explicit else path, v))
+    return named
+
+
+def collect_targets(target: Any = None) -> TargetSet:
+    """Name every target variable.
+
+    Args:
+        target: ``None`` (default graph's global variables), a list/tuple or dict of variables,
+            a ``tf.Module`` or a Keras 3 model/layer.
+
+    Returns:
+        A :class:`TargetSet`.
+
+    Raises:
+        PlanError: two variables would get the same name, or the target is empty.
+        CkptMergeError: the target is of a kind ckptmerge does not know.
+
+    Example:
+        >>> ts = collect_targets({"c/x1": tf.Variable([1.0])})    # doctest: +SKIP
+        >>> list(ts.variables)                                     # doctest: +SKIP
+        ['c/x1']
+    """
+    tf = import_tf()
+    graph_mode = not tf.executing_eagerly()
+    graph = tf.compat.v1.get_default_graph() if graph_mode else None
+    pairs: List[Tuple[str, Any]]
+    hint = "Pass a dict {name: variable} to choose the names yourself."
+    if target is None:
+        if not graph_mode:
+            raise CkptMergeError(
+                "target=None means the default graph's global variables, which exist in graph mode "
+                "only; in eager mode pass a Keras model, a tf.Module, or a list/dict of variables."
+            )
+        pairs = [(variable_name(v, graph_mode=True), v) for v in tf.compat.v1.global_variables()]
+    elif isinstance(target, dict):
+        pairs = [(normalize_name(str(k)), v) for k, v in target.items()]
+    elif _is_keras_object(target) and not isinstance(target, (list, tuple)):
+        pairs = [(v.path, v) for v in target.weights]
+        hint = "Give the layers unique names, or pass a dict {name: variable}."
+    elif isinstance(target, tf.Module):
+        pairs = _module_entries(target)
+    elif isinstance(target, (list, tuple)):
+        pairs = [(variable_name(v, graph_mode=graph_mode), v) for v in target]
+    else:
+        raise CkptMergeError(
+            f"Cannot restore into a target of type {type(target).__name__}. Expected None (graph "
+            "mode), a list or dict of variables, a tf.Module or a Keras model. "
+            f"Received: target={target!r:.80}"
+        )
+    return _build_set(pairs, graph_mode, graph, hint)
+
+
+def _build_set(pairs: List[Tuple[str, Any]], graph_mode: bool, graph: Any, hint: str) -> TargetSet:
+    groups: Dict[str, TargetVariable] = {}
+    names: List[str] = []
+    by_id: Dict[int, str] = {}
+    for name, v in pairs:
+        tfv = _tf_variable(v)
+        ssi = getattr(tfv, "_save_slice_info", None)
+        if ssi is not None and not _is_keras_object(v):
+            full = normalize_name(ssi.full_name)
+            spec = ssi.spec
+            if full not in groups:
+                groups[full] = TargetVariable(full, _info(full, tfv, ssi.full_shape))
+                names.append(full)
+            groups[full].parts.append((tfv, spec))
+            by_id[id(tfv)] = full
+            continue
+        names.append(name)
+        groups.setdefault(name, TargetVariable(name, _info(name, tfv), [(tfv, None)]))
+        by_id[id(v)] = name
+        by_id[id(tfv)] = name
+    _raise_duplicates(names, hint)
+    ordered = {n: groups[n] for n in sorted(groups)}
+    return TargetSet(variables=ordered, mode="graph" if graph_mode else "eager", graph=graph, by_id=by_id)

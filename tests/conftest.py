@@ -1,0 +1,63 @@
+"""Shared fixtures: TF set-up, and small helpers that write real checkpoints with TensorFlow."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def tf():
+    """TensorFlow, imported once (tests that do not need it never import it)."""
+    import tensorflow
+
+    return tensorflow
+
+
+def save_tf1(prefix, values, step=None, *, optimizer_slots=False):
+    """Write a name-based checkpoint with tf.compat.v1.train.Saver; return its prefix.
+
+    ``values`` maps variable names to numpy values. With ``optimizer_slots`` an Adam train op
+    runs once, so the checkpoint also holds ``*/Adam``, ``*/Adam_1``, ``beta1_power``, ...
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tvars = {n: tf.compat.v1.get_variable(n, initializer=np.asarray(v)) for n, v in values.items()}
+        if optimizer_slots:
+            floats = [v for v in tvars.values() if v.dtype.base_dtype.is_floating]
+            loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in floats])
+            tf.compat.v1.train.get_or_create_global_step()
+            train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            if optimizer_slots:
+                sess.run(train)
+            return saver.save(sess, str(prefix), global_step=step)
+
+
+@pytest.fixture
+def ab_checkpoints(tmp_path, tf):
+    """Checkpoints A (dir with a state file, step 10) and B (explicit prefix), and their values."""
+    rng = np.random.default_rng(42)
+    a = {"a1": rng.standard_normal((3, 4)).astype(np.float32),
+         "a2": rng.standard_normal((4,)).astype(np.float32),
+         "a3": rng.standard_normal((2, 2)).astype(np.float32)}
+    b = {"b1": rng.standard_normal((4,)).astype(np.float32),
+         "b2": rng.standard_normal((5,)).astype(np.float32),
+         "b3": rng.standard_normal((6,)).astype(np.float32)}
+    (tmp_path / "A").mkdir()
+    (tmp_path / "B").mkdir()
+    save_tf1(tmp_path / "A" / "model", {k: v * 0 for k, v in a.items()}, step=5)
+    save_tf1(tmp_path / "A" / "model", a, step=10)
+    b_prefix = save_tf1(tmp_path / "B" / "model", b, step=10)
+    return {"A": str(tmp_path / "A"), "B": b_prefix, "a": a, "b": b, "root": tmp_path}

@@ -1,0 +1,78 @@
+"""Error paths of the core API: each a clear error saying what, where and how to fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ckptmerge as cm
+
+
+def test_import_ckptmerge_does_not_import_tensorflow():
+    code = "import ckptmerge, sys; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_path_is_checkpoint_not_found(tf, tmp_path):
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.plan({"x": tf.Variable(1.0)}, [cm.Source(str(tmp_path / "nope"))])
+    assert isinstance(err.value, FileNotFoundError)
+    assert "nope" in str(err.value)
+
+
+def test_directory_without_checkpoint_is_a_clear_error(tf, tmp_path):
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.plan({"x": tf.Variable(1.0)}, [cm.Source(str(tmp_path))])
+    assert str(tmp_path.name) in str(err.value)
+
+
+def test_missing_step_lists_the_steps_that_exist(tf, ab_checkpoints):
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.plan({"x": tf.Variable(1.0)}, [cm.Source(ab_checkpoints["A"], step=7)])
+    assert "7" in str(err.value) and "5" in str(err.value) and "10" in str(err.value)
+
+
+def test_misspelt_map_key_suggests_the_close_name(tf, ab_checkpoints):
+    c = {"c/x1": tf.Variable(np.zeros((3, 4), np.float32))}
+    with pytest.raises(cm.PlanError) as err:
+        cm.restore(c, [cm.Source(ab_checkpoints["A"], map={"a_1": "c/x1"})], strict=False)
+    assert "Did you mean 'a1'?" in str(err.value)
+    assert err.value.plan.unmatched_rules
+
+
+def test_bad_regex_fails_when_the_source_is_made():
+    with pytest.raises(cm.RuleError) as err:
+        cm.Source("x", regex=[("^head/(.*", "c/\\1")])
+    assert "^head/(.*" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_duplicate_target_names_are_listed(tf, ab_checkpoints):
+    vs = [tf.Variable(1.0), tf.Variable(2.0)]  # both eager-named 'Variable'
+    with pytest.raises(cm.PlanError) as err:
+        cm.plan(vs, [ab_checkpoints["A"]])
+    assert "'Variable' (2x)" in str(err.value)
+    assert "dict" in str(err.value)
+
+
+def test_target_none_in_eager_mode_says_what_to_pass(tf, ab_checkpoints):
+    with pytest.raises(cm.CkptMergeError, match="graph mode"):
+        cm.plan(None, [ab_checkpoints["A"]])
+
+
+def test_graph_mode_restore_without_session_says_how(tf, ab_checkpoints):
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("a1", shape=(3, 4))
+        plan = cm.plan(None, [ab_checkpoints["A"]])
+        with pytest.raises(cm.CkptMergeError, match="session=sess"):
+            plan.restore()
+
+
+def test_v1_format_checkpoint_is_refused_with_a_clear_error(tf):
+    from conftest import CORPUS
+
+    with pytest.raises(cm.CheckpointFormatError, match="V1"):
+        cm.list_variables(str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt"))
