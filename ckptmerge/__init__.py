@@ -12,7 +12,8 @@ Example:
     >>> plan.restore(session=sess)                                         # doctest: +SKIP
 """
 
-from .api import list_variables, load, open, plan, restore
+from .api import list_variables, load, open, plan, restore, warm_start
+from .config import Config, load_config
 from .resolve import CheckpointInfo, checkpoints
 from .errors import (
     CheckpointFormatError,
@@ -26,7 +27,9 @@ from .errors import (
 from .planner import Plan
 from .report import Report
 from .source import Source
+from .restorer import Restorer, snapshot
 from .specs import VariableInfo
+from .transforms import Slice, VocabRemap
 
 __version__ = "0.1.0"
 
@@ -35,18 +38,25 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointNotFoundError",
     "CkptMergeError",
+    "Config",
     "ConfigError",
     "Plan",
     "PlanError",
     "Report",
     "RestoreError",
+    "Restorer",
     "RuleError",
+    "Slice",
     "Source",
     "VariableInfo",
+    "VocabRemap",
     "checkpoints",
     "list_variables",
     "load",
+    "load_config",
     "open",
     "plan",
     "restore",
+    "snapshot",
+    "warm_start",
 ]

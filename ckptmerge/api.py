@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .planner import Plan, SourceView, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
 
-__all__ = ["plan", "restore", "list_variables", "open", "load", "Binding"]
+__all__ = ["plan", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
 
 SourcesArg = Union[Source, str, "os.PathLike[str]", Sequence[Union[Source, str, "os.PathLike[str]"]]]
 
@@ -124,6 +124,21 @@ def open_sources(sources: List[Source], *, verify: bool = True) -> List[SourceHa
     return handles
 
 
+def _is_spec_list(target: Any) -> bool:
+    return isinstance(target, (list, tuple)) and bool(target) and all(isinstance(t, VariableInfo) for t in target)
+
+
+def _collect(target: Any) -> Any:
+    """Name the target's variables; a list of VariableInfo is a spec-only target (no TF)."""
+    if _is_spec_list(target):
+        from .targets import TargetSet
+
+        return TargetSet(variables={t.name: t for t in sorted(target, key=lambda t: t.name)}, mode="specs")
+    from .targets import collect_targets
+
+    return collect_targets(target)
+
+
 def plan(
     target: Any = None,
     sources: SourcesArg = (),
@@ -138,7 +153,9 @@ def plan(
 
     Args:
         target: ``None`` (the default graph's global variables, graph mode), a list or dict of
-            variables, a ``tf.Module`` or a Keras model.
+            variables, a ``tf.Module`` or a Keras model; or a list of :class:`VariableInfo`
+            (e.g. ``list_variables(path)``) for a dry run without TensorFlow (such a plan can be
+            reported and merged, not restored).
         sources: :class:`Source` objects (or plain checkpoint paths), in priority order.
         allow_missing: glob(s) of target names that may stay as they are.
         on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources provide a target.
@@ -153,17 +170,15 @@ def plan(
         >>> p = plan(model_c, [Source("runs/A", map={"a1": "c/x1"})], allow_missing=["c/z"])  # doctest: +SKIP
         >>> print(p.report())                                                               # doctest: +SKIP
     """
-    from .targets import collect_targets
-
     srcs = _as_sources(sources)
     _unique_labels(srcs)
-    targets = collect_targets(target)
+    targets = _collect(target)
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
     try:
         views = [
             SourceView(label=h.label, path=h.path, note=h.note, variables=h.selectable(), rules=r,
-                       transforms=tuple(h.source.transforms))
+                       transforms=tuple(h.source.transforms), cast=h.source.cast)
             for h, r in zip(handles, rules)
         ]
         allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
@@ -199,6 +214,25 @@ def restore(
         return p.restore(session=session, strict=strict, progress=progress)
     finally:
         p._binding.close()
+
+
+def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optional[bool] = None,
+               progress: Any = None) -> Any:
+    """Restore ``target`` as a config file (YAML, TOML, JSON) or dict describes.
+
+    The config is validated before any checkpoint is opened (every problem at once, as a
+    :class:`ckptmerge.ConfigError`). ``strict`` defaults to the config's ``strict`` key (itself
+    ``true`` by default).
+
+    Example:
+        >>> warm_start(model, "warm.yaml")                      # doctest: +SKIP
+    """
+    from .config import load_config
+
+    cfg = load_config(config)
+    sources = [Source(**kw) for kw in cfg.source_kwargs()]
+    return restore(target, sources, session=session, strict=cfg.strict if strict is None else strict,
+                   progress=progress, **cfg.plan_options)
 
 
 def _resolve_reader(path: Any, step: Optional[int], verify: bool) -> Any:

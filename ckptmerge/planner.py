@@ -112,8 +112,12 @@ class SourceView:
     variables: Mapping[str, VariableInfo]
     rules: Rules = field(default_factory=Rules)
     transforms: Tuple[Any, ...] = ()
+    cast: Optional[bool] = None
 
     def __post_init__(self) -> None:
+        if self.cast is not None and not isinstance(self.cast, bool):
+            raise OptionError(f"source {_q(self.label)}: cast must be True, False or None (the plan's "
+                              f"option); received {_received(self.cast)}.")
         if not isinstance(self.label, str) or not self.label:
             raise OptionError(f"a source label must be a non-empty str; received {_received(self.label)}.")
         for name in ("path", "note"):
@@ -730,7 +734,8 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         # Cast first, then the value transforms (as the backends do).
         dtype_differs = spec.dtype != tspec.dtype
         problem = cast_problem(spec.dtype, tspec.dtype) if dtype_differs else None
-        dtype_bad = dtype_differs and (not cast or problem is not None)
+        src_cast = source_by_label[chosen.label].cast
+        dtype_bad = dtype_differs and (not (cast if src_cast is None else src_cast) or problem is not None)
         ts = [t for t in source_by_label[chosen.label].transforms if t.applies_to(tname)]
         out_shape, detail = src_shape, problem or ""
         if ts:
@@ -760,6 +765,19 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
             unmatched.append(UnmatchedRule("allow_missing", f"allow_missing {_q(g.pattern)}",
                                            tuple(suggest(g.pattern, cands, cutoff=0.6)), False,
                                            None, reason="matched no target variable"))
+
+    # A value transform (vocab remap, slice) whose target glob reaches no variable this source
+    # provides is a typo or a stale config: report it, as an unmatched rule.
+    for src in sources:
+        for t in src.transforms:
+            provided = [n for n, (lbl, _) in ((a.target, (a.source, a.name)) for a in assignments.values())
+                        if lbl == src.label]
+            provided += [m.target for m in mismatched if m.source == src.label]
+            if not any(t.applies_to(n) for n in provided):
+                unmatched.append(UnmatchedRule("transform", f"{type(t).__name__} for {_q(getattr(t, 'target', '?'))}",
+                                               tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)),
+                                               False, src.label,
+                                               reason="applies to no variable this source provides"))
 
     taken: Dict[str, set] = {}
     for a in assignments.values():

@@ -41,7 +41,7 @@ __all__ = [
     "suggest",
 ]
 
-_UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "exclude", "allow_missing")
+_UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "exclude", "allow_missing", "transform")
 _REGEX_EXAMPLE = r"[('^head/(.*)', r'new_head/\1'), ('^tmp/.*', None)]"
 
 
@@ -299,7 +299,7 @@ class UnmatchedRule:
 
     Attributes:
         kind: ``"map"`` (exact entry), ``"map-scope"``, ``"regex"``, ``"include"``,
-            ``"exclude"`` or ``"allow_missing"``.
+            ``"exclude"``, ``"allow_missing"`` or ``"transform"``.
         rule: display form, e.g. ``"map 'a1' -> 'c/x1'"``.
         suggestions: close names, best first (may be empty).
         explicit: ``True`` for exact map entries: those block even a non-strict restore.

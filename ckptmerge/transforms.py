@@ -1,0 +1,691 @@
+"""Value transforms: change a checkpoint tensor on its way to a target variable.
+
+A transform is a small frozen dataclass that the planner and the restore backends apply to one
+source tensor before it is assigned to a target variable whose name matches ``target`` (a name or
+a glob). Two kinds exist, after TF's ``WarmStartSettings`` features people still need:
+
+* :class:`VocabRemap` moves the rows (or columns) of an embedding or output layer from an old
+  vocabulary to a new one, like ``tf.compat.v1.train.VocabInfo``;
+* :class:`Slice` copies the overlap of a tensor that is larger or smaller along one axis (e.g. a
+  head with more classes) and leaves the rest as the target already is.
+
+Dtype casts are not a transform object: the plan's ``cast`` flag asks for them, and
+:func:`cast_array` / :func:`cast_problem` do the work. A transform's result has the source's
+dtype, except with ``init="keep"``: then it has the target's dtype (the kept values are copied,
+never round-tripped through a narrower source dtype), so the cast may come before or after.
+
+Everything here is pure numpy: no files except vocabulary files, no TensorFlow.
+
+The protocol every transform follows (the planner and backends rely on nothing else):
+
+* ``target``: the target variable name or glob; :meth:`applies_to` matches it.
+* ``output_shape(source_shape, target_shape) -> tuple``: the shape :meth:`apply` produces, for the
+  planner to compare with the target's shape; raises :class:`TransformError` when the transform
+  cannot apply to these shapes (report it as a mismatch).
+* ``apply(value, current, *, target_shape=None) -> np.ndarray``: the new value. ``current`` is the
+  target's current value; it is only needed when ``needs_current`` is true.
+* ``describe(source_shape=None, target_shape=None) -> str``: one line for reports.
+* ``to_dict() -> dict``: JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .errors import RuleError, did_you_mean
+
+__all__ = [
+    "TransformError",
+    "VocabRemap",
+    "Slice",
+    "Transform",
+    "VOCAB_INITS",
+    "SLICE_INITS",
+    "read_vocab",
+    "select",
+    "chain_output_shape",
+    "chain_apply",
+    "cast_array",
+    "cast_problem",
+    "numpy_dtype",
+    "dtype_name",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Initialisers of the rows of new tokens: zeros, or the target's current value.
+VOCAB_INITS = ("zeros", "keep")
+#: Initialisers of the part of a sliced target that the checkpoint does not cover.
+SLICE_INITS = ("keep", "zeros")
+
+VocabSpec = Union[str, "os.PathLike[str]", Sequence[str]]
+Shape = Tuple[int, ...]
+
+
+class TransformError(RuleError):
+    """A value transform is invalid, or does not fit the tensor it is applied to.
+
+    Attributes:
+        target: the transform's target name or glob, if known.
+        path: the vocabulary file concerned, if any.
+        line: the 1-based line in ``path`` concerned, if any.
+
+    Example:
+        >>> isinstance(TransformError("bad axis"), ValueError)
+        True
+    """
+
+    def __init__(self, message: str, *, target: Optional[str] = None, path: Optional[str] = None,
+                 line: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.target = target
+        self.path = path
+        self.line = line
+
+
+# --------------------------------------------------------------------------------------------
+# vocabularies
+
+
+def read_vocab(path: Union[str, "os.PathLike[str]"]) -> Tuple[str, ...]:
+    """Read a vocabulary file: one token per line, UTF-8.
+
+    Only the line end is stripped (``\\n``, or ``\\r\\n``), so tokens may contain spaces; a
+    UTF-8 byte order mark at the start is ignored. Tokens must be unique.
+
+    Args:
+        path: the vocabulary file.
+
+    Returns:
+        The tokens, in file order (the index of a token is its row).
+
+    Raises:
+        TransformError: the file does not exist, is not UTF-8, is empty, or has a duplicate token
+            (the message names the file and both lines).
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "vocab.txt")
+        >>> _ = open(p, "w", encoding="utf-8").write("the\\nnew york\\n")
+        >>> read_vocab(p)
+        ('the', 'new york')
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise TransformError(f"vocab file '{path}' does not exist.", path=path) from None
+    except IsADirectoryError:
+        raise TransformError(f"vocab file '{path}' is a directory; expected a text file with one "
+                             "token per line.", path=path) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TransformError(f"vocab file '{path}' is not valid UTF-8: line {line} has the byte "
+                             f"{data[e.start:e.start + 1]!r}; save it as UTF-8.",
+                             path=path, line=line) from None
+    if text == "":
+        raise TransformError(f"vocab file '{path}' is empty; expected one token per line.", path=path)
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    tokens = tuple(t[:-1] if t.endswith("\r") else t for t in lines)
+    _check_unique(tokens, f"vocab file '{path}'", "line", 1, path=path)
+    return tokens
+
+
+def _check_unique(tokens: Sequence[str], what: str, unit: str, base: int, *, path: Optional[str] = None) -> None:
+    first: dict = {}
+    dups: List[Tuple[str, int, int]] = []
+    for i, tok in enumerate(tokens):
+        j = first.setdefault(tok, i)
+        if j != i:
+            dups.append((tok, j, i))
+    if dups:
+        tok, j, i = dups[0]
+        more = f" ({len(dups) - 1} more duplicate{'s' if len(dups) > 2 else ''} follow)" if len(dups) > 1 else ""
+        raise TransformError(f"{what} has the duplicate token {tok!r} on {unit}s {j + base} and "
+                             f"{i + base}{more}; every token must be unique.", path=path, line=i + base)
+
+
+def _load_tokens(spec: VocabSpec, which: str, target: str) -> Tuple[Union[str, Tuple[str, ...]], Tuple[str, ...]]:
+    """Return (the spec as stored: a path string or a tuple of tokens, the tokens)."""
+    if isinstance(spec, (str, os.PathLike)):
+        spec = os.fspath(spec)
+        return spec, read_vocab(spec)
+    if isinstance(spec, (list, tuple)) and all(isinstance(t, str) for t in spec):
+        tokens = tuple(spec)
+        if not tokens:
+            raise TransformError(f"vocab remap of '{target}': {which} is an empty list; expected "
+                                 "a file path or a non-empty list of tokens.", target=target)
+        _check_unique(tokens, f"vocab remap of '{target}': {which}", "position", 0)
+        return tokens, tokens
+    raise TransformError(f"vocab remap of '{target}': {which} must be a vocabulary file path or a "
+                         f"list of token strings, received {type(spec).__name__} {spec!r:.60}.",
+                         target=target)
+
+
+def _check_target(kind: str, target: object) -> None:
+    if not isinstance(target, str) or not target:
+        raise TransformError(f"{kind}: target must be a non-empty variable name or glob, "
+                             f"received {target!r}.")
+
+
+def _check_axis(kind: str, target: str, axis: object) -> None:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
+        raise TransformError(f"{kind} of '{target}': axis must be a non-negative integer, "
+                             f"received {axis!r}.", target=target)
+
+
+def _check_init(kind: str, target: str, init: object, choices: Sequence[str]) -> None:
+    if init not in choices:
+        options = " or ".join(f"'{c}'" for c in choices)
+        hint = did_you_mean(init, choices) if isinstance(init, str) else ""
+        raise TransformError(f"{kind} of '{target}': init must be {options}, received {init!r}.{hint}",
+                             target=target)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+def _unit(axis: int, ndim: Optional[int], n: int = 2) -> str:
+    """What the slices along ``axis`` are called: rows, columns or entries (singular if n == 1)."""
+    if ndim == 2:
+        word = "row" if axis == 0 else "column"
+        return word if n == 1 else word + "s"
+    return "entry" if n == 1 else "entries"
+
+
+def _zeros(shape: Shape, dtype: np.dtype) -> np.ndarray:
+    if dtype == np.dtype(object):  # TF strings: empty bytes, not the integer 0
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _start(value: np.ndarray, current: Optional[np.ndarray], out_shape: Shape, keep: bool,
+           kind: str, target: str) -> np.ndarray:
+    """The array a transform writes into: a copy of ``current`` (keep) or zeros of ``value``'s dtype."""
+    if not keep:
+        return _zeros(out_shape, value.dtype)
+    if current is None:
+        raise TransformError(f"{kind} of '{target}' with init='keep' needs the target's current "
+                             "value; the restore backend must pass it as `current`.", target=target)
+    current = np.asarray(current)
+    if tuple(current.shape) != tuple(out_shape):
+        raise TransformError(f"{kind} of '{target}': the target's current value has shape "
+                             f"{tuple(current.shape)}, expected {tuple(out_shape)}.", target=target)
+    # Keep the target's dtype: the kept part must not round-trip through a narrower source dtype
+    # (e.g. float16), whether the backend casts before or after the transform.
+    return np.array(current, copy=True)
+
+
+# --------------------------------------------------------------------------------------------
+# transforms
+
+
+@dataclass(frozen=True)
+class VocabRemap:
+    """Move the rows (or columns) of a tensor from an old vocabulary to a new one.
+
+    Tokens in both vocabularies move from their old index to their new index along ``axis``;
+    tokens only in the new vocabulary get zeros (``init="zeros"``) or keep the target's current
+    value (``init="keep"``); tokens only in the old vocabulary are dropped. Like TF's
+    ``VocabInfo`` for ``tf.compat.v1.train.warm_start``.
+
+    Args:
+        target: the target variable name (or a glob) this transform applies to.
+        old_vocab: the vocabulary the checkpoint was trained with: a file (one token per line,
+            UTF-8) or a list of tokens. The checkpoint tensor's size along ``axis`` must equal
+            its length.
+        new_vocab: the target's vocabulary, as a file or a list; its length is the output size
+            along ``axis``.
+        axis: 0 for rows (embeddings), 1 for columns (e.g. an output layer's kernel).
+        init: ``"zeros"`` or ``"keep"``, for the rows of new tokens.
+
+    Raises:
+        TransformError: a vocabulary file is missing, not UTF-8, empty or has duplicates; a bad
+            axis or init.
+
+    Example:
+        >>> import numpy as np
+        >>> t = VocabRemap("embed", ["a", "b", "c"], ["c", "a", "new"])
+        >>> t.apply(np.array([[1.], [2.], [3.]]), None).tolist()
+        [[3.0], [1.0], [0.0]]
+        >>> t.describe()
+        'vocab remap axis 0: 2 of 3 old tokens kept, 1 new token (zeros), 1 dropped'
+    """
+
+    target: str
+    old_vocab: Union[str, Tuple[str, ...]]
+    new_vocab: Union[str, Tuple[str, ...]]
+    axis: int = 0
+    init: str = "zeros"
+    _old: Tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _new: Tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _old_idx: np.ndarray = field(init=False, repr=False, compare=False)
+    _new_idx: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_target("vocab remap", self.target)
+        _check_axis("vocab remap", self.target, self.axis)
+        _check_init("vocab remap", self.target, self.init, VOCAB_INITS)
+        old_spec, old = _load_tokens(self.old_vocab, "old_vocab", self.target)
+        new_spec, new = _load_tokens(self.new_vocab, "new_vocab", self.target)
+        new_index = {tok: i for i, tok in enumerate(new)}
+        pairs = [(i, new_index[tok]) for i, tok in enumerate(old) if tok in new_index]
+        set_ = object.__setattr__  # frozen dataclass: normalise once, here
+        set_(self, "old_vocab", old_spec)
+        set_(self, "new_vocab", new_spec)
+        set_(self, "axis", int(self.axis))
+        set_(self, "_old", old)
+        set_(self, "_new", new)
+        set_(self, "_old_idx", np.array([p[0] for p in pairs], dtype=np.intp))
+        set_(self, "_new_idx", np.array([p[1] for p in pairs], dtype=np.intp))
+
+    # counts -----------------------------------------------------------------------------
+    @property
+    def old_tokens(self) -> Tuple[str, ...]:
+        """The old vocabulary's tokens."""
+        return self._old
+
+    @property
+    def new_tokens(self) -> Tuple[str, ...]:
+        """The new vocabulary's tokens."""
+        return self._new
+
+    @property
+    def num_kept(self) -> int:
+        """Tokens in both vocabularies (their values move to the new index)."""
+        return len(self._old_idx)
+
+    @property
+    def num_added(self) -> int:
+        """Tokens only in the new vocabulary (initialised by ``init``)."""
+        return len(self._new) - self.num_kept
+
+    @property
+    def num_dropped(self) -> int:
+        """Tokens only in the old vocabulary (their values are not used)."""
+        return len(self._old) - self.num_kept
+
+    @property
+    def needs_current(self) -> bool:
+        """Whether :meth:`apply` needs the target's current value."""
+        return self.init == "keep"
+
+    def applies_to(self, name: str) -> bool:
+        """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
+        return fnmatch.fnmatchcase(name, self.target)
+
+    def _vocab_label(self, which: str) -> str:
+        spec = self.old_vocab if which == "old" else self.new_vocab
+        return f"'{spec}'" if isinstance(spec, str) else "(a list)"
+
+    # protocol ---------------------------------------------------------------------------
+    def output_shape(self, source_shape: Sequence[int], target_shape: Optional[Sequence[int]] = None) -> Shape:
+        """The shape of the remapped tensor: ``source_shape`` with ``len(new_vocab)`` at ``axis``.
+
+        Raises:
+            TransformError: ``axis`` is out of range, or the source's size along ``axis`` is not
+                the length of the old vocabulary.
+
+        Example:
+            >>> VocabRemap("e", ["a", "b"], ["b", "c", "d"]).output_shape((2, 8), (3, 8))
+            (3, 8)
+        """
+        shape = tuple(int(d) for d in source_shape)
+        if self.axis >= len(shape):
+            raise TransformError(f"vocab remap of '{self.target}': axis {self.axis} is out of range "
+                                 f"for the checkpoint tensor of shape {shape}.", target=self.target)
+        if shape[self.axis] != len(self._old):
+            raise TransformError(
+                f"vocab remap of '{self.target}': the checkpoint tensor has {shape[self.axis]:,} "
+                f"{_unit(self.axis, len(shape), shape[self.axis])} along axis {self.axis} (shape {shape}) but the old "
+                f"vocabulary {self._vocab_label('old')} has {_plural(len(self._old), 'token')}; they "
+                "must be equal (is old_vocab the vocabulary this checkpoint was trained with?).",
+                target=self.target)
+        return shape[:self.axis] + (len(self._new),) + shape[self.axis + 1:]
+
+    def apply(self, value: np.ndarray, current: Optional[np.ndarray] = None, *,
+              target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Return ``value`` remapped to the new vocabulary (a new array; inputs are not changed).
+
+        Args:
+            value: the checkpoint tensor (after any dtype cast).
+            current: the target's current value; needed only when ``init="keep"`` (then its
+                shape must be the output shape).
+            target_shape: the target's shape (unused: the output shape follows from the
+                vocabularies; the planner compares the two).
+
+        Raises:
+            TransformError: the shapes do not fit, or ``current`` is missing for ``init="keep"``.
+        """
+        value = np.asarray(value)
+        out_shape = self.output_shape(value.shape, target_shape)
+        out = _start(value, current, out_shape, self.init == "keep", "vocab remap", self.target)
+        index: list = [slice(None)] * value.ndim
+        index[self.axis] = self._new_idx
+        out[tuple(index)] = np.take(value, self._old_idx, axis=self.axis)
+        return out
+
+    def describe(self, source_shape: Optional[Sequence[int]] = None,
+                 target_shape: Optional[Sequence[int]] = None) -> str:
+        """One line for reports.
+
+        Example:
+            >>> VocabRemap("e", ["a", "b", "c"], ["a", "b", "d", "e"], init="keep").describe()
+            "vocab remap axis 0: 2 of 3 old tokens kept, 2 new tokens (target's current value), 1 dropped"
+        """
+        init = "zeros" if self.init == "zeros" else "target's current value"
+        old = len(self._old)
+        return (f"vocab remap axis {self.axis}: {self.num_kept:,} of {old:,} old "
+                f"token{'' if old == 1 else 's'} kept, {_plural(self.num_added, 'new token')} "
+                f"({init}), {self.num_dropped:,} dropped")
+
+    def to_dict(self) -> dict:
+        """JSON-ready data: kind, target, old_vocab, new_vocab (path or token list), axis, init."""
+        def spec(s: Union[str, Tuple[str, ...]]) -> Union[str, List[str]]:
+            return s if isinstance(s, str) else list(s)
+        return {"kind": "vocab", "target": self.target, "old_vocab": spec(self.old_vocab),
+                "new_vocab": spec(self.new_vocab), "axis": self.axis, "init": self.init}
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Copy the overlap of a tensor that differs from its target along one axis.
+
+    When the checkpoint tensor and the target differ in size along ``axis`` only (e.g. a head
+    with more classes), the first ``min(source, target)`` entries along ``axis`` are copied and
+    the rest of the target keeps its current value (``init="keep"``) or becomes zeros. Every
+    other axis must match exactly.
+
+    Args:
+        target: the target variable name (or a glob) this transform applies to.
+        axis: the one axis along which the sizes may differ.
+        init: ``"keep"`` (default) or ``"zeros"``, for the part the checkpoint does not cover.
+
+    Example:
+        >>> import numpy as np
+        >>> s = Slice("head/kernel", axis=1, init="zeros")
+        >>> s.apply(np.ones((2, 2)), None, target_shape=(2, 3)).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+    """
+
+    target: str
+    axis: int
+    init: str = "keep"
+
+    def __post_init__(self) -> None:
+        _check_target("slice", self.target)
+        _check_axis("slice", self.target, self.axis)
+        _check_init("slice", self.target, self.init, SLICE_INITS)
+        object.__setattr__(self, "axis", int(self.axis))
+
+    @property
+    def needs_current(self) -> bool:
+        """Whether :meth:`apply` needs the target's current value."""
+        return self.init == "keep"
+
+    def applies_to(self, name: str) -> bool:
+        """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
+        return fnmatch.fnmatchcase(name, self.target)
+
+    def output_shape(self, source_shape: Sequence[int], target_shape: Optional[Sequence[int]] = None) -> Shape:
+        """The target's shape, once checked that the shapes differ along ``axis`` only.
+
+        Raises:
+            TransformError: no target shape, different ranks, ``axis`` out of range, or a
+                difference along another axis.
+
+        Example:
+            >>> Slice("head/bias", axis=0).output_shape((10,), (12,))
+            (12,)
+        """
+        src = tuple(int(d) for d in source_shape)
+        if target_shape is None:
+            raise TransformError(f"slice of '{self.target}' needs the target's shape.", target=self.target)
+        tgt = tuple(int(d) for d in target_shape)
+        if len(src) != len(tgt):
+            raise TransformError(f"slice of '{self.target}': the checkpoint tensor has shape {src} and "
+                                 f"the target {tgt}; a slice needs the same number of dimensions.",
+                                 target=self.target)
+        if self.axis >= len(src):
+            raise TransformError(f"slice of '{self.target}': axis {self.axis} is out of range for shape "
+                                 f"{src}.", target=self.target)
+        other = [d for d in range(len(src)) if d != self.axis and src[d] != tgt[d]]
+        if other:
+            axes = " and ".join(str(d) for d in other)
+            raise TransformError(
+                f"slice of '{self.target}' along axis {self.axis}: the checkpoint tensor {src} and the "
+                f"target {tgt} also differ along axis {axes}; a slice may change one axis only.",
+                target=self.target)
+        return tgt
+
+    def apply(self, value: np.ndarray, current: Optional[np.ndarray] = None, *,
+              target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Return the target-shaped tensor: the overlap from ``value``, the rest per ``init``.
+
+        Args:
+            value: the checkpoint tensor (after any dtype cast).
+            current: the target's current value; needed when ``init="keep"``.
+            target_shape: the target's shape; needed when ``current`` is not given.
+
+        Raises:
+            TransformError: the shapes do not fit, or neither ``current`` nor ``target_shape``.
+        """
+        value = np.asarray(value)
+        if target_shape is None and current is not None:
+            target_shape = np.shape(current)
+        out_shape = self.output_shape(value.shape, target_shape)
+        out = _start(value, current, out_shape, self.init == "keep", "slice", self.target)
+        n = min(value.shape[self.axis], out_shape[self.axis])
+        index: list = [slice(None)] * value.ndim
+        index[self.axis] = slice(0, n)
+        out[tuple(index)] = value[tuple(index)]
+        return out
+
+    def describe(self, source_shape: Optional[Sequence[int]] = None,
+                 target_shape: Optional[Sequence[int]] = None) -> str:
+        """One line for reports; with both shapes it gives the counts.
+
+        Example:
+            >>> Slice("head/kernel", axis=1).describe((64, 10), (64, 12))
+            "slice axis 1: 10 of 12 columns copied, 2 keep the target's current value"
+        """
+        rest = "keep the target's current value" if self.init == "keep" else "zeros"
+        if source_shape is None or target_shape is None or self.axis >= len(target_shape) \
+                or self.axis >= len(source_shape):
+            if self.init == "keep":
+                return f"slice axis {self.axis}: overlap copied, the rest keeps the target's current value"
+            return f"slice axis {self.axis}: overlap copied, the rest zeros"
+        n_src, n_tgt = int(source_shape[self.axis]), int(target_shape[self.axis])
+        ndim = len(target_shape)
+        n = min(n_src, n_tgt)
+        text = f"slice axis {self.axis}: {n:,} of {n_tgt:,} {_unit(self.axis, ndim, n_tgt)} copied"
+        if n_tgt > n:
+            text += f", {n_tgt - n:,} {rest}"
+        if n_src > n:
+            text += f", {n_src - n:,} checkpoint {_unit(self.axis, ndim, n_src - n)} dropped"
+        return text
+
+    def to_dict(self) -> dict:
+        """JSON-ready data: kind, target, axis, init."""
+        return {"kind": "slice", "target": self.target, "axis": self.axis, "init": self.init}
+
+
+#: Any value transform.
+Transform = Union[VocabRemap, Slice]
+
+
+def select(transforms: Iterable[Transform], name: str) -> List[Transform]:
+    """The transforms (in order) that apply to the target variable ``name``.
+
+    Example:
+        >>> [t.target for t in select([Slice("head/*", 0), Slice("enc/k", 1)], "head/bias")]
+        ['head/*']
+    """
+    return [t for t in transforms if t.applies_to(name)]
+
+
+def chain_output_shape(transforms: Sequence[Transform], source_shape: Sequence[int],
+                       target_shape: Sequence[int]) -> Shape:
+    """The shape after applying ``transforms`` in order; the planner compares it to the target.
+
+    Raises:
+        TransformError: a transform does not fit (report it as a mismatch).
+
+    Example:
+        >>> chain_output_shape([Slice("b", 0)], (10,), (12,))
+        (12,)
+    """
+    shape = tuple(int(d) for d in source_shape)
+    for t in transforms:
+        shape = t.output_shape(shape, target_shape)
+    return shape
+
+
+def chain_apply(transforms: Sequence[Transform], value: np.ndarray, current: Optional[np.ndarray] = None,
+                *, target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
+    """Apply ``transforms`` in order (each gets the target's ``current`` value).
+
+    Example:
+        >>> import numpy as np
+        >>> chain_apply([Slice("b", 0, init="zeros")], np.ones(2), target_shape=(3,)).tolist()
+        [1.0, 1.0, 0.0]
+    """
+    for t in transforms:
+        value = t.apply(value, current, target_shape=target_shape)
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# dtype casts
+
+_NUMPY_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128")
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+              "float8_e4m3b11fnuz", "int4", "uint4")
+_KNOWN = _NUMPY_NAMES + _ML_DTYPES + ("string",)
+
+
+def _ml_dtypes():  # deferred: only bfloat16 and friends need it (it comes with TensorFlow)
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - ml_dtypes is a TensorFlow dependency
+        raise TransformError("bfloat16 and float8 casts need the 'ml_dtypes' package: "
+                             "pip install ml_dtypes") from None
+    return ml_dtypes
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a ckptmerge dtype name (``"string"`` is ``object`` holding bytes).
+
+    Raises:
+        TransformError: an unknown name (with "did you mean").
+
+    Example:
+        >>> numpy_dtype("float16")
+        dtype('float16')
+    """
+    if name == "string":
+        return np.dtype(object)
+    if name in _NUMPY_NAMES:
+        return np.dtype(name)
+    if name in _ML_DTYPES:
+        return np.dtype(getattr(_ml_dtypes(), name))
+    raise TransformError(f"unknown dtype {name!r}; expected one of {', '.join(_KNOWN)}."
+                         f"{did_you_mean(str(name), _KNOWN)}")
+
+
+def dtype_name(dtype: Union[np.dtype, type, str]) -> str:
+    """The ckptmerge name of a numpy dtype (``object``, bytes and str arrays are ``"string"``).
+
+    Example:
+        >>> dtype_name(np.float32)
+        'float32'
+    """
+    if isinstance(dtype, str) and dtype in _KNOWN:
+        return dtype
+    dt = np.dtype(dtype)
+    if dt.kind in "OSU":
+        return "string"
+    return dt.name
+
+
+def _category(name: str) -> str:
+    if name == "string":
+        return "string"
+    if name == "bool":
+        return "bool"
+    if name.startswith("complex"):
+        return "complex"
+    if name.startswith(("int", "uint")):
+        return "int"
+    return "float"
+
+
+def cast_problem(source_dtype: str, target_dtype: str) -> Optional[str]:
+    """Why ``source_dtype`` cannot be cast to ``target_dtype``, or ``None`` if it can.
+
+    Strings and numbers never convert into each other; complex to real would lose the imaginary
+    part. Everything else converts as ``tf.cast`` does (floats round to nearest even).
+
+    Example:
+        >>> cast_problem("float16", "float32") is None
+        True
+        >>> cast_problem("string", "float32")
+        'cannot cast string to float32: strings and numbers do not convert into each other'
+    """
+    for n in (source_dtype, target_dtype):
+        if n not in _KNOWN:
+            return f"cannot cast {source_dtype} to {target_dtype}: unknown dtype {n!r}"
+    if source_dtype == target_dtype:
+        return None
+    a, b = _category(source_dtype), _category(target_dtype)
+    if (a == "string") != (b == "string"):
+        return f"cannot cast {source_dtype} to {target_dtype}: strings and numbers do not convert into each other"
+    if a == "complex" and b != "complex":
+        return f"cannot cast {source_dtype} to {target_dtype}: the imaginary part would be lost"
+    return None
+
+
+def cast_array(value: np.ndarray, dtype_name_: str) -> np.ndarray:
+    """Cast ``value`` to the dtype named ``dtype_name_`` (``"float32"``, ``"bfloat16"``, ...).
+
+    Float narrowing rounds to nearest even (float32 -> bfloat16 included, as ``tf.cast`` does);
+    values too large for float16 become ``inf``. Returns ``value`` itself when no cast is needed.
+
+    Raises:
+        TransformError: an impossible cast (string <-> number, complex -> real) or unknown dtype.
+
+    Example:
+        >>> import numpy as np
+        >>> cast_array(np.array([1.5], np.float16), "float32").dtype
+        dtype('float32')
+    """
+    value = np.asarray(value)
+    if dtype_name_ not in _KNOWN:
+        numpy_dtype(dtype_name_)  # raises with "did you mean"
+    src = dtype_name(value.dtype)
+    problem = cast_problem(src, dtype_name_)
+    if problem:
+        raise TransformError(problem + ".")
+    if src == dtype_name_:
+        return value.astype(object) if src == "string" and value.dtype != object else value
+    target = numpy_dtype(dtype_name_)
+    src_is_ml = src in _ML_DTYPES
+    if (src_is_ml or dtype_name_ in _ML_DTYPES) and "float32" not in (src, dtype_name_) \
+            and _category(src) != "bool" and _category(dtype_name_) != "bool":
+        # Go through float32, as Eigen's bfloat16 conversions (and so tf.cast) do, so that every
+        # pair (int64 -> bfloat16, bfloat16 -> float16, ...) rounds the same way TF would.
+        return value.astype(np.float32).astype(target)
+    return value.astype(target)
