@@ -108,6 +108,24 @@ class Source:
             if not isinstance(k, str):
                 raise RuleError(f"map keys must be checkpoint names (str). Received key {k!r} in map={self.map!r:.120}")
 
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], **rules: Any) -> "Source":
+        """A source whose values are held in memory: a dict ``{name: numpy array or tensor}``.
+
+        ``rules`` are the keyword arguments of :class:`Source` (``map``, ``regex``, ``include``,
+        ``exclude``, ``name``, ``cast``, ``transforms``). Arrays are copied into tensors at restore
+        time (they stay yours); tensors are handed over as they are.
+
+        Example:
+            >>> src = Source.from_values({"w": np.zeros(3)}, map={"w": "model/w"}, name="init")
+            >>> src.in_memory
+            True
+        """
+        if not isinstance(values, Mapping):
+            raise CkptMergeError(f"from_values takes a dict {{name: value}}. Received: {type(values).__name__}")
+        rules.setdefault("name", "memory")
+        return cls(None, _values=values, **rules)
+
     # -- description -------------------------------------------------------------------------
     @property
     def label(self) -> str:

@@ -91,7 +91,7 @@ class TargetSet:
     @property
     def infos(self) -> List[VariableInfo]:
         """The target specs, sorted by name."""
-        return [t.info for t in self.variables.values()]
+        return [t if isinstance(t, VariableInfo) else t.info for t in self.variables.values()]
 
     def name_of(self, variable: Any) -> Optional[str]:
         """The target name of a variable object, or ``None`` if it is not a target."""

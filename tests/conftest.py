@@ -13,6 +13,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 
 
+def pytest_configure(config):
+    """Split the CPU into two logical devices (for MirroredStrategy tests) before TF starts."""
+    import tensorflow
+
+    cpu = tensorflow.config.list_physical_devices("CPU")[0]
+    conf = tensorflow.config.LogicalDeviceConfiguration()
+    tensorflow.config.set_logical_device_configuration(cpu, [conf, conf])
+
+
 @pytest.fixture(scope="session")
 def tf():
     """TensorFlow, imported once (tests that do not need it never import it)."""

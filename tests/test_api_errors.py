@@ -76,3 +76,11 @@ def test_v1_format_checkpoint_is_refused_with_a_clear_error(tf):
 
     with pytest.raises(cm.CheckpointFormatError, match="V1"):
         cm.list_variables(str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt"))
+
+
+def test_a_list_of_specs_is_a_tf_free_target_that_reports_but_does_not_restore(ab_checkpoints):
+    specs = [cm.VariableInfo("c/x1", (3, 4), "float32"), cm.VariableInfo("c/q", (2,), "float32")]
+    plan = cm.plan(specs, [cm.Source(ab_checkpoints["A"], map={"a1": "c/x1"})])
+    assert list(plan.assignments) == ["c/x1"] and plan.missing == ["c/q"]
+    with pytest.raises(cm.CkptMergeError, match="not restored"):
+        plan.restore(strict=False)

@@ -47,6 +47,11 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
         if lenient:
             log.warning("ckptmerge: restoring with %d finding(s) not enforced (strict=False): %s",
                         len(lenient), "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
+    if binding.targets.mode == "specs":
+        raise CkptMergeError(
+            "This plan's target is a list of specs (names and shapes), not variables, so it can be "
+            "reported or merged (ckptmerge.merge) but not restored. Plan against the model instead."
+        )
     if binding.targets.mode == "graph":
         from .graph import restore_graph
 

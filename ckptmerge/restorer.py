@@ -1,0 +1,204 @@
+"""Repeated restores: plan once, restore thousands of times, from any checkpoint or from memory.
+
+A :class:`Restorer` plans and validates once, keeps its readers open, builds its graph ops once
+(graph mode) and then restores as often as needed, optionally switching a source to another
+checkpoint of the same layout (``restore(step=N)`` / ``restore(path=...)``), re-validated cheaply.
+:func:`snapshot` captures a target's current values in host memory as a :class:`Source`; in eager
+mode it holds TF tensors (sharing the variables' buffers, which TF copies on the next write), so
+restoring a snapshot is a buffer hand-over, not a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional
+
+from .api import Binding, SourcesArg
+from .errors import CkptMergeError, PlanError
+from .source import Source, SourceHandle
+
+__all__ = ["Restorer", "snapshot"]
+
+log = logging.getLogger(__name__)
+
+
+def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Source:
+    """Capture the current values of ``target``'s variables in memory, as a :class:`Source`.
+
+    Names are the target names (see README "Names"), so the snapshot restores into the same
+    target with no rules. Nothing touches the disk.
+
+    Args:
+        target: anything :func:`ckptmerge.planner` accepts as a target.
+        session: the session holding the values (graph mode).
+        name: the source's report label.
+
+    Example:
+        >>> generic = snapshot(model)             # doctest: +SKIP
+        >>> # ... fine-tune a few steps, predict ...
+        >>> restore(model, [generic])             # back to the generic weights, no disk I/O
+    """
+    import tensorflow as tf
+
+    from .targets import collect_targets
+
+    targets = collect_targets(target)
+    values: Dict[str, Any] = {}
+    if targets.mode == "graph":
+        if session is None:
+            session = tf.compat.v1.get_default_session()
+        if session is None:
+            raise CkptMergeError("snapshot() in graph mode needs session=sess (or a default session).")
+        flat = [(n, v) for n, t in targets.variables.items() for v, _ in t.parts]
+        fetched = session.run([v for _, v in flat])
+        for (n, _), val in zip(flat, fetched):
+            values.setdefault(n, []).append(val)
+        for n, t in targets.variables.items():
+            values[n] = values[n][0] if len(t.parts) == 1 else _join_parts(t, values[n])
+    else:
+        with tf.device("/CPU:0"):
+            for n, t in targets.variables.items():
+                if len(t.parts) == 1 and t.parts[0][1] is None:
+                    values[n] = tf.identity(t.parts[0][0].read_value())
+                else:
+                    values[n] = _join_parts(t, [v.numpy() for v, _ in t.parts])
+    return Source(None, name=name, _values=values)
+
+
+def _join_parts(target: Any, parts: List[Any]) -> Any:
+    import numpy as np
+
+    from .backends.tensors import parse_slice_spec
+
+    full = np.zeros(target.info.shape, dtype=np.asarray(parts[0]).dtype)
+    for (_, spec), val in zip(target.parts, parts):
+        full[parse_slice_spec(spec)[1]] = np.asarray(val)
+    return full
+
+
+class Restorer:
+    """Plan once, then restore as often as needed.
+
+    Args:
+        target: as for :func:`ckptmerge.planner`.
+        sources: as for :func:`ckptmerge.planner`.
+        session: graph mode: the session to restore in (default: the default session at restore).
+        strict: reject plans with findings (checked once, here).
+        **plan_options: ``allow_missing``, ``on_conflict``, ``on_shape_mismatch``, ``cast``.
+
+    Raises:
+        PlanError: the plan has findings ``strict`` does not accept.
+
+    Example:
+        >>> r = Restorer(model, [Source("runs/A")])      # doctest: +SKIP
+        >>> for step in (100, 200, 300):
+        ...     r.restore(step=step)                      # same layout, no re-planning
+    """
+
+    def __init__(self, target: Any, sources: SourcesArg, *, session: Any = None, strict: bool = True,
+                 **plan_options: Any) -> None:
+        from .api import plan as make
+
+        self.plan = make(target, sources, **plan_options)
+        self.plan.check(strict=strict)
+        self.strict = strict
+        self.session = session
+        self.count = 0
+        binding = self.plan._binding
+        if binding.targets.mode == "graph":
+            from .backends.graph import GraphOps
+
+            binding.graph_ops = GraphOps(self.plan, binding)
+
+    @property
+    def binding(self) -> Binding:
+        """The live targets, open readers and cached ops."""
+        return self.plan._binding
+
+    def _handle(self, source: Optional[str]) -> SourceHandle:
+        disk = [h for h in self.binding.handles if not h.source.in_memory]
+        if source is not None:
+            for h in disk:
+                if h.label == source:
+                    return h
+            raise CkptMergeError(
+                f"No checkpoint source labelled '{source}'; sources: {', '.join(h.label for h in disk)}."
+            )
+        if len(disk) != 1:
+            raise CkptMergeError(
+                f"This restorer has {len(disk)} checkpoint sources; say which one to switch with "
+                f"source=..., one of: {', '.join(repr(h.label) for h in disk)}."
+            )
+        return disk[0]
+
+    def switch(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None) -> SourceHandle:
+        """Point one source at another checkpoint of the same layout (validated, not re-planned).
+
+        Raises:
+            CheckpointNotFoundError: no such step or path.
+            PlanError: the new checkpoint lacks a name the plan uses, or its shape/dtype differ.
+        """
+        old = self._handle(source)
+        new_source = Source(path if path is not None else old.source.path, step=step,
+                            map=old.source.map, regex=old.source.regex, include=old.source.include,
+                            exclude=old.source.exclude, optimizer=old.source.optimizer,
+                            name=old.source.label, cast=old.source.cast, transforms=old.source.transforms)
+        if path is None and step is not None and old.step is None and not _is_dir(old.source.path):
+            raise CkptMergeError(
+                f"Source '{old.label}' was given as the prefix {old.source.path}; pass path=... to "
+                "switch it, or make the source from its directory to switch by step."
+            )
+        handle = new_source.open()
+        new_vars = {v.name: v for v in handle.all_variables}
+        problems = []
+        for a in self.plan.assignments.values():
+            if a.source != old.label:
+                continue
+            got = new_vars.get(a.name)
+            if got is None:
+                problems.append(f"'{a.name}' is not in {handle.path}")
+            elif got.shape != a.spec.shape or got.dtype != a.spec.dtype:
+                problems.append(f"'{a.name}' is {got.dtype} {got.shape} in {handle.path}, "
+                                f"was {a.spec.dtype} {a.spec.shape}")
+        if problems:
+            handle.close()
+            raise PlanError(
+                f"Checkpoint {handle.path} does not have the layout this restorer was planned for "
+                f"({len(problems)} difference(s)): " + "; ".join(problems[:10])
+                + ". Make a new Restorer for it.", plan=self.plan,
+            )
+        handles = self.binding.handles
+        handles[handles.index(old)] = handle
+        old.close()
+        return handle
+
+    def restore(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None,
+                progress: Any = None) -> Any:
+        """Restore now; with ``step`` or ``path`` first switch a source to that checkpoint.
+
+        Returns:
+            The :class:`ckptmerge.report.Report` of this restore.
+        """
+        if step is not None or path is not None:
+            self.switch(step=step, path=path, source=source)
+        from .backends import run_plan
+
+        report = run_plan(self.plan, self.session, strict=self.strict, progress=progress)
+        self.count += 1
+        return report
+
+    def close(self) -> None:
+        """Close the readers."""
+        self.binding.close()
+
+    def __enter__(self) -> "Restorer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _is_dir(path: Any) -> bool:
+    import os
+
+    return path is not None and os.path.isdir(path)
