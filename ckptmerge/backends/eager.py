@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import CkptMergeError, RestoreError
 from . import Progress, make_report
-from .tensors import part_value, to_tensor
+from .tensors import part_value, to_numpy, to_tensor
 
-__all__ = ["restore_eager", "read_sources"]
+__all__ = ["restore_eager", "read_sources", "prepare_values"]
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +68,33 @@ def read_sources(plan: Any, binding: Any, progress: Optional[Progress] = None) -
     return values, done
 
 
+def prepare_values(plan: Any, binding: Any, values: Dict[Tuple[str, str], Any], *,
+                   as_numpy: bool) -> Dict[Tuple[str, Optional[str]], Any]:
+    """Cast, transform and split the read values per target part.
+
+    Returns ``{(target name, part spec): value}``: TF tensors (zero-copy where the buffer is
+    ours) in eager mode, 64-byte-aligned numpy arrays for graph-mode feeds.
+    """
+    owned = {h.label: not h.source.in_memory for h in binding.handles}
+    out: Dict[Tuple[str, Optional[str]], Any] = {}
+    for a in plan.assignments.values():
+        raw = values[(a.source, a.name)]
+        value = binding.transform(a, raw)  # cast, then vocab remap / slicing
+        fresh = owned[a.source] or value is not raw
+        for _, spec in binding.targets.variables[a.target].parts:
+            piece = part_value(value, spec) if spec is not None else value
+            mine = fresh or spec is not None
+            out[(a.target, spec)] = to_numpy(piece, owned=mine) if as_numpy else to_tensor(piece, owned=mine)
+    return out
+
+
 def restore_eager(plan: Any, binding: Any, progress: Optional[Progress] = None) -> Any:
     """Carry out ``plan`` in eager mode; see the module docstring."""
     t0 = time.perf_counter()
     values, nbytes = read_sources(plan, binding, progress)
-    owned = {h.label: not h.source.in_memory for h in binding.handles}
-    work: List[Tuple[Any, Any]] = []  # (tf variable, tensor)
-    for a in plan.assignments.values():
-        value = values[(a.source, a.name)]
-        value = binding.transform(a, value)  # cast, then vocab remap / slicing
-        target = binding.targets.variables[a.target]
-        for var, spec in target.parts:
-            piece = part_value(value, spec) if spec is not None else value
-            work.append((var, to_tensor(piece, owned=owned[a.source] or spec is not None or a.cast)))
+    prepared = prepare_values(plan, binding, values, as_numpy=False)
+    work = [(var, prepared[(a.target, spec)]) for a in plan.assignments.values()
+            for var, spec in binding.targets.variables[a.target].parts]
     backups = [(var, var.read_value()) for var, _ in work]
     done = 0
     try:
