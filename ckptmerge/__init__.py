@@ -23,6 +23,7 @@ from .errors import (
     PlanError,
     RestoreError,
     RuleError,
+    UnknownTensorError,
 )
 from .planner import Plan
 from .report import Report
@@ -48,6 +49,7 @@ __all__ = [
     "RuleError",
     "Slice",
     "Source",
+    "UnknownTensorError",
     "VariableInfo",
     "VocabRemap",
     "checkpoints",

@@ -23,6 +23,7 @@ __all__ = [
     "ArgumentTypeError",
     "OutputExistsError",
     "CheckpointWriteError",
+    "UnknownTensorError",
     "did_you_mean",
     "format_list",
 ]
@@ -166,6 +167,23 @@ class CheckpointWriteError(CkptMergeError, OSError):
 
 # --------------------------------------------------------------------------------------------
 # the SSTable (.index) encoding
+
+
+class UnknownTensorError(CkptMergeError, KeyError):
+    """A tensor name is not in the checkpoint. Also a ``KeyError``, so ``dict``-style code works.
+
+    Attributes:
+        name: the name that was asked for.
+        path: the checkpoint.
+    """
+
+    def __init__(self, message: str, *, name: Optional[str] = None, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.path = path
+
+    def __str__(self) -> str:  # KeyError would otherwise show the repr of the message
+        return str(self.args[0]) if self.args else ""
 
 
 def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.8) -> str:

@@ -32,7 +32,6 @@ from ckptmerge.errors import (
     ArgumentTypeError,
     CheckpointFormatError,
     CheckpointWriteError,
-    CkptMergeError,
     OutputExistsError,
 )
 from ckptmerge.formats.bundle import data_file_name, mask_crc

@@ -1,0 +1,107 @@
+"""Checkpoint file formats, read without TensorFlow.
+
+:func:`open_checkpoint` turns a resolved checkpoint path into a :class:`CheckpointReader`:
+TF V2 tensor bundles (``<prefix>.index`` + ``<prefix>.data-*``, everything TF 0.12 to 2.x and
+SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.bundle.BundleReader`,
+and Keras weights files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive)
+through :class:`~ckptmerge.formats.h5.H5Reader`.
+Nothing here imports TensorFlow. Path resolution (directories, ``checkpoint`` state files,
+"latest") is :mod:`ckptmerge.resolve`' job; this module expects a prefix or a file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List
+
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
+from ckptmerge.formats.bundle import BundleReader, is_leveldb_table
+from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
+from ckptmerge.specs import VariableInfo
+
+__all__ = [
+    "open_checkpoint",
+    "list_variables",
+    "CheckpointReader",
+    "BundleReader",
+    "H5Reader",
+    "UnknownTensorError",
+]
+
+_H5_SUFFIXES = (".h5", ".hdf5")
+
+
+def _v1_error(path: str) -> CheckpointFormatError:
+    return CheckpointFormatError(
+        f"{path!r} is a checkpoint in the old V1 Saver format (a single file, written by "
+        "TensorFlow <= 0.11 or with write_version=V1). ckptmerge reads V2 checkpoints "
+        "(<prefix>.index + <prefix>.data-*) and Keras .weights.h5 files only. To convert it, "
+        "restore it with TF 1.x or 2.x (tf.compat.v1.train.Saver().restore(sess, path) in a "
+        "graph that defines its variables) and save it again with tf.compat.v1.train.Saver(), "
+        "which writes the V2 format.", path=path)
+
+
+def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
+    """Open a checkpoint prefix or a Keras weights file for reading.
+
+    Args:
+        path: a resolved checkpoint prefix (``runs/base/model.ckpt-1000``, for which
+            ``model.ckpt-1000.index`` exists), a ``.weights.h5``/``.h5`` file or a Keras 3
+            ``.keras`` archive.
+        verify: check CRC32C checksums while reading (``False`` to salvage corrupt files).
+
+    Returns:
+        A :class:`CheckpointReader`; close it (or use ``with``) when done.
+
+    Raises:
+        CheckpointNotFoundError: if neither ``path + ".index"`` nor the file exists.
+        CheckpointFormatError: for a corrupt file or a format ckptmerge does not read (for
+            example the 2016 V1 Saver format).
+
+    Example:
+        >>> with open_checkpoint("runs/base/model.ckpt-1000") as r:  # doctest: +SKIP
+        ...     [v.name for v in r.variables()][:2]
+        ['dense/bias', 'dense/kernel']
+    """
+    path = os.fspath(path)
+    if os.path.isfile(path + ".index"):
+        return BundleReader(path, verify=verify)
+    if os.path.isfile(path):
+        if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
+            return H5Reader(path, verify=verify)
+        if path.endswith(".index"):
+            raise CheckpointFormatError(
+                f"{path!r} is an index file; pass the checkpoint prefix without '.index': "
+                f"{path[:-len('.index')]!r}.", path=path)
+        if is_leveldb_table(path):
+            raise _v1_error(path)
+        if path.lower().endswith(_H5_SUFFIXES):
+            raise CheckpointFormatError(
+                f"{path!r} is not an HDF5 file (no HDF5 signature); it is corrupt or was saved in "
+                "another format. Re-copy it, or re-save the weights with Keras "
+                "model.save_weights('model.weights.h5').", path=path)
+        raise CheckpointFormatError(
+            f"{path!r} is not a checkpoint ckptmerge can read: it is neither a TF checkpoint "
+            "prefix (with a '.index' file next to it) nor a Keras .weights.h5 file. If it is a "
+            "data shard, pass the prefix (the part before '.data-').", path=path)
+    if os.path.isdir(path):
+        raise CheckpointNotFoundError(
+            f"{path!r} is a directory; open_checkpoint expects a checkpoint prefix such as "
+            f"'{os.path.join(path, 'model.ckpt-1000')}' (with a '.index' file) or a .weights.h5 "
+            "file.", path=path)
+    if path.lower().endswith(_H5_SUFFIXES + (".keras",)):
+        raise CheckpointNotFoundError(f"Keras weights file {path!r} does not exist.", path=path)
+    raise CheckpointNotFoundError(
+        f"Checkpoint not found: neither {path + '.index'!r} nor {path!r} exists.", path=path)
+
+
+def list_variables(path: str) -> List[VariableInfo]:
+    """Return every tensor of the checkpoint at ``path`` (opens, lists and closes it).
+
+    Example:
+        >>> [(v.name, v.shape) for v in list_variables("model.ckpt-1000")]  # doctest: +SKIP
+        [('dense/bias', (128,)), ('dense/kernel', (784, 128))]
+    """
+    with open_checkpoint(path) as reader:
+        return reader.variables()

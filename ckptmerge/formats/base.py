@@ -1,0 +1,136 @@
+"""The reader interface every checkpoint format implements, and its lookup error.
+
+:class:`CheckpointReader` is what :func:`ckptmerge.formats.open_checkpoint` returns: a lazy,
+read-only view of one checkpoint that lists tensors as :class:`~ckptmerge.specs.VariableInfo`
+and reads them as numpy arrays. Subclasses (:class:`~ckptmerge.formats.bundle.BundleReader`,
+:class:`~ckptmerge.formats.h5.H5Reader`) implement ``_entries()`` and ``_read()``; name
+lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protocol live here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+
+from ckptmerge.errors import UnknownTensorError, did_you_mean
+from ckptmerge.specs import VariableInfo
+
+__all__ = ["CheckpointReader", "UnknownTensorError"]
+
+
+
+class CheckpointReader:
+    """A read-only checkpoint: list its tensors, read them as numpy arrays.
+
+    Files are opened lazily and kept open until :meth:`close` (also a context manager).
+    Readers are safe to use from several threads.
+
+    Attributes:
+        path: the checkpoint prefix or file, as given to :func:`open_checkpoint`.
+        format: ``"tf-bundle"`` or ``"keras-h5"``.
+        object_graph: the parsed :class:`~ckptmerge.formats.objectgraph.ObjectGraph` of a TF2
+            object-based checkpoint, else ``None``.
+
+    Example:
+        >>> from ckptmerge.formats import open_checkpoint  # doctest: +SKIP
+        >>> with open_checkpoint("runs/base/model.ckpt-1000") as r:  # doctest: +SKIP
+        ...     kernel = r.get("dense/kernel")
+    """
+
+    format: str = ""
+    object_graph: Any = None
+
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        self._infos: Dict[str, VariableInfo] = {}
+        self._by_key: Dict[str, str] = {}
+
+    # -- to be provided by subclasses ------------------------------------------------------
+    def _read(self, info: VariableInfo) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
+        self._infos = {i.name: i for i in sorted(infos, key=lambda i: i.name)}
+        self._by_key = {i.raw_key: i.name for i in self._infos.values()}
+
+    # -- public API ------------------------------------------------------------------------
+    def variables(self) -> List[VariableInfo]:
+        """Every tensor of the checkpoint (optimizer and bookkeeping included), sorted by name.
+
+        Example:
+            >>> [v.name for v in reader.variables()]  # doctest: +SKIP
+            ['dense/bias', 'dense/kernel', 'save_counter']
+        """
+        return list(self._infos.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._infos or name in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def info(self, name: str) -> VariableInfo:
+        """Return the :class:`VariableInfo` of tensor ``name`` (a name or a raw checkpoint key).
+
+        Raises:
+            UnknownTensorError: if there is no such tensor (with a "did you mean" hint).
+
+        Example:
+            >>> reader.info("dense/kernel").shape  # doctest: +SKIP
+            (784, 128)
+        """
+        info = self._infos.get(name)
+        if info is None:
+            other = self._by_key.get(name)
+            if other is None:
+                raise UnknownTensorError(
+                    f"Tensor {name!r} not found in checkpoint {self.path!r} "
+                    f"({len(self._infos)} tensors).{did_you_mean(name, self._infos)} "
+                    "Use ckptmerge.formats.list_variables(path) to list them.",
+                    name=name, path=self.path)
+            info = self._infos[other]
+        return info
+
+    def get(self, name: str) -> np.ndarray:
+        """Read tensor ``name`` as a fresh, writeable, C-contiguous numpy array.
+
+        Strings come back as an ``object`` array of ``bytes``, as TensorFlow returns them.
+
+        Raises:
+            UnknownTensorError: if there is no such tensor.
+            CheckpointFormatError: if the data is corrupt (checksum mismatch, truncation) or of a
+                type ckptmerge cannot read (``variant``, ``resource``).
+
+        Example:
+            >>> reader.get("dense/bias").shape  # doctest: +SKIP
+            (128,)
+        """
+        return self._read(self.info(name))
+
+    def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Read several tensors at once; returns ``{name: array}`` in the order given.
+
+        The base implementation reads one after the other; formats with a faster path (the
+        TF bundle reader reads in parallel, in file order) override it.
+
+        Example:
+            >>> arrays = reader.read_many(["dense/kernel", "dense/bias"])  # doctest: +SKIP
+        """
+        names = list(names)
+        infos = [self.info(n) for n in names]
+        return {n: self._read(i) for n, i in zip(names, infos)}
+
+    def close(self) -> None:
+        """Close open files. Reading again reopens them."""
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {os.path.basename(self.path)!r} format={self.format!r} "
+                f"tensors={len(self._infos)}>")

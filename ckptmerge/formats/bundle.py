@@ -1,0 +1,1028 @@
+"""Read TensorFlow V2 checkpoints (tensor bundles) with numpy only, no TensorFlow.
+
+A bundle is ``<prefix>.index`` plus ``<prefix>.data-NNNNN-of-MMMMM`` shard files. The index is
+a LevelDB-format table (sorted string keys, prefix-compressed blocks, each followed by a
+compression byte and a masked CRC32C, and a 48-byte footer ending in a magic number). Its
+entry with the empty key is a ``BundleHeaderProto``; every other entry is a
+``BundleEntryProto`` saying where a tensor's bytes are (shard, offset, size), its dtype, shape
+and masked CRC32C. Numeric tensors are stored as raw little-endian bytes; strings as varint
+lengths, a masked checksum of the lengths, then the bytes. A partitioned variable has one entry
+without data listing its ``slices``, each slice stored under a key made with TF's
+``EncodeTensorNameSlice`` (OrderedCode). Layouts follow TensorFlow's
+``core/util/tensor_bundle`` and ``core/lib/io`` (``format.cc``, ``block.cc``, ``table.cc``).
+
+Every problem in a file (truncation, bad checksum, bad varint, out-of-range offset) raises
+:class:`~ckptmerge.errors.CheckpointFormatError` naming the file; sizes are always checked
+against file lengths before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import crc32c as _crc32c
+import numpy as np
+
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats.base import CheckpointReader
+from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
+from ckptmerge.formats.objectgraph import (OBJECT_GRAPH_KEY, ObjectGraph, name_based_kind,
+                                           parse_object_graph)
+from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError,
+                                         iter_fields, read_varint, to_signed64)
+from ckptmerge.specs import VariableInfo
+
+__all__ = [
+    "BundleReader",
+    "BundleEntry",
+    "TABLE_MAGIC",
+    "read_table",
+    "mask_crc",
+    "unmask_crc",
+    "crc32c",
+    "crc32c_combine",
+    "encode_tensor_name_slice",
+    "data_file_name",
+    "is_leveldb_table",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The magic number ending every LevelDB-format table (TF's ``kTableMagicNumber``).
+TABLE_MAGIC = 0xDB4775248B80FB57
+_MAGIC_BYTES = struct.pack("<Q", TABLE_MAGIC)
+_FOOTER_SIZE = 48  # two block handles padded to 40 bytes + 8 bytes of magic
+_TRAILER_SIZE = 5  # 1 byte compression type + 4 bytes masked crc32c
+_MASK_DELTA = 0xA282EAD8
+_U32 = struct.Struct("<I")
+_SUPPORTED_MIN_CONSUMER = 1  # TF's kTensorBundleVersion
+_SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of this size
+_PIECE = 1 << 20  # read and checksum in pieces small enough to stay in the CPU cache
+_SMALL = 4 << 20  # smaller tensors share buffers in read_many (numpy uses huge pages from 4 MiB)
+_ARENA = 64 << 20  # size of those shared buffers
+_ALIGN = 64  # alignment of each tensor in a shared buffer
+_GROUP = 8 << 20  # at most this many bytes per scatter read
+_MAX_IOV = 512  # at most this many buffers per scatter read (IOV_MAX is 1024 on Linux)
+
+crc32c = _crc32c.crc32c
+
+
+def mask_crc(crc: int) -> int:
+    """Mask a CRC32C the way LevelDB and TF store them (rotate right 15, add a constant).
+
+    Example:
+        >>> unmask_crc(mask_crc(123456789))
+        123456789
+    """
+    crc &= 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask_crc(masked: int) -> int:
+    """Invert :func:`mask_crc`.
+
+    Example:
+        >>> unmask_crc(mask_crc(0))
+        0
+    """
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
+
+
+def _gf2_times(mat: Sequence[int], vec: int) -> int:
+    out = 0
+    i = 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _zero_operators() -> List[List[int]]:
+    """``ops[k]`` maps the CRC of ``x`` to the CRC of ``x`` followed by ``2**k`` zero bytes."""
+    one_bit = [_CRC32C_POLY] + [1 << (n - 1) for n in range(1, 32)]
+    op = one_bit
+    for _ in range(3):  # 1 bit -> 8 bits = one byte
+        op = [_gf2_times(op, op[n]) for n in range(32)]
+    ops = [op]
+    for _ in range(47):
+        op = [_gf2_times(op, op[n]) for n in range(32)]
+        ops.append(op)
+    return ops
+
+
+_ZERO_OPS: List[List[int]] = []
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """Return ``crc32c(a + b)`` from ``crc1 = crc32c(a)``, ``crc2 = crc32c(b)``, ``len(b)``.
+
+    Lets segments of one tensor be checksummed in parallel (the zlib ``crc32_combine`` method).
+
+    Example:
+        >>> crc32c_combine(crc32c(b"hello "), crc32c(b"world"), 5) == crc32c(b"hello world")
+        True
+    """
+    if not _ZERO_OPS:
+        _ZERO_OPS.extend(_zero_operators())
+    k = 0
+    while len2:
+        if len2 & 1:
+            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
+def data_file_name(prefix: str, shard: int, num_shards: int) -> str:
+    """Return the data file of ``shard``: ``<prefix>.data-00000-of-00002``.
+
+    Example:
+        >>> data_file_name("model.ckpt", 1, 2)
+        'model.ckpt.data-00001-of-00002'
+    """
+    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+def is_leveldb_table(path: str) -> bool:
+    """True if ``path`` is a file at least a footer long ending with the LevelDB table magic.
+
+    Example:
+        >>> is_leveldb_table("/nonexistent")
+        False
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < _FOOTER_SIZE:
+                return False
+            f.seek(-8, os.SEEK_END)
+            return f.read(8) == _MAGIC_BYTES
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# OrderedCode keys of tensor slices (tensorflow/core/lib/strings/ordered_code.cc)
+# --------------------------------------------------------------------------------------------
+_LENGTH_TO_HEADER_BITS = ((0, 0), (0x80, 0), (0xC0, 0), (0xE0, 0), (0xF0, 0), (0xF8, 0),
+                          (0xFC, 0), (0xFE, 0), (0xFF, 0), (0xFF, 0x80), (0xFF, 0xC0))
+
+
+def _num_increasing(value: int) -> bytes:
+    body = value.to_bytes((value.bit_length() + 7) // 8, "big") if value else b""
+    return bytes([len(body)]) + body
+
+
+def _signed_num_increasing(value: int) -> bytes:
+    x = ~value if value < 0 else value
+    if x < 64:
+        return bytes([(0x80 ^ value) & 0xFF])
+    n = x.bit_length() // 7 + 1
+    buf = bytearray((value & ((1 << 80) - 1)).to_bytes(10, "big"))[10 - n:]
+    buf[0] ^= _LENGTH_TO_HEADER_BITS[n][0]
+    buf[1] ^= _LENGTH_TO_HEADER_BITS[n][1]
+    return bytes(buf)
+
+
+def _ordered_string(value: bytes) -> bytes:
+    return value.replace(b"\xff", b"\xff\x00").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
+
+
+def encode_tensor_name_slice(name: str, extents: Sequence[Tuple[int, int]]) -> bytes:
+    """Return TF's key for one slice of a partitioned tensor (``EncodeTensorNameSlice``).
+
+    Args:
+        name: the full tensor's key.
+        extents: ``(start, length)`` per dimension; ``length == -1`` for a full dimension.
+
+    Example:
+        >>> encode_tensor_name_slice("w", [(0, -1)])
+        b'\\x00w\\x00\\x01\\x01\\x01\\x80\\x7f'
+    """
+    out = [_num_increasing(0), _ordered_string(name.encode("utf-8")), _num_increasing(len(extents))]
+    for start, length in extents:
+        out.append(_signed_num_increasing(start))
+        out.append(_signed_num_increasing(length))
+    return b"".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# The LevelDB table of the .index file
+# --------------------------------------------------------------------------------------------
+class _TableError(Exception):
+    """Internal: a problem in the table; BundleReader adds the file name."""
+
+
+def _parse_block(block: bytes, what: str) -> List[Tuple[bytes, bytes]]:
+    n = len(block)
+    if n < 4:
+        raise _TableError(f"{what} is only {n} bytes long")
+    num_restarts = _U32.unpack_from(block, n - 4)[0]
+    if num_restarts > (n - 4) // 4:
+        raise _TableError(f"{what} claims {num_restarts} restart points but is only {n} bytes")
+    limit = n - 4 - 4 * num_restarts
+    out: List[Tuple[bytes, bytes]] = []
+    prev = b""
+    pos = 0
+    try:
+        while pos < limit:
+            shared, pos = read_varint(block, pos, limit)
+            non_shared, pos = read_varint(block, pos, limit)
+            value_len, pos = read_varint(block, pos, limit)
+            if shared > len(prev) or non_shared + value_len > limit - pos:
+                raise _TableError(f"{what} has an entry running past its end (at byte {pos})")
+            key = prev[:shared] + block[pos:pos + non_shared]
+            pos += non_shared
+            out.append((key, block[pos:pos + value_len]))
+            pos += value_len
+            prev = key
+    except DecodeError as e:
+        raise _TableError(f"{what} has a bad entry header: {e}") from None
+    return out
+
+
+def _snappy_decompress(data: bytes, what: str) -> bytes:
+    try:
+        import cramjam
+    except ImportError:  # pragma: no cover - cramjam is a dependency
+        raise _TableError(
+            f"{what} is Snappy-compressed and the 'cramjam' package is not installed; "
+            "install it with: pip install cramjam") from None
+    try:
+        expected, _ = read_varint(data, 0)
+    except DecodeError:
+        raise _TableError(f"{what}: corrupt Snappy header") from None
+    # Snappy cannot expand more than ~22x; a bigger claimed size is corruption, and refusing it
+    # keeps a corrupt header from allocating gigabytes.
+    if expected > 32 * len(data) + 64:
+        raise _TableError(f"{what}: corrupt Snappy header (claims {expected} bytes "
+                          f"from {len(data)} compressed bytes)")
+    try:
+        out = bytes(cramjam.snappy.decompress_raw(data))
+    except Exception as e:  # cramjam raises its own DecompressionError
+        raise _TableError(f"{what}: Snappy decompression failed ({e})") from None
+    if len(out) != expected:
+        raise _TableError(f"{what}: Snappy data decompressed to {len(out)} bytes, expected {expected}")
+    return out
+
+
+def _read_block(data: bytes, handle: bytes, what: str, verify: bool) -> bytes:
+    try:
+        offset, pos = read_varint(handle, 0)
+        size, pos = read_varint(handle, pos)
+    except DecodeError as e:
+        raise _TableError(f"bad block handle for {what}: {e}") from None
+    if offset + size + _TRAILER_SIZE > len(data) - _FOOTER_SIZE:
+        raise _TableError(
+            f"{what} (offset {offset}, {size} bytes) runs past the end of the table "
+            f"({len(data)} bytes); the file is truncated or corrupt")
+    end = offset + size
+    contents = data[offset:end]
+    ctype = data[end]
+    if verify:
+        stored = unmask_crc(_U32.unpack_from(data, end + 1)[0])
+        actual = crc32c(data[end:end + 1], crc32c(contents))
+        if stored != actual:
+            raise _TableError(f"block checksum mismatch in {what} at offset {offset} "
+                              f"(expected 0x{stored:08x}, got 0x{actual:08x})")
+    if ctype == 0:
+        return contents
+    if ctype == 1:
+        return _snappy_decompress(contents, what)
+    raise _TableError(f"{what} has unknown compression type {ctype} (0 = none and 1 = Snappy "
+                      "are the only ones TensorFlow writes)")
+
+
+def read_table(data: bytes, *, verify: bool = True) -> List[Tuple[bytes, bytes]]:
+    """Parse a whole LevelDB-format table held in memory; returns sorted ``(key, value)`` pairs.
+
+    Raises:
+        CheckpointFormatError: on any malformation (without a path: callers add it).
+
+    Example:
+        >>> read_table(b"short")
+        Traceback (most recent call last):
+        ...
+        ckptmerge.errors.CheckpointFormatError: file is 5 bytes long, shorter than a table footer (48 bytes)
+    """
+    try:
+        return _read_table(data, verify)
+    except _TableError as e:
+        raise CheckpointFormatError(str(e)) from None
+
+
+def _read_table(data: bytes, verify: bool) -> List[Tuple[bytes, bytes]]:
+    if len(data) < _FOOTER_SIZE:
+        raise _TableError(f"file is {len(data)} bytes long, shorter than a table footer ({_FOOTER_SIZE} bytes)")
+    footer = data[-_FOOTER_SIZE:]
+    if footer[-8:] != _MAGIC_BYTES:
+        raise _TableError(f"bad table magic number 0x{struct.unpack('<Q', footer[-8:])[0]:016x} "
+                          f"(expected 0x{TABLE_MAGIC:016x}); not a checkpoint index, or truncated")
+    try:
+        _, pos = read_varint(footer, 0, 40)  # metaindex offset
+        _, pos = read_varint(footer, pos, 40)  # metaindex size
+        start = pos
+        _, pos = read_varint(footer, pos, 40)
+        _, pos = read_varint(footer, pos, 40)
+    except DecodeError as e:
+        raise _TableError(f"bad table footer: {e}") from None
+    index = _parse_block(_read_block(data, footer[start:pos], "index block", verify), "index block")
+    out: List[Tuple[bytes, bytes]] = []
+    for i, (_, handle) in enumerate(index):
+        what = f"data block {i}"
+        block = _read_block(data, handle, what, verify)
+        entries = _parse_block(block, what)
+        if entries and out and entries[0][0] <= out[-1][0]:
+            raise _TableError(f"{what} is out of order (key {entries[0][0]!r} after {out[-1][0]!r})")
+        out.extend(entries)
+    for (a, _), (b, _) in zip(out, out[1:]):
+        if a >= b:
+            raise _TableError(f"keys out of order: {b!r} after {a!r}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Bundle entries
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BundleEntry:
+    """One decoded ``BundleEntryProto``.
+
+    ``slices`` holds ``(start, length)`` per dimension for each slice of a partitioned tensor
+    (``length`` is ``-1`` for a full dimension); such an entry has no data of its own.
+
+    Example:
+        >>> e = BundleReader("model.ckpt").entries["dense/kernel"]  # doctest: +SKIP
+        >>> (e.dtype, e.shape, e.shard_id, e.offset, e.size)  # doctest: +SKIP
+        (1, (784, 128), 0, 0, 401408)
+    """
+
+    key: str
+    dtype: int
+    shape: Tuple[int, ...]
+    shard_id: int
+    offset: int
+    size: int
+    crc32c: int  # masked, as stored
+    slices: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
+
+
+def _int64(value: object, what: str) -> int:
+    if not isinstance(value, int):
+        raise DecodeError(f"{what} has the wrong wire type")
+    return to_signed64(value)
+
+
+def _parse_shape(buf: bytes) -> Tuple[int, ...]:
+    dims: List[int] = []
+    for no, wire, value in iter_fields(buf):
+        if no == 2:
+            if wire != WIRE_BYTES:
+                raise DecodeError("TensorShapeProto.dim has the wrong wire type")
+            size = 0
+            for dno, _, dval in iter_fields(value):  # type: ignore[arg-type]
+                if dno == 1:
+                    size = _int64(dval, "dimension size")
+            if size < 0:
+                raise DecodeError(f"negative dimension size {size}")
+            dims.append(size)
+        elif no == 3 and value:
+            raise DecodeError("tensor of unknown rank")
+    return tuple(dims)
+
+
+def _parse_slice(buf: bytes) -> Tuple[Tuple[int, int], ...]:
+    extents: List[Tuple[int, int]] = []
+    for no, wire, value in iter_fields(buf):
+        if no == 1:
+            if wire != WIRE_BYTES:
+                raise DecodeError("TensorSliceProto.extent has the wrong wire type")
+            start, length = 0, -1
+            for eno, _, eval_ in iter_fields(value):  # type: ignore[arg-type]
+                if eno == 1:
+                    start = _int64(eval_, "slice start")
+                elif eno == 2:
+                    length = _int64(eval_, "slice length")
+            extents.append((start, length))
+    return tuple(extents)
+
+
+def _parse_entry(key: str, buf: bytes) -> BundleEntry:
+    dtype = shard = offset = size = crc = 0
+    shape: Tuple[int, ...] = ()
+    slices: List[Tuple[Tuple[int, int], ...]] = []
+    for no, wire, value in iter_fields(buf):
+        if no == 1 and wire == WIRE_VARINT:
+            dtype = value  # type: ignore[assignment]
+        elif no == 2 and wire == WIRE_BYTES:
+            shape = _parse_shape(value)  # type: ignore[arg-type]
+        elif no == 3 and wire == WIRE_VARINT:
+            shard = _int64(value, "shard_id")
+        elif no == 4 and wire == WIRE_VARINT:
+            offset = _int64(value, "offset")
+        elif no == 5 and wire == WIRE_VARINT:
+            size = _int64(value, "size")
+        elif no == 6 and wire == WIRE_FIXED32:
+            crc = value  # type: ignore[assignment]
+        elif no == 7 and wire == WIRE_BYTES:
+            slices.append(_parse_slice(value))  # type: ignore[arg-type]
+        elif no <= 7:
+            raise DecodeError(f"BundleEntryProto field {no} has wire type {wire}")
+    if shard < 0 or offset < 0 or size < 0:
+        raise DecodeError(f"negative shard/offset/size ({shard}/{offset}/{size})")
+    return BundleEntry(key, dtype, shape, shard, offset, size, crc, tuple(slices))
+
+
+def _parse_header(buf: bytes) -> Tuple[int, int, int, List[int]]:
+    num_shards, endianness, min_consumer, bad = 0, 0, 0, []
+    for no, wire, value in iter_fields(buf):
+        if no == 1 and wire == WIRE_VARINT:
+            num_shards = _int64(value, "num_shards")
+        elif no == 2 and wire == WIRE_VARINT:
+            endianness = value  # type: ignore[assignment]
+        elif no == 3 and wire == WIRE_BYTES:
+            for vno, vwire, vval in iter_fields(value):  # type: ignore[arg-type]
+                if vno == 2 and vwire == WIRE_VARINT:
+                    min_consumer = _int64(vval, "min_consumer")
+                elif vno == 3 and vwire == WIRE_VARINT:
+                    bad.append(_int64(vval, "bad_consumers"))
+    return num_shards, endianness, min_consumer, bad
+
+
+class _Unit(NamedTuple):
+    """One read of :meth:`BundleReader.read_many`: consecutive file bytes from ``offset``."""
+
+    entries: List[BundleEntry]
+    offset: int
+    views: List[memoryview]
+    segment: bool  # True: a segment of entries[0]; False: all of each entry, back to back
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# The reader
+# --------------------------------------------------------------------------------------------
+class BundleReader(CheckpointReader):
+    """Reader of a TF V2 checkpoint (``<prefix>.index`` + ``<prefix>.data-*``).
+
+    Use :func:`ckptmerge.formats.open_checkpoint` rather than this class directly.
+
+    Args:
+        prefix: the checkpoint prefix (``.../model.ckpt-1000``).
+        verify: check every CRC32C (index blocks and tensor data). ``False`` reads corrupt
+            files anyway, for salvage.
+
+    Raises:
+        CheckpointNotFoundError: if the ``.index`` file does not exist.
+        CheckpointFormatError: if the index is corrupt, a data shard is missing or too short.
+
+    Example:
+        >>> with BundleReader("runs/base/model.ckpt-1000") as r:  # doctest: +SKIP
+        ...     r.get("dense/kernel").shape
+        (784, 128)
+    """
+
+    format = "tf-bundle"
+
+    def __init__(self, prefix: str, *, verify: bool = True) -> None:
+        super().__init__(prefix)
+        self.verify = verify
+        self.index_path = self.path + ".index"
+        self._lock = threading.Lock()
+        self._fds: Dict[int, int] = {}
+        self._file_locks: Dict[int, threading.Lock] = {}
+        self._index_name = os.path.basename(self.index_path)
+        try:
+            with open(self.index_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"Checkpoint index file {self.index_path!r} does not exist. Pass the checkpoint "
+                f"prefix (the path without '.index'), e.g. 'model.ckpt-1000'. Received: "
+                f"path={self.path!r}", path=self.path) from None
+        except OSError as e:
+            raise CheckpointFormatError(f"Cannot read checkpoint index {self.index_path!r}: {e}",
+                                        path=self.index_path) from None
+        self._load_index(data)
+        self._check_shards()
+        self.object_graph: Optional[ObjectGraph] = self._load_object_graph()
+        self._set_infos(self._make_infos())
+        logger.debug("opened %s: %d tensors in %d shards", self.path, len(self._infos), self.num_shards)
+
+    # -- index -----------------------------------------------------------------------------
+    def _index_error(self, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
+        return CheckpointFormatError(
+            f"Corrupt checkpoint index {self._index_name}: {problem}. The file is damaged or "
+            f"not a TensorFlow checkpoint index; re-copy it. (File: {self.index_path})",
+            path=self.index_path, key=key)
+
+    def _load_index(self, data: bytes) -> None:
+        try:
+            table = _read_table(data, self.verify)
+        except _TableError as e:
+            raise self._index_error(str(e)) from None
+        if not table or table[0][0] != b"":
+            raise self._index_error("no bundle header entry (empty key)")
+        try:
+            num_shards, endianness, min_consumer, bad = _parse_header(table[0][1])
+        except DecodeError as e:
+            raise self._index_error(f"bad bundle header: {e}") from None
+        if endianness == 1:
+            raise CheckpointFormatError(
+                f"Checkpoint {self._index_name} was written on a big-endian machine; ckptmerge "
+                "reads little-endian checkpoints only. TensorFlow reads it anywhere (it swaps "
+                "bytes while reading): restore it with TensorFlow on a little-endian machine "
+                "and save it again to get a little-endian copy.",
+                path=self.index_path)
+        if endianness != 0:
+            raise self._index_error(f"unknown endianness {endianness}")
+        if min_consumer > _SUPPORTED_MIN_CONSUMER or _SUPPORTED_MIN_CONSUMER in bad:
+            need = (f"a reader of bundle version >= {min_consumer}" if min_consumer > _SUPPORTED_MIN_CONSUMER
+                    else f"a reader other than bundle version {_SUPPORTED_MIN_CONSUMER} (marked bad)")
+            raise CheckpointFormatError(
+                f"Checkpoint {self._index_name} needs {need}; ckptmerge reads bundle version "
+                f"{_SUPPORTED_MIN_CONSUMER}. It was written by a newer TensorFlow; upgrade "
+                "ckptmerge, or read it with that TensorFlow.", path=self.index_path)
+        entries: Dict[bytes, BundleEntry] = {}
+        for raw_key, value in table[1:]:
+            if raw_key.startswith(b"\x00"):
+                key = raw_key.decode("latin-1")  # slice keys are binary; never shown
+            else:
+                try:
+                    key = raw_key.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise self._index_error(f"key {raw_key!r} is not valid UTF-8") from None
+            try:
+                entries[raw_key] = _parse_entry(key, value)
+            except DecodeError as e:
+                raise self._index_error(f"bad entry for tensor {key!r}: {e}", key) from None
+        has_data = [e for e in entries.values() if not e.slices]
+        if num_shards <= 0 and has_data:
+            raise self._index_error(f"header says {num_shards} shards")
+        for e in has_data:
+            if e.shard_id >= num_shards:
+                raise self._index_error(
+                    f"tensor {e.key!r} is in shard {e.shard_id} but the header says there "
+                    f"are {num_shards} shards", e.key)
+        self.num_shards = num_shards
+        self._raw_entries = entries
+
+    def _check_shards(self) -> None:
+        self._shard_paths: Dict[int, str] = {}
+        self._shard_sizes: Dict[int, int] = {}
+        for e in self._raw_entries.values():
+            if e.slices:
+                continue
+            path = self._shard_path(e.shard_id)
+            size = self._shard_sizes.get(e.shard_id)
+            if size is None:
+                try:
+                    size = os.stat(path).st_size
+                except FileNotFoundError:
+                    raise CheckpointFormatError(
+                        f"Checkpoint data file {os.path.basename(path)} (shard {e.shard_id + 1} "
+                        f"of {self.num_shards}) is missing; it holds tensor {e.key!r}. Copy all "
+                        f"'{os.path.basename(self.path)}.data-*' files along with the .index. "
+                        f"(File: {path})", path=path, key=e.key) from None
+                except OSError as err:
+                    raise CheckpointFormatError(f"Cannot read checkpoint data file {path!r}: {err}",
+                                                path=path, key=e.key) from None
+                self._shard_sizes[e.shard_id] = size
+            if e.offset + e.size > size:
+                raise CheckpointFormatError(
+                    f"Checkpoint data file {os.path.basename(path)} is too short: tensor "
+                    f"{e.key!r} needs bytes {e.offset}..{e.offset + e.size} but the file has "
+                    f"{size}. The file is truncated or does not belong to this index; re-copy "
+                    f"it. (File: {path})", path=path, key=e.key)
+
+    def _shard_path(self, shard: int) -> str:
+        path = self._shard_paths.get(shard)
+        if path is None:
+            path = self._shard_paths[shard] = data_file_name(self.path, shard, self.num_shards)
+        return path
+
+    def _load_object_graph(self) -> Optional[ObjectGraph]:
+        entry = self._raw_entries.get(OBJECT_GRAPH_KEY.encode())
+        if entry is None or entry.dtype != DT_STRING or entry.shape != () or entry.slices:
+            return None
+        raw = self._read_entry(entry)[()]
+        try:
+            return parse_object_graph(raw)
+        except DecodeError as e:
+            raise CheckpointFormatError(
+                f"Corrupt object graph ({OBJECT_GRAPH_KEY}) in checkpoint {os.path.basename(self.path)}: "
+                f"{e}. (File: {self._shard_path(entry.shard_id)})",
+                path=self._shard_path(entry.shard_id), key=OBJECT_GRAPH_KEY) from None
+
+    def _make_infos(self) -> List[VariableInfo]:
+        visible = [e for k, e in self._raw_entries.items() if not k.startswith(b"\x00")]
+        if self.object_graph is not None:
+            names = self.object_graph.name_keys(e.key for e in visible)
+        else:
+            names = {e.key: (e.key, name_based_kind(e.key)) for e in visible}
+        infos = []
+        for e in visible:
+            name, kind = names[e.key]
+            dt = TF_TO_NUMPY.get(e.dtype)
+            if e.dtype == DT_STRING or dt is None:
+                nbytes = e.size if not e.slices else 0
+            else:
+                nbytes = _numel(e.shape) * dt.itemsize
+            infos.append(VariableInfo(name, e.shape, tf_dtype_name(e.dtype), e.key, kind, nbytes))
+        return infos
+
+    @property
+    def entries(self) -> Dict[str, BundleEntry]:
+        """Every decoded index entry by key, slice entries included (keys start with ``\\x00``)."""
+        return {e.key: e for e in self._raw_entries.values()}
+
+    # -- file access -----------------------------------------------------------------------
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    path = self._shard_path(shard)
+                    try:
+                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    except OSError as e:
+                        raise CheckpointFormatError(f"Cannot open checkpoint data file {path!r}: {e}",
+                                                    path=path) from None
+                    self._fds[shard] = fd
+                    self._file_locks[shard] = threading.Lock()
+        return fd
+
+    def _read_into(self, shard: int, offset: int, buf: memoryview, key: str) -> None:
+        """Fill ``buf`` (a writable byte view) with the shard's bytes at ``offset``."""
+        fd = self._fd(shard)
+        n = len(buf)
+        done = 0
+        try:
+            if hasattr(os, "preadv"):
+                while done < n:
+                    got = os.preadv(fd, [buf[done:]], offset + done)
+                    if got <= 0:
+                        break
+                    done += got
+            else:  # pragma: no cover - Windows
+                with self._file_locks[shard]:
+                    os.lseek(fd, offset, os.SEEK_SET)
+                    while done < n:
+                        chunk = os.read(fd, n - done)
+                        if not chunk:
+                            break
+                        buf[done:done + len(chunk)] = chunk
+                        done += len(chunk)
+        except OSError as e:
+            path = self._shard_path(shard)
+            raise CheckpointFormatError(f"Cannot read tensor {key!r} from {path!r}: {e}",
+                                        path=path, key=key) from None
+        if done < n:
+            path = self._shard_path(shard)
+            raise CheckpointFormatError(
+                f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
+                f"{key!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
+                f"the checkpoint was opened. (File: {path})", path=path, key=key)
+
+    def _label(self, e: BundleEntry, label: Optional[str] = None) -> str:
+        """The tensor as users know it: its name, or ``name (slice ...)``."""
+        if label is None:
+            label = self._by_key.get(e.key, e.key)
+        return repr(label)
+
+    def _crc_error(self, e: BundleEntry, actual: int, label: Optional[str] = None) -> CheckpointFormatError:
+        path = self._shard_path(e.shard_id)
+        return CheckpointFormatError(
+            f"checksum mismatch for tensor {self._label(e, label)} in {os.path.basename(path)} "
+            f"(expected 0x{unmask_crc(e.crc32c):08x}, got 0x{actual:08x}); the file is corrupt "
+            f"or was modified; re-copy it or pass verify=False to read anyway. (File: {path})",
+            path=path, key=e.key)
+
+    def _data_error(self, e: BundleEntry, problem: str, label: Optional[str] = None) -> CheckpointFormatError:
+        path = self._shard_path(e.shard_id)
+        return CheckpointFormatError(
+            f"Corrupt tensor {self._label(e, label)} in {os.path.basename(path)}: {problem}. (File: {path})",
+            path=path, key=e.key)
+
+    def _unreadable(self, e: BundleEntry) -> CheckpointFormatError:
+        return CheckpointFormatError(
+            f"Tensor {e.key!r} of checkpoint {os.path.basename(self.path)} has dtype "
+            f"{tf_dtype_name(e.dtype)!r}, which ckptmerge cannot read (only numeric, bool and "
+            "string tensors are plain data). Exclude it from the restore.",
+            path=self.path, key=e.key)
+
+    # -- reading tensors -------------------------------------------------------------------
+    def _check_numeric(self, e: BundleEntry, label: Optional[str] = None) -> np.dtype:
+        """Validate a numeric entry's size against its dtype and shape; return the dtype."""
+        dt = TF_TO_NUMPY.get(e.dtype)
+        if dt is None or e.dtype == DT_STRING:
+            raise self._unreadable(e)
+        expected = _numel(e.shape) * dt.itemsize
+        if e.size != expected:
+            raise self._data_error(e, f"index says {e.size} bytes but shape {e.shape} of "
+                                      f"{tf_dtype_name(e.dtype)} needs {expected}", label)
+        return dt
+
+    def _alloc(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
+        """Validate a numeric entry; return an uninitialised array for it."""
+        return np.empty(e.shape, dtype=self._check_numeric(e, label))
+
+    def _read_entry(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
+        if e.dtype == DT_STRING:
+            return self._read_strings(e, label)
+        arr = self._alloc(e, label)
+        if e.size:
+            view = memoryview(arr.reshape(-1).view(np.uint8))
+            actual = 0
+            for pos in range(0, e.size, _PIECE):
+                piece = view[pos:pos + _PIECE]
+                self._read_into(e.shard_id, e.offset + pos, piece, e.key)
+                if self.verify:
+                    actual = crc32c(piece, actual)
+            if self.verify and actual != unmask_crc(e.crc32c):
+                raise self._crc_error(e, actual, label)
+        elif self.verify and e.crc32c != mask_crc(0):
+            raise self._crc_error(e, 0, label)
+        return arr
+
+    def _read_strings(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
+        n = _numel(e.shape)
+        if n > e.size:  # every element needs at least a 1-byte length
+            raise self._data_error(e, f"{n} strings cannot fit in {e.size} bytes", label)
+        raw = bytearray(e.size)
+        if e.size:
+            self._read_into(e.shard_id, e.offset, memoryview(raw), e.key)
+        raw = bytes(raw)
+        pos = 0
+        lengths = []
+        try:
+            for _ in range(n):
+                length, pos = read_varint(raw, pos)
+                lengths.append(length)
+        except DecodeError as err:
+            raise self._data_error(e, f"bad string length: {err}", label) from None
+        if pos + 4 + sum(lengths) != len(raw):
+            raise self._data_error(e, f"string lengths add up to {pos + 4 + sum(lengths)} bytes "
+                                      f"but the tensor has {len(raw)}", label)
+        if self.verify:
+            # TF checksums each length as a uint32 (uint64 when >= 2**32), not the varints.
+            crc = crc32c(b"".join(struct.pack("<I", x) if x <= 0xFFFFFFFF else struct.pack("<Q", x)
+                                  for x in lengths))
+            stored_len_crc = _U32.unpack_from(raw, pos)[0]
+            if unmask_crc(stored_len_crc) != crc:
+                raise self._crc_error(e, crc32c(raw[pos + 4:], crc32c(raw[pos:pos + 4], crc)), label)
+            crc = crc32c(raw[pos:], crc)
+            if crc != unmask_crc(e.crc32c):
+                raise self._crc_error(e, crc, label)
+        pos += 4
+        out = np.empty(n, dtype=object)
+        for i, length in enumerate(lengths):
+            out[i] = raw[pos:pos + length]
+            pos += length
+        return out.reshape(e.shape)
+
+    def _slice_plan(self, e: BundleEntry) -> List[Tuple[Tuple[slice, ...], BundleEntry, str]]:
+        """Map each slice of a partitioned entry to its region of the full tensor and entry."""
+        plan = []
+        covered = 0
+        for extents in e.slices:
+            if len(extents) != len(e.shape):
+                raise self._index_error(f"tensor {e.key!r} of rank {len(e.shape)} has a slice "
+                                        f"of rank {len(extents)}", e.key)
+            region = []
+            shape = []
+            for (start, length), dim in zip(extents, e.shape):
+                stop = dim if length == -1 else start + length
+                if start < 0 or length < -1 or stop > dim or (length == -1 and start != 0):
+                    raise self._index_error(f"tensor {e.key!r} has slice {extents} outside its "
+                                            f"shape {e.shape}", e.key)
+                region.append(slice(start, stop))
+                shape.append(stop - start)
+            skey = encode_tensor_name_slice(e.key, extents)
+            part = self._raw_entries.get(skey)
+            if part is None:
+                raise self._index_error(f"slice {extents} of tensor {e.key!r} is missing", e.key)
+            if part.dtype != e.dtype or part.shape != tuple(shape) or part.slices:
+                raise self._index_error(f"slice {extents} of tensor {e.key!r} has dtype "
+                                        f"{tf_dtype_name(part.dtype)} shape {part.shape}", e.key)
+            covered += _numel(shape)
+            label = f"{self._by_key.get(e.key, e.key)} (slice {list(extents)})"
+            plan.append((tuple(region), part, label))
+        if covered != _numel(e.shape):
+            raise self._index_error(f"the slices of tensor {e.key!r} cover {covered} of its "
+                                    f"{_numel(e.shape)} elements", e.key)
+        return plan
+
+    def _read_sliced(self, e: BundleEntry) -> np.ndarray:
+        dt = TF_TO_NUMPY.get(e.dtype)
+        if dt is None:
+            raise self._unreadable(e)
+        plan = self._slice_plan(e)
+        out = np.empty(e.shape, dtype=dt)
+        for region, part, label in plan:
+            out[region] = self._read_entry(part, label)
+        return out
+
+    def _read(self, info: VariableInfo) -> np.ndarray:
+        e = self._raw_entries[info.raw_key.encode("utf-8")]
+        if e.slices:
+            return self._read_sliced(e)
+        return self._read_entry(e)
+
+    def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Read several tensors at once, in parallel and in file order; returns ``{name: array}``.
+
+        This is the fast path for restores. Numeric tensors are read straight into
+        preallocated arrays by a thread pool: tensors of 4 MiB and more in segments of up to
+        32 MiB, read in 1 MiB pieces that are checksummed while still in the CPU cache
+        (``crc32c`` releases the GIL; segment checksums are combined); smaller tensors are
+        packed into shared 64-byte-aligned buffers of up to 64 MiB (so they are views with
+        ``owndata`` False, which avoids page-faulting thousands of small allocations) and
+        runs of them that are contiguous in the file are read with one scatter read. Strings
+        and partitioned tensors are read as :meth:`get` does.
+
+        Args:
+            names: names (or raw keys) of the tensors.
+            max_workers: threads to use (default: ``min(8, 2 * cpu count)``; ``1`` reads
+                sequentially).
+
+        Raises:
+            UnknownTensorError: for an unknown name (before anything is read).
+            CheckpointFormatError: as :meth:`get`.
+
+        Example:
+            >>> arrays = reader.read_many(r.name for r in reader.variables())  # doctest: +SKIP
+        """
+        names = list(names)
+        infos = [self.info(n) for n in names]
+        out: Dict[str, np.ndarray] = {}
+        by_key: Dict[str, BundleEntry] = {}
+        for name, info in zip(names, infos):
+            if name in out or info.raw_key in by_key:
+                continue
+            e = self._raw_entries[info.raw_key.encode("utf-8")]
+            if e.slices or e.dtype == DT_STRING:
+                out[name] = self._read(info)
+            else:
+                self._check_numeric(e)  # before anything is read
+                by_key[e.key] = e
+        plain = sorted(by_key.values(), key=lambda e: (e.shard_id, e.offset))
+        arrays = self._allocate_many(plain)
+        for name, info in zip(names, infos):
+            if name not in out:
+                out[name] = arrays[info.raw_key][0]
+        units = self._read_units(plain, arrays)
+        crcs: List[List[int]] = [[] for _ in units]
+        verify = self.verify
+
+        def run(j: int) -> None:
+            unit = units[j]
+            e0 = unit.entries[0]
+            if not unit.segment:
+                self._scatter_read(e0.shard_id, unit.offset, unit.views, e0.key)
+                if verify:
+                    crcs[j] = [crc32c(v) for v in unit.views]
+            else:  # one segment of a big tensor, in cache-sized pieces
+                view = unit.views[0]
+                crc = 0
+                for pos in range(0, len(view), _PIECE):
+                    piece = view[pos:pos + _PIECE]
+                    self._read_into(e0.shard_id, unit.offset + pos, piece, e0.key)
+                    if verify:
+                        crc = crc32c(piece, crc)
+                crcs[j] = [crc]
+
+        workers = max_workers or min(8, 2 * (os.cpu_count() or 1))
+        if workers <= 1 or len(units) <= 1:
+            for j in range(len(units)):
+                run(j)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptmerge-read") as pool:
+                for _ in pool.map(run, range(len(units))):
+                    pass
+        if verify:
+            actual: Dict[str, int] = {e.key: 0 for e in plain}
+            for unit, unit_crcs in zip(units, crcs):
+                e0 = unit.entries[0]
+                if not unit.segment:
+                    actual.update(zip((e.key for e in unit.entries), unit_crcs))
+                elif unit.offset == e0.offset:
+                    actual[e0.key] = unit_crcs[0]
+                else:
+                    actual[e0.key] = crc32c_combine(actual[e0.key], unit_crcs[0], len(unit.views[0]))
+            for e in plain:
+                if actual[e.key] != unmask_crc(e.crc32c):
+                    raise self._crc_error(e, actual[e.key])
+        return {n: out[n] for n in names}
+
+    @staticmethod
+    def _allocate_many(entries: Sequence[BundleEntry]) -> Dict[str, Tuple[np.ndarray, memoryview]]:
+        """``{key: (array, byte view of it)}`` for ``entries`` (in file order): big arrays on
+        their own, small ones packed into shared buffers."""
+        arrays: Dict[str, Tuple[np.ndarray, memoryview]] = {}
+        pending: List[Tuple[BundleEntry, int]] = []
+        used = 0
+
+        def flush() -> None:
+            nonlocal pending, used
+            if pending:
+                arena = np.empty(used, dtype=np.uint8)
+                raw = memoryview(arena)
+                for e, at in pending:
+                    arr = np.ndarray(e.shape, TF_TO_NUMPY[e.dtype], buffer=arena, offset=at)
+                    arrays[e.key] = (arr, raw[at:at + e.size])
+            pending, used = [], 0
+
+        for e in entries:
+            if e.size == 0 or e.size >= _SMALL:
+                arr = np.empty(e.shape, dtype=TF_TO_NUMPY[e.dtype])
+                arrays[e.key] = (arr, memoryview(arr.reshape(-1).view(np.uint8)))
+                continue
+            if used + e.size > _ARENA:
+                flush()
+            pending.append((e, used))
+            used += -(-e.size // _ALIGN) * _ALIGN
+        flush()
+        return arrays
+
+    @staticmethod
+    def _read_units(entries: Sequence[BundleEntry],
+                    arrays: Dict[str, Tuple[np.ndarray, memoryview]]) -> List["_Unit"]:
+        """Split the reads into work units: runs of small tensors contiguous in the file (one
+        scatter read each) and segments of big tensors."""
+        units: List[_Unit] = []
+        group: List[Tuple[BundleEntry, memoryview]] = []
+        group_bytes = 0
+
+        def close_group() -> None:
+            nonlocal group, group_bytes
+            if group:
+                units.append(_Unit([e for e, _ in group], group[0][0].offset, [v for _, v in group], False))
+            group, group_bytes = [], 0
+
+        for e in entries:
+            if e.size == 0:
+                continue
+            view = arrays[e.key][1]
+            if e.size >= _SMALL:
+                close_group()
+                for start in range(0, e.size, _SEGMENT):
+                    units.append(_Unit([e], e.offset + start, [view[start:start + _SEGMENT]], True))
+                continue
+            last = group[-1][0] if group else None
+            if last is not None and (last.shard_id != e.shard_id or last.offset + last.size != e.offset
+                                     or group_bytes + e.size > _GROUP or len(group) >= _MAX_IOV):
+                close_group()
+            group.append((e, view))
+            group_bytes += e.size
+        close_group()
+        return units
+
+    def _scatter_read(self, shard: int, offset: int, views: List[memoryview], key: str) -> None:
+        """Fill ``views`` from consecutive bytes of the shard starting at ``offset``."""
+        if hasattr(os, "preadv") and len(views) > 1:
+            total = sum(len(v) for v in views)
+            try:
+                got = os.preadv(self._fd(shard), views, offset)
+            except OSError:
+                got = -1
+            if got == total:
+                return
+        for v in views:  # short read or no preadv: one at a time, with full error reporting
+            self._read_into(shard, offset, v, key)
+            offset += len(v)
+
+    def close(self) -> None:
+        """Close the shard files (reading again reopens them)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
