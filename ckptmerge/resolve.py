@@ -23,7 +23,6 @@ from .errors import (
     ArgumentTypeError,
     CheckpointFormatError,
     CheckpointNotFoundError,
-    CkptMergeError,
     did_you_mean,
     format_list,
 )
