@@ -143,3 +143,13 @@ def test_bfloat16_and_int_values_restore_bit_exact(tf, tmp_path):
     cm.restore(dst, [cm.Source(p, regex=[(r"(\w+)", r"\1")])])
     for k in vals:
         np.testing.assert_array_equal(dst[k].numpy(), vals[k].numpy())
+
+
+def test_reader_buffers_are_64_byte_aligned_so_restores_hand_them_over_without_copies(ab_checkpoints):
+    from ckptmerge.formats import open_checkpoint
+
+    with open_checkpoint(ab_checkpoints["B"]) as r:
+        arrays = r.read_many([v.name for v in r.variables()])
+        single = r.get("b1")
+    assert all(a.ctypes.data % 64 == 0 for a in arrays.values())
+    assert single.ctypes.data % 64 == 0

@@ -6,23 +6,14 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from ..formats.base import ALIGN, aligned_empty
+
 __all__ = ["to_tensor", "to_numpy", "aligned_empty", "parse_slice_spec", "cast_value", "ALIGN"]
 
-#: TF requires tensor buffers aligned to 64 bytes; DLPack imports of unaligned data abort.
-ALIGN = 64
 
 
 def _aligned(arr: np.ndarray) -> bool:
     return arr.ctypes.data % ALIGN == 0 and arr.flags.c_contiguous
-
-
-def aligned_empty(shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data is 64-byte aligned."""
-    dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    buf = np.empty(n + ALIGN, np.uint8)
-    off = (-buf.ctypes.data) % ALIGN
-    return buf[off:off + n].view(dt).reshape(shape)
 
 
 def to_numpy(value: Any, *, owned: bool) -> Any:

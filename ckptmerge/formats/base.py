@@ -17,7 +17,26 @@ import numpy as np
 from ckptmerge.errors import UnknownTensorError, did_you_mean
 from ckptmerge.specs import VariableInfo
 
-__all__ = ["CheckpointReader", "UnknownTensorError"]
+__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "ALIGN"]
+
+#: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
+#: (DLPack, graph feeds) without a copy.
+ALIGN = 64
+
+
+def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary.
+
+    Example:
+        >>> aligned_empty((3, 5), "float32").ctypes.data % ALIGN
+        0
+    """
+    dt = np.dtype(dtype)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.empty(n + ALIGN, np.uint8)
+    off = (-buf.ctypes.data) % ALIGN
+    return buf[off:off + n].view(dt).reshape(shape)
 
 
 

@@ -30,7 +30,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader
+from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import (OBJECT_GRAPH_KEY, ObjectGraph, name_based_kind,
                                            parse_object_graph)
@@ -66,7 +66,7 @@ _SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of th
 _PIECE = 1 << 20  # read and checksum in pieces small enough to stay in the CPU cache
 _SMALL = 4 << 20  # smaller tensors share buffers in read_many (numpy uses huge pages from 4 MiB)
 _ARENA = 64 << 20  # size of those shared buffers
-_ALIGN = 64  # alignment of each tensor in a shared buffer
+_ALIGN = ALIGN  # alignment of each tensor in a shared buffer
 _GROUP = 8 << 20  # at most this many bytes per scatter read
 _MAX_IOV = 512  # at most this many buffers per scatter read (IOV_MAX is 1024 on Linux)
 
@@ -744,7 +744,7 @@ class BundleReader(CheckpointReader):
 
     def _alloc(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         """Validate a numeric entry; return an uninitialised array for it."""
-        return np.empty(e.shape, dtype=self._check_numeric(e, label))
+        return aligned_empty(e.shape, self._check_numeric(e, label))
 
     def _read_entry(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         if e.dtype == DT_STRING:
@@ -837,7 +837,7 @@ class BundleReader(CheckpointReader):
         if dt is None:
             raise self._unreadable(e)
         plan = self._slice_plan(e)
-        out = np.empty(e.shape, dtype=dt)
+        out = np.empty(e.shape, dtype=dt) if np.dtype(dt).hasobject else aligned_empty(e.shape, dt)
         for region, part, label in plan:
             out[region] = self._read_entry(part, label)
         return out
@@ -945,7 +945,7 @@ class BundleReader(CheckpointReader):
         def flush() -> None:
             nonlocal pending, used
             if pending:
-                arena = np.empty(used, dtype=np.uint8)
+                arena = aligned_empty(used, np.uint8)
                 raw = memoryview(arena)
                 for e, at in pending:
                     arr = np.ndarray(e.shape, TF_TO_NUMPY[e.dtype], buffer=arena, offset=at)
@@ -954,7 +954,7 @@ class BundleReader(CheckpointReader):
 
         for e in entries:
             if e.size == 0 or e.size >= _SMALL:
-                arr = np.empty(e.shape, dtype=TF_TO_NUMPY[e.dtype])
+                arr = aligned_empty(e.shape, TF_TO_NUMPY[e.dtype])
                 arrays[e.key] = (arr, memoryview(arr.reshape(-1).view(np.uint8)))
                 continue
             if used + e.size > _ARENA:
