@@ -588,7 +588,7 @@ class Rules:
         lines += [r.describe() for r in self.regexes]
         if not self.renames:
             lines.append("identity (every name is kept as it is)" if not lines
-                         else "other names are kept as they are")
+                         else "selected names keep their names")
         return lines
 
     def to_dict(self) -> dict:

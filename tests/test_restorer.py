@@ -92,9 +92,12 @@ def test_snapshot_in_graph_mode_restores_through_feeds(tf):
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             snap = cm.snapshot(None, session=sess)
-            sess.run(w.assign([9.0, 9.0, 9.0]))
-            cm.restore(None, [snap], session=sess)
-            np.testing.assert_array_equal(sess.run(w), [0.0, 1.0, 2.0])
+            r = cm.Restorer(None, [snap], session=sess)
+            for _ in range(2):  # an update after a restore must not leak into the snapshot
+                sess.run(w.assign([9.0, 9.0, 9.0]))
+                r.restore()
+                np.testing.assert_array_equal(sess.run(w), [0.0, 1.0, 2.0])
+                sess.run(w.assign_add([1.0, 1.0, 1.0]))
 
 
 def _sliced_init(full):

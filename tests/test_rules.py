@@ -361,7 +361,7 @@ def test_describe_lists_rules_in_the_order_they_apply():
 
 
 def test_describe_filters_only_keeps_other_names():
-    assert Rules.from_options(exclude="x").describe() == ["exclude 'x'", "other names are kept as they are"]
+    assert Rules.from_options(exclude="x").describe() == ["exclude 'x'", "selected names keep their names"]
 
 
 def test_is_identity_only_without_any_rule():
