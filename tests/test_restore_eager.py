@@ -153,3 +153,23 @@ def test_reader_buffers_are_64_byte_aligned_so_restores_hand_them_over_without_c
         single = r.get("b1")
     assert all(a.ctypes.data % 64 == 0 for a in arrays.values())
     assert single.ctypes.data % 64 == 0
+
+
+def test_saved_model_directory_is_a_source_of_its_variables(tf, tmp_path):
+    class Net(tf.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.w = tf.Variable(np.full((2, 3), scale, np.float32), name="w")
+            self.b = tf.Variable(np.full(3, scale, np.float32), name="b")
+
+        @tf.function(input_signature=[tf.TensorSpec((None, 2), tf.float32)])
+        def __call__(self, x):
+            return x @ self.w + self.b
+
+    tf.saved_model.save(Net(2.0), str(tmp_path / "sm"))
+    fresh = Net(0.0)
+    plan = cm.plan(fresh, [cm.Source(str(tmp_path / "sm"))])
+    assert "SavedModel" in plan.report()
+    plan.restore()
+    np.testing.assert_array_equal(fresh.w.numpy(), np.full((2, 3), 2.0, np.float32))
+    np.testing.assert_array_equal(fresh.b.numpy(), np.full(3, 2.0, np.float32))
