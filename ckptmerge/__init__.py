@@ -14,7 +14,6 @@ Example:
 
 from .api import list_variables, load, open, plan, restore, warm_start
 from .config import Config, load_config
-from .resolve import CheckpointInfo, checkpoints
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -25,10 +24,12 @@ from .errors import (
     RuleError,
     UnknownTensorError,
 )
+from .merge import MergeReport, merge
 from .planner import Plan
 from .report import Report
-from .source import Source
+from .resolve import CheckpointInfo, checkpoints
 from .restorer import Restorer, snapshot
+from .source import Source
 from .specs import VariableInfo
 from .transforms import Slice, VocabRemap
 
@@ -41,6 +42,7 @@ __all__ = [
     "CkptMergeError",
     "Config",
     "ConfigError",
+    "MergeReport",
     "Plan",
     "PlanError",
     "Report",
@@ -56,6 +58,7 @@ __all__ = [
     "list_variables",
     "load",
     "load_config",
+    "merge",
     "open",
     "plan",
     "restore",

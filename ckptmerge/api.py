@@ -16,7 +16,7 @@ import numpy as np
 
 from .backends.tensors import cast_value
 from .errors import CkptMergeError
-from .planner import Plan, SourceView, make_plan
+from .planner import Plan, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
 
@@ -80,7 +80,7 @@ class Binding:
             h.close()
 
 
-def _as_sources(sources: SourcesArg) -> List[Source]:
+def as_sources(sources: SourcesArg) -> List[Source]:
     if isinstance(sources, (Source, str, os.PathLike)):
         sources = [sources]
     out = []
@@ -99,7 +99,7 @@ def _as_sources(sources: SourcesArg) -> List[Source]:
     return out
 
 
-def _unique_labels(sources: List[Source]) -> None:
+def check_unique_labels(sources: List[Source]) -> None:
     seen: Dict[str, int] = {}
     for s in sources:
         seen[s.label] = seen.get(s.label, 0) + 1
@@ -170,17 +170,13 @@ def plan(
         >>> p = plan(model_c, [Source("runs/A", map={"a1": "c/x1"})], allow_missing=["c/z"])  # doctest: +SKIP
         >>> print(p.report())                                                               # doctest: +SKIP
     """
-    srcs = _as_sources(sources)
-    _unique_labels(srcs)
+    srcs = as_sources(sources)
+    check_unique_labels(srcs)
     targets = _collect(target)
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
     try:
-        views = [
-            SourceView(label=h.label, path=h.path, note=h.note, variables=h.selectable(), rules=r,
-                       transforms=tuple(h.source.transforms), cast=h.source.cast)
-            for h, r in zip(handles, rules)
-        ]
+        views = [h.view(r) for h, r in zip(handles, rules)]
         allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
         result = make_plan(targets.infos, views, allow_missing=allow, on_conflict=on_conflict,
                            on_shape_mismatch=on_shape_mismatch, cast=cast)

@@ -12,13 +12,26 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import numpy as np
 
 from .errors import CkptMergeError, RuleError
 from .rules import Rules
 from .specs import KIND_VARIABLE, VariableInfo, normalize_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .planner import SourceView
 
 __all__ = ["Source", "SourceHandle"]
 
@@ -180,8 +193,8 @@ class Source:
         """
         if self._values is not None:
             return MemoryHandle(self, self._values)
-        from .resolve import resolve_checkpoint
         from .formats import open_checkpoint
+        from .resolve import resolve_checkpoint
 
         resolved = resolve_checkpoint(self.path, step=self.step)
         reader = open_checkpoint(resolved.prefix, verify=verify)
@@ -215,6 +228,17 @@ class SourceHandle:
         return {
             v.name: v for v in self.all_variables if self.source.optimizer or v.kind == KIND_VARIABLE
         }
+
+    def view(self, rules: Rules) -> "SourceView":
+        """What the planner needs of this source: label, path, note, variables, rules, ...
+
+        ``rules`` are this source's compiled rules (map values that were variables already
+        named, see :meth:`Source.rules`).
+        """
+        from .planner import SourceView
+
+        return SourceView(label=self.label, path=self.path, note=self.note, variables=self.selectable(),
+                          rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
