@@ -681,6 +681,7 @@ def merge(
     update_state: bool = False,
     progress: Optional[Progress] = None,
     verify: bool = True,
+    durable: bool = False,
 ) -> Report:
     """Write a new checkpoint assembled from ``sources``, without TensorFlow.
 
@@ -711,6 +712,9 @@ def merge(
         progress: called as ``progress(done_bytes, total_bytes)`` once before the first tensor
             and after each tensor (bytes read from the sources).
         verify: check every CRC32C while reading (``False`` copies corrupt tensors as they are).
+        durable: fsync every output file before it is renamed into place, so the checkpoint also
+            survives a power loss (slower: it waits for the disk). Without it the output is still
+            all-or-nothing for the process: a merge killed half-way leaves nothing at the prefix.
 
     Returns:
         A :class:`MergeReport` (a :class:`~ckptmerge.report.Report` with ``mode="offline"``):
@@ -807,7 +811,7 @@ def merge(
         state_path = None
         if not dry_run:
             _check_space(out_abs, given, sum(_out_nbytes(j.target, j.nbytes) for j in jobs))
-            writer = BundleWriter(given, overwrite=overwrite)
+            writer = BundleWriter(given, overwrite=overwrite, durable=durable)
             buf = memoryview(bytearray(_PIECE))
             try:
                 done = 0

@@ -531,3 +531,19 @@ def test_writer_does_not_import_tensorflow(tmp_path):
         print(json.dumps("tensorflow" in sys.modules))
     """, tmp_path / "out")
     assert res is False
+
+
+def test_durable_writer_fsyncs_and_writes_the_same_checkpoint(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    values = {"a": np.arange(5, dtype=np.float32), "b": np.array(3, np.int64)}
+    for name, durable in (("plain", False), ("durable", True)):
+        with BundleWriter(str(tmp_path / name), durable=durable) as w:
+            for k, v in values.items():
+                w.add(k, v)
+        if not durable:
+            assert synced == []
+    assert len(synced) >= 3  # data shard, index, directory
+    for suffix in (".index", ".data-00000-of-00001"):
+        assert (tmp_path / f"plain{suffix}").read_bytes() == (tmp_path / f"durable{suffix}").read_bytes()
