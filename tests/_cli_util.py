@@ -1,0 +1,119 @@
+"""Helpers for the CLI tests (tests/test_cli_*.py): run the CLI, write small real checkpoints.
+
+Checkpoints are written by TensorFlow itself: name-based ones with ``tf.compat.v1.train.Saver``
+in a graph, object-based ones with ``tf.train.Checkpoint``. ``run`` invokes the click command
+in-process (``CliRunner``, stdout and stderr kept apart); ``run_subprocess`` runs
+``python -m ckptmerge`` in a fresh interpreter and reports whether TensorFlow was imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+from click.testing import CliRunner, Result
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from ckptmerge.cli import cli  # noqa: E402
+
+#: The shared corpus of real checkpoints (read-only).
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+#: The repository root (so that ``python -m ckptmerge`` works without installing).
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: Any) -> Result:
+    """Run ``ckptmerge ARGS`` in-process; ``result.stdout`` / ``result.stderr`` are separate."""
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="ckptmerge")
+
+
+def assert_one_line_error(result: Result, *parts: str) -> None:
+    """Exit code 2, nothing on stdout, one ``Error: ...`` line on stderr containing ``parts``."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert result.stdout == ""
+    err = result.stderr
+    assert err.startswith("Error: "), err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for p in parts:
+        assert p in err, (p, err)
+
+
+def save_tf1(prefix: Path, values: Mapping[str, Any], step: Optional[int] = None, *,
+             optimizer_slots: bool = False) -> str:
+    """Write a name-based checkpoint with ``tf.compat.v1.train.Saver``; return its prefix.
+
+    With ``optimizer_slots`` one Adam step runs, so the checkpoint also holds ``*/Adam``,
+    ``*/Adam_1``, ``beta1_power``, ``beta2_power`` and ``global_step``.
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tvars = {n: tf.compat.v1.get_variable(n, initializer=np.asarray(v)) for n, v in values.items()}
+        if optimizer_slots:
+            floats = [v for v in tvars.values() if v.dtype.base_dtype.is_floating]
+            loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in floats])
+            tf.compat.v1.train.get_or_create_global_step()
+            train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
+        saver = tf.compat.v1.train.Saver(max_to_keep=10)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            if optimizer_slots:
+                sess.run(train)
+            return saver.save(sess, str(prefix), global_step=step)
+
+
+def save_module(prefix: Path, values: Mapping[str, Any]) -> str:
+    """Write an object-based checkpoint of a ``tf.Module`` with one named variable per value."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    for i, (name, value) in enumerate(values.items()):
+        setattr(module, f"v{i}", tf.Variable(value, name=name))
+    return tf.train.Checkpoint(model=module).write(str(prefix))
+
+
+def write_config(path: Path, text: str) -> Path:
+    """Write a config file (dedented) and return its path."""
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+_DRIVER = """
+import json, runpy, sys
+out, args = sys.argv[1], sys.argv[2:]
+sys.argv = ["ckptmerge", *args]
+code = 0
+try:
+    runpy.run_module("ckptmerge", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+mods = [m for m in sys.modules if m == "tensorflow" or m.startswith(("tensorflow.", "keras"))]
+with open(out, "w") as f:
+    json.dump({"code": code, "tf_modules": mods[:5]}, f)
+"""
+
+
+def run_subprocess(args: Sequence[Any], tmp_path: Path) -> Dict[str, Any]:
+    """Run ``python -m ckptmerge ARGS`` in a fresh interpreter.
+
+    Returns ``{"code": exit code, "tf_modules": [TF/Keras modules imported, first 5],
+    "stdout": ..., "stderr": ...}``.
+    """
+    out = tmp_path / "driver-result.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(out), *[str(a) for a in args]],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert out.exists(), proc.stderr
+    result = json.loads(out.read_text())
+    result.update(stdout=proc.stdout, stderr=proc.stderr)
+    return result
