@@ -1,7 +1,9 @@
 """ckptmerge: restore TensorFlow variables from several checkpoints at once, with a plan first.
 
 Importing this package does not import TensorFlow: planning and inspection read checkpoints
-with ckptmerge's own reader; TF is imported only when variables are touched.
+with ckptmerge's own reader; TF is imported only when variables are touched. The public names
+below are loaded on first use (PEP 562), so ``import ckptmerge`` and the inspection commands
+stay fast.
 
 Example:
     >>> import ckptmerge as cm
@@ -12,8 +14,11 @@ Example:
     >>> plan.restore(session=sess)                                         # doctest: +SKIP
 """
 
-from .api import list_variables, load, open, plan, restore, warm_start
-from .config import Config, load_config
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List
+
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -24,44 +29,67 @@ from .errors import (
     RuleError,
     UnknownTensorError,
 )
-from .merge import MergeReport, merge
-from .planner import Plan
-from .report import Report
-from .resolve import CheckpointInfo, checkpoints
-from .restorer import Restorer, snapshot
-from .source import Source
 from .specs import VariableInfo
-from .transforms import Slice, VocabRemap
 
 __version__ = "0.1.0"
 
-__all__ = [
+#: public name -> the module that defines it (imported on first access).
+_LAZY: Dict[str, str] = {
+    "Config": ".config",
+    "load_config": ".config",
+    "CheckpointInfo": ".resolve",
+    "checkpoints": ".resolve",
+    "MergeReport": ".offline",
+    "merge": ".offline",
+    "Plan": ".planner",
+    "Report": ".report",
+    "Restorer": ".restorer",
+    "snapshot": ".restorer",
+    "Slice": ".transforms",
+    "VocabRemap": ".transforms",
+    "Source": ".source",
+    "list_variables": ".api",
+    "load": ".api",
+    "open": ".api",
+    "plan": ".api",
+    "restore": ".api",
+    "warm_start": ".api",
+}
+
+__all__ = sorted([
     "CheckpointFormatError",
-    "CheckpointInfo",
     "CheckpointNotFoundError",
     "CkptMergeError",
-    "Config",
     "ConfigError",
-    "MergeReport",
-    "Plan",
     "PlanError",
-    "Report",
     "RestoreError",
-    "Restorer",
     "RuleError",
-    "Slice",
-    "Source",
     "UnknownTensorError",
     "VariableInfo",
-    "VocabRemap",
-    "checkpoints",
-    "list_variables",
-    "load",
-    "load_config",
-    "merge",
-    "open",
-    "plan",
-    "restore",
-    "snapshot",
-    "warm_start",
-]
+    *_LAZY,
+])
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptmerge' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .api import list_variables, load, open, plan, restore, warm_start
+    from .config import Config, load_config
+    from .offline import MergeReport, merge
+    from .planner import Plan
+    from .report import Report
+    from .resolve import CheckpointInfo, checkpoints
+    from .restorer import Restorer, snapshot
+    from .source import Source
+    from .transforms import Slice, VocabRemap

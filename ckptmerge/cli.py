@@ -1029,7 +1029,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     """
     if template_path is not None and model_spec is not None:
         raise CliError("pass either --template PATH or --model MODULE:FUNCTION, not both.")
-    from .merge import merge
+    from .offline import merge
 
     cfg = _load_config(config)
     out = out_prefix if out_prefix is not None else cfg.output

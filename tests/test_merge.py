@@ -1,4 +1,4 @@
-"""Offline merge (ckptmerge.merge): a new checkpoint from several, written without TensorFlow.
+"""Offline merge (ckptmerge.offline): a new checkpoint from several, written without TensorFlow.
 
 Sources are real checkpoints written by TensorFlow in the test (Saver, SaveV2, tf.train.Checkpoint);
 outputs are read back with tf.train.load_checkpoint, restored with tf.compat.v1.train.Saver and read
@@ -29,7 +29,7 @@ from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormat
                               CkptMergeError, OutputExistsError, PlanError)
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.writer import BundleWriter
-from ckptmerge.merge import MergeReport, merge
+from ckptmerge.offline import MergeReport, merge
 from ckptmerge.transforms import Slice, TransformError, VocabRemap
 from conftest import save_tf1
 
@@ -106,7 +106,7 @@ def run_child(code, *args, drop_root=False, preexec_fn=None):
 
 MERGE_AND_REPORT = """
     import json, sys
-    from ckptmerge.merge import merge
+    from ckptmerge.offline import merge
     try:
         merge([sys.argv[1]], sys.argv[2])
         print(json.dumps({"ok": True}))
@@ -638,7 +638,7 @@ def test_corrupt_source_tensor_is_caught_in_a_streamed_cast(tf, tmp_path):
 
 KILL_CHILD = """
     import sys, time
-    from ckptmerge.merge import merge
+    from ckptmerge.offline import merge
 
     def progress(done, total):
         if done:
@@ -752,7 +752,7 @@ def test_memory_stays_near_one_piece_while_streaming_copies_and_casts(tmp_path):
     res = run_child("""
         import json, resource, sys
         import ckptmerge as cm
-        from ckptmerge.merge import merge
+        from ckptmerge.offline import merge
         rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         specs = [cm.VariableInfo(f"h{i}", (1 << 22,), "float32") for i in range(8)]
         merge([sys.argv[1]], sys.argv[3] + "/warm-up", dry_run=True)
@@ -771,7 +771,7 @@ def test_merge_does_not_import_tensorflow(ab):
     res = run_child("""
         import json, sys
         import ckptmerge as cm
-        from ckptmerge.merge import merge
+        from ckptmerge.offline import merge
         merge([cm.Source(sys.argv[1], map={"enc/": "x/"}), cm.Source(sys.argv[2], include="head/*")], sys.argv[3],
               update_state=True)
         print(json.dumps("tensorflow" in sys.modules))

@@ -50,7 +50,7 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
     if binding.targets.mode == "specs":
         raise CkptMergeError(
             "This plan's target is a list of specs (names and shapes), not variables, so it can be "
-            "reported or merged (ckptmerge.merge) but not restored. Plan against the model instead."
+            "reported or merged (ckptmerge.offline) but not restored. Plan against the model instead."
         )
     if binding.targets.mode == "graph":
         from .graph import restore_graph

@@ -18,6 +18,7 @@ against file lengths before anything is allocated.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
@@ -385,6 +386,7 @@ def _int64(value: object, what: str) -> int:
     return to_signed64(value)
 
 
+@functools.lru_cache(maxsize=4096)  # checkpoints repeat shapes a lot; parsing is pure
 def _parse_shape(buf: bytes) -> Tuple[int, ...]:
     dims: List[int] = []
     for no, wire, value in iter_fields(buf):
@@ -420,6 +422,54 @@ def _parse_slice(buf: bytes) -> Tuple[Tuple[int, int], ...]:
 
 
 def _parse_entry(key: str, buf: bytes) -> BundleEntry:
+    """Decode a ``BundleEntryProto``: a fast path for the usual well-formed entry (one pass, no
+    generator), falling back to :func:`_parse_entry_checked` for anything else, which then gives
+    the precise error. Listing 10,000 variables spends most of its time here."""
+    n = len(buf)
+    pos = 0
+    dtype = shard = offset = size = crc = 0
+    shape: Tuple[int, ...] = ()
+    try:
+        while pos < n:
+            tag = buf[pos]
+            pos += 1
+            if tag == 0x12:  # 2: shape (length-delimited)
+                length = buf[pos]
+                pos += 1
+                if length >= 0x80 or pos + length > n:
+                    return _parse_entry_checked(key, buf)
+                shape = _parse_shape(buf[pos:pos + length])
+                pos += length
+            elif tag == 0x35:  # 6: crc32c (fixed32)
+                if pos + 4 > n:
+                    return _parse_entry_checked(key, buf)
+                crc = int.from_bytes(buf[pos:pos + 4], "little")
+                pos += 4
+            elif tag in (0x08, 0x18, 0x20, 0x28):  # 1 dtype, 3 shard, 4 offset, 5 size (varints)
+                b = buf[pos]
+                if b < 0x80:
+                    value = b
+                    pos += 1
+                else:
+                    value, pos = read_varint(buf, pos)
+                if value >> 63:  # negative as int64: let the careful parser explain
+                    return _parse_entry_checked(key, buf)
+                if tag == 0x08:
+                    dtype = value
+                elif tag == 0x18:
+                    shard = value
+                elif tag == 0x20:
+                    offset = value
+                else:
+                    size = value
+            else:  # slices, unknown fields, odd wire types: the careful way
+                return _parse_entry_checked(key, buf)
+    except (IndexError, DecodeError):
+        return _parse_entry_checked(key, buf)
+    return BundleEntry(key, dtype, shape, shard, offset, size, crc, ())
+
+
+def _parse_entry_checked(key: str, buf: bytes) -> BundleEntry:
     dtype = shard = offset = size = crc = 0
     shape: Tuple[int, ...] = ()
     slices: List[Tuple[Tuple[int, int], ...]] = []

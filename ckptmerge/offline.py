@@ -733,7 +733,7 @@ def merge(
 
     Example:
         >>> import ckptmerge as cm
-        >>> from ckptmerge.merge import merge
+        >>> from ckptmerge.offline import merge
         >>> report = merge([cm.Source("runs/A", map={"encoder/": "model/encoder/"}),
         ...                 cm.Source("runs/B", include=["head/*"])],
         ...                "runs/C/merged")                               # doctest: +SKIP
