@@ -33,7 +33,8 @@ from .specs import VariableInfo
 
 __version__ = "0.1.0"
 
-#: public name -> the module that defines it (imported on first access).
+#: public name -> the module that defines it (imported on first access); keep in step with
+#: ``__all__`` (tests/test_package.py checks every name resolves).
 _LAZY: Dict[str, str] = {
     "Config": ".config",
     "load_config": ".config",
@@ -56,18 +57,36 @@ _LAZY: Dict[str, str] = {
     "warm_start": ".api",
 }
 
-__all__ = sorted([
+__all__ = [
     "CheckpointFormatError",
+    "CheckpointInfo",
     "CheckpointNotFoundError",
     "CkptMergeError",
+    "Config",
     "ConfigError",
+    "MergeReport",
+    "Plan",
     "PlanError",
+    "Report",
     "RestoreError",
+    "Restorer",
     "RuleError",
+    "Slice",
+    "Source",
     "UnknownTensorError",
     "VariableInfo",
-    *_LAZY,
-])
+    "VocabRemap",
+    "checkpoints",
+    "list_variables",
+    "load",
+    "load_config",
+    "merge",
+    "open",
+    "plan",
+    "restore",
+    "snapshot",
+    "warm_start",
+]
 
 
 def __getattr__(name: str) -> Any:

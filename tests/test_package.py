@@ -31,3 +31,9 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "no_such_thing" in str(e)
     else:  # pragma: no cover
         raise AssertionError("expected AttributeError")
+
+
+def test_all_lists_exactly_the_eager_and_lazy_public_names():
+    eager = {"CheckpointFormatError", "CheckpointNotFoundError", "CkptMergeError", "ConfigError",
+             "PlanError", "RestoreError", "RuleError", "UnknownTensorError", "VariableInfo"}
+    assert set(ckptmerge.__all__) == eager | set(ckptmerge._LAZY)
