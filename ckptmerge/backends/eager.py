@@ -88,6 +88,28 @@ def prepare_values(plan: Any, binding: Any, values: Dict[Tuple[str, str], Any], 
     return out
 
 
+def _fast_ops() -> Tuple[Any, Any]:
+    """``(read, assign)`` for variables: the raw ops for plain resource variables (a restore of
+    many small variables is otherwise dominated by Python-side overhead of ``read_value`` and
+    ``assign``), the public methods for everything else (distributed, Keras-wrapped, ...)."""
+    import tensorflow as tf
+    from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
+    raw_read, raw_assign = tf.raw_ops.ReadVariableOp, tf.raw_ops.AssignVariableOp
+
+    def read(var: Any) -> Any:
+        if type(var) is ResourceVariable:
+            return raw_read(resource=var.handle, dtype=var.dtype)
+        return var.read_value()
+
+    def assign(var: Any, value: Any) -> None:
+        if type(var) is ResourceVariable:
+            raw_assign(resource=var.handle, value=value)
+        else:
+            var.assign(value, read_value=False)
+    return read, assign
+
+
 def restore_eager(plan: Any, binding: Any, progress: Optional[Progress] = None) -> Any:
     """Carry out ``plan`` in eager mode; see the module docstring."""
     t0 = time.perf_counter()
@@ -95,11 +117,12 @@ def restore_eager(plan: Any, binding: Any, progress: Optional[Progress] = None) 
     prepared = prepare_values(plan, binding, values, as_numpy=False)
     work = [(var, prepared[(a.target, spec)]) for a in plan.assignments.values()
             for var, spec in binding.targets.variables[a.target].parts]
-    backups = [(var, var.read_value()) for var, _ in work]
+    read, assign = _fast_ops()
+    backups = [(var, read(var)) for var, _ in work]
     done = 0
     try:
         for var, tensor in work:
-            var.assign(tensor, read_value=False)
+            assign(var, tensor)
             done += 1
     except Exception as exc:  # put back what was changed, then report the cause
         for var, old in backups[:done]:
