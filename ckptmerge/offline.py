@@ -427,8 +427,8 @@ class _Job:
         key = self.target.name
         if not self.cast:
             try:
-                writer.add_raw(key, e.dtype, e.shape, raw.pieces(e, self.name, buf),
-                               expected_crc32c=e.crc32c if verify else None)
+                writer.add_range(key, e.dtype, e.shape, raw.fd(e.shard_id), e.offset,
+                                 expected_crc32c=e.crc32c, verify=verify)
             except CheckpointFormatError as err:
                 if err.path is None:  # the writer's checksum check: name the source file instead
                     raise raw.crc_error(e, self.name, self.origin) from None

@@ -547,3 +547,84 @@ def test_durable_writer_fsyncs_and_writes_the_same_checkpoint(tmp_path, monkeypa
     assert len(synced) >= 3  # data shard, index, directory
     for suffix in (".index", ".data-00000-of-00001"):
         assert (tmp_path / f"plain{suffix}").read_bytes() == (tmp_path / f"durable{suffix}").read_bytes()
+
+
+def _source_file(tmp_path, value):
+    path = tmp_path / "src.bin"
+    path.write_bytes(b"\0" * 64 + value.tobytes() + b"tail")
+    return path
+
+
+def _masked_crc(value):
+    import crc32c
+
+    from ckptmerge.formats.bundle import mask_crc
+
+    return mask_crc(crc32c.crc32c(value.tobytes()))
+
+
+def test_add_range_copies_a_file_range_that_tensorflow_reads_back(tf, tmp_path):
+    value = np.arange(3 * 1024 * 1024, dtype=np.float32).reshape(1024, 3072)  # several read-back pieces
+    src = _source_file(tmp_path, value)
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        with BundleWriter(str(tmp_path / "out")) as w:
+            w.add("first", np.ones(3, np.int8))  # so the range lands at a non-zero offset
+            w.add_range("big", 1, value.shape, fd, 64, expected_crc32c=_masked_crc(value))
+    finally:
+        os.close(fd)
+    reader = tf.train.load_checkpoint(str(tmp_path / "out"))
+    assert reader.get_tensor("big").tobytes() == value.tobytes()
+    assert reader.get_tensor("first").tolist() == [1, 1, 1]
+
+
+def test_add_range_refuses_bytes_that_fail_the_recorded_checksum(tmp_path):
+    value = np.arange(10, dtype=np.int64)
+    fd = os.open(_source_file(tmp_path, value), os.O_RDONLY)
+    try:
+        with BundleWriter(str(tmp_path / "out")) as w:
+            with pytest.raises(CheckpointFormatError, match="failed its checksum"):
+                w.add_range("x", 9, (10,), fd, 64, expected_crc32c=_masked_crc(value) ^ 1)
+            w.add("y", np.zeros(2, np.float32))  # the writer is still usable
+    finally:
+        os.close(fd)
+    from ckptmerge.formats import open_checkpoint
+
+    with open_checkpoint(str(tmp_path / "out")) as r:
+        assert [v.name for v in r.variables()] == ["y"]
+
+
+def test_add_range_streams_where_the_kernel_cannot_copy(tmp_path, monkeypatch):
+    import errno
+
+    def no_copy(*args):
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(os, "copy_file_range", no_copy)
+    value = np.linspace(0, 1, 1000, dtype=np.float64)
+    fd = os.open(_source_file(tmp_path, value), os.O_RDONLY)
+    try:
+        with BundleWriter(str(tmp_path / "out")) as w:
+            w.add_range("x", 2, (1000,), fd, 64, expected_crc32c=_masked_crc(value))
+    finally:
+        os.close(fd)
+    from ckptmerge.formats import open_checkpoint
+
+    with open_checkpoint(str(tmp_path / "out")) as r:
+        assert r.get("x").tobytes() == value.tobytes()
+
+
+def test_add_range_without_verify_records_the_given_checksum_unread(tmp_path):
+    value = np.arange(6, dtype=np.int32)
+    fd = os.open(_source_file(tmp_path, value), os.O_RDONLY)
+    try:
+        with BundleWriter(str(tmp_path / "out")) as w:
+            with pytest.raises(ArgumentError, match="expected_crc32c"):
+                w.add_range("x", 3, (6,), fd, 64, verify=False)
+            w.add_range("x", 3, (6,), fd, 64, expected_crc32c=_masked_crc(value), verify=False)
+    finally:
+        os.close(fd)
+    from ckptmerge.formats import open_checkpoint
+
+    with open_checkpoint(str(tmp_path / "out")) as r:  # the reader checks the recorded CRC
+        assert r.get("x").tolist() == list(range(6))

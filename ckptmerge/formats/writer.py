@@ -24,7 +24,7 @@ import re
 import secrets
 import socket
 import struct
-from typing import BinaryIO, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import crc32c as _crc32c
 import numpy as np
@@ -36,7 +36,7 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import data_file_name, mask_crc
+from ckptmerge.formats.bundle import data_file_name, mask_crc, unmask_crc
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
 from ckptmerge.formats.protowire import encode_varint, field_bytes, field_fixed32, field_varint
 
@@ -423,7 +423,7 @@ class BundleWriter:
             self._close_current()
         path = f"{self._tmp_stem}.data-{len(self._shards)}"
         try:
-            self._file = open(path, "xb")
+            self._file = open(path, "xb+")  # read back by add_range to check what it copied
         except OSError as e:
             raise self._fail(e, path, "create the temporary data file") from e
         self._shards.append(path)
@@ -586,6 +586,25 @@ class BundleWriter:
         Example:
             >>> w.add_raw("emb", 1, (1000, 64), reader.iter_raw("emb"))  # doctest: +SKIP
         """
+        kb, dtype_enum, dims, expected = self._check_raw(key, dtype_enum, shape)
+        self._reserve(expected)
+        start = self._shard_sizes[-1]
+        n, crc = self._write_chunks(chunks)
+        if n != expected:
+            self._truncate_back(start)
+            raise ArgumentError(
+                f"Cannot add_raw key '{key}': shape {dims} of {tf_dtype_name(dtype_enum)} needs "
+                f"{expected} bytes, but the chunks held {n}.")
+        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
+            self._truncate_back(start)
+            raise CheckpointFormatError(
+                f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C "
+                f"{mask_crc(crc):#010x}, the source recorded {expected_crc32c:#010x}. The source "
+                "checkpoint is corrupt (or was read wrongly); it was not copied.", key=key)
+        self._record(kb, dtype_enum, dims, n, crc)
+
+    def _check_raw(self, key: str, dtype_enum: Any, shape: ShapeArg) -> Tuple[bytes, int, Tuple[int, ...], int]:
+        """Validate a raw tensor's key, dtype and shape; return ``(key bytes, dtype, dims, nbytes)``."""
         self._check_open()
         kb = self._check_key(key)
         if isinstance(dtype_enum, bool) or not isinstance(dtype_enum, (int, np.integer)):
@@ -603,22 +622,67 @@ class BundleWriter:
             raise ArgumentTypeError(f"shape must be a sequence of ints. Received: shape={shape!r}") from None
         if any(d < 0 for d in dims):
             raise ArgumentError(f"shape must have sizes >= 0. Received: shape={shape!r}")
-        expected = TF_TO_NUMPY[dtype_enum].itemsize * int(np.prod(dims, dtype=np.int64))
+        return kb, dtype_enum, dims, TF_TO_NUMPY[dtype_enum].itemsize * int(np.prod(dims, dtype=np.int64))
+
+    def add_range(self, key: str, dtype_enum: int, shape: ShapeArg, src_fd: int, src_offset: int, *,
+                  expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
+        """Add a numeric tensor by copying its raw bytes from a range of another file.
+
+        The bytes are copied inside the kernel (``os.copy_file_range``, what ``cp`` uses) while
+        another thread reads the source range in cache-sized pieces to compute its CRC32C; where
+        the kernel cannot copy between these files, the bytes are streamed as :meth:`add_raw` does.
+
+        Args:
+            key, dtype_enum, shape: as for :meth:`add_raw`.
+            src_fd: an open file descriptor of the source data file (not closed here).
+            src_offset: where the tensor's bytes start in it.
+            expected_crc32c: the masked CRC32C the source recorded; a mismatch is refused.
+            verify: compute the CRC of the source bytes. ``False`` records ``expected_crc32c``
+                as it is (it must then be given) without reading the bytes again.
+
+        Raises:
+            ArgumentError: as :meth:`add_raw`; or the source range is shorter than the tensor.
+            CheckpointFormatError: the bytes do not match ``expected_crc32c``.
+            CheckpointWriteError: the data could not be written.
+
+        Example:
+            >>> w.add_range("emb", 1, (1000, 64), fd, 4096, expected_crc32c=entry_crc)  # doctest: +SKIP
+        """
+        kb, dtype_enum, dims, expected = self._check_raw(key, dtype_enum, shape)
+        if not verify and expected_crc32c is None:
+            raise ArgumentError("add_range(verify=False) needs expected_crc32c to record.")
         self._reserve(expected)
+        f = self._file
+        assert f is not None
         start = self._shard_sizes[-1]
-        n, crc = self._write_chunks(chunks)
-        if n != expected:
+        path = self._shards[-1]
+        # The checksum of the source range is computed on another thread while the kernel
+        # copies it (both release the GIL), so verifying costs next to nothing on 2+ cores.
+        checksum = _Checksum(src_fd, src_offset, expected) if verify else None
+        try:
+            f.flush()
+            copied = _kernel_copy(src_fd, src_offset, f.fileno(), start, expected)
+        except OSError as e:
+            if checksum is not None:
+                checksum.result()
             self._truncate_back(start)
-            raise ArgumentError(
-                f"Cannot add_raw key '{key}': shape {dims} of {tf_dtype_name(dtype_enum)} needs "
-                f"{expected} bytes, but the chunks held {n}.")
+            raise self._fail(e, path, "write the temporary data file") from e
+        crc = checksum.result() if checksum is not None else unmask_crc(expected_crc32c)
+        if copied is None:  # no in-kernel copy here: stream it
+            self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
+                         expected_crc32c=expected_crc32c)
+            return
+        if copied != expected:
+            self._truncate_back(start)
+            raise ArgumentError(f"Cannot add_range key '{key}': the source holds {copied} of its {expected} bytes.")
+        f.seek(start + expected)
         if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
             self._truncate_back(start)
             raise CheckpointFormatError(
                 f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C "
                 f"{mask_crc(crc):#010x}, the source recorded {expected_crc32c:#010x}. The source "
                 "checkpoint is corrupt (or was read wrongly); it was not copied.", key=key)
-        self._record(kb, dtype_enum, dims, n, crc)
+        self._record(kb, dtype_enum, dims, expected, crc)
 
     def _truncate_back(self, size: int) -> None:
         """Drop bytes written for a rejected tensor so the shard stays consistent."""
@@ -734,6 +798,67 @@ class BundleWriter:
     def keys(self) -> List[str]:
         """The keys added so far, in sorted (index) order."""
         return [k.decode("utf-8") for k in sorted(self._entries)]
+
+
+_PIECE = 1 << 20  # read-back piece: stays in the CPU cache while its CRC is computed
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def _kernel_copy(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> Optional[int]:
+    """Copy a byte range between files inside the kernel; ``None`` where that is unsupported."""
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None or nbytes == 0:
+        return None if copy is None else 0
+    done = 0
+    while done < nbytes:
+        try:
+            n = copy(src_fd, dst_fd, nbytes - done, src_offset + done, dst_offset + done)
+        except OSError as e:
+            if done == 0 and e.errno in _NO_KERNEL_COPY:
+                return None
+            raise
+        if n == 0:  # end of the source file
+            break
+        done += n
+    return done
+
+
+class _Checksum:
+    """The CRC32C of a file range, computed on a background thread; ``result()`` waits for it."""
+
+    def __init__(self, fd: int, offset: int, nbytes: int) -> None:
+        import threading
+
+        self._crc = 0
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(fd, offset, nbytes), daemon=True)
+        self._thread.start()
+
+    def _run(self, fd: int, offset: int, nbytes: int) -> None:
+        try:
+            for piece in _pread_pieces(fd, offset, nbytes):
+                self._crc = _crc32c.crc32c(piece, self._crc)
+        except BaseException as e:  # re-raised in the caller's thread by result()
+            self._error = e
+
+    def result(self) -> int:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._crc
+
+
+def _pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
+    """Yield ``nbytes`` of ``fd`` from ``offset`` in pieces (one reused buffer)."""
+    buf = memoryview(bytearray(min(_PIECE, max(nbytes, 1))))
+    pos = 0
+    while pos < nbytes:
+        want = min(len(buf), nbytes - pos)
+        n = os.preadv(fd, [buf[:want]], offset + pos)
+        if n <= 0:
+            raise OSError(errno.EIO, f"unexpected end of file after {pos} of {nbytes} bytes")
+        yield buf[:n]
+        pos += n
 
 
 def _remove_quietly(path: str) -> None:
