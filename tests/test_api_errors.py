@@ -84,3 +84,15 @@ def test_a_list_of_specs_is_a_tf_free_target_that_reports_but_does_not_restore(a
     assert list(plan.assignments) == ["c/x1"] and plan.missing == ["c/q"]
     with pytest.raises(cm.CkptMergeError, match="not restored"):
         plan.restore(strict=False)
+
+
+def test_open_keeps_a_reader_with_names_spec_and_get(ab_checkpoints):
+    with cm.open(ab_checkpoints["A"]) as reader:
+        assert reader.names(optimizer=False) == ["a1", "a2", "a3"]
+        assert reader.spec("a1").shape == (3, 4) and reader.spec("a1").dtype == "float32"
+        np.testing.assert_array_equal(reader.get("a1"), ab_checkpoints["a"]["a1"])
+        with pytest.raises(cm.UnknownTensorError) as err:
+            reader.get("a_1")
+    assert "Did you mean 'a1'?" in str(err.value) and isinstance(err.value, KeyError)
+    assert cm.load(ab_checkpoints["A"], ["a2"])["a2"].tolist() == ab_checkpoints["a"]["a2"].tolist()
+    assert [v.name for v in cm.list_variables(ab_checkpoints["A"], optimizer=False)] == ["a1", "a2", "a3"]

@@ -84,6 +84,24 @@ class CheckpointReader:
         """
         return list(self._infos.values())
 
+    def names(self, *, optimizer: bool = True) -> List[str]:
+        """The tensor names, sorted; ``optimizer=False`` leaves out optimizer state and bookkeeping.
+
+        Example:
+            >>> reader.names(optimizer=False)  # doctest: +SKIP
+            ['dense/bias', 'dense/kernel']
+        """
+        return [n for n, v in self._infos.items() if optimizer or v.kind == "variable"]
+
+    def spec(self, name: str) -> VariableInfo:
+        """Name, shape, dtype, raw key and kind of tensor ``name`` (same as :meth:`info`).
+
+        Example:
+            >>> reader.spec("dense/kernel").shape  # doctest: +SKIP
+            (784, 128)
+        """
+        return self.info(name)
+
     def __contains__(self, name: object) -> bool:
         return name in self._infos or name in self._by_key
 
@@ -107,7 +125,7 @@ class CheckpointReader:
                 raise UnknownTensorError(
                     f"Tensor {name!r} not found in checkpoint {self.path!r} "
                     f"({len(self._infos)} tensors).{did_you_mean(name, self._infos)} "
-                    "Use ckptmerge.formats.list_variables(path) to list them.",
+                    "ckptmerge.list_variables(path) lists them.",
                     name=name, path=self.path)
             info = self._infos[other]
         return info
