@@ -122,12 +122,16 @@ class Source:
                 raise RuleError(f"map keys must be checkpoint names (str). Received key {k!r} in map={self.map!r:.120}")
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any], **rules: Any) -> "Source":
-        """A source whose values are held in memory: a dict ``{name: numpy array or tensor}``.
+    def from_values(cls, values: Any, **rules: Any) -> "Source":
+        """A source whose values are in memory: a dict, or a live model / variable list.
 
-        ``rules`` are the keyword arguments of :class:`Source` (``map``, ``regex``, ``include``,
-        ``exclude``, ``name``, ``cast``, ``transforms``). Arrays are copied into tensors at restore
-        time (they stay yours); tensors are handed over as they are.
+        ``values`` is a dict ``{name: numpy array, tensor or variable}``, or anything
+        :func:`ckptmerge.plan` takes as a target (a Keras model, a ``tf.Module``, a list of
+        variables), named as a target would be. Variables are read at each restore (a *live*
+        source: e.g. an acting network refreshed from a learner's current weights); arrays are
+        copied into tensors at restore time, so they stay yours. Use :func:`ckptmerge.snapshot`
+        to freeze values instead. ``rules`` are the keyword arguments of :class:`Source` (``map``,
+        ``regex``, ``include``, ``exclude``, ``name``, ``cast``, ``transforms``).
 
         Example:
             >>> src = Source.from_values({"w": np.zeros(3)}, map={"w": "model/w"}, name="init")
@@ -135,7 +139,15 @@ class Source:
             True
         """
         if not isinstance(values, Mapping):
-            raise CkptMergeError(f"from_values takes a dict {{name: value}}. Received: {type(values).__name__}")
+            from .targets import collect_targets
+
+            targets = collect_targets(values)
+            split = sorted(n for n, t in targets.variables.items() if len(t.parts) != 1 or t.parts[0][1] is not None)
+            if split:
+                raise CkptMergeError(
+                    f"Partitioned variables cannot be a live source ({', '.join(split[:5])}); "
+                    "take a ckptmerge.snapshot() of them instead.")
+            values = {n: t.parts[0][0] for n, t in targets.variables.items()}
         rules.setdefault("name", "memory")
         return cls(None, _values=values, **rules)
 
@@ -283,5 +295,9 @@ class MemoryHandle(SourceHandle):
         self.values = {normalize_name(k): v for k, v in values.items()}
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Return the held values themselves (no copy)."""
-        return {n: self.values[n] for n in names}
+        """Return the held values themselves (no copy); variables are read now."""
+        out = {}
+        for n in names:
+            v = self.values[n]
+            out[n] = v.read_value() if hasattr(v, "read_value") else v
+        return out

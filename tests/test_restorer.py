@@ -167,3 +167,57 @@ def test_mirrored_strategy_variables_get_every_replica_set(tf, ab_checkpoints):
     cm.restore({"c/x1": v}, [cm.Source(ab_checkpoints["A"], map={"a1": "c/x1"})])
     for replica_value in strategy.experimental_local_results(v):
         np.testing.assert_array_equal(replica_value.numpy(), ab_checkpoints["a"]["a1"])
+
+
+def test_live_model_source_refreshes_the_actor_from_the_learner_each_restore(tf):
+    import keras
+
+    def net():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="q")], name="net")
+
+    learner, actor = net(), net()
+    refresh = cm.Restorer(actor, [cm.Source.from_values(learner, name="learner")])
+    for step in range(3):
+        for v in learner.weights:
+            v.assign(v.numpy() + step + 1.0)  # the learner trains
+        before = [v.numpy().copy() for v in actor.weights]
+        refresh.restore()
+        for a, w in zip(actor.weights, learner.weights):
+            np.testing.assert_array_equal(a.numpy(), w.numpy())
+        learner.weights[0].assign_add(np.ones((3, 2), np.float32))  # a later update stays the learner's
+        assert not np.array_equal(actor.weights[0].numpy(), learner.weights[0].numpy())
+        assert not all(np.array_equal(b, a.numpy()) for b, a in zip(before, actor.weights))
+
+
+def _truncate_second_source(ab):
+    data = ab["B"] + ".data-00000-of-00001"
+    with open(data, "r+b") as f:
+        f.truncate(8)  # b1 starts at offset 0 and is 16 bytes long
+
+
+def test_a_shard_truncated_under_an_open_restorer_changes_nothing_in_eager_mode(tf, ab_checkpoints):
+    ab = ab_checkpoints
+    c = {"c/x1": tf.Variable(np.full((3, 4), 5, np.float32)), "c/y1": tf.Variable(np.full(4, 5, np.float32))}
+    r = cm.Restorer(c, [cm.Source(ab["A"], map={"a1": "c/x1"}), cm.Source(ab["B"], map={"b1": "c/y1"})])
+    _truncate_second_source(ab)
+    with pytest.raises(cm.RestoreError) as err:
+        r.restore()
+    assert "model-10.data-00000-of-00001" in str(err.value) and "b1" in str(err.value)
+    np.testing.assert_array_equal(c["c/x1"].numpy(), np.full((3, 4), 5, np.float32))
+    np.testing.assert_array_equal(c["c/y1"].numpy(), np.full(4, 5, np.float32))
+
+
+def test_a_shard_truncated_under_an_open_restorer_changes_nothing_in_graph_mode(tf, ab_checkpoints):
+    ab = ab_checkpoints
+    with tf.Graph().as_default() as g:
+        x1 = tf.compat.v1.get_variable("c/x1", initializer=np.full((3, 4), 5, np.float32))
+        y1 = tf.compat.v1.get_variable("c/y1", initializer=np.full(4, 5, np.float32))
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            r = cm.Restorer(None, [cm.Source(ab["A"], map={"a1": "c/x1"}), cm.Source(ab["B"], map={"b1": "c/y1"})],
+                            session=sess)
+            _truncate_second_source(ab)
+            with pytest.raises(cm.RestoreError, match="b1"):
+                r.restore()
+            np.testing.assert_array_equal(sess.run(x1), np.full((3, 4), 5, np.float32))
+            np.testing.assert_array_equal(sess.run(y1), np.full(4, 5, np.float32))
