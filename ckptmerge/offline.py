@@ -304,31 +304,25 @@ def _template_targets(reader: Any, prefix: str) -> List[VariableInfo]:
 
 
 class _RawFiles:
-    """Raw access to the data shards of one bundle reader (own read-only descriptors)."""
+    """Raw access to the data shards of one bundle reader (through the reader's descriptors)."""
 
     def __init__(self, reader: BundleReader) -> None:
         self.reader = reader
         self.entries = reader.entries
-        self._fds: Dict[int, int] = {}
+        self._advised: set = set()
 
     def path(self, shard: int) -> str:
         return data_file_name(self.reader.path, shard, self.reader.num_shards)
 
     def fd(self, shard: int) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            path = self.path(shard)
+        """The reader's descriptor of a data shard, advised for one sequential pass."""
+        fd = self.reader.data_fd(shard)
+        if shard not in self._advised and hasattr(os, "posix_fadvise"):
+            self._advised.add(shard)
             try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-            except OSError as e:
-                raise CheckpointFormatError(f"Cannot open checkpoint data file '{path}': {e.strerror or e}.",
-                                            path=path) from None
-            if hasattr(os, "posix_fadvise"):
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                except OSError:  # pragma: no cover - advisory only
-                    pass
-            self._fds[shard] = fd
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:  # pragma: no cover - advisory only
+                pass
         return fd
 
     def pieces(self, e: Any, label: str, buf: memoryview) -> Iterator[memoryview]:
@@ -371,12 +365,7 @@ class _RawFiles:
             f"verify=False to copy it anyway. Nothing was written. (File: {path})", path=path, key=e.key)
 
     def close(self) -> None:
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover
-                pass
+        """Nothing to release: the descriptors belong to the reader."""
 
 
 @dataclass

@@ -14,9 +14,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Sequence
 
-import numpy as np
 from click.testing import CliRunner, Result
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -46,29 +45,7 @@ def assert_one_line_error(result: Result, *parts: str) -> None:
         assert p in err, (p, err)
 
 
-def save_tf1(prefix: Path, values: Mapping[str, Any], step: Optional[int] = None, *,
-             optimizer_slots: bool = False) -> str:
-    """Write a name-based checkpoint with ``tf.compat.v1.train.Saver``; return its prefix.
-
-    With ``optimizer_slots`` one Adam step runs, so the checkpoint also holds ``*/Adam``,
-    ``*/Adam_1``, ``beta1_power``, ``beta2_power`` and ``global_step``.
-    """
-    import tensorflow as tf
-
-    graph = tf.Graph()
-    with graph.as_default():
-        tvars = {n: tf.compat.v1.get_variable(n, initializer=np.asarray(v)) for n, v in values.items()}
-        if optimizer_slots:
-            floats = [v for v in tvars.values() if v.dtype.base_dtype.is_floating]
-            loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in floats])
-            tf.compat.v1.train.get_or_create_global_step()
-            train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
-        saver = tf.compat.v1.train.Saver(max_to_keep=10)
-        with tf.compat.v1.Session(graph=graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            if optimizer_slots:
-                sess.run(train)
-            return saver.save(sess, str(prefix), global_step=step)
+from conftest import save_tf1  # noqa: E402,F401 - re-exported for the CLI tests
 
 
 def save_module(prefix: Path, values: Mapping[str, Any]) -> str:

@@ -46,7 +46,7 @@ def save_tf1(prefix, values, step=None, *, optimizer_slots=False):
             loss = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in floats])
             tf.compat.v1.train.get_or_create_global_step()
             train = tf.compat.v1.train.AdamOptimizer(0.1).minimize(loss)
-        saver = tf.compat.v1.train.Saver()
+        saver = tf.compat.v1.train.Saver(max_to_keep=10)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             if optimizer_slots:

@@ -705,6 +705,11 @@ class BundleReader(CheckpointReader):
         return {e.key: e for e in self._raw_entries.values()}
 
     # -- file access -----------------------------------------------------------------------
+    def data_fd(self, shard: int) -> int:
+        """The read-only file descriptor of data shard ``shard``, opened once and owned by this
+        reader (closed by :meth:`close`); for callers that copy raw tensor bytes themselves."""
+        return self._fd(shard)
+
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:

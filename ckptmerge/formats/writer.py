@@ -595,13 +595,17 @@ class BundleWriter:
             raise ArgumentError(
                 f"Cannot add_raw key '{key}': shape {dims} of {tf_dtype_name(dtype_enum)} needs "
                 f"{expected} bytes, but the chunks held {n}.")
-        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
+        self._check_crc(key, start, crc, expected_crc32c)
+        self._record(kb, dtype_enum, dims, n, crc)
+
+    def _check_crc(self, key: str, start: int, crc: int, expected: Optional[int]) -> None:
+        """Refuse (and drop) a copied tensor whose bytes do not match the source's checksum."""
+        if expected is not None and mask_crc(crc) != expected:
             self._truncate_back(start)
             raise CheckpointFormatError(
                 f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C "
-                f"{mask_crc(crc):#010x}, the source recorded {expected_crc32c:#010x}. The source "
+                f"{mask_crc(crc):#010x}, the source recorded {expected:#010x}. The source "
                 "checkpoint is corrupt (or was read wrongly); it was not copied.", key=key)
-        self._record(kb, dtype_enum, dims, n, crc)
 
     def _check_raw(self, key: str, dtype_enum: Any, shape: ShapeArg) -> Tuple[bytes, int, Tuple[int, ...], int]:
         """Validate a raw tensor's key, dtype and shape; return ``(key bytes, dtype, dims, nbytes)``."""
@@ -676,12 +680,7 @@ class BundleWriter:
             self._truncate_back(start)
             raise ArgumentError(f"Cannot add_range key '{key}': the source holds {copied} of its {expected} bytes.")
         f.seek(start + expected)
-        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
-            self._truncate_back(start)
-            raise CheckpointFormatError(
-                f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C "
-                f"{mask_crc(crc):#010x}, the source recorded {expected_crc32c:#010x}. The source "
-                "checkpoint is corrupt (or was read wrongly); it was not copied.", key=key)
+        self._check_crc(key, start, crc, expected_crc32c)
         self._record(kb, dtype_enum, dims, expected, crc)
 
     def _truncate_back(self, size: int) -> None:
