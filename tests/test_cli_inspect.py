@@ -316,6 +316,16 @@ def test_show_unknown_name_suggests_the_near_name_and_the_ls_hint_works(ck):
     assert listed.stdout.splitlines()[-1].startswith(f"{hint.group(2)} variables, ")
 
 
+def test_missing_step_error_names_the_steps_and_its_checkpoints_hint_works(ck):
+    r = run("ls", ck["A"], "--step", "7")
+    assert_one_line_error(r, "step 7", "5, 10")
+    hint = re.search(r"Run '(ckptmerge checkpoints [^']+)'", r.stderr)
+    assert hint, r.stderr
+    listed = run(*shlex.split(hint.group(1))[1:])
+    assert listed.exit_code == 0
+    assert [line.split()[-1] for line in listed.stdout.splitlines()[1:3]] == ["model-5", "model-10"]
+
+
 def test_show_unknown_name_hint_keeps_the_step(ck):
     r = run("show", ck["A"], "nothing_like_it", "--step", "5")
     assert_one_line_error(r, f"Run 'ckptmerge ls {ck['A']} --step 5' to list its 3 variables.")
