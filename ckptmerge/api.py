@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from .errors import CkptMergeError
 from .planner import Plan, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
 
 __all__ = ["plan", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
 
@@ -195,7 +198,7 @@ def restore(
     strict: bool = True,
     progress: Any = None,
     **plan_options: Any,
-) -> Any:
+) -> "Report":
     """Plan and restore in one call; returns the :class:`ckptmerge.report.Report`.
 
     ``plan_options`` are those of :func:`plan`. With ``strict=True`` any finding other than
@@ -213,12 +216,26 @@ def restore(
 
 
 def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optional[bool] = None,
-               progress: Any = None) -> Any:
+               progress: Any = None) -> "Report":
     """Restore ``target`` as a config file (YAML, TOML, JSON) or dict describes.
 
     The config is validated before any checkpoint is opened (every problem at once, as a
-    :class:`ckptmerge.ConfigError`). ``strict`` defaults to the config's ``strict`` key (itself
-    ``true`` by default).
+    :class:`ckptmerge.ConfigError`).
+
+    Args:
+        target: as for :func:`plan`.
+        config: a config file path (``.yaml``, ``.yml``, ``.toml``, ``.json``) or a dict.
+        session: graph mode: the session to restore in.
+        strict: reject findings other than ``unused``; ``None`` (the default) takes the config's
+            ``strict`` key, which is ``true`` unless the file says otherwise.
+        progress: optional ``progress(done_bytes, total_bytes)`` callback.
+
+    Returns:
+        The :class:`ckptmerge.report.Report` of the restore.
+
+    Raises:
+        ConfigError: the config is invalid (every problem listed).
+        PlanError: ``strict`` and the plan has findings; nothing was changed.
 
     Example:
         >>> warm_start(model, "warm.yaml")                      # doctest: +SKIP

@@ -884,9 +884,16 @@ def _model_target(spec: str) -> Any:
         logger.info("%s() failed:", getattr(func, "__name__", spec), exc_info=True)
         raise CliError(f"--model {spec!r}: {getattr(func, '__name__', 'the function')}() raised "
                        f"{type(e).__name__}: {e} (ckptmerge -v plan/merge ... shows the traceback)") from None
-    if target is None:
-        raise CliError(f"--model {spec!r}: {func.__name__}() returned None; it must return a Keras "
-                       "model, a tf.Module, or a list/dict of variables.")
+    import tensorflow as tf
+
+    from .targets import _is_keras_object
+
+    ok = (_is_keras_object(target) or isinstance(target, tf.Module)
+          or (isinstance(target, (list, tuple, dict)) and bool(target)))
+    if not ok:
+        got = "None" if target is None else f"a {type(target).__name__}"
+        raise CliError(f"--model {spec!r}: {getattr(func, '__name__', 'the function')}() returned {got}; "
+                       "it must return a Keras model, a tf.Module, or a non-empty list/dict of variables.")
     return target
 
 

@@ -18,13 +18,16 @@ import dataclasses
 import functools
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .errors import CkptMergeError, PlanError, RuleError
 from .rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule, _q,
                     _received, _scopes_of, did_you_mean_text, suggest)
 from .specs import VariableInfo
 from .transforms import TransformError, cast_problem, chain_output_shape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
 
 __all__ = [
     "OptionError",
@@ -455,11 +458,27 @@ class Plan:
 
         return render_plan(self, limit=limit)
 
-    def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> Any:
-        """Run this plan (see :mod:`ckptmerge.backends`); returns a :class:`~ckptmerge.report.Report`.
+    def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> "Report":
+        """Restore the planned variables (see :mod:`ckptmerge.backends`).
 
-        Only plans made by :func:`ckptmerge.planner` (which attaches the live variables and
-        readers) can be restored; ``progress`` is passed on to the backend.
+        Only plans made by :func:`ckptmerge.plan` (which attaches the live variables and
+        readers) can be restored.
+
+        Args:
+            session: graph mode: the ``tf.compat.v1.Session`` (default: the default session).
+            strict: raise :class:`~ckptmerge.PlanError` for any finding but ``unused``, before a
+                single variable changes; ``False`` restores what matches and logs a warning.
+            progress: optional ``progress(done_bytes, total_bytes)`` callback.
+
+        Returns:
+            The :class:`~ckptmerge.report.Report`: restored and skipped targets, timings.
+
+        Raises:
+            PlanError: see ``strict``.
+            RestoreError: a read failed; every target variable kept its value.
+
+        Example:
+            >>> report = cm.plan(model, [cm.Source("runs/A")]).restore()   # doctest: +SKIP
         """
         from .backends import run_plan
 

@@ -557,8 +557,8 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
         raise _not_found(given)
     if not os.path.isdir(given):
         raise ArgumentError(
-            f"'{given}' is not a directory. Pass the directory holding the checkpoints, or "
-            f"use resolve_checkpoint('{given}') for a single checkpoint."
+            f"'{given}' is not a directory. Pass the directory holding the checkpoints; "
+            f"'ckptmerge ls {given}' (or ckptmerge.list_variables) inspects a single checkpoint."
         )
     state = _read_state(given, given)
     cands = _candidates_with_state(given, state)
@@ -808,9 +808,12 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     raise CheckpointNotFoundError(
         f"No checkpoint in directory '{given}': looked for a '{STATE_FILE}' state file, "
         "'*.index' files of TF checkpoints, a SavedModel ('saved_model.pb' with "
-        f"'variables/variables.index') and Keras '*.h5' weights files.{sub_hint}",
+        f"'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
         path=given,
     )
+
+
+_DIR_HINT = " Pass the directory a training run saved its checkpoints to, or a checkpoint prefix."
 
 
 def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> ResolvedCheckpoint:
@@ -879,6 +882,7 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         parent = os.path.dirname(given) or "."
         raise ArgumentError(
             f"step={step} was given, but checkpoint '{given}' {has}. To pick a step, pass the "
-            f"directory with step (e.g. resolve_checkpoint('{parent}', step={step})), or drop step."
+            f"directory with the step: Source('{parent}', step={step}) in Python, "
+            f"'ckptmerge ls {parent} --step {step}' on the command line; or drop the step."
         )
     return resolved

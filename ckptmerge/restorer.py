@@ -11,11 +11,14 @@ restoring a snapshot is a buffer hand-over, not a copy.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .api import Binding, SourcesArg
 from .errors import CkptMergeError, PlanError
 from .source import Source, SourceHandle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
 
 __all__ = ["Restorer", "snapshot"]
 
@@ -29,7 +32,7 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
     target with no rules. Nothing touches the disk.
 
     Args:
-        target: anything :func:`ckptmerge.planner` accepts as a target.
+        target: anything :func:`ckptmerge.plan` accepts as a target.
         session: the session holding the values (graph mode).
         name: the source's report label.
 
@@ -80,8 +83,8 @@ class Restorer:
     """Plan once, then restore as often as needed.
 
     Args:
-        target: as for :func:`ckptmerge.planner`.
-        sources: as for :func:`ckptmerge.planner`.
+        target: as for :func:`ckptmerge.plan`.
+        sources: as for :func:`ckptmerge.plan`.
         session: graph mode: the session to restore in (default: the default session at restore).
         strict: reject plans with findings (checked once, here).
         **plan_options: ``allow_missing``, ``on_conflict``, ``on_shape_mismatch``, ``cast``.
@@ -105,6 +108,9 @@ class Restorer:
         self.session = session
         self.count = 0
         binding = self.plan._binding
+        # Each checkpoint source's path as first given (a directory, typically): switching by
+        # step resolves against it even after a switch by path.
+        self._origin = {h.label: h.source.path for h in binding.handles if not h.source.in_memory}
         if binding.targets.mode == "graph":
             from .backends.graph import GraphOps
 
@@ -134,20 +140,35 @@ class Restorer:
     def switch(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None) -> SourceHandle:
         """Point one source at another checkpoint of the same layout (validated, not re-planned).
 
+        Args:
+            step: take this step from the source's directory (as first given).
+            path: take this checkpoint (prefix, directory, ...) instead.
+            source: the label of the source to switch; needed when there are several.
+
+        Returns:
+            The new opened source (the old one's files are closed).
+
         Raises:
-            CheckpointNotFoundError: no such step or path.
+            CheckpointNotFoundError: no such step or path (the error lists the steps there are).
             PlanError: the new checkpoint lacks a name the plan uses, or its shape/dtype differ.
+            CkptMergeError: ``step`` for a source given as a prefix; several sources and no
+                ``source``.
+
+        Example:
+            >>> restorer.switch(step=2000)                      # doctest: +SKIP
+            >>> restorer.switch(path="runs/A/model-1000")       # doctest: +SKIP
         """
         old = self._handle(source)
-        new_source = Source(path if path is not None else old.source.path, step=step,
-                            map=old.source.map, regex=old.source.regex, include=old.source.include,
-                            exclude=old.source.exclude, optimizer=old.source.optimizer,
-                            name=old.source.label, cast=old.source.cast, transforms=old.source.transforms)
-        if path is None and step is not None and old.step is None and not _is_dir(old.source.path):
+        base = path if path is not None else self._origin[old.label]
+        if path is None and step is not None and not _is_dir(base):
             raise CkptMergeError(
-                f"Source '{old.label}' was given as the prefix {old.source.path}; pass path=... to "
+                f"Source '{old.label}' was given as the checkpoint prefix {base}; pass path=... to "
                 "switch it, or make the source from its directory to switch by step."
             )
+        new_source = Source(base, step=step, map=old.source.map, regex=old.source.regex,
+                            include=old.source.include, exclude=old.source.exclude,
+                            optimizer=old.source.optimizer, name=old.source.label, cast=old.source.cast,
+                            transforms=old.source.transforms)
         handle = new_source.open()
         new_vars = {v.name: v for v in handle.all_variables}
         problems = []
@@ -173,11 +194,22 @@ class Restorer:
         return handle
 
     def restore(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None,
-                progress: Any = None) -> Any:
+                progress: Any = None) -> "Report":
         """Restore now; with ``step`` or ``path`` first switch a source to that checkpoint.
+
+        Args:
+            step, path, source: see :meth:`switch`.
+            progress: optional ``progress(done_bytes, total_bytes)`` callback.
 
         Returns:
             The :class:`ckptmerge.report.Report` of this restore.
+
+        Raises:
+            RestoreError: a read failed; every target variable kept its value.
+
+        Example:
+            >>> restorer.restore()             # doctest: +SKIP
+            >>> restorer.restore(step=2000)    # doctest: +SKIP
         """
         if step is not None or path is not None:
             self.switch(step=step, path=path, source=source)

@@ -41,7 +41,7 @@ __all__ = [
     "suggest",
 ]
 
-_UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "exclude", "allow_missing", "transform")
+_UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "allow_missing", "transform")
 _REGEX_EXAMPLE = r"[('^head/(.*)', r'new_head/\1'), ('^tmp/.*', None)]"
 
 
@@ -299,7 +299,7 @@ class UnmatchedRule:
 
     Attributes:
         kind: ``"map"`` (exact entry), ``"map-scope"``, ``"regex"``, ``"include"``,
-            ``"exclude"``, ``"allow_missing"`` or ``"transform"``.
+            ``"allow_missing"`` or ``"transform"``.
         rule: display form, e.g. ``"map 'a1' -> 'c/x1'"``.
         suggestions: close names, best first (may be empty).
         explicit: ``True`` for exact map entries: those block even a non-strict restore.
@@ -644,12 +644,14 @@ class Rules:
         if len(selected) != len(all_names):
             kept = set(selected)
             dropped.extend(n for n in all_names if n not in kept)
-        for role, globs in (("include", self.include), ("exclude", self.exclude)):
-            for g in globs:
-                if not any(g.matches(n) for n in all_names):
-                    cands = [s + "*" for s in _scopes_of(all_names)] + all_names
-                    unmatched.append(UnmatchedRule(role, f"{role} {_q(g.pattern)}",
-                                                   tuple(suggest(g.pattern, cands, cutoff=0.6))))
+        # An include that matches nothing leaves the source empty: report it. An exclude that
+        # matches nothing is a safety filter with nothing to do (e.g. '*/Adam*' once optimizer
+        # state is already left out), so it is not a finding.
+        for g in self.include:
+            if not any(g.matches(n) for n in all_names):
+                cands = [s + "*" for s in _scopes_of(all_names)] + all_names
+                unmatched.append(UnmatchedRule("include", f"include {_q(g.pattern)}",
+                                               tuple(suggest(g.pattern, cands, cutoff=0.6))))
 
         # 2. identity
         if not self.renames:

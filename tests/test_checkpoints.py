@@ -123,7 +123,7 @@ def test_step_contradicting_the_prefix_is_an_error(in_corpus):
         resolve_checkpoint(f"{COMP}/ckpt-10", step=9)
     msg = str(err.value)
     assert f"step=9 was given, but checkpoint '{COMP}/ckpt-10' is step 10" in msg
-    assert f"resolve_checkpoint('{COMP}', step=9)" in msg
+    assert f"Source('{COMP}', step=9)" in msg and f"'ckptmerge ls {COMP} --step 9'" in msg
     assert isinstance(err.value, ValueError)
 
 

@@ -36,6 +36,10 @@ def broken():
 
 def nothing():
     return None
+
+
+def a_path():
+    return "/tmp"
 """
 
 
@@ -219,6 +223,7 @@ def test_plan_model_from_a_module_in_the_current_directory(ws, monkeypatch):
     ("{ws}/cm_test_models.py:biuld", ["has no function 'biuld'", "Did you mean 'build'?"]),
     ("{ws}/cm_test_models.py:broken", ["broken() raised RuntimeError: no GPU here"]),
     ("{ws}/cm_test_models.py:nothing", ["nothing() returned None"]),
+    ("{ws}/cm_test_models.py:a_path", ["a_path() returned a str", "must return a Keras model, a tf.Module"]),
     ("{ws}/no_such_file.py:build", ["file", "no_such_file.py' does not exist"]),
     ("no_such_module_xyz:build", ["cannot import module 'no_such_module_xyz'"]),
 ])

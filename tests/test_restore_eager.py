@@ -173,3 +173,46 @@ def test_saved_model_directory_is_a_source_of_its_variables(tf, tmp_path):
     plan.restore()
     np.testing.assert_array_equal(fresh.w.numpy(), np.full((2, 3), 2.0, np.float32))
     np.testing.assert_array_equal(fresh.b.numpy(), np.full(3, 2.0, np.float32))
+
+
+FINDINGS = {
+    # kind: (target spec {name: shape or (shape, dtype)}, sources(ab), the problem target or None)
+    "missing": ({"c/x1": (3, 4), "c/q": (2,)}, lambda ab: [cm.Source(ab["A"], map={"a1": "c/x1"})], "c/q"),
+    "shape": ({"c/x1": (3, 4), "c/y1": (5,)},
+              lambda ab: [cm.Source(ab["A"], map={"a1": "c/x1"}), cm.Source(ab["B"], map={"b1": "c/y1"})], "c/y1"),
+    "dtype": ({"c/x1": (3, 4), "c/y1": ((4,), np.float64)},
+              lambda ab: [cm.Source(ab["A"], map={"a1": "c/x1"}), cm.Source(ab["B"], map={"b1": "c/y1"})], "c/y1"),
+    "conflict": ({"c/x1": (3, 4), "c/t": (4,)},
+                 lambda ab: [cm.Source(ab["A"], map={"a1": "c/x1", "a2": "c/t"}, name="A"),
+                             cm.Source(ab["B"], map={"b1": "c/t"}, name="B")], "c/t"),
+    "unmatched include": ({"c/x1": (3, 4)},
+                          lambda ab: [cm.Source(ab["A"], map={"a1": "c/x1"}),
+                                      cm.Source(ab["B"], include=["encoder/*"])], None),
+}
+
+
+def _targets(tf, spec):
+    out = {}
+    for name, s in spec.items():
+        shape, dtype = (s if isinstance(s[0], tuple) else (s, np.float32))
+        out[name] = tf.Variable(np.full(shape, 7, dtype))
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(FINDINGS))
+def test_each_finding_blocks_a_strict_restore_and_a_lenient_one_restores_the_rest(tf, ab_checkpoints, kind):
+    spec, sources, problem = FINDINGS[kind]
+    ab = ab_checkpoints
+    targets = _targets(tf, spec)
+    before = {k: v.numpy().copy() for k, v in targets.items()}
+    with pytest.raises(cm.PlanError) as err:
+        cm.restore(targets, sources(ab))
+    assert len(err.value.plan.blocking(strict=True)) >= 1
+    for k, v in targets.items():  # strict: nothing changed
+        np.testing.assert_array_equal(v.numpy(), before[k])
+    report = cm.restore(targets, sources(ab), strict=False)
+    np.testing.assert_array_equal(targets["c/x1"].numpy(), ab["a"]["a1"])  # what matches is restored
+    if problem is not None:
+        np.testing.assert_array_equal(targets[problem].numpy(), before[problem])  # the rest kept
+        assert [t for t, _ in report.skipped] == [problem]
+        assert "strict=False" in report.skipped[0][1]

@@ -94,14 +94,17 @@ def test_strict_plan_error_lists_every_finding_and_changes_nothing(tf, ab_checkp
 
 def test_lenient_restore_restores_what_matches_and_logs_a_warning(tf, ab_checkpoints, caplog):
     with tf.Graph().as_default() as g:
-        x1, _, _ = _model_c(tf)
+        x1, _, z = _model_c(tf)
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             with caplog.at_level(logging.WARNING, logger="ckptmerge"):
                 report = cm.restore(None, _sources(ab_checkpoints), session=sess, strict=False)
             np.testing.assert_array_equal(sess.run(x1), ab_checkpoints["a"]["a1"])
+            np.testing.assert_array_equal(sess.run(z), np.ones(2, np.float32))  # missing: left as it was
     assert sorted(report.restored) == ["c/x1", "c/y1"]
-    assert any("strict=False" in r.getMessage() for r in caplog.records)
+    assert report.skipped == [("c/z", "provided by no source (strict=False)")]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "1 finding(s) not enforced (strict=False)" in warnings[0] and "'c/z'" in warnings[0]
 
 
 def test_scope_map_moves_a_whole_scope(tf, tmp_path):
@@ -167,3 +170,11 @@ def test_corrupt_second_source_fails_and_changes_no_variable_in_graph_mode(tf, a
             after = sess.run([x1, y1])
     for b, a in zip(before, after):
         np.testing.assert_array_equal(b, a)
+
+
+def test_exclude_of_optimizer_slots_already_left_out_does_not_block(tf, tmp_path):
+    prefix = save_tf1(tmp_path / "m", {"enc/w": np.ones(2, np.float32)}, optimizer_slots=True)
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("enc/w", shape=(2,))
+        plan = cm.plan(None, [cm.Source(prefix, exclude="*/Adam*")])
+    assert plan.ok and plan.unmatched_rules == []

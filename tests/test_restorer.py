@@ -221,3 +221,20 @@ def test_a_shard_truncated_under_an_open_restorer_changes_nothing_in_graph_mode(
                 r.restore()
             np.testing.assert_array_equal(sess.run(x1), np.full((3, 4), 5, np.float32))
             np.testing.assert_array_equal(sess.run(y1), np.full(4, 5, np.float32))
+
+
+def test_switch_by_step_still_works_after_a_switch_by_path(tf, ab_checkpoints):
+    ab = ab_checkpoints
+    v = {"c/x1": tf.Variable(np.zeros((3, 4), np.float32))}
+    r = cm.Restorer(v, [cm.Source(ab["A"], map={"a1": "c/x1"})])
+    r.restore(path=ab["A"] + "/model-10")
+    np.testing.assert_array_equal(v["c/x1"].numpy(), ab["a"]["a1"])
+    r.restore(step=5)
+    np.testing.assert_array_equal(v["c/x1"].numpy(), np.zeros((3, 4), np.float32))
+
+
+def test_switch_by_step_of_a_source_given_as_a_prefix_says_what_to_pass(tf, ab_checkpoints):
+    v = {"c/y1": tf.Variable(np.zeros(4, np.float32))}
+    r = cm.Restorer(v, [cm.Source(ab_checkpoints["B"], map={"b1": "c/y1"})])
+    with pytest.raises(cm.CkptMergeError, match="pass path=..."):
+        r.restore(step=5)

@@ -10,7 +10,7 @@ atomic: a read that fails changes no variable.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import CkptMergeError
 
@@ -26,7 +26,7 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
     """Restore the variables of ``plan`` and return a :class:`ckptmerge.report.Report`.
 
     Args:
-        plan: a plan made by :func:`ckptmerge.planner` (it carries the live targets and sources).
+        plan: a plan made by :func:`ckptmerge.plan` (it carries the live targets and sources).
         session: the ``tf.compat.v1.Session`` in graph mode (default: the default session).
         strict: raise :class:`ckptmerge.PlanError` for any finding other than ``unused``.
         progress: optional ``progress(done_bytes, total_bytes)`` callback.
@@ -61,12 +61,31 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
     return restore_eager(plan, binding, progress=progress)
 
 
+def skipped_targets(plan: Any) -> List[Tuple[str, str]]:
+    """``(target, reason)`` for every target a restore of ``plan`` leaves as it was.
+
+    Mismatches (skipped by ``on_shape_mismatch='skip'``, or by ``strict=False``), unresolved
+    conflicts and ambiguities, and missing targets (``strict=False``); allowed-missing targets
+    are counted apart, in the report's summary.
+    """
+    why = "on_shape_mismatch='skip'" if plan.on_shape_mismatch == "skip" else "strict=False"
+    out = [(m.target, f"{m.describe()} ({why})") for m in plan.mismatched]
+    out += [(c.target, c.message().split(" (pass")[0] + " (strict=False)")
+            for c in plan.conflicts if c.blocking]
+    for amb in getattr(plan, "ambiguous", ()):
+        if not amb.resolved:
+            out += [(t, f"checkpoint name '{amb.name}' is renamed ambiguously (strict=False)")
+                    for t in amb.targets if t is not None and t not in plan.assignments]
+    out += [(name, "provided by no source (strict=False)") for name in plan.missing]
+    return sorted(set(out))
+
+
 def make_report(plan: Any, binding: Any, *, mode: str, elapsed: float, bytes_read: int) -> Any:
     """Build the :class:`ckptmerge.report.Report` of a finished restore."""
     from ..report import Report
 
     restored = sorted(plan.assignments)
-    skipped = [(name, "shape/dtype mismatch (on_shape_mismatch='skip')") for name in plan.skipped]
+    skipped = skipped_targets(plan)
     per_source = []
     for h in binding.handles:
         mine = [a for a in plan.assignments.values() if a.source == h.label]
