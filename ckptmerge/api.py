@@ -119,7 +119,12 @@ def open_sources(sources: List[Source], *, verify: bool = True) -> List[SourceHa
     handles: List[SourceHandle] = []
     try:
         for s in sources:
-            handles.append(s.open(verify=verify))
+            try:
+                handles.append(s.open(verify=verify))
+            except CkptMergeError as e:  # say which source, when several could be meant
+                if len(sources) > 1 and e.args and isinstance(e.args[0], str):
+                    e.args = (f"source '{s.label}': {e.args[0]}",) + e.args[1:]
+                raise
     except BaseException:
         for h in handles:
             h.close()

@@ -68,6 +68,18 @@ class CliError(click.ClickException):
         super().__init__(message)
         self.exit_code = exit_code
 
+    def show(self, file: Any = None) -> None:
+        """``Error: ...`` for errors (exit 2); ``Blocked: ...`` for findings (exit 1), with the
+        config keys that the library's fix hints (``allow_missing=...``, ``strict=False``) name."""
+        if self.exit_code != EXIT_FINDINGS:
+            return super().show(file)
+        click.echo(f"Blocked: {self.format_message()}", err=True)
+        click.echo(_CONFIG_KEYS_HINT, err=True)
+
+
+_CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-level keys: allow_missing, "
+                     "on_conflict, on_shape_mismatch, cast, strict, verify (see docs/config.md).")
+
 
 def _os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
@@ -461,7 +473,11 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
     if globs or pattern is not None:
         total = f"{len(shown)} of {_plural(len(pool), word)} match, {human_bytes(sum(v.nbytes for v in shown))}"
     hidden = len(everything) - len(pool)
-    if hidden:
+    if hidden and (globs or pattern is not None):
+        matching = len(_filter([v for v in everything if v.kind != KIND_VARIABLE], globs, pattern))
+        if matching:
+            total += f"; {matching} hidden optimizer/bookkeeping tensor{'s' if matching > 1 else ''} match too (--all shows them)"
+    elif hidden:
         total += f"; {hidden} optimizer/bookkeeping hidden (--all shows them)"
     lines.append(total)
     click.echo("\n".join(lines))
@@ -779,12 +795,15 @@ def demo_command(workdir: Optional[str]) -> None:
     Imports TensorFlow. Prints each step's plan or report and then every check with
     PASS/FAIL; exit code 0 when all pass, 1 otherwise.
     """
+    if workdir is not None:
+        if os.path.isdir(workdir) and os.listdir(workdir):
+            raise CliError(f"--dir {workdir!r} is not empty; the demo writes its checkpoints into a new or "
+                           "empty folder. Pass another --dir, or leave it out for a temporary folder.")
+        os.makedirs(workdir, exist_ok=True)
     _quiet_tensorflow()
     from .demo import run_demo
 
     click.echo("Running the ckptmerge demo (imports TensorFlow: a few seconds) ...", err=True)
-    if workdir is not None:
-        os.makedirs(workdir, exist_ok=True)
     result = run_demo(workdir)
     click.echo(f"Demo folder: {result.workdir}")
     for title, text in result.steps:
@@ -891,7 +910,8 @@ def _model_target(spec: str) -> Any:
     ok = (_is_keras_object(target) or isinstance(target, tf.Module)
           or (isinstance(target, (list, tuple, dict)) and bool(target)))
     if not ok:
-        got = "None" if target is None else f"a {type(target).__name__}"
+        kind = type(target).__name__
+        got = "None" if target is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
         raise CliError(f"--model {spec!r}: {getattr(func, '__name__', 'the function')}() returned {got}; "
                        "it must return a Keras model, a tf.Module, or a non-empty list/dict of variables.")
     return target
@@ -969,6 +989,8 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     finally:
         _close_plan(plan)
     if blocking:
+        if not as_json:
+            click.echo(_CONFIG_KEYS_HINT, err=True)
         raise SystemExit(EXIT_FINDINGS)
 
 

@@ -566,6 +566,8 @@ def _check_space(out_abs: str, given: str, needed: int) -> None:
         st = os.statvfs(probe)
     except (OSError, AttributeError):  # pragma: no cover - Windows or odd filesystems
         return
+    if st.f_blocks == 0:  # a pseudo filesystem (/proc, ...) reports no size: let the write say why
+        return
     free = st.f_bavail * st.f_frsize
     if needed > free:
         raise CheckpointWriteError(

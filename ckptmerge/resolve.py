@@ -553,6 +553,11 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
         ['ckpt-1', 'ckpt-9', 'ckpt-10']
     """
     given = _fspath(directory, "directory")
+    if not os.path.isdir(given) and os.path.isfile(given + ".index"):
+        parent = os.path.dirname(given) or "."
+        raise ArgumentError(
+            f"'{given}' is a checkpoint prefix, not a directory. 'ckptmerge checkpoints {parent}' "
+            f"lists the checkpoints of its directory; 'ckptmerge ls {given}' shows this one.")
     if not os.path.exists(given):
         raise _not_found(given)
     if not os.path.isdir(given):

@@ -96,3 +96,10 @@ def test_open_keeps_a_reader_with_names_spec_and_get(ab_checkpoints):
     assert "Did you mean 'a1'?" in str(err.value) and isinstance(err.value, KeyError)
     assert cm.load(ab_checkpoints["A"], ["a2"])["a2"].tolist() == ab_checkpoints["a"]["a2"].tolist()
     assert [v.name for v in cm.list_variables(ab_checkpoints["A"], optimizer=False)] == ["a1", "a2", "a3"]
+
+
+def test_a_resolution_error_names_the_source_it_belongs_to(tf, ab_checkpoints):
+    srcs = [cm.Source(ab_checkpoints["A"], name="encoder"), cm.Source(ab_checkpoints["A"], step=7, name="head")]
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.plan({"a1": tf.Variable(np.zeros((3, 4), np.float32))}, srcs)
+    assert str(err.value).startswith("source 'head': ")

@@ -133,7 +133,8 @@ def test_ls_match_keeps_names_matching_any_glob(ck):
     assert r.exit_code == 0, r.output
     names = [line.split()[0] for line in r.stdout.splitlines()[2:-1]]
     assert names == ["a2", "enc/dense/bias", "enc/dense/kernel"]
-    assert r.stdout.splitlines()[-1] == "3 of 5 variables match, 52 B; 11 optimizer/bookkeeping hidden (--all shows them)"
+    assert r.stdout.splitlines()[-1] == ("3 of 5 variables match, 52 B; "
+                                         "4 hidden optimizer/bookkeeping tensors match too (--all shows them)")
 
 
 def test_ls_regex_searches_names(ck):
@@ -550,3 +551,16 @@ def test_diff_max_abs_difference_is_exact_for_int64_and_counts_nan_pairs_as_equa
     assert np.isnan(max_abs_diff(np.array([1.0, np.nan]), np.array([1.0, 2.0])))
     assert max_abs_diff(np.array([True, False]), np.array([0.5, 0.0])) == 0.5
     assert max_abs_diff(np.array([b"x"], object), np.array([b"y"], object)) is None
+
+
+def test_checkpoints_of_a_prefix_points_to_its_directory_and_the_hint_works(ck):
+    prefix = ck["A"] + "/model-10"
+    r = run("checkpoints", prefix)
+    assert_one_line_error(r, "is a checkpoint prefix, not a directory", f"'ckptmerge checkpoints {ck['A']}'")
+    assert run("checkpoints", ck["A"]).exit_code == 0
+    assert run("ls", prefix).exit_code == 0
+
+
+def test_demo_refuses_a_folder_that_is_not_empty(tmp_path):
+    (tmp_path / "x").write_text("mine")
+    assert_one_line_error(run("demo", "--dir", tmp_path), "is not empty", "Pass another --dir")

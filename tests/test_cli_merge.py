@@ -131,8 +131,10 @@ def test_merge_blocked_by_findings_exits_1_and_writes_nothing(ws, tmp_path):
     r = run("merge", ws / "conflict.yaml", "-o", out)
     assert r.exit_code == 1, r.output
     assert r.stdout == ""
-    assert r.stderr.startswith("Error: 2 blocking findings in the plan (strict=True):\n")
+    assert r.stderr.startswith("Blocked: 2 blocking findings in the plan (strict=True):\n")
     assert "conflict: target 'a1' is provided by A:'a1' and A2:'a1'" in r.stderr
+    assert r.stderr.rstrip().endswith("top-level keys: allow_missing, on_conflict, on_shape_mismatch, "
+                                      "cast, strict, verify (see docs/config.md).")
     assert f"Nothing was written to '{out}'." in r.stderr
     assert not os.path.exists(f"{out}.index")
 

@@ -640,9 +640,10 @@ class BundleWriter:
             key, dtype_enum, shape: as for :meth:`add_raw`.
             src_fd: an open file descriptor of the source data file (not closed here).
             src_offset: where the tensor's bytes start in it.
-            expected_crc32c: the masked CRC32C the source recorded; a mismatch is refused.
-            verify: compute the CRC of the source bytes. ``False`` records ``expected_crc32c``
-                as it is (it must then be given) without reading the bytes again.
+            expected_crc32c: the masked CRC32C the source recorded.
+            verify: refuse bytes that do not match ``expected_crc32c``. With ``False`` they are
+                copied as they are, with a warning, and the output records their actual checksum
+                (so the new checkpoint is readable; the CRC is computed either way).
 
         Raises:
             ArgumentError: as :meth:`add_raw`; or the source range is shorter than the tensor.
@@ -653,8 +654,6 @@ class BundleWriter:
             >>> w.add_range("emb", 1, (1000, 64), fd, 4096, expected_crc32c=entry_crc)  # doctest: +SKIP
         """
         kb, dtype_enum, dims, expected = self._check_raw(key, dtype_enum, shape)
-        if not verify and expected_crc32c is None:
-            raise ArgumentError("add_range(verify=False) needs expected_crc32c to record.")
         self._reserve(expected)
         f = self._file
         assert f is not None
@@ -662,25 +661,28 @@ class BundleWriter:
         path = self._shards[-1]
         # The checksum of the source range is computed on another thread while the kernel
         # copies it (both release the GIL), so verifying costs next to nothing on 2+ cores.
-        checksum = _Checksum(src_fd, src_offset, expected) if verify else None
+        checksum = _Checksum(src_fd, src_offset, expected)
         try:
             f.flush()
             copied = _kernel_copy(src_fd, src_offset, f.fileno(), start, expected)
         except OSError as e:
-            if checksum is not None:
-                checksum.result()
+            checksum.result()
             self._truncate_back(start)
             raise self._fail(e, path, "write the temporary data file") from e
-        crc = checksum.result() if checksum is not None else unmask_crc(expected_crc32c)
+        crc = checksum.result()
         if copied is None:  # no in-kernel copy here: stream it
             self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
-                         expected_crc32c=expected_crc32c)
+                         expected_crc32c=expected_crc32c if verify else None)
             return
         if copied != expected:
             self._truncate_back(start)
             raise ArgumentError(f"Cannot add_range key '{key}': the source holds {copied} of its {expected} bytes.")
         f.seek(start + expected)
-        self._check_crc(key, start, crc, expected_crc32c)
+        if verify:
+            self._check_crc(key, start, crc, expected_crc32c)
+        elif expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
+            logger.warning("tensor '%s' does not match its source checksum; copied as it is "
+                           "(verify=False), with the checksum of the copied bytes", key)
         self._record(kb, dtype_enum, dims, expected, crc)
 
     def _truncate_back(self, size: int) -> None:
