@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import gc
@@ -33,7 +34,17 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import click
 
@@ -804,6 +815,10 @@ def demo_command(workdir: Optional[str]) -> None:
     from .demo import run_demo
 
     click.echo("Running the ckptmerge demo (imports TensorFlow: a few seconds) ...", err=True)
+    with _tf_startup_silenced(_verbose()):
+        import tensorflow as tf
+
+        tf.constant(0)  # device set-up, with its own chatter
     result = run_demo(workdir)
     click.echo(f"Demo folder: {result.workdir}")
     for title, text in result.steps:
@@ -891,9 +906,47 @@ def _quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+@contextlib.contextmanager
+def _tf_startup_silenced(verbose: bool) -> Iterator[None]:
+    """Silence file descriptor 2 while TensorFlow starts (imports, first device set-up).
+
+    Recent TF writes "oneDNN ...", "Could not find cuda drivers ..." and the like from C++ before
+    its logging is configured, ignoring TF_CPP_MIN_LOG_LEVEL. Python errors still surface (they
+    are raised, and printed once stderr is back); ``-v`` keeps everything.
+    """
+    if verbose:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # pragma: no cover - no real fd 2 (embedded interpreters)
+        yield
+        return
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _verbose() -> bool:
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and root.params.get("verbose"))
+
+
 def _model_target(spec: str) -> Any:
     """Import and call the --model function; returns what it built (imports TensorFlow)."""
     _quiet_tensorflow()
+    with _tf_startup_silenced(_verbose()):
+        import tensorflow as tf
+
+        tf.constant(0)
     func = _import_function(spec)
     try:
         target = func()

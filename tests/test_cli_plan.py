@@ -254,3 +254,14 @@ def test_plan_target_step_picks_a_step_of_the_target_directory(ws):
     assert_one_line_error(run("plan", ws / "warm.yaml", "--target-step", "10"), "--target-step needs --target PATH")
     r = run("plan", ws / "warm.yaml", "--target", ws / "A", "--target-step", "10", "--json")
     assert [t["name"] for t in json.loads(r.stdout)["targets"]] == ["a1", "a2", "a3"]
+
+
+def test_demo_as_a_program_prints_no_tensorflow_start_up_chatter(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ckptmerge", "demo", "--dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == ["Running the ckptmerge demo (imports TensorFlow: a few seconds) ..."]
+    assert r.stdout.rstrip().endswith("All 5 checks passed.")
