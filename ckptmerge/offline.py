@@ -36,7 +36,6 @@ import errno
 import logging
 import os
 import re
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -632,7 +631,7 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
     """Write the output directory's ``checkpoint`` file atomically (temp file, fsync, rename)."""
     directory = os.path.dirname(out_abs)
     final = os.path.join(directory, STATE_FILE)
-    tmp = os.path.join(directory, f".{STATE_FILE}.ckptmerge-tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = os.path.join(directory, f".{STATE_FILE}.ckptmerge-tmp-{os.getpid()}-{os.urandom(4).hex()}")
     text = _state_text(out_abs, state)
     try:
         with open(tmp, "x", encoding="utf-8", errors="surrogateescape") as f:

@@ -21,8 +21,6 @@ import errno
 import logging
 import os
 import re
-import secrets
-import socket
 import struct
 from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -36,7 +34,7 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import data_file_name, mask_crc, unmask_crc
+from ckptmerge.formats.bundle import data_file_name, mask_crc
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
 from ckptmerge.formats.protowire import encode_varint, field_bytes, field_fixed32, field_varint
 
@@ -63,7 +61,14 @@ _U64 = struct.Struct("<Q")
 _TMP_MARK = ".ckptmerge-tmp-"
 _DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
 # Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
-_HOST_TAG = f"{_crc32c.crc32c(socket.gethostname().encode('utf-8', 'replace')):08x}"
+def _host_name() -> str:
+    """This machine's name, without importing ``socket`` (start-up time matters for the CLI)."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    return os.environ.get("COMPUTERNAME", "")  # pragma: no cover - Windows
+
+
+_HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
 
 ShapeArg = Sequence[int]
 BytesLike = Union[bytes, bytearray, memoryview]
@@ -314,7 +319,7 @@ class BundleWriter:
         self._block_size = block_size
         self._durable = bool(durable)
         self._tmp_stem = os.path.join(
-            self._dir, f".{self._base}{_TMP_MARK}{os.getpid()}-{_HOST_TAG}-{secrets.token_hex(4)}")
+            self._dir, f".{self._base}{_TMP_MARK}{os.getpid()}-{_HOST_TAG}-{os.urandom(4).hex()}")
         self._shards: List[str] = []          # temp paths of the data shards
         self._shard_sizes: List[int] = []
         self._file: Optional[BinaryIO] = None  # the open current shard
