@@ -788,7 +788,14 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
              human_bytes(c.size), rel(c.path)] for c in infos]
     total = f"{_plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
     if not any(c.latest for c in infos):
-        total += "; no latest recorded (no 'checkpoint' state file naming one)"
+        from .resolve import read_state_file
+
+        state = read_state_file(directory)
+        named = state.model_checkpoint_path if state is not None else None
+        if named:
+            total += f"; the 'checkpoint' state file names {rel(named)!r} as latest, which is missing"
+        else:
+            total += "; no latest recorded (no 'checkpoint' state file naming one)"
     click.echo(table(rows, right=[1, 3], header=["LATEST", "STEP", "TIME", "SIZE", "NAME"]) + "\n" + total)
 
 

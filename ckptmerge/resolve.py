@@ -570,6 +570,11 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     sm = _saved_model_prefix(given)
     if sm is not None and _index_exists(sm) and all(c.prefix != sm for c in cands):
         cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
+    if not cands:  # nothing readable: say so if what is there is the old V1 format
+        for name in sorted(os.listdir(given)):
+            full = os.path.join(given, name)
+            if os.path.isfile(full) and not name.endswith(_INDEX) and _is_table(full):
+                raise _v1_error(full)
     latest = state.model_checkpoint_path if state is not None else None
     infos = []
     for c in sorted(cands, key=_sort_key):

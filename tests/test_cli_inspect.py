@@ -564,3 +564,17 @@ def test_checkpoints_of_a_prefix_points_to_its_directory_and_the_hint_works(ck):
 def test_demo_refuses_a_folder_that_is_not_empty(tmp_path):
     (tmp_path / "x").write_text("mine")
     assert_one_line_error(run("demo", "--dir", tmp_path), "is not empty", "Pass another --dir")
+
+
+def test_checkpoints_of_a_folder_with_only_a_v1_checkpoint_explains_v1():
+    from conftest import CORPUS
+
+    assert_one_line_error(run("checkpoints", CORPUS / "tf0x-v1format-nxt"), "V1 checkpoint")
+
+
+def test_checkpoints_says_when_the_state_file_names_a_missing_latest(tmp_path, tf):
+    save_tf1(tmp_path / "model", {"w": np.ones(2, np.float32)}, step=3)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model-9"\nall_model_checkpoint_paths: "model-3"\n')
+    r = run("checkpoints", tmp_path)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.rstrip().endswith("the 'checkpoint' state file names 'model-9' as latest, which is missing")
