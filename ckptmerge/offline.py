@@ -125,12 +125,7 @@ class MergeReport(Report):
         written = (f"; wrote {_human_bytes(self.bytes_written)}" if not self.dry_run
                    else " (dry run: nothing written)")
         out = [self.summary(), f"Mode: offline; read {_human_bytes(self.bytes_read)}{written}"]
-        if self.sources:
-            out.append("Sources:")
-        for s in self.sources:
-            note = f" ({s['note']})" if s.get("note") else ""
-            out.append(f"  {s.get('label', '?')}: {s.get('path', '?')}{note}: "
-                       f"{s.get('n_restored', 0)} written, {_human_bytes(int(s.get('bytes', 0)))}")
+        out += self._source_lines("written")
         by_target = self.plan.assignments
         lines = [by_target[t].describe() if t in by_target else f"{t} <- {_TEMPLATE_LABEL}"
                  for t in self.restored]

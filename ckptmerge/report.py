@@ -184,15 +184,19 @@ class Report:
                 f"{_plural(self.n_sources_used, 'source')} in {self.elapsed:.2f} s; "
                 f"{len(self.plan.allowed_missing)} allowed missing; {len(self.skipped)} skipped")
 
-    def render(self, *, limit: Optional[int] = 50) -> str:
-        """Plain text: the summary, mode and bytes, per-source lines, restored and skipped."""
-        out = [self.summary(), f"Mode: {self.mode}; read {_human_bytes(self.bytes_read)}"]
-        if self.sources:
-            out.append("Sources:")
+    def _source_lines(self, verb: str) -> List[str]:
+        """``Sources:`` and one line per source: label, path, note, how many ``verb``, bytes."""
+        out = ["Sources:"] if self.sources else []
         for s in self.sources:
             note = f" ({s['note']})" if s.get("note") else ""
             out.append(f"  {s.get('label', '?')}: {s.get('path', '?')}{note}: "
-                       f"{s.get('n_restored', 0)} restored, {_human_bytes(int(s.get('bytes', 0)))}")
+                       f"{s.get('n_restored', 0)} {verb}, {_human_bytes(int(s.get('bytes', 0)))}")
+        return out
+
+    def render(self, *, limit: Optional[int] = 50) -> str:
+        """Plain text: the summary, mode and bytes, per-source lines, restored and skipped."""
+        out = [self.summary(), f"Mode: {self.mode}; read {_human_bytes(self.bytes_read)}"]
+        out += self._source_lines("restored")
         by_target = self.plan.assignments
         restored = []
         for t in self.restored:

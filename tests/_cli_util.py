@@ -94,3 +94,29 @@ def run_subprocess(args: Sequence[Any], tmp_path: Path) -> Dict[str, Any]:
     result = json.loads(out.read_text())
     result.update(stdout=proc.stdout, stderr=proc.stderr)
     return result
+
+
+# A module the --model tests import: build() makes model C; the others fail in each way.
+MODELS_PY = """
+import tensorflow as tf
+
+
+def build():
+    m = tf.Module()
+    m.x1 = tf.Variable(tf.zeros((3, 4)), name="c/x1")
+    m.y1 = tf.Variable(tf.zeros((4,)), name="c/y1")
+    m.z = tf.Variable(tf.zeros((2,)), name="c/z")
+    return m
+
+
+def broken():
+    raise RuntimeError("no GPU here")
+
+
+def nothing():
+    return None
+
+
+def a_path():
+    return "/tmp"
+"""

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +16,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
@@ -70,3 +76,36 @@ def ab_checkpoints(tmp_path, tf):
     save_tf1(tmp_path / "A" / "model", a, step=10)
     b_prefix = save_tf1(tmp_path / "B" / "model", b, step=10)
     return {"A": str(tmp_path / "A"), "B": b_prefix, "a": a, "b": b, "root": tmp_path}
+
+
+def run_child(code, *args, drop_root=False, preexec_fn=None):
+    """Run a Python snippet from the repo (JSON on its last stdout line); ``drop_root`` runs it
+    without root's capabilities, so file permissions apply."""
+    cmd = [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
+    if drop_root and os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv: permissions are not enforced")
+        cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *cmd]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, preexec_fn=preexec_fn)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``make(size)``: mount a tmpfs of that size (e.g. "1m") to fill up; needs root and mount
+    permission, else the test is skipped. Everything mounted is unmounted afterwards."""
+    mounted = []
+
+    def make(size):
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a small tmpfs here")
+        mounted.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=True)

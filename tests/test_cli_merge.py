@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from _cli_util import (
+    MODELS_PY,
     REPO,
     assert_one_line_error,
     run,
@@ -29,17 +30,6 @@ import ckptmerge as cm
 A1 = np.arange(12, dtype=np.float32).reshape(3, 4)
 B1 = np.arange(4, dtype=np.float32) + 100
 
-MODELS_PY = """
-import tensorflow as tf
-
-
-def build():
-    m = tf.Module()
-    m.x1 = tf.Variable(tf.zeros((3, 4)), name="c/x1")
-    m.y1 = tf.Variable(tf.zeros((4,)), name="c/y1")
-    m.z = tf.Variable(tf.zeros((2,)), name="c/z")
-    return m
-"""
 
 
 @pytest.fixture(scope="module")

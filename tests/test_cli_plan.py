@@ -13,34 +13,11 @@ import sys
 
 import numpy as np
 import pytest
-from _cli_util import assert_one_line_error, run, save_tf1, write_config
+from _cli_util import MODELS_PY, assert_one_line_error, run, save_tf1, write_config
 
 import ckptmerge as cm
 from ckptmerge.config import load_config
 
-MODELS_PY = """
-import tensorflow as tf
-
-
-def build():
-    m = tf.Module()
-    m.x1 = tf.Variable(tf.zeros((3, 4)), name="c/x1")
-    m.y1 = tf.Variable(tf.zeros((4,)), name="c/y1")
-    m.z = tf.Variable(tf.zeros((2,)), name="c/z")
-    return m
-
-
-def broken():
-    raise RuntimeError("no GPU here")
-
-
-def nothing():
-    return None
-
-
-def a_path():
-    return "/tmp"
-"""
 
 
 @pytest.fixture(scope="module")

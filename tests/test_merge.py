@@ -31,7 +31,7 @@ from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.writer import BundleWriter
 from ckptmerge.offline import MergeReport, merge
 from ckptmerge.transforms import Slice, TransformError, VocabRemap
-from conftest import save_tf1
+from conftest import run_child, save_tf1
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,16 +92,6 @@ def flip_byte(prefix, key) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def run_child(code, *args, drop_root=False, preexec_fn=None):
-    """Run a Python snippet from the repo; its last stdout line is JSON."""
-    cmd = [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
-    if drop_root and os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("running as root without setpriv: permissions are not enforced")
-        cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *cmd]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, preexec_fn=preexec_fn)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 MERGE_AND_REPORT = """
@@ -689,17 +679,9 @@ def test_file_size_limit_is_a_clear_error_and_removes_temp_files(tmp_path):
 
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    """A 1 MiB tmpfs (needs root and mount permission; skipped otherwise)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def tiny_disk(small_tmpfs):
+    """A 1 MiB tmpfs to fill up (skipped where mounting is not allowed)."""
+    return small_tmpfs("1m")
 
 
 def test_disk_filling_up_mid_merge_is_a_clear_error_and_removes_temp_files(tmp_path, tiny_disk):

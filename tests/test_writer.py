@@ -8,9 +8,7 @@ with real failures: exceptions, SIGKILL, a read-only directory, a file size limi
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +22,7 @@ import pytest
 from ckptmerge.errors import CheckpointFormatError, CkptMergeError
 from ckptmerge.errors import ArgumentError, ArgumentTypeError
 from ckptmerge.formats.writer import BundleWriter, CheckpointWriteError, OutputExistsError
+from conftest import run_child
 
 REPO = Path(__file__).resolve().parents[1]
 RNG = np.random.default_rng(7)
@@ -444,16 +443,6 @@ def test_sigkill_mid_write_leaves_no_checkpoint_and_the_next_writer_cleans_up(tf
     assert set(tf.train.load_checkpoint(str(prefix)).get_variable_to_shape_map()) == {"fresh"}
 
 
-def run_child(code, *args, drop_root=False, preexec_fn=None):
-    """Run a Python snippet (json on its last stdout line) from the repo; optionally without root."""
-    cmd = [sys.executable, "-c", textwrap.dedent(code), *map(str, args)]
-    if drop_root and os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("running as root without setpriv: permissions are not enforced")
-        cmd = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *cmd]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, preexec_fn=preexec_fn)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 WRITE_AND_REPORT = """
@@ -499,17 +488,9 @@ def test_file_size_limit_mid_write_is_a_clear_error_and_leaves_nothing(tmp_path)
 
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    """A 256 KiB tmpfs (needs root and mount permission; skipped otherwise)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+def tiny_disk(small_tmpfs):
+    """A 256 KiB tmpfs to fill up (skipped where mounting is not allowed)."""
+    return small_tmpfs("256k")
 
 
 def test_full_disk_is_a_clear_error_and_leaves_nothing(tiny_disk):
