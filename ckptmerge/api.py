@@ -35,6 +35,7 @@ class Binding:
     targets: Any
     handles: List[SourceHandle]
     graph_ops: Any = None
+    savers: Any = None
     session: Any = None
 
     def _transforms(self, assignment: Any) -> List[Any]:

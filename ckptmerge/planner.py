@@ -486,6 +486,29 @@ class Plan:
             return run_plan(self, session=session, strict=strict)
         return run_plan(self, session=session, strict=strict, progress=progress)
 
+    def savers(self) -> Dict[str, Any]:
+        """One ``tf.compat.v1.train.Saver`` per checkpoint source, built once per plan (graph mode).
+
+        Each is built from a ``{checkpoint_key: variable}`` dict of that source's assignments
+        (a list of parts for a partitioned variable), the canonical TF way; call
+        ``saver.restore(sess, path)`` yourself when you want TF's own I/O. :meth:`restore` is
+        faster and atomic across sources (see the README), so it does not use them.
+
+        Returns:
+            ``{source label: Saver}``; the same objects on every call (no new ops).
+
+        Raises:
+            CkptMergeError: not graph mode, or an assignment needs a cast or transform (a Saver
+                cannot convert values) or comes from memory.
+
+        Example:
+            >>> for label, saver in plan.savers().items():          # doctest: +SKIP
+            ...     saver.restore(sess, {s.label: s.path for s in plan.sources}[label])
+        """
+        from .backends.graph import build_savers
+
+        return build_savers(self, self._binding)
+
     def with_binding(self, binding: Any) -> "Plan":
         """A copy of this plan with live readers/variables attached (used by the restore layer)."""
         return dataclasses.replace(self, _binding=binding)

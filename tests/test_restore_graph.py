@@ -178,3 +178,31 @@ def test_exclude_of_optimizer_slots_already_left_out_does_not_block(tf, tmp_path
         tf.compat.v1.get_variable("enc/w", shape=(2,))
         plan = cm.plan(None, [cm.Source(prefix, exclude="*/Adam*")])
     assert plan.ok and plan.unmatched_rules == []
+
+
+def test_savers_are_one_canonical_saver_per_source_built_once(tf, ab_checkpoints):
+    ab = ab_checkpoints
+    with tf.Graph().as_default() as g:
+        x1, y1, _ = _model_c(tf)
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
+            savers = plan.savers()
+            n_ops = len(g.get_operations())
+            assert plan.savers() is savers and len(g.get_operations()) == n_ops
+            assert sorted(savers) == ["A", "B"]
+            assert all(isinstance(s, tf.compat.v1.train.Saver) for s in savers.values())
+            paths = {s.label: s.path for s in plan.sources}
+            for label, saver in savers.items():
+                saver.restore(sess, paths[label])
+            np.testing.assert_array_equal(sess.run(x1), ab["a"]["a1"])
+            np.testing.assert_array_equal(sess.run(y1), ab["b"]["b1"])
+
+
+def test_savers_refuse_a_plan_that_casts(tf, tmp_path):
+    prefix = save_tf1(tmp_path / "m", {"w": np.array([1.5], np.float16)})
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("w", shape=(1,), dtype=tf.float32)
+        plan = cm.plan(None, [prefix], cast=True)
+        with pytest.raises(cm.CkptMergeError, match="use plan.restore"):
+            plan.savers()

@@ -26,7 +26,7 @@ from ..errors import CkptMergeError
 from . import Progress, make_report
 from .eager import prepare_values, read_sources
 
-__all__ = ["GraphOps", "restore_graph"]
+__all__ = ["GraphOps", "restore_graph", "build_savers"]
 
 
 class GraphOps:
@@ -91,3 +91,29 @@ def restore_graph(plan: Any, binding: Any, session: Any, progress: Optional[Prog
     prepared = prepare_values(plan, binding, values, as_numpy=True)
     binding.graph_ops.run(session, prepared)
     return make_report(plan, binding, mode="graph", elapsed=time.perf_counter() - t0, bytes_read=nbytes)
+
+
+def build_savers(plan: Any, binding: Any) -> Dict[str, Any]:
+    """The cached ``{source label: tf.compat.v1.train.Saver}`` of a graph-mode plan."""
+    import tensorflow as tf
+
+    if binding is None or binding.targets.mode != "graph":
+        raise CkptMergeError("plan.savers() is for graph-mode plans (tf.compat.v1 graphs); in eager "
+                             "mode call plan.restore().")
+    if binding.savers is not None:
+        return binding.savers
+    in_memory = {h.label for h in binding.handles if h.source.in_memory}
+    odd = sorted(a.target for a in plan.assignments.values()
+                 if a.cast or a.source in in_memory or binding.has_transform(a))
+    if odd:
+        raise CkptMergeError(
+            f"A Saver restores stored values as they are, but {len(odd)} assignment(s) cast, transform "
+            f"or come from memory (e.g. '{odd[0]}'); use plan.restore() for this plan.")
+    var_lists: Dict[str, Dict[str, Any]] = {}
+    for a in plan.assignments.values():
+        parts = [var for var, _ in binding.targets.variables[a.target].parts]
+        var_lists.setdefault(a.source, {})[a.key] = parts if len(parts) > 1 else parts[0]
+    with binding.targets.graph.as_default():
+        binding.savers = {label: tf.compat.v1.train.Saver(var_list=vl, name=f"ckptmerge_saver_{i}")
+                          for i, (label, vl) in enumerate(sorted(var_lists.items()))}
+    return binding.savers
