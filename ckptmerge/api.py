@@ -59,7 +59,8 @@ class Binding:
             return value
         from .transforms import chain_apply
 
-        current = self.current_value(assignment.target)
+        needs = any(getattr(t, "needs_current", True) for t in transforms)
+        current = self.current_value(assignment.target) if needs else None
         return chain_apply(transforms, np.asarray(value), current, target_shape=assignment.target_spec.shape)
 
     def current_value(self, name: str) -> np.ndarray:
@@ -115,13 +116,15 @@ def check_unique_labels(sources: List[Source]) -> None:
         )
 
 
-def open_sources(sources: List[Source], *, verify: bool = True) -> List[SourceHandle]:
-    """Open every source, closing the ones already opened if one fails."""
+def open_sources(sources: List[Source], *, verify: bool = True,
+                 resolved: Optional[List[Any]] = None) -> List[SourceHandle]:
+    """Open every source (``resolved``: what each already resolved to), closing the ones already
+    opened if one fails."""
     handles: List[SourceHandle] = []
     try:
-        for s in sources:
+        for i, s in enumerate(sources):
             try:
-                handles.append(s.open(verify=verify))
+                handles.append(s.open(verify=verify, resolved=resolved[i] if resolved else None))
             except CkptMergeError as e:  # say which source, when several could be meant
                 if len(sources) > 1 and e.args and isinstance(e.args[0], str):
                     e.args = (f"source '{s.label}': {e.args[0]}",) + e.args[1:]
@@ -255,11 +258,9 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
 
 
 def _resolve_reader(path: Any, step: Optional[int], verify: bool) -> Any:
-    from .resolve import resolve_checkpoint
-    from .formats import open_checkpoint
+    from .resolve import open_resolved
 
-    resolved = resolve_checkpoint(path, step=step)
-    return open_checkpoint(resolved.prefix, verify=verify)
+    return open_resolved(path, step=step, verify=verify)[1]
 
 
 def list_variables(path: Any, *, step: Optional[int] = None, optimizer: bool = True) -> List[VariableInfo]:

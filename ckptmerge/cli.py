@@ -215,11 +215,9 @@ class _Opened:
 
 
 def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:
-    from .formats import open_checkpoint
-    from .resolve import resolve_checkpoint
+    from .resolve import open_resolved
 
-    resolved = resolve_checkpoint(path, step=step)
-    reader = open_checkpoint(resolved.prefix, verify=verify)
+    resolved, reader = open_resolved(path, step=step, verify=verify)
     return _Opened(path, step, resolved.prefix, resolved.note, reader)
 
 

@@ -739,8 +739,8 @@ def merge(
     out_abs = os.path.abspath(given)
 
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
-    inputs = [(f"source '{s.label}'", resolve_checkpoint(s.path, step=s.step).prefix)
-              for s in srcs if not s.in_memory]
+    resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
+    inputs = [(f"source '{s.label}'", r.prefix) for s, r in zip(srcs, resolved) if r is not None]
     template_prefix = ""
     if kind == "path":
         template_prefix = resolve_checkpoint(tvalue).prefix
@@ -759,7 +759,7 @@ def merge(
     if update_state and os.path.isdir(os.path.dirname(out_abs)):
         state = read_state_file(os.path.dirname(out_abs))  # a broken state file fails before writing
 
-    handles = open_sources(srcs, verify=verify)
+    handles = open_sources(srcs, verify=verify, resolved=resolved)
     treader: Any = None
     jobs: List[_Job] = []
     try:

@@ -482,8 +482,6 @@ class Plan:
         """
         from .backends import run_plan
 
-        if progress is None:
-            return run_plan(self, session=session, strict=strict)
         return run_plan(self, session=session, strict=strict, progress=progress)
 
     def savers(self) -> Dict[str, Any]:
@@ -810,12 +808,14 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
 
     # A value transform (vocab remap, slice) whose target glob reaches no variable this source
     # provides is a typo or a stale config: report it, as an unmatched rule.
+    provided: Dict[str, List[str]] = {}
+    for a in assignments.values():
+        provided.setdefault(a.source, []).append(a.target)
+    for m in mismatched:
+        provided.setdefault(m.source, []).append(m.target)
     for src in sources:
         for t in src.transforms:
-            provided = [n for n, (lbl, _) in ((a.target, (a.source, a.name)) for a in assignments.values())
-                        if lbl == src.label]
-            provided += [m.target for m in mismatched if m.source == src.label]
-            if not any(t.applies_to(n) for n in provided):
+            if not any(t.applies_to(n) for n in provided.get(src.label, ())):
                 unmatched.append(UnmatchedRule("transform", f"{type(t).__name__} for {_q(getattr(t, 'target', '?'))}",
                                                tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)),
                                                False, src.label,

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .errors import (
     ArgumentError,
@@ -28,6 +28,7 @@ from .errors import (
 )
 
 __all__ = [
+    "open_resolved",
     "ArgumentError",
     "ArgumentTypeError",
     "CheckpointInfo",
@@ -896,3 +897,22 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
             f"'ckptmerge ls {parent} --step {step}' on the command line; or drop the step."
         )
     return resolved
+
+
+def open_resolved(path: PathArg, *, step: Optional[int] = None, verify: bool = True,
+                  resolved: Optional[ResolvedCheckpoint] = None) -> Tuple[ResolvedCheckpoint, Any]:
+    """Resolve ``path`` (or take ``resolved``) and open a TF-free reader on it.
+
+    Returns:
+        ``(resolved checkpoint, reader)``; close the reader (it is a context manager).
+
+    Example:
+        >>> resolved, reader = open_resolved("runs/A")     # doctest: +SKIP
+        >>> resolved.note, len(reader)                      # doctest: +SKIP
+        ('latest checkpoint per runs/A/checkpoint (step 10)', 3)
+    """
+    from .formats import open_checkpoint
+
+    if resolved is None:
+        resolved = resolve_checkpoint(path, step=step)
+    return resolved, open_checkpoint(resolved.prefix, verify=verify)

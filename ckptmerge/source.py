@@ -196,8 +196,17 @@ class Source:
         return f"Source({', '.join(parts)})"
 
     # -- opening -----------------------------------------------------------------------------
-    def open(self, *, verify: bool = True) -> "SourceHandle":
-        """Resolve the path and open a reader (no TensorFlow needed).
+    def resolve(self) -> Any:
+        """Which checkpoint this source means now (a :class:`ckptmerge.resolve.ResolvedCheckpoint`);
+        ``None`` for values in memory. Reads no checkpoint data."""
+        if self._values is not None:
+            return None
+        from .resolve import resolve_checkpoint
+
+        return resolve_checkpoint(self.path, step=self.step)
+
+    def open(self, *, verify: bool = True, resolved: Any = None) -> "SourceHandle":
+        """Resolve the path (unless ``resolved`` is given) and open a reader (no TensorFlow needed).
 
         Raises:
             CheckpointNotFoundError: the path, the latest checkpoint or the step does not exist.
@@ -205,12 +214,10 @@ class Source:
         """
         if self._values is not None:
             return MemoryHandle(self, self._values)
-        from .formats import open_checkpoint
-        from .resolve import resolve_checkpoint
+        from .resolve import open_resolved
 
-        resolved = resolve_checkpoint(self.path, step=self.step)
-        reader = open_checkpoint(resolved.prefix, verify=verify)
-        return CheckpointHandle(self, resolved.prefix, resolved.note, reader, step=resolved.step)
+        resolved, reader = open_resolved(self.path, step=self.step, verify=verify, resolved=resolved)
+        return CheckpointHandle(self, resolved.prefix, resolved.note, reader)
 
 
 @dataclass
@@ -228,7 +235,6 @@ class SourceHandle:
     path: str
     note: str
     all_variables: List[VariableInfo] = field(default_factory=list)
-    step: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -263,8 +269,8 @@ class SourceHandle:
 class CheckpointHandle(SourceHandle):
     """A source backed by a checkpoint on disk, read with ckptmerge's TF-free reader."""
 
-    def __init__(self, source: Source, path: str, note: str, reader: Any, step: Optional[int] = None) -> None:
-        super().__init__(source, path, note, list(reader.variables()), step)
+    def __init__(self, source: Source, path: str, note: str, reader: Any) -> None:
+        super().__init__(source, path, note, list(reader.variables()))
         self.reader = reader
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:

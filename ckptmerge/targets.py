@@ -65,11 +65,9 @@ class TargetVariable:
     parts: List[Tuple[Any, Optional[str]]] = field(default_factory=list)
 
     @property
-    def variable(self) -> Any:
-        """The single variable (raises for a partitioned target)."""
-        if len(self.parts) != 1 or self.parts[0][1] is not None:
-            raise CkptMergeError(f"target '{self.name}' is partitioned into {len(self.parts)} parts")
-        return self.parts[0][0]
+    def partitioned(self) -> bool:
+        """True for a TF1 partitioned variable (several parts, each a slice of the whole)."""
+        return len(self.parts) != 1 or self.parts[0][1] is not None
 
 
 @dataclass
@@ -103,9 +101,7 @@ class TargetSet:
 
 
 def _dtype_name(dtype: Any) -> str:
-    name = getattr(dtype, "name", str(dtype))
-    name = {"string": "string", "bool": "bool"}.get(name, name)
-    return name.replace("_ref", "")
+    return getattr(dtype, "name", str(dtype)).replace("_ref", "")
 
 
 def _is_keras_object(obj: Any) -> bool:

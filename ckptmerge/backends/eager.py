@@ -82,7 +82,7 @@ def prepare_values(plan: Any, binding: Any, values: Dict[Tuple[str, str], Any], 
         value = binding.transform(a, raw)  # cast, then vocab remap / slicing
         fresh = owned[a.source] or value is not raw
         for _, spec in binding.targets.variables[a.target].parts:
-            piece = part_value(value, spec) if spec is not None else value
+            piece = part_value(value, spec)
             mine = fresh or spec is not None
             out[(a.target, spec)] = to_numpy(piece, owned=mine) if as_numpy else to_tensor(piece, owned=mine)
     return out

@@ -56,7 +56,6 @@ class GraphOps:
                     self.feeds.append((a.target, spec, ph))
                     assigns.append(_assign(tf, var, ph))
             self.op = tf.group(*assigns, name="restore_all")
-        self.n_ops = len(graph.get_operations())
 
     def run(self, session: Any, values: Dict[Tuple[str, Optional[str]], np.ndarray]) -> None:
         """Assign the prepared values (keyed by target name and part spec) in one run."""

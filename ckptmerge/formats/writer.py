@@ -318,6 +318,7 @@ class BundleWriter:
         self._max_shard = max_shard_bytes
         self._block_size = block_size
         self._durable = bool(durable)
+        self._no_kernel_copy = False  # set once copy_file_range turns out unsupported here
         self._tmp_stem = os.path.join(
             self._dir, f".{self._base}{_TMP_MARK}{os.getpid()}-{_HOST_TAG}-{os.urandom(4).hex()}")
         self._shards: List[str] = []          # temp paths of the data shards
@@ -664,6 +665,10 @@ class BundleWriter:
         assert f is not None
         start = self._shard_sizes[-1]
         path = self._shards[-1]
+        if self._no_kernel_copy:  # found out on an earlier tensor: stream without a second read
+            self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
+                         expected_crc32c=expected_crc32c if verify else None)
+            return
         # The checksum of the source range is computed on another thread while the kernel
         # copies it (both release the GIL), so verifying costs next to nothing on 2+ cores.
         checksum = _Checksum(src_fd, src_offset, expected)
@@ -675,7 +680,8 @@ class BundleWriter:
             self._truncate_back(start)
             raise self._fail(e, path, "write the temporary data file") from e
         crc = checksum.result()
-        if copied is None:  # no in-kernel copy here: stream it
+        if copied is None:  # no in-kernel copy here: stream it, and the next ones too
+            self._no_kernel_copy = True
             self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
                          expected_crc32c=expected_crc32c if verify else None)
             return
