@@ -70,14 +70,9 @@ class Binding:
             vals = self.session.run([v for v, _ in target.parts]) if self.session is not None else None
         else:
             vals = [v.numpy() for v, _ in target.parts]
-        if len(target.parts) == 1 and target.parts[0][1] is None:
-            return np.asarray(vals[0])
-        from .backends.tensors import parse_slice_spec
+        from .backends.tensors import join_parts
 
-        full = np.zeros(target.info.shape, dtype=vals[0].dtype)
-        for (_, spec), val in zip(target.parts, vals):
-            full[parse_slice_spec(spec)[1]] = val
-        return full
+        return join_parts(target, vals)
 
     def close(self) -> None:
         """Close every source's files."""

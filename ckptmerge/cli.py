@@ -51,6 +51,7 @@ import click
 from . import __version__
 from .errors import CkptMergeError, PlanError, did_you_mean
 from .specs import KIND_VARIABLE, VariableInfo
+from .text import human_bytes, plural
 
 __all__ = ["cli", "main"]
 
@@ -127,28 +128,6 @@ def _silence_stdout() -> None:
 # ============================================================================================
 # Rendering helpers
 # ============================================================================================
-
-
-def human_bytes(n: int) -> str:
-    """``"512 B"``, ``"1.5 KiB"``, ``"3.0 MiB"``, ...
-
-    Example:
-        >>> human_bytes(1536)
-        '1.5 KiB'
-    """
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    unit = "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024.0
-        if size < 1024:
-            break
-    return f"{size:.1f} {unit}"
-
-
-def _plural(n: int, word: str, plural: Optional[str] = None) -> str:
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
 def _shape(shape: Sequence[int]) -> str:
@@ -392,7 +371,7 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
             if kind == "scope":
                 # the count goes last, after the stats columns if any, so leaves stay compact
                 row = [f"{indent}{name}/"] + [""] * (ncols - 2) + [human_bytes(size)]
-                row += [""] * n_stats + [f"({_plural(obj['count'], 'variable')})"]
+                row += [""] * n_stats + [f"({plural(obj['count'], 'variable')})"]
                 rows.append(row)
                 walk(obj, depth + 1)
             else:
@@ -478,9 +457,9 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
         if rows:
             lines.append(table(rows, right=right, header=header))
     word = "tensor" if show_all else "variable"
-    total = f"{_plural(len(shown), word)}, {human_bytes(sum(v.nbytes for v in shown))}"
+    total = f"{plural(len(shown), word)}, {human_bytes(sum(v.nbytes for v in shown))}"
     if globs or pattern is not None:
-        total = f"{len(shown)} of {_plural(len(pool), word)} match, {human_bytes(sum(v.nbytes for v in shown))}"
+        total = f"{len(shown)} of {plural(len(pool), word)} match, {human_bytes(sum(v.nbytes for v in shown))}"
     hidden = len(everything) - len(pool)
     if hidden and (globs or pattern is not None):
         matching = len(_filter([v for v in everything if v.kind != KIND_VARIABLE], globs, pattern))
@@ -554,7 +533,7 @@ def _unknown_name(opened: _Opened, name: str) -> CliError:
     return CliError(
         f"Variable {name!r} not found in checkpoint {opened.given!r} ({opened.prefix})."
         f"{did_you_mean(name, candidates)} Run '{opened.ls_command()}' to list its "
-        f"{_plural(n_vars, 'variable')}.")
+        f"{plural(n_vars, 'variable')}.")
 
 
 @cli.command("show", short_help="Print one tensor's values.")
@@ -726,7 +705,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
         for c in value_diffs])
     what = "names, dtypes, shapes" + (" and values" if values else "")
     if equal:
-        lines.append(f"Equal: {_plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
+        lines.append(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
                      + (f" ({len(compared)} compared)" if values else ""))
     else:
         parts = []
@@ -784,7 +763,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
         return
     rows = [["*" if c.latest else "", "-" if c.step is None else str(c.step), _local_iso(c.time),
              human_bytes(c.size), rel(c.path)] for c in infos]
-    total = f"{_plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
+    total = f"{plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
     if not any(c.latest for c in infos):
         from .resolve import read_state_file
 
@@ -833,9 +812,9 @@ def demo_command(workdir: Optional[str]) -> None:
         click.echo(f"{'PASS' if ok else 'FAIL'}  {description}")
     n_fail = sum(1 for _, ok in result.checks if not ok)
     if result.ok:
-        click.echo(f"All {_plural(len(result.checks), 'check')} passed.")
+        click.echo(f"All {plural(len(result.checks), 'check')} passed.")
     else:
-        click.echo(f"{n_fail} of {_plural(len(result.checks), 'check')} FAILED.")
+        click.echo(f"{n_fail} of {plural(len(result.checks), 'check')} FAILED.")
         raise SystemExit(EXIT_FINDINGS)
 
 
@@ -865,7 +844,7 @@ def check_command(config: str) -> None:
     message (exit 2).
     """
     cfg = _load_config(config)
-    click.echo(f"OK: {_plural(len(cfg.sources), 'source')}")
+    click.echo(f"OK: {plural(len(cfg.sources), 'source')}")
 
 
 def _import_function(spec: str) -> Callable[[], Any]:
@@ -1043,7 +1022,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
             if not cfg.strict:
                 click.echo("strict: false in the config: "
                            + ("nothing blocks the restore." if not blocking
-                              else f"{_plural(len(blocking), 'finding')} still block it."))
+                              else f"{plural(len(blocking), 'finding')} still block it."))
     finally:
         _close_plan(plan)
     if blocking:

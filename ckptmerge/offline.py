@@ -43,19 +43,34 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .api import SourcesArg, as_sources, check_unique_labels, open_sources
-from .errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
-                     CkptMergeError, OutputExistsError, PlanError)
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CheckpointFormatError,
+    CheckpointWriteError,
+    CkptMergeError,
+    OutputExistsError,
+    PlanError,
+)
 from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
 from .formats.writer import BundleWriter
 from .planner import Plan, SourceView, make_plan
-from .report import Report, _human_bytes, _plural, _section
+from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
 from .source import CheckpointHandle, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
-from .transforms import Slice, TransformError, cast_array, chain_apply, chain_output_shape, numpy_dtype
+from .text import human_bytes, plural
+from .transforms import (
+    Slice,
+    TransformError,
+    cast_array,
+    chain_apply,
+    chain_output_shape,
+    numpy_dtype,
+)
 
 __all__ = ["merge", "MergeReport", "Progress"]
 
@@ -109,11 +124,11 @@ class MergeReport(Report):
 
     def summary(self) -> str:
         """One line, e.g. ``"wrote 12 variables (2 from the template) from 2 sources to 'out/m' in 0.40 s"``."""
-        n = _plural(len(self.restored), "variable")
+        n = plural(len(self.restored), "variable")
         if self.from_template:
             n += f" ({len(self.from_template)} from the template)"
         text = (f"{'would write' if self.dry_run else 'wrote'} {n} from "
-                f"{_plural(self.n_sources_used, 'source')} to '{self.output}'")
+                f"{plural(self.n_sources_used, 'source')} to '{self.output}'")
         if not self.dry_run:
             text += f" in {self.elapsed:.2f} s"
         if self.skipped:
@@ -122,9 +137,9 @@ class MergeReport(Report):
 
     def render(self, *, limit: Optional[int] = 50) -> str:
         """Plain text: the summary, bytes, per-source lines, written, from template, left out."""
-        written = (f"; wrote {_human_bytes(self.bytes_written)}" if not self.dry_run
+        written = (f"; wrote {human_bytes(self.bytes_written)}" if not self.dry_run
                    else " (dry run: nothing written)")
-        out = [self.summary(), f"Mode: offline; read {_human_bytes(self.bytes_read)}{written}"]
+        out = [self.summary(), f"Mode: offline; read {human_bytes(self.bytes_read)}{written}"]
         out += self._source_lines("written")
         by_target = self.plan.assignments
         lines = [by_target[t].describe() if t in by_target else f"{t} <- {_TEMPLATE_LABEL}"
@@ -275,7 +290,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
         specs.append(VariableInfo(tname, shape, spec.dtype, key=tname, kind=spec.kind, nbytes=nbytes))
     if slices:
         raise TransformError(
-            f"{_plural(len(slices), 'slice transform')} cannot apply in a merge without a template: a "
+            f"{plural(len(slices), 'slice transform')} cannot apply in a merge without a template: a "
             "slice copies the overlap with the target's shape, and without a template there is no "
             "target shape (" + "; ".join(slices[:5]) + (f"; ... and {len(slices) - 5} more" if len(slices) > 5 else "")
             + "). Pass template=<checkpoint or list of VariableInfo> with the shapes you want, or "
@@ -509,7 +524,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
                          sort_key=(si, *_entry_order(raw, a.key), a.target)))
     if needs_current:
         raise TransformError(
-            f"{_plural(len(needs_current), 'transform')} with init='keep' need the target's current "
+            f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
             "value, which a merge takes from a template checkpoint, and there is none: "
             + ", ".join(needs_current[:5]) + (f" ... and {len(needs_current) - 5} more" if len(needs_current) > 5 else "")
             + ". Use init='zeros', or pass template=<checkpoint> whose values fill the rest.")
@@ -565,8 +580,8 @@ def _check_space(out_abs: str, given: str, needed: int) -> None:
     free = st.f_bavail * st.f_frsize
     if needed > free:
         raise CheckpointWriteError(
-            f"Not enough space to write checkpoint '{given}': it needs about {_human_bytes(needed)} but "
-            f"only {_human_bytes(free)} is free on the disk of '{probe}'. Free some space on that disk, "
+            f"Not enough space to write checkpoint '{given}': it needs about {human_bytes(needed)} but "
+            f"only {human_bytes(free)} is free on the disk of '{probe}'. Free some space on that disk, "
             "or write the checkpoint elsewhere. No checkpoint was written.", path=probe, errno_=errno.ENOSPC)
 
 

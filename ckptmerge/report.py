@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .planner import OptionError, _q
 from .rules import _received
+from .text import human_bytes, plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from .planner import Plan
@@ -19,10 +20,6 @@ __all__ = ["render_plan", "Report", "RESTORE_MODES"]
 
 #: Valid values of :attr:`Report.mode`.
 RESTORE_MODES = ("graph", "eager", "offline")
-
-
-def _plural(n: int, word: str, plural: Optional[str] = None) -> str:
-    return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
 def _section(title: str, lines: Sequence[str], limit: Optional[int], hint: str = "") -> List[str]:
@@ -37,18 +34,6 @@ def _section(title: str, lines: Sequence[str], limit: Optional[int], hint: str =
     return out
 
 
-def _human_bytes(n: int) -> str:
-    """``"512 B"``, ``"1.5 KiB"``, ``"3.0 MiB"``, ..."""
-    if n < 1024:
-        return f"{n} B"
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024.0
-        if size < 1024 or unit == "TiB":
-            break
-    return f"{size:.1f} {unit}"
-
-
 def verdict(plan: "Plan") -> str:
     """The last line of a plan report.
 
@@ -61,7 +46,7 @@ def verdict(plan: "Plan") -> str:
     if not n:
         return "OK: nothing blocks a strict restore"
     m = len(plan.blocking(strict=False))
-    return f"{_plural(n, 'blocking finding')} (strict); {m} with strict=False"
+    return f"{plural(n, 'blocking finding')} (strict); {m} with strict=False"
 
 
 def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
@@ -91,7 +76,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise OptionError(f"limit must be a non-negative int or None; received {_received(limit)}.")
     out: List[str] = [
-        f"Plan: {_plural(len(plan.targets), 'target')}, {_plural(len(plan.sources), 'source')}, "
+        f"Plan: {plural(len(plan.targets), 'target')}, {plural(len(plan.sources), 'source')}, "
         f"{len(plan.assignments)} assigned",
         f"Options: on_conflict={_q(plan.on_conflict)}, "
         f"on_shape_mismatch={_q(plan.on_shape_mismatch)}, cast={plan.cast}, "
@@ -106,7 +91,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         note = f" ({s.note})" if s.note else ""
         out.append(f"  {s.label}: {s.path}{note}")
         out.append("    rules: " + "; ".join(s.rules.describe()))
-        out.append(f"    {_plural(len(s.variables), 'variable')}: {used.get(s.label, 0)} used, "
+        out.append(f"    {plural(len(s.variables), 'variable')}: {used.get(s.label, 0)} used, "
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
 
@@ -180,8 +165,8 @@ class Report:
 
     def summary(self) -> str:
         """One line, e.g. ``"restored 2 variables from 2 sources in 0.12 s; 1 allowed missing; 0 skipped"``."""
-        return (f"restored {_plural(len(self.restored), 'variable')} from "
-                f"{_plural(self.n_sources_used, 'source')} in {self.elapsed:.2f} s; "
+        return (f"restored {plural(len(self.restored), 'variable')} from "
+                f"{plural(self.n_sources_used, 'source')} in {self.elapsed:.2f} s; "
                 f"{len(self.plan.allowed_missing)} allowed missing; {len(self.skipped)} skipped")
 
     def _source_lines(self, verb: str) -> List[str]:
@@ -190,12 +175,12 @@ class Report:
         for s in self.sources:
             note = f" ({s['note']})" if s.get("note") else ""
             out.append(f"  {s.get('label', '?')}: {s.get('path', '?')}{note}: "
-                       f"{s.get('n_restored', 0)} {verb}, {_human_bytes(int(s.get('bytes', 0)))}")
+                       f"{s.get('n_restored', 0)} {verb}, {human_bytes(int(s.get('bytes', 0)))}")
         return out
 
     def render(self, *, limit: Optional[int] = 50) -> str:
         """Plain text: the summary, mode and bytes, per-source lines, restored and skipped."""
-        out = [self.summary(), f"Mode: {self.mode}; read {_human_bytes(self.bytes_read)}"]
+        out = [self.summary(), f"Mode: {self.mode}; read {human_bytes(self.bytes_read)}"]
         out += self._source_lines("restored")
         by_target = self.plan.assignments
         restored = []

@@ -11,10 +11,11 @@ restoring a snapshot is a buffer hand-over, not a copy.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .api import Binding, SourcesArg
 from .errors import CkptMergeError, PlanError
+from .backends.tensors import join_parts
 from .source import Source, SourceHandle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,26 +58,15 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
         for (n, _), val in zip(flat, fetched):
             values.setdefault(n, []).append(val)
         for n, t in targets.variables.items():
-            values[n] = values[n][0] if len(t.parts) == 1 else _join_parts(t, values[n])
+            values[n] = join_parts(t, values[n])
     else:
         with tf.device("/CPU:0"):
             for n, t in targets.variables.items():
-                if len(t.parts) == 1 and t.parts[0][1] is None:
+                if not t.partitioned:
                     values[n] = tf.identity(t.parts[0][0].read_value())
                 else:
-                    values[n] = _join_parts(t, [v.numpy() for v, _ in t.parts])
+                    values[n] = join_parts(t, [v.numpy() for v, _ in t.parts])
     return Source(None, name=name, _values=values)
-
-
-def _join_parts(target: Any, parts: List[Any]) -> Any:
-    import numpy as np
-
-    from .backends.tensors import parse_slice_spec
-
-    full = np.zeros(target.info.shape, dtype=np.asarray(parts[0]).dtype)
-    for (_, spec), val in zip(target.parts, parts):
-        full[parse_slice_spec(spec)[1]] = np.asarray(val)
-    return full
 
 
 class Restorer:

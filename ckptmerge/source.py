@@ -142,7 +142,7 @@ class Source:
             from .targets import collect_targets
 
             targets = collect_targets(values)
-            split = sorted(n for n, t in targets.variables.items() if len(t.parts) != 1 or t.parts[0][1] is not None)
+            split = sorted(n for n, t in targets.variables.items() if t.partitioned)
             if split:
                 raise CkptMergeError(
                     f"Partitioned variables cannot be a live source ({', '.join(split[:5])}); "

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..formats.base import ALIGN, aligned_empty
 
-__all__ = ["to_tensor", "to_numpy", "aligned_empty", "parse_slice_spec", "cast_value", "ALIGN"]
+__all__ = ["to_tensor", "to_numpy", "aligned_empty", "parse_slice_spec", "cast_value", "join_parts", "ALIGN"]
 
 
 
@@ -83,6 +83,23 @@ def cast_value(value: Any, dtype_name: str) -> Any:
     import tensorflow as tf
 
     return tf.cast(value, dtype_name)
+
+
+def join_parts(target: Any, values: List[Any]) -> np.ndarray:
+    """The whole value of a target from its parts' values (a partitioned variable's slices).
+
+    Example:
+        >>> class T: parts = [(None, "4 0,2"), (None, "4 2,2")]; partitioned = True; info = type("I", (), {"shape": (4,)})
+        >>> join_parts(T, [np.array([1, 2]), np.array([3, 4])]).tolist()
+        [1, 2, 3, 4]
+    """
+    if not target.partitioned:
+        return np.asarray(values[0])
+    first = np.asarray(values[0])
+    full = np.zeros(target.info.shape, dtype=first.dtype)
+    for (_, spec), val in zip(target.parts, values):
+        full[parse_slice_spec(spec)[1]] = np.asarray(val)
+    return full
 
 
 def part_value(value: np.ndarray, spec: Optional[str]) -> np.ndarray:
