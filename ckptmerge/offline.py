@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -56,7 +55,7 @@ from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
-from .formats.writer import BundleWriter
+from .formats.writer import _DATA_RE, BundleWriter, existing_checkpoint_files
 from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
@@ -81,7 +80,6 @@ Progress = Callable[[int, int], None]
 TemplateArg = Union[None, str, "os.PathLike[str]", Sequence[VariableInfo]]
 
 _PIECE = 4 << 20  # raw copies and streamed casts move this many bytes at a time
-_DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
 _TEMPLATE_LABEL = "(template)"
 
 
@@ -190,19 +188,6 @@ def _check_out_prefix(out_prefix: Any) -> str:
         raise ArgumentError(f"out_prefix must be the checkpoint prefix without '.index' or '.data-*', "
                             f"e.g. '{stem}'. Received: out_prefix={given!r}")
     return given
-
-
-def _existing_outputs(abs_prefix: str) -> List[str]:
-    """The files a checkpoint at ``abs_prefix`` consists of (index and data shards) that exist."""
-    directory, base = os.path.split(abs_prefix)
-    found = [abs_prefix + ".index"] if os.path.lexists(abs_prefix + ".index") else []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        names = []
-    found += [os.path.join(directory, n) for n in names
-              if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
-    return found
 
 
 def _check_template(template: Any) -> Tuple[str, Any]:
@@ -762,7 +747,7 @@ def merge(
         inputs.append((f"the template '{tvalue}'", template_prefix))
     _check_not_an_input(out_abs, given, inputs)
     if not overwrite:
-        found = _existing_outputs(out_abs)
+        found = existing_checkpoint_files(out_abs)
         if found:
             shown = os.path.join(os.path.dirname(given), os.path.basename(found[0]))
             raise OutputExistsError(
@@ -826,7 +811,7 @@ def merge(
             except BaseException:
                 writer.abort()
                 raise
-            bytes_written = sum(os.path.getsize(p) for p in _existing_outputs(out_abs))
+            bytes_written = sum(os.path.getsize(p) for p in existing_checkpoint_files(out_abs))
             if update_state:
                 state_path = _write_state(out_abs, given, state)
             logger.info("merged %d tensors from %d source(s) into %s (%d bytes)", len(jobs), len(handles),

@@ -357,17 +357,7 @@ class BundleWriter:
     # -- helpers -----------------------------------------------------------------------------
 
     def _existing_outputs(self) -> List[str]:
-        found = []
-        if os.path.lexists(self._abs + ".index"):
-            found.append(self._abs + ".index")
-        try:
-            names = os.listdir(self._dir)
-        except OSError:
-            names = []
-        for name in sorted(names):
-            if name.startswith(self._base) and _DATA_RE.fullmatch(name[len(self._base):]):
-                found.append(os.path.join(self._dir, name))
-        return found
+        return existing_checkpoint_files(self._abs)
 
     def _check_existing(self) -> None:
         if self._overwrite:
@@ -871,6 +861,24 @@ def _pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
             raise OSError(errno.EIO, f"unexpected end of file after {pos} of {nbytes} bytes")
         yield buf[:n]
         pos += n
+
+
+def existing_checkpoint_files(abs_prefix: str) -> List[str]:
+    """The files of a checkpoint at ``abs_prefix`` that exist: its index (a dangling link
+    counts) and its data shards.
+
+    Example:
+        >>> existing_checkpoint_files("/nowhere/model")
+        []
+    """
+    directory, base = os.path.split(abs_prefix)
+    found = [abs_prefix + ".index"] if os.path.lexists(abs_prefix + ".index") else []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        names = []
+    return found + [os.path.join(directory, n) for n in names
+                    if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
 
 
 def _remove_quietly(path: str) -> None:
