@@ -608,3 +608,9 @@ def test_add_range_without_verify_copies_mismatching_bytes_with_their_own_checks
 
     with open_checkpoint(str(tmp_path / "out")) as r:  # readable: the recorded CRC is the copy's
         assert r.get("x").tolist() == list(range(6))
+
+
+def test_add_raw_with_a_shape_too_big_for_int64_is_refused_not_overflowed(tmp_path):
+    with BundleWriter(str(tmp_path / "out")) as w:
+        with pytest.raises(ArgumentError, match="needs"):
+            w.add_raw("huge", 1, (2 ** 40, 2 ** 40), [b"\0" * 8])

@@ -9,6 +9,7 @@ lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protoco
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -33,7 +34,7 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     """
     dt = np.dtype(dtype)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = math.prod(int(d) for d in shape) * dt.itemsize  # Python ints: no silent overflow
     buf = np.empty(n + ALIGN, np.uint8)
     off = (-buf.ctypes.data) % ALIGN
     return buf[off:off + n].view(dt).reshape(shape)

@@ -19,10 +19,22 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import re
 import struct
-from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    BinaryIO,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import crc32c as _crc32c
 import numpy as np
@@ -36,7 +48,12 @@ from ckptmerge.errors import (
 )
 from ckptmerge.formats.bundle import data_file_name, mask_crc
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
-from ckptmerge.formats.protowire import encode_varint, field_bytes, field_fixed32, field_varint
+from ckptmerge.formats.protowire import (
+    encode_varint,
+    field_bytes,
+    field_fixed32,
+    field_varint,
+)
 
 __all__ = [
     "BundleWriter",
@@ -622,7 +639,7 @@ class BundleWriter:
             raise ArgumentTypeError(f"shape must be a sequence of ints. Received: shape={shape!r}") from None
         if any(d < 0 for d in dims):
             raise ArgumentError(f"shape must have sizes >= 0. Received: shape={shape!r}")
-        return kb, dtype_enum, dims, TF_TO_NUMPY[dtype_enum].itemsize * int(np.prod(dims, dtype=np.int64))
+        return kb, dtype_enum, dims, TF_TO_NUMPY[dtype_enum].itemsize * math.prod(dims)  # exact for any size
 
     def add_range(self, key: str, dtype_enum: int, shape: ShapeArg, src_fd: int, src_offset: int, *,
                   expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
