@@ -9,7 +9,7 @@ callers and tests need not parse messages. This module also holds the one "did y
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 __all__ = [
     "CkptMergeError",
@@ -25,6 +25,8 @@ __all__ = [
     "CheckpointWriteError",
     "UnknownTensorError",
     "did_you_mean",
+    "did_you_mean_text",
+    "suggest",
     "format_list",
 ]
 
@@ -186,31 +188,54 @@ class UnknownTensorError(CkptMergeError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.8) -> str:
-    """Return ``" Did you mean 'x'?"`` (or ``" Did you mean 'x' or 'y'?"``) or ``""``.
+def suggest(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.8,
+            leaf_cutoff: Optional[float] = None) -> List[str]:
+    """Up to ``n`` candidates close to ``name``, best first (empty if none is close).
 
-    Matching is on the whole name and, as a fallback, on the last path component, so that
-    ``enc/kernal`` finds ``encoder/dense/kernel`` when the scope differs too.
+    Matching is on the whole name and, as a fallback, on the last path component (with
+    ``leaf_cutoff``, default ``cutoff``), so that ``enc/kernal`` finds ``encoder/dense/kernel``
+    when the scope differs too.
 
     Example:
-        >>> did_you_mean("dense/kernal", ["dense/kernel", "dense/bias"])
-        " Did you mean 'dense/kernel'?"
+        >>> suggest("dense/kernal", ["dense/kernel", "dense/bias"])
+        ['dense/kernel']
     """
     cands = list(dict.fromkeys(candidates))
     close = difflib.get_close_matches(name, cands, n=n, cutoff=cutoff)
     if not close:
         leaf = name.rstrip("/").rsplit("/", 1)[-1]
-        by_leaf = {}
+        by_leaf: Dict[str, List[str]] = {}
         for c in cands:
             by_leaf.setdefault(c.rstrip("/").rsplit("/", 1)[-1], []).append(c)
-        for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.8):
+        leaf_cut = cutoff if leaf_cutoff is None else leaf_cutoff
+        for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=leaf_cut):
             close = difflib.get_close_matches(name, by_leaf[m], n=n, cutoff=0.0)
-    if not close:
+    return close
+
+
+def did_you_mean_text(suggestions: Sequence[str]) -> str:
+    """Render ``" Did you mean 'x'?"`` / ``" Did you mean 'x' or 'y'?"`` or ``""``.
+
+    Example:
+        >>> did_you_mean_text(["a", "b"])
+        " Did you mean 'a' or 'b'?"
+    """
+    if not suggestions:
         return ""
-    quoted = [f"'{c}'" for c in close]
+    quoted = [f"'{s}'" for s in suggestions]
     if len(quoted) == 1:
         return f" Did you mean {quoted[0]}?"
     return " Did you mean " + ", ".join(quoted[:-1]) + " or " + quoted[-1] + "?"
+
+
+def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.8) -> str:
+    """Return ``" Did you mean 'x'?"`` (or ``" Did you mean 'x' or 'y'?"``) or ``""``.
+
+    Example:
+        >>> did_you_mean("dense/kernal", ["dense/kernel", "dense/bias"])
+        " Did you mean 'dense/kernel'?"
+    """
+    return did_you_mean_text(suggest(name, candidates, n=n, cutoff=cutoff, leaf_cutoff=0.8))
 
 
 def format_list(items: Sequence[str], *, limit: int = 5, more_hint: str = "") -> str:

@@ -21,13 +21,12 @@ ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict`
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import RuleError
+from .errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
 from .specs import normalize_name
 
 __all__ = [
@@ -56,43 +55,6 @@ def _received(value: Any) -> str:
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} (type {type(value).__name__})"
-
-
-def suggest(name: str, candidates: Sequence[str], *, n: int = 3, cutoff: float = 0.8) -> List[str]:
-    """Return up to ``n`` candidates close to ``name``, best first (empty if none is close).
-
-    Same matching as :func:`ckptmerge.errors.did_you_mean` (whole name, then the last path
-    component), but returns the list so findings can carry it as data.
-
-    Example:
-        >>> suggest("dense/kernal", ["dense/kernel", "dense/bias"])
-        ['dense/kernel']
-    """
-    cands = list(dict.fromkeys(candidates))
-    close = difflib.get_close_matches(name, cands, n=n, cutoff=cutoff)
-    if not close:
-        leaf = name.rstrip("/").rsplit("/", 1)[-1]
-        by_leaf: Dict[str, List[str]] = {}
-        for c in cands:
-            by_leaf.setdefault(c.rstrip("/").rsplit("/", 1)[-1], []).append(c)
-        for m in difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=cutoff):
-            close = difflib.get_close_matches(name, by_leaf[m], n=n, cutoff=0.0)
-    return close
-
-
-def did_you_mean_text(suggestions: Sequence[str]) -> str:
-    """Render ``" Did you mean 'x'?"`` / ``" Did you mean 'x' or 'y'?"`` or ``""``.
-
-    Example:
-        >>> did_you_mean_text(["a", "b"])
-        " Did you mean 'a' or 'b'?"
-    """
-    if not suggestions:
-        return ""
-    quoted = [_q(s) for s in suggestions]
-    if len(quoted) == 1:
-        return f" Did you mean {quoted[0]}?"
-    return " Did you mean " + ", ".join(quoted[:-1]) + " or " + quoted[-1] + "?"
 
 
 def _scopes_of(names: Sequence[str]) -> List[str]:
