@@ -69,6 +69,7 @@ from .transforms import (
     chain_apply,
     chain_output_shape,
     numpy_dtype,
+    select,
 )
 
 __all__ = ["merge", "MergeReport", "Progress"]
@@ -261,7 +262,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     for tname in sorted(chosen):
         _, spec, view = chosen[tname]
         shape = tuple(spec.shape)
-        ts = [t for t in view.transforms if t.applies_to(tname)]
+        ts = select(view.transforms, tname)
         if any(isinstance(t, Slice) for t in ts):
             slices.append(f"{view.label}: Slice for '{next(t.target for t in ts if isinstance(t, Slice))}' "
                           f"applies to '{tname}'")
@@ -775,15 +776,9 @@ def merge(
         plan = make_plan(targets, views, allow_missing=allow_missing, on_conflict=on_conflict,
                          on_shape_mismatch=on_shape_mismatch, cast=cast)
         try:
-            plan.check(strict=strict)
+            plan.check(strict=strict, action="write")
         except PlanError as e:
-            text = str(e).replace("to restore what can be restored", "to write what can be written")
-            raise PlanError(f"{text}\nNothing was written to '{given}'.", plan=e.plan) from None
-        if not strict:
-            lenient = plan.blocking(strict=True)
-            if lenient:
-                logger.warning("ckptmerge: merging with %d finding(s) not enforced (strict=False): %s",
-                               len(lenient), "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
+            raise PlanError(f"{e}\nNothing was written to '{given}'.", plan=e.plan) from None
         jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
         if not jobs:
             raise CkptMergeError(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -28,6 +29,11 @@ from .transforms import TransformError, cast_problem, chain_output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
+
+_log = logging.getLogger(__name__)
+#: action -> (what strict=False lets you do, the warning's verb)
+_ACTIONS = {"restore": ("restore what can be restored", "restoring"),
+            "write": ("write what can be written", "merging")}
 
 __all__ = [
     "OptionError",
@@ -419,11 +425,15 @@ class Plan:
         """True when nothing blocks a strict restore."""
         return not self.blocking(strict=True)
 
-    def check(self, strict: bool = True) -> "Plan":
+    def check(self, strict: bool = True, *, action: str = "restore") -> "Plan":
         """Raise one :class:`~ckptmerge.errors.PlanError` listing every blocking finding.
+
+        With ``strict=False``, the findings that are let through are logged as one warning.
 
         Args:
             strict: see :meth:`blocking`.
+            action: what the plan is checked for, ``"restore"`` or ``"write"`` (a merge), for the
+                wording of the message and the warning.
 
         Returns:
             ``self``, so ``plan.check().restore()`` reads naturally.
@@ -438,6 +448,11 @@ class Plan:
         """
         lines = self.blocking(strict=strict)
         if not lines:
+            lenient = [] if strict else self.blocking(strict=True)
+            if lenient:
+                _log.warning("ckptmerge: %s with %d finding(s) not enforced (strict=False): %s",
+                             _ACTIONS[action][1], len(lenient),
+                             "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
             return self
         n = len(lines)
         head = (f"{n} blocking finding{'s' if n != 1 else ''} in the plan "
@@ -448,7 +463,7 @@ class Plan:
                         "`ckptmerge plan --json` shows all)")
         tail = []
         if strict and len(self.blocking(strict=False)) < n:
-            tail.append("Pass strict=False to restore what can be restored; then only explicit "
+            tail.append(f"Pass strict=False to {_ACTIONS[action][0]}; then only explicit "
                         "map entries that match nothing block.")
         raise PlanError("\n".join([head, *body, *tail]), plan=self)
 

@@ -211,7 +211,16 @@ class RegexRule:
         m = self._regex.fullmatch(name)
         if m is None:
             raise RuleError(f"{self.describe()} does not match {_q(name)}.")
-        return None if self.replacement is None else m.expand(self.replacement)
+        return self.expand(m)
+
+    def try_rename(self, name: str) -> Tuple[bool, Optional[str]]:
+        """``(matched, new name)`` with one match of the pattern (``None``: drop)."""
+        m = self._regex.fullmatch(name)
+        return (False, None) if m is None else (True, self.expand(m))
+
+    def expand(self, match: "re.Match[str]") -> Optional[str]:
+        """The replacement for a match of this pattern (``None``: drop)."""
+        return None if self.replacement is None else match.expand(self.replacement)
 
     def search(self, name: str) -> bool:
         """Whether the pattern matches some part of ``name`` (used for hints)."""
@@ -638,12 +647,13 @@ class Rules:
                 if not rule.is_scope:
                     explicit.add(n)
                 continue
-            hits = [(i, r) for i, r in enumerate(self.regexes) if r.matches(n)]
+            tries = [(i, r, r.try_rename(n)) for i, r in enumerate(self.regexes)]
+            hits = [(i, r) for i, r, (ok, _) in tries if ok]
             if not hits:
                 dropped.append(n)
                 continue
             used_regexes.update(i for i, _ in hits)
-            results = [r.rename(n) for _, r in hits]
+            results = [new for _, _, (ok, new) in tries if ok]
             if len(set(results)) > 1:
                 ambiguous.append(Ambiguity(n, tuple(results), tuple(r.describe() for _, r in hits)))
             elif results[0] is None:

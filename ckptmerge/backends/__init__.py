@@ -41,12 +41,7 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
             "This plan has no live target or sources (it was built from specs alone). "
             "Make it with ckptmerge.plan(target, sources) to restore it."
         )
-    plan.check(strict=strict)
-    if not strict:
-        lenient = plan.blocking(strict=True)
-        if lenient:
-            log.warning("ckptmerge: restoring with %d finding(s) not enforced (strict=False): %s",
-                        len(lenient), "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
+    plan.check(strict=strict, action="restore")
     if binding.targets.mode == "specs":
         raise CkptMergeError(
             "This plan's target is a list of specs (names and shapes), not variables, so it can be "
