@@ -801,18 +801,24 @@ class BundleReader(CheckpointReader):
         """Validate a numeric entry; return an uninitialised array for it."""
         return aligned_empty(e.shape, self._check_numeric(e, label))
 
+    def _read_crc(self, shard: int, offset: int, view: memoryview, key: str, verify: bool) -> int:
+        """Fill ``view`` from the shard in cache-sized pieces; return their CRC32C (0 unless
+        ``verify``): each piece is checksummed while it is still in the CPU cache."""
+        crc = 0
+        for pos in range(0, len(view), _PIECE):
+            piece = view[pos:pos + _PIECE]
+            self._read_into(shard, offset + pos, piece, key)
+            if verify:
+                crc = crc32c(piece, crc)
+        return crc
+
     def _read_entry(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         if e.dtype == DT_STRING:
             return self._read_strings(e, label)
         arr = self._alloc(e, label)
         if e.size:
-            view = memoryview(arr.reshape(-1).view(np.uint8))
-            actual = 0
-            for pos in range(0, e.size, _PIECE):
-                piece = view[pos:pos + _PIECE]
-                self._read_into(e.shard_id, e.offset + pos, piece, e.key)
-                if self.verify:
-                    actual = crc32c(piece, actual)
+            actual = self._read_crc(e.shard_id, e.offset, memoryview(arr.reshape(-1).view(np.uint8)),
+                                    e.key, self.verify)
             if self.verify and actual != unmask_crc(e.crc32c):
                 raise self._crc_error(e, actual, label)
         elif self.verify and e.crc32c != mask_crc(0):
@@ -956,15 +962,8 @@ class BundleReader(CheckpointReader):
                 self._scatter_read(e0.shard_id, unit.offset, unit.views, e0.key)
                 if verify:
                     crcs[j] = [crc32c(v) for v in unit.views]
-            else:  # one segment of a big tensor, in cache-sized pieces
-                view = unit.views[0]
-                crc = 0
-                for pos in range(0, len(view), _PIECE):
-                    piece = view[pos:pos + _PIECE]
-                    self._read_into(e0.shard_id, unit.offset + pos, piece, e0.key)
-                    if verify:
-                        crc = crc32c(piece, crc)
-                crcs[j] = [crc]
+            else:  # one segment of a big tensor
+                crcs[j] = [self._read_crc(e0.shard_id, unit.offset, unit.views[0], e0.key, verify)]
 
         workers = max_workers or min(8, 2 * (os.cpu_count() or 1))
         if workers <= 1 or len(units) <= 1:
