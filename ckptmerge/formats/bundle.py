@@ -74,6 +74,19 @@ _MAX_IOV = 512  # at most this many buffers per scatter read (IOV_MAX is 1024 on
 crc32c = _crc32c.crc32c
 
 
+def string_lengths_crc(lengths: Iterable[int], crc: int = 0) -> int:
+    """The CRC32C TF accumulates over a string tensor's element lengths: each as a little-endian
+    uint32 (uint64 from 4 GiB up), not as the varints stored in the file.
+
+    Example:
+        >>> string_lengths_crc([3]) == string_lengths_crc([3], 0)
+        True
+    """
+    for x in lengths:
+        crc = crc32c(struct.pack("<I", x) if x <= 0xFFFFFFFF else struct.pack("<Q", x), crc)
+    return crc
+
+
 def mask_crc(crc: int) -> int:
     """Mask a CRC32C the way LevelDB and TF store them (rotate right 15, add a constant).
 
@@ -846,12 +859,12 @@ class BundleReader(CheckpointReader):
                                       f"but the tensor has {len(raw)}", label)
         if self.verify:
             # TF checksums each length as a uint32 (uint64 when >= 2**32), not the varints.
-            crc = crc32c(b"".join(struct.pack("<I", x) if x <= 0xFFFFFFFF else struct.pack("<Q", x)
-                                  for x in lengths))
+            crc = string_lengths_crc(lengths)
             stored_len_crc = _U32.unpack_from(raw, pos)[0]
+            rest = memoryview(raw)[pos:]  # the masked length CRC, then the bytes: no copy
             if unmask_crc(stored_len_crc) != crc:
-                raise self._crc_error(e, crc32c(raw[pos + 4:], crc32c(raw[pos:pos + 4], crc)), label)
-            crc = crc32c(raw[pos:], crc)
+                raise self._crc_error(e, crc32c(rest, crc), label)
+            crc = crc32c(rest, crc)
             if crc != unmask_crc(e.crc32c):
                 raise self._crc_error(e, crc, label)
         pos += 4

@@ -46,7 +46,7 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import data_file_name, mask_crc
+from ckptmerge.formats.bundle import data_file_name, mask_crc, string_lengths_crc
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
 from ckptmerge.formats.protowire import (
     encode_varint,
@@ -556,10 +556,9 @@ class BundleWriter:
         # (uint64 if longer than 4 GiB), the masked length CRC, then the bytes - not the varints.
         elems = _string_elements(key, value)
         lengths = bytearray()
-        crc = 0
         for e in elems:
             lengths += encode_varint(len(e))
-            crc = _crc32c.crc32c(_U32.pack(len(e)) if len(e) <= 0xFFFFFFFF else _U64.pack(len(e)), crc)
+        crc = string_lengths_crc(len(e) for e in elems)
         length_crc = _U32.pack(mask_crc(crc))
         total = len(lengths) + 4 + sum(len(e) for e in elems)
         self._reserve(total)
