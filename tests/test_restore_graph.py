@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,22 +20,28 @@ def _model_c(tf):
     return x1, y1, z
 
 
-def _sources(ab):
-    return [cm.Source(ab["A"], map={"a1": "c/x1"}, name="A"), cm.Source(ab["B"], map={"b1": "c/y1"}, name="B")]
-
-
-def test_abc_scenario_restores_exact_values_in_graph_mode(tf, ab_checkpoints):
-    ab = ab_checkpoints
+@pytest.fixture
+def c(tf):
+    """Model C in its own graph and session, initialised: ``c.x1``, ``c.y1``, ``c.z``, ``c.sess``."""
     with tf.Graph().as_default() as g:
         x1, y1, z = _model_c(tf)
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
-            assert sorted(plan.assignments) == ["c/x1", "c/y1"]
-            assert plan.missing == []
-            assert plan.unused == {"A": ["a2", "a3"], "B": ["b2", "b3"]}
-            report = plan.restore(session=sess)
-            vx, vy, vz = sess.run([x1, y1, z])
+            yield SimpleNamespace(graph=g, sess=sess, x1=x1, y1=y1, z=z)
+
+
+def _sources(ab):
+    return [cm.Source(ab["A"], map={"a1": "c/x1"}, name="A"), cm.Source(ab["B"], map={"b1": "c/y1"}, name="B")]
+
+
+def test_abc_scenario_restores_exact_values_in_graph_mode(tf, c, ab_checkpoints):
+    ab = ab_checkpoints
+    plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
+    assert sorted(plan.assignments) == ["c/x1", "c/y1"]
+    assert plan.missing == []
+    assert plan.unused == {"A": ["a2", "a3"], "B": ["b2", "b3"]}
+    report = plan.restore(session=c.sess)
+    vx, vy, vz = c.sess.run([c.x1, c.y1, c.z])
     np.testing.assert_array_equal(vx, ab["a"]["a1"])
     np.testing.assert_array_equal(vy, ab["b"]["b1"])
     np.testing.assert_array_equal(vz, np.ones(2, np.float32))
@@ -50,41 +57,29 @@ def test_directory_source_takes_latest_checkpoint_and_report_says_which(tf, ab_c
     assert "latest" in text
 
 
-def test_step_source_takes_that_step(tf, ab_checkpoints):
+def test_step_source_takes_that_step(tf, c, ab_checkpoints):
     ab = ab_checkpoints
-    with tf.Graph().as_default() as g:
-        x1, _, _ = _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            sess.run(x1.assign(np.full((3, 4), 9, np.float32)))
-            cm.restore(None, [cm.Source(ab["A"], step=5, map={"a1": "c/x1"})], session=sess,
-                       allow_missing=["c/*"])
-            np.testing.assert_array_equal(sess.run(x1), np.zeros((3, 4), np.float32))
+    c.sess.run(c.x1.assign(np.full((3, 4), 9, np.float32)))
+    cm.restore(None, [cm.Source(ab["A"], step=5, map={"a1": "c/x1"})], session=c.sess,
+               allow_missing=["c/*"])
+    np.testing.assert_array_equal(c.sess.run(c.x1), np.zeros((3, 4), np.float32))
 
 
-def test_restoring_the_same_plan_again_adds_no_ops_to_the_graph(tf, ab_checkpoints):
-    with tf.Graph().as_default() as g:
-        _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            plan = cm.plan(None, _sources(ab_checkpoints), allow_missing=["c/z"])
-            plan.restore(session=sess)
-            n_ops = len(g.get_operations())
-            for _ in range(5):
-                plan.restore(session=sess)
-            assert len(g.get_operations()) == n_ops
+def test_restoring_the_same_plan_again_adds_no_ops_to_the_graph(tf, c, ab_checkpoints):
+    plan = cm.plan(None, _sources(ab_checkpoints), allow_missing=["c/z"])
+    plan.restore(session=c.sess)
+    n_ops = len(c.graph.get_operations())
+    for _ in range(5):
+        plan.restore(session=c.sess)
+    assert len(c.graph.get_operations()) == n_ops
 
 
-def test_strict_plan_error_lists_every_finding_and_changes_nothing(tf, ab_checkpoints):
+def test_strict_plan_error_lists_every_finding_and_changes_nothing(tf, c, ab_checkpoints):
     ab = ab_checkpoints
-    with tf.Graph().as_default() as g:
-        x1, y1, z = _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            before = sess.run([x1, y1, z])
-            with pytest.raises(cm.PlanError) as err:
-                cm.restore(None, _sources(ab), session=sess)  # c/z is missing and not allowed
-            after = sess.run([x1, y1, z])
+    before = c.sess.run([c.x1, c.y1, c.z])
+    with pytest.raises(cm.PlanError) as err:
+        cm.restore(None, _sources(ab), session=c.sess)  # c/z is missing and not allowed
+    after = c.sess.run([c.x1, c.y1, c.z])
     assert err.value.plan.missing == ["c/z"]
     assert "c/z" in str(err.value)
     assert "allow_missing" in str(err.value)
@@ -92,15 +87,11 @@ def test_strict_plan_error_lists_every_finding_and_changes_nothing(tf, ab_checkp
         np.testing.assert_array_equal(b, a)
 
 
-def test_lenient_restore_restores_what_matches_and_logs_a_warning(tf, ab_checkpoints, caplog):
-    with tf.Graph().as_default() as g:
-        x1, _, z = _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            with caplog.at_level(logging.WARNING, logger="ckptmerge"):
-                report = cm.restore(None, _sources(ab_checkpoints), session=sess, strict=False)
-            np.testing.assert_array_equal(sess.run(x1), ab_checkpoints["a"]["a1"])
-            np.testing.assert_array_equal(sess.run(z), np.ones(2, np.float32))  # missing: left as it was
+def test_lenient_restore_restores_what_matches_and_logs_a_warning(tf, c, ab_checkpoints, caplog):
+    with caplog.at_level(logging.WARNING, logger="ckptmerge"):
+        report = cm.restore(None, _sources(ab_checkpoints), session=c.sess, strict=False)
+    np.testing.assert_array_equal(c.sess.run(c.x1), ab_checkpoints["a"]["a1"])
+    np.testing.assert_array_equal(c.sess.run(c.z), np.ones(2, np.float32))  # missing: left as it was
     assert sorted(report.restored) == ["c/x1", "c/y1"]
     assert report.skipped == [("c/z", "provided by no source (strict=False)")]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -155,19 +146,15 @@ def test_cast_restores_float16_checkpoint_into_float32_graph_variable(tf, tmp_pa
             np.testing.assert_array_equal(sess.run(v), vals.astype(np.float32))
 
 
-def test_corrupt_second_source_fails_and_changes_no_variable_in_graph_mode(tf, ab_checkpoints):
+def test_corrupt_second_source_fails_and_changes_no_variable_in_graph_mode(tf, c, ab_checkpoints):
     ab = ab_checkpoints
     data = ab["B"] + ".data-00000-of-00001"
     raw = open(data, "rb").read()
     open(data, "wb").write(bytes(x ^ 0xFF for x in raw))  # every tensor's CRC now fails
-    with tf.Graph().as_default() as g:
-        x1, y1, z = _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            before = sess.run([x1, y1])
-            with pytest.raises(cm.RestoreError):
-                cm.restore(None, _sources(ab), session=sess, allow_missing=["c/z"])
-            after = sess.run([x1, y1])
+    before = c.sess.run([c.x1, c.y1])
+    with pytest.raises(cm.RestoreError):
+        cm.restore(None, _sources(ab), session=c.sess, allow_missing=["c/z"])
+    after = c.sess.run([c.x1, c.y1])
     for b, a in zip(before, after):
         np.testing.assert_array_equal(b, a)
 
@@ -180,23 +167,19 @@ def test_exclude_of_optimizer_slots_already_left_out_does_not_block(tf, tmp_path
     assert plan.ok and plan.unmatched_rules == []
 
 
-def test_savers_are_one_canonical_saver_per_source_built_once(tf, ab_checkpoints):
+def test_savers_are_one_canonical_saver_per_source_built_once(tf, c, ab_checkpoints):
     ab = ab_checkpoints
-    with tf.Graph().as_default() as g:
-        x1, y1, _ = _model_c(tf)
-        with tf.compat.v1.Session(graph=g) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
-            savers = plan.savers()
-            n_ops = len(g.get_operations())
-            assert plan.savers() is savers and len(g.get_operations()) == n_ops
-            assert sorted(savers) == ["A", "B"]
-            assert all(isinstance(s, tf.compat.v1.train.Saver) for s in savers.values())
-            paths = {s.label: s.path for s in plan.sources}
-            for label, saver in savers.items():
-                saver.restore(sess, paths[label])
-            np.testing.assert_array_equal(sess.run(x1), ab["a"]["a1"])
-            np.testing.assert_array_equal(sess.run(y1), ab["b"]["b1"])
+    plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
+    savers = plan.savers()
+    n_ops = len(c.graph.get_operations())
+    assert plan.savers() is savers and len(c.graph.get_operations()) == n_ops
+    assert sorted(savers) == ["A", "B"]
+    assert all(isinstance(s, tf.compat.v1.train.Saver) for s in savers.values())
+    paths = {s.label: s.path for s in plan.sources}
+    for label, saver in savers.items():
+        saver.restore(c.sess, paths[label])
+    np.testing.assert_array_equal(c.sess.run(c.x1), ab["a"]["a1"])
+    np.testing.assert_array_equal(c.sess.run(c.y1), ab["b"]["b1"])
 
 
 def test_savers_refuse_a_plan_that_casts(tf, tmp_path):
