@@ -203,6 +203,8 @@ def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:
 _STEP = click.option("--step", type=click.IntRange(min=0), default=None, metavar="N",
                      help="With a directory: the checkpoint of global step N (never another one).")
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of text.")
+_NO_VERIFY = click.option("--no-verify", "no_verify", is_flag=True,
+                          help="Read tensors even when their CRC32C checksum does not match (corrupt data).")
 
 
 # ============================================================================================
@@ -398,9 +400,10 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
 @click.option("--stats", is_flag=True, help="Add min/max/mean/std and NaN/Inf counts (reads the values).")
 @click.option("--sort", type=click.Choice(["name", "size"]), default="name", show_default=True,
               help="Order by name, or by size (largest first).")
+@_NO_VERIFY
 @_JSON
 def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Optional[str], tree: bool,
-               show_all: bool, stats: bool, sort: str, as_json: bool) -> None:
+               show_all: bool, stats: bool, sort: str, no_verify: bool, as_json: bool) -> None:
     """List the variables of the checkpoint at PATH: name, dtype, shape, size.
 
     Names follow ckptmerge's naming rule (Keras variable paths for object-based checkpoints,
@@ -410,7 +413,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
     finite values, nan, inf; null for non-numeric tensors). --tree does not apply to --json.
     """
     pattern = _compile_regex(regex)
-    opened = _open(path, step)
+    opened = _open(path, step, verify=not no_verify)
     with opened.reader as reader:
         everything = reader.variables()
         pool = everything if show_all else [v for v in everything if v.kind == KIND_VARIABLE]
@@ -540,8 +543,9 @@ def _unknown_name(opened: _Opened, name: str) -> CliError:
 @click.argument("path")
 @click.argument("name")
 @_STEP
+@_NO_VERIFY
 @_JSON
-def show_command(path: str, name: str, step: Optional[int], as_json: bool) -> None:
+def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_json: bool) -> None:
     """Print the values of tensor NAME of the checkpoint at PATH.
 
     NAME is a name as 'ckptmerge ls' shows it, or a raw checkpoint key. Small tensors are
@@ -552,7 +556,7 @@ def show_command(path: str, name: str, step: Optional[int], as_json: bool) -> No
     """
     import numpy as np
 
-    opened = _open(path, step)
+    opened = _open(path, step, verify=not no_verify)
     with opened.reader as reader:
         if name not in reader:
             raise _unknown_name(opened, name)
@@ -635,9 +639,10 @@ def _strings_equal(a: Any, b: Any) -> bool:
 @click.option("--step-b", type=click.IntRange(min=0), default=None, metavar="N", help="Step of B (a directory).")
 @click.option("--values", is_flag=True, help="Also compare values: max absolute difference per common tensor.")
 @click.option("--all", "show_all", is_flag=True, help="Include optimizer state and bookkeeping.")
+@_NO_VERIFY
 @_JSON
 def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], values: bool, show_all: bool,
-                 as_json: bool) -> None:
+                 no_verify: bool, as_json: bool) -> None:
     """Compare the checkpoints A and B: names only in A, only in B, shape/dtype differences.
 
     With --values also the values of the tensors both hold with the same shape (one pair at
@@ -646,9 +651,9 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     one {name, max_abs_diff, equal} per compared tensor (max_abs_diff is null for strings and
     the string "nan" when NaN faces a number).
     """
-    oa = _open(a, step_a)
+    oa = _open(a, step_a, verify=not no_verify)
     try:
-        ob = _open(b, step_b)
+        ob = _open(b, step_b, verify=not no_verify)
     except BaseException:
         oa.reader.close()
         raise

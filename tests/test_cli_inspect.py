@@ -578,3 +578,16 @@ def test_checkpoints_says_when_the_state_file_names_a_missing_latest(tmp_path, t
     r = run("checkpoints", tmp_path)
     assert r.exit_code == 0, r.output
     assert r.stdout.rstrip().endswith("the 'checkpoint' state file names 'model-9' as latest, which is missing")
+
+
+def test_a_checksum_error_names_no_verify_and_no_verify_reads_the_tensor(tmp_path, tf):
+    prefix = save_tf1(tmp_path / "m", {"w": np.arange(4, dtype=np.float32)})
+    data = prefix + ".data-00000-of-00001"
+    raw = bytearray(open(data, "rb").read())
+    raw[0] ^= 0x01  # w's first byte: a bit flip in its data
+    open(data, "wb").write(bytes(raw))
+    r = run("show", prefix, "w")
+    assert_one_line_error(r, "checksum mismatch for tensor 'w'", "--no-verify")
+    for args in (["show", prefix, "w"], ["ls", prefix, "--stats"], ["diff", prefix, prefix, "--values"]):
+        ok = run(*args, "--no-verify")
+        assert ok.exit_code == 0, (args, ok.output)

@@ -782,7 +782,8 @@ class BundleReader(CheckpointReader):
         return CheckpointFormatError(
             f"checksum mismatch for tensor {self._label(e, label)} in {os.path.basename(path)} "
             f"(expected 0x{unmask_crc(e.crc32c):08x}, got 0x{actual:08x}); the file is corrupt "
-            f"or was modified; re-copy it or pass verify=False to read anyway. (File: {path})",
+            f"or was modified; re-copy it, or read it anyway with verify=False ('ckptmerge show/ls/diff "
+            f"--no-verify' on the command line). (File: {path})",
             path=path, key=e.key)
 
     def _data_error(self, e: BundleEntry, problem: str, label: Optional[str] = None) -> CheckpointFormatError:
