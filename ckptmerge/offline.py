@@ -322,35 +322,11 @@ class _RawFiles:
 
     def pieces(self, e: Any, label: str, buf: memoryview) -> Iterator[memoryview]:
         """Yield the entry's bytes in pieces of ``len(buf)`` (the buffer is reused)."""
-        fd = self.fd(e.shard_id)
-        pos = 0
-        while pos < e.size:
-            want = min(len(buf), e.size - pos)
-            view = buf[:want]
-            got = 0
-            try:
-                while got < want:
-                    if hasattr(os, "preadv"):
-                        n = os.preadv(fd, [view[got:]], e.offset + pos + got)
-                    else:  # pragma: no cover - Windows
-                        data = os.pread(fd, want - got, e.offset + pos + got)
-                        n = len(data)
-                        view[got:got + n] = data
-                    if n <= 0:
-                        break
-                    got += n
-            except OSError as err:
-                path = self.path(e.shard_id)
-                raise CheckpointFormatError(f"Cannot read tensor '{label}' from '{path}': "
-                                            f"{err.strerror or err}.", path=path, key=e.key) from None
-            if got < want:
-                path = self.path(e.shard_id)
-                raise CheckpointFormatError(
-                    f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
-                    f"'{label}' ({pos + got} of {e.size} bytes); it was truncated after the checkpoint "
-                    f"was opened. (File: {path})", path=path, key=e.key)
+        self.fd(e.shard_id)  # advise one sequential pass
+        for pos in range(0, e.size, len(buf)):
+            view = buf[:min(len(buf), e.size - pos)]
+            self.reader.read_into(e.shard_id, e.offset + pos, view, e.key, label)
             yield view
-            pos += want
 
     def crc_error(self, e: Any, label: str, source: str) -> CheckpointFormatError:
         path = self.path(e.shard_id)

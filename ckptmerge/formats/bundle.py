@@ -739,8 +739,20 @@ class BundleReader(CheckpointReader):
                     self._file_locks[shard] = threading.Lock()
         return fd
 
-    def _read_into(self, shard: int, offset: int, buf: memoryview, key: str) -> None:
+    def read_into(self, shard: int, offset: int, buf: memoryview, key: str, label: Optional[str] = None) -> None:
+        """Fill ``buf`` (a writable byte view) with the raw bytes of data shard ``shard`` at
+        ``offset``, for callers that copy tensor bytes themselves (no CRC check here).
+
+        Raises:
+            CheckpointFormatError: the read failed or the file ended early; the message names
+                the tensor by ``label`` (default: its raw ``key``) and the file.
+        """
+        self._read_into(shard, offset, buf, key, label)
+
+    def _read_into(self, shard: int, offset: int, buf: memoryview, key: str,
+                   label: Optional[str] = None) -> None:
         """Fill ``buf`` (a writable byte view) with the shard's bytes at ``offset``."""
+        shown = key if label is None else label
         fd = self._fd(shard)
         n = len(buf)
         done = 0
@@ -762,13 +774,13 @@ class BundleReader(CheckpointReader):
                         done += len(chunk)
         except OSError as e:
             path = self._shard_path(shard)
-            raise CheckpointFormatError(f"Cannot read tensor {key!r} from {path!r}: {e}",
+            raise CheckpointFormatError(f"Cannot read tensor {shown!r} from {path!r}: {e}",
                                         path=path, key=key) from None
         if done < n:
             path = self._shard_path(shard)
             raise CheckpointFormatError(
                 f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
-                f"{key!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
+                f"{shown!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
                 f"the checkpoint was opened. (File: {path})", path=path, key=key)
 
     def _label(self, e: BundleEntry, label: Optional[str] = None) -> str:
