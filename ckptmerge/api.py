@@ -247,7 +247,7 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
     from .config import load_config
 
     cfg = load_config(config)
-    sources = [Source(**kw) for kw in cfg.source_kwargs()]
+    sources = cfg.make_sources()
     return restore(target, sources, session=session, strict=cfg.strict if strict is None else strict,
                    progress=progress, **cfg.plan_options)
 

@@ -834,12 +834,6 @@ def _load_config(path: str) -> Any:
     return load_config(path)
 
 
-def _sources(cfg: Any) -> List[Any]:
-    from .source import Source
-
-    return [Source(**kw) for kw in cfg.source_kwargs()]
-
-
 @cli.command("check", short_help="Validate a config file.")
 @click.argument("config", metavar="CONFIG")
 def check_command(config: str) -> None:
@@ -1007,7 +1001,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     if target_step is not None and target_path is None:
         raise CliError("--target-step needs --target PATH.")
     cfg = _load_config(config)
-    sources = _sources(cfg)
+    sources = cfg.make_sources()
     if model_spec is not None:
         target = _model_target(model_spec)
     elif target_path is not None:
@@ -1106,7 +1100,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     out = out_prefix if out_prefix is not None else cfg.output
     if out is None:
         raise CliError(f"no output: pass -o OUT_PREFIX, or set 'output: PREFIX' in {config}.")
-    sources = _sources(cfg)
+    sources = cfg.make_sources()
     template: Any = template_path
     if model_spec is not None:
         from .targets import collect_targets

@@ -204,6 +204,18 @@ class Config:
         """
         return [s.source_kwargs() for s in self.sources]
 
+    def make_sources(self) -> List[Any]:
+        """The :class:`ckptmerge.Source` objects this config describes (none is opened yet).
+
+        Example:
+            >>> cfg = load_config({"sources": [{"path": ".", "name": "base"}]})
+            >>> [src.label for src in cfg.make_sources()]
+            ['base']
+        """
+        from .source import Source
+
+        return [Source(**kw) for kw in self.source_kwargs()]
+
     def to_dict(self) -> Dict[str, Any]:
         """The config as plain data: ``load_config(cfg.to_dict()) == cfg``.
 
