@@ -512,7 +512,7 @@ def test_python_m_ckptmerge_reports_errors_in_one_line_without_traceback(tmp_pat
 
 
 def test_os_errors_on_input_files_are_one_line_errors(ck, monkeypatch):
-    import ckptmerge.cli as cli_module
+    import ckptmerge.cli.inspect as cli_module
 
     def denied(path, step, **kw):
         raise PermissionError(13, "Permission denied", f"{path}/model.index")

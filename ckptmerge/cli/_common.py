@@ -1,0 +1,225 @@
+"""What every ``ckptmerge`` command shares: the group, the error boundary, tables, opening.
+
+The one place library errors become ``Error: ...`` (exit 2) or ``Blocked: ...`` (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import (
+    Any,
+    Optional,
+    Sequence,
+)
+
+import click
+
+from .. import __version__
+from ..errors import CkptMergeError, PlanError
+
+
+
+#: Exit code for findings (plan) or differences (diff).
+EXIT_FINDINGS = 1
+#: Exit code for usage and input errors.
+EXIT_ERROR = 2
+
+logger = logging.getLogger(__name__)
+
+# Elements per chunk when computing statistics, so --stats never doubles a big tensor in memory.
+_STATS_CHUNK = 1 << 20
+
+
+# ============================================================================================
+# Errors: one boundary turns library errors into one clear message and exit code 2
+# ============================================================================================
+
+
+class CliError(click.ClickException):
+    """A user-facing error: printed as ``Error: <message>`` on stderr, exit code 2 (or given)."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file: Any = None) -> None:
+        """``Error: ...`` for errors (exit 2); ``Blocked: ...`` for findings (exit 1), with the
+        config keys that the library's fix hints (``allow_missing=...``, ``strict=False``) name."""
+        if self.exit_code != EXIT_FINDINGS:
+            return super().show(file)
+        click.echo(f"Blocked: {self.format_message()}", err=True)
+        click.echo(_CONFIG_KEYS_HINT, err=True)
+
+
+_CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-level keys: allow_missing, "
+                     "on_conflict, on_shape_mismatch, cast, strict, verify (see docs/config.md).")
+
+
+def _os_error_message(e: OSError) -> str:
+    what = e.strerror or str(e)
+    if e.filename is not None:
+        return f"{what}: '{e.filename}'"
+    return what
+
+
+class _Group(click.Group):
+    """The command group; its ``invoke`` is the one place library errors become messages."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlanError as e:  # findings that block a strict merge: exit 1, not an input error
+            raise CliError(str(e), EXIT_FINDINGS) from None
+        except CkptMergeError as e:
+            raise CliError(str(e)) from None
+        except BrokenPipeError:  # `ckptmerge ls big | head`: stop quietly
+            _silence_stdout()
+            ctx.exit(0)
+        except OSError as e:
+            raise CliError(_os_error_message(e)) from None
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
+
+
+# ============================================================================================
+# Rendering helpers
+# ============================================================================================
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return str(tuple(shape))
+
+
+def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: Optional[Sequence[str]] = None) -> str:
+    """Fixed-width columns, two spaces apart; columns in ``right`` are right-aligned.
+
+    Example:
+        >>> print(table([["a", "1"], ["bb", "22"]], right=[1], header=["X", "N"]))
+        X    N
+        a    1
+        bb  22
+    """
+    all_rows = ([list(header)] if header else []) + [list(r) for r in rows]
+    if not all_rows:
+        return ""
+    ncol = max(len(r) for r in all_rows)
+    for r in all_rows:
+        r.extend([""] * (ncol - len(r)))
+    widths = [max(map(len, col)) for col in zip(*all_rows)]
+    fmt = "  ".join(f"{{:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths))
+    return "\n".join(fmt.format(*r).rstrip() for r in all_rows)
+
+
+def _json_text(data: Any, depth: int, expand: int) -> str:
+    """JSON with the first ``expand`` levels of containers one item per line, the rest compact."""
+    if depth >= expand or not isinstance(data, (dict, list)) or not data:
+        return json.dumps(data, allow_nan=False)
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(data, dict):
+        items = [f"{inner}{json.dumps(str(k))}: {_json_text(v, depth + 1, expand)}" for k, v in data.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    items = [f"{inner}{_json_text(v, depth + 1, expand)}" for v in data]
+    return "[\n" + ",\n".join(items) + f"\n{pad}]"
+
+
+def _echo_json(data: Any, *, expand: int = 2) -> None:
+    """Print strict JSON (no NaN literals) that people can read too: the top levels one item
+    per line, each record compact on its line (``expand=0``: all on one line)."""
+    click.echo(_json_text(data, 0, expand))
+
+
+# ============================================================================================
+# Opening checkpoints
+# ============================================================================================
+
+
+@dataclass
+class _Opened:
+    given: str
+    step: Optional[int]
+    prefix: str
+    note: str
+    reader: Any
+
+    def header(self) -> str:
+        return f"Checkpoint: {self.prefix} ({self.note})"
+
+    def ls_command(self) -> str:
+        cmd = f"ckptmerge ls {shlex.quote(self.given)}"
+        return cmd + (f" --step {self.step}" if self.step is not None else "")
+
+
+def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:
+    from ..resolve import open_resolved
+
+    resolved, reader = open_resolved(path, step=step, verify=verify)
+    return _Opened(path, step, resolved.prefix, resolved.note, reader)
+
+
+_STEP = click.option("--step", type=click.IntRange(min=0), default=None, metavar="N",
+                     help="With a directory: the checkpoint of global step N (never another one).")
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of text.")
+_NO_VERIFY = click.option("--no-verify", "no_verify", is_flag=True,
+                          help="Read tensors even when their CRC32C checksum does not match (corrupt data).")
+
+
+# ============================================================================================
+# The group
+# ============================================================================================
+
+
+class _EchoHandler(logging.Handler):
+    """Library log records (warnings; info with -v) to whatever stderr is at the time."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:  # noqa: BLE001 - logging must never raise  # pragma: no cover
+            self.handleError(record)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="ckptmerge", message="%(prog)s %(version)s")
+@click.option("-v", "--verbose", is_flag=True, help="Log what ckptmerge does (to stderr).")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """Inspect, plan and merge TensorFlow checkpoints without writing model code.
+
+    PATH arguments accept a checkpoint prefix (runs/A/model-10), one of its .index/.data
+    files, a training directory (its latest checkpoint, or --step N), a SavedModel directory,
+    or a Keras .weights.h5 file. Exit codes: 0 ok, 1 findings or differences, 2 errors.
+    """
+    # Logging is process-wide state: set it up only when running as the program (main()), not
+    # when a host (a test, a notebook) invokes the command group in-process.
+    if isinstance(ctx.obj, dict) and ctx.obj.get("configure_logging"):
+        lib_logger = logging.getLogger("ckptmerge")
+        if not any(isinstance(h, _EchoHandler) for h in lib_logger.handlers):
+            handler = _EchoHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+            lib_logger.addHandler(handler)
+            lib_logger.propagate = False  # one copy of each message, on stderr
+        lib_logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+

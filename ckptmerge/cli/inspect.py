@@ -1,0 +1,578 @@
+"""Inspection commands: ``ls``, ``show``, ``diff`` and ``checkpoints`` (TensorFlow-free)."""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import math
+import os
+import re
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
+
+import click
+
+from ..errors import did_you_mean
+from ..specs import KIND_VARIABLE, VariableInfo
+from ..text import human_bytes, plural
+from ._common import (
+    CliError,
+    EXIT_FINDINGS,
+    _JSON,
+    _NO_VERIFY,
+    _Opened,
+    _STATS_CHUNK,
+    _STEP,
+    _echo_json,
+    _open,
+    _shape,
+    cli,
+    table,
+)
+
+
+
+# ============================================================================================
+# ls
+# ============================================================================================
+
+
+def _filter(infos: Iterable[VariableInfo], globs: Sequence[str], regex: Optional["re.Pattern[str]"]) -> List[VariableInfo]:
+    out = []
+    for v in infos:
+        names = (v.name, v.raw_key) if v.raw_key != v.name else (v.name,)
+        if globs and not any(fnmatch.fnmatchcase(n, g) for g in globs for n in names):
+            continue
+        if regex is not None and not any(regex.search(n) for n in names):
+            continue
+        out.append(v)
+    return out
+
+
+def _compile_regex(pattern: Optional[str]) -> Optional["re.Pattern[str]"]:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise CliError(f"invalid --regex {pattern!r}: {e}. Use a Python regular expression, "
+                       "e.g. --regex 'enc.*/kernel$' (it is searched anywhere in the name).") from None
+
+
+def _numeric_kind(dtype: str) -> Optional[str]:
+    """'float', 'int' or None (bool, string, complex and others get no statistics)."""
+    if dtype.startswith(("float", "bfloat")):
+        return "float"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    return None
+
+
+def tensor_stats(value: Any, dtype: str) -> Optional[Dict[str, Any]]:
+    """min/max/mean/std over the finite values, plus NaN and Inf counts; None if not numeric.
+
+    Example:
+        >>> import numpy as np
+        >>> tensor_stats(np.array([1.0, np.nan, 3.0]), "float64")["mean"]
+        2.0
+    """
+    import numpy as np
+
+    kind = _numeric_kind(dtype)
+    if kind is None:
+        return None
+    flat = np.asarray(value).reshape(-1)
+    n_nan = n_inf = count = 0
+    lo, hi = math.inf, -math.inf
+    total = total_sq = 0.0
+    shift = None  # subtract the first finite value: a stable one-pass variance
+    for start in range(0, flat.size, _STATS_CHUNK):
+        chunk = flat[start:start + _STATS_CHUNK].astype(np.float64)
+        if kind == "float":
+            nan = np.isnan(chunk)
+            inf = np.isinf(chunk)
+            n_nan += int(nan.sum())
+            n_inf += int(inf.sum())
+            if n_nan or n_inf:
+                chunk = chunk[~(nan | inf)]
+        if not chunk.size:
+            continue
+        if shift is None:
+            shift = float(chunk[0])
+        lo = min(lo, float(chunk.min()))
+        hi = max(hi, float(chunk.max()))
+        d = chunk - shift
+        total += float(d.sum())
+        total_sq += float(np.dot(d, d))
+        count += chunk.size
+    if count == 0:
+        return {"min": None, "max": None, "mean": None, "std": None, "nan": n_nan, "inf": n_inf}
+    mean_d = total / count
+    var = max(total_sq / count - mean_d * mean_d, 0.0)
+    return {"min": lo, "max": hi, "mean": shift + mean_d, "std": math.sqrt(var), "nan": n_nan, "inf": n_inf}
+
+
+def _num(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.6g}"
+
+
+def _stats_cells(stats: Optional[Dict[str, Any]]) -> List[str]:
+    if stats is None:
+        return ["-"] * 6
+    return [_num(stats["min"]), _num(stats["max"]), _num(stats["mean"]), _num(stats["std"]),
+            str(stats["nan"]), str(stats["inf"])]
+
+
+_STATS_HEADER = ["MIN", "MAX", "MEAN", "STD", "NAN", "INF"]
+
+
+def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
+               stats: Optional[Dict[str, Optional[Dict[str, Any]]]]) -> List[List[str]]:
+    """Rows of a scope tree: scopes first with their total size and count, then leaves."""
+    root: Dict[str, Any] = {"children": {}, "leaves": [], "size": 0, "count": 0}
+    for v in infos:
+        parts = v.name.split("/")
+        node = root
+        node["size"] += v.nbytes
+        node["count"] += 1
+        for p in parts[:-1]:
+            node = node["children"].setdefault(p, {"children": {}, "leaves": [], "size": 0, "count": 0})
+            node["size"] += v.nbytes
+            node["count"] += 1
+        node["leaves"].append((parts[-1], v))
+
+    rows: List[List[str]] = []
+    ncols = 4 + (1 if show_kind else 0)
+    n_stats = len(_STATS_HEADER) if stats is not None else 0
+
+    def walk(node: Dict[str, Any], depth: int) -> None:
+        indent = "  " * depth
+        entries: List[Tuple[str, int, str, Any]] = []
+        for name, child in node["children"].items():
+            entries.append(("scope", child["size"], name, child))
+        for leaf, v in node["leaves"]:
+            entries.append(("leaf", v.nbytes, leaf, v))
+        if by_size:
+            entries.sort(key=lambda e: (-e[1], e[2]))
+        else:
+            entries.sort(key=lambda e: e[2])
+        for kind, size, name, obj in entries:
+            if kind == "scope":
+                # the count goes last, after the stats columns if any, so leaves stay compact
+                row = [f"{indent}{name}/"] + [""] * (ncols - 2) + [human_bytes(size)]
+                row += [""] * n_stats + [f"({plural(obj['count'], 'variable')})"]
+                rows.append(row)
+                walk(obj, depth + 1)
+            else:
+                v = obj
+                row = [f"{indent}{name}"] + ([v.kind] if show_kind else []) + [
+                    v.dtype, _shape(v.shape), human_bytes(v.nbytes)]
+                if stats is not None:
+                    row += _stats_cells(stats.get(v.name))
+                rows.append(row)
+
+    walk(root, 0)
+    return rows
+
+
+@cli.command("ls", short_help="List a checkpoint's variables: name, dtype, shape, size.")
+@click.argument("path")
+@_STEP
+@click.option("--match", "globs", multiple=True, metavar="GLOB",
+              help="Only names (or raw keys) matching this glob, e.g. 'enc*/kernel'. Repeatable.")
+@click.option("--regex", metavar="RE", help="Only names (or raw keys) in which this Python regex is found.")
+@click.option("--tree", is_flag=True, help="Group by scope, with each scope's size and count.")
+@click.option("--all", "show_all", is_flag=True,
+              help="Also list optimizer state and bookkeeping, with each tensor's kind and raw key.")
+@click.option("--stats", is_flag=True, help="Add min/max/mean/std and NaN/Inf counts (reads the values).")
+@click.option("--sort", type=click.Choice(["name", "size"]), default="name", show_default=True,
+              help="Order by name, or by size (largest first).")
+@_NO_VERIFY
+@_JSON
+def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Optional[str], tree: bool,
+               show_all: bool, stats: bool, sort: str, no_verify: bool, as_json: bool) -> None:
+    """List the variables of the checkpoint at PATH: name, dtype, shape, size.
+
+    Names follow ckptmerge's naming rule (Keras variable paths for object-based checkpoints,
+    keys for name-based ones). Optimizer state and bookkeeping (global_step, save_counter,
+    the object graph) are hidden unless --all. --json prints a list of objects with name,
+    key, kind, dtype, shape, nbytes (and stats with --stats: min, max, mean, std over the
+    finite values, nan, inf; null for non-numeric tensors). --tree does not apply to --json.
+    """
+    pattern = _compile_regex(regex)
+    opened = _open(path, step, verify=not no_verify)
+    with opened.reader as reader:
+        everything = reader.variables()
+        pool = everything if show_all else [v for v in everything if v.kind == KIND_VARIABLE]
+        shown = _filter(pool, globs, pattern)
+        if sort == "size":
+            shown.sort(key=lambda v: (-v.nbytes, v.name))
+        values_stats: Optional[Dict[str, Optional[Dict[str, Any]]]] = None
+        if stats:
+            values_stats = {v.name: (tensor_stats(reader.get(v.name), v.dtype)
+                                     if _numeric_kind(v.dtype) else None) for v in shown}
+    if as_json:
+        out = []
+        for v in shown:
+            d = v.to_dict()
+            if values_stats is not None:
+                d["stats"] = values_stats[v.name]
+            out.append(d)
+        _echo_json(out, expand=1)
+        return
+
+    lines = [opened.header()]
+    if tree:
+        rows = _tree_rows(shown, by_size=sort == "size", show_kind=show_all, stats=values_stats)
+        size_col = 3 + (1 if show_all else 0)
+        right = [size_col] + ([size_col + 1 + i for i in range(6)] if values_stats is not None else [])
+        if rows:
+            lines.append(table(rows, right=right))
+    else:
+        header = ["NAME"] + (["KIND"] if show_all else []) + ["DTYPE", "SHAPE", "SIZE"]
+        rows = []
+        for v in shown:
+            row = [v.name] + ([v.kind] if show_all else []) + [v.dtype, _shape(v.shape), human_bytes(v.nbytes)]
+            if values_stats is not None:
+                row += _stats_cells(values_stats[v.name])
+            if show_all:
+                row.append(v.raw_key)
+            rows.append(row)
+        size_col = len(header) - 1
+        if values_stats is not None:
+            header += _STATS_HEADER
+        if show_all:
+            header.append("KEY")
+        right = [size_col] + ([size_col + 1 + i for i in range(6)] if values_stats is not None else [])
+        if rows:
+            lines.append(table(rows, right=right, header=header))
+    word = "tensor" if show_all else "variable"
+    total = f"{plural(len(shown), word)}, {human_bytes(sum(v.nbytes for v in shown))}"
+    if globs or pattern is not None:
+        total = f"{len(shown)} of {plural(len(pool), word)} match, {human_bytes(sum(v.nbytes for v in shown))}"
+    hidden = len(everything) - len(pool)
+    if hidden and (globs or pattern is not None):
+        matching = len(_filter([v for v in everything if v.kind != KIND_VARIABLE], globs, pattern))
+        if matching:
+            total += f"; {matching} hidden optimizer/bookkeeping tensor{'s' if matching > 1 else ''} match too (--all shows them)"
+    elif hidden:
+        total += f"; {hidden} optimizer/bookkeeping hidden (--all shows them)"
+    lines.append(total)
+    click.echo("\n".join(lines))
+
+
+# ============================================================================================
+# show
+# ============================================================================================
+
+
+def _bytes_json(b: bytes) -> Any:
+    """Text when valid UTF-8, else the list of byte values (ints 0-255): never ambiguous."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
+
+
+def _finite_or_text(x: float) -> Any:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _map_nested(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(obj, list):
+        return [_map_nested(o, fn) for o in obj]
+    return fn(obj)
+
+
+def value_to_json(value: Any, dtype: str) -> Any:
+    """A tensor as JSON-ready nested lists.
+
+    Floats are numbers, with ``"nan"``, ``"inf"`` and ``"-inf"`` as strings (JSON has no such
+    numbers); complex numbers are ``[re, im]`` pairs; strings (bytes) are text when they are
+    valid UTF-8, else a list of byte values (ints 0-255).
+
+    Example:
+        >>> import numpy as np
+        >>> value_to_json(np.array([1 + 2j]), "complex128")
+        [[1.0, 2.0]]
+    """
+    import numpy as np
+
+    arr = np.asarray(value)
+    if dtype == "string" or arr.dtype == object or arr.dtype.kind == "S":
+        return _map_nested(arr.tolist(), lambda b: _bytes_json(b) if isinstance(b, bytes) else b)
+    if arr.dtype.kind == "c":
+        pairs = np.stack([arr.real.astype(np.float64), arr.imag.astype(np.float64)], axis=-1)
+        out = pairs.tolist()
+        return out if np.isfinite(pairs).all() else _map_nested(out, _finite_or_text)
+    if arr.dtype.kind in "biu":
+        return arr.tolist()
+    as_float = arr.astype(np.float64)
+    out = as_float.tolist()
+    return out if np.isfinite(as_float).all() else _map_nested(out, _finite_or_text)
+
+
+def _unknown_name(opened: _Opened, name: str) -> CliError:
+    infos = opened.reader.variables()
+    n_vars = sum(1 for v in infos if v.kind == KIND_VARIABLE)
+    candidates = [v.name for v in infos] + [v.raw_key for v in infos if v.raw_key != v.name]
+    return CliError(
+        f"Variable {name!r} not found in checkpoint {opened.given!r} ({opened.prefix})."
+        f"{did_you_mean(name, candidates)} Run '{opened.ls_command()}' to list its "
+        f"{plural(n_vars, 'variable')}.")
+
+
+@cli.command("show", short_help="Print one tensor's values.")
+@click.argument("path")
+@click.argument("name")
+@_STEP
+@_NO_VERIFY
+@_JSON
+def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_json: bool) -> None:
+    """Print the values of tensor NAME of the checkpoint at PATH.
+
+    NAME is a name as 'ckptmerge ls' shows it, or a raw checkpoint key. Small tensors are
+    printed in full, large ones summarised (numpy's print options). --json prints an object
+    with name, key, kind, dtype, shape and value (nested lists; complex numbers as [re, im]
+    pairs; NaN and infinities as the strings "nan", "inf", "-inf"; strings as text when valid
+    UTF-8, else as a list of byte values).
+    """
+    import numpy as np
+
+    opened = _open(path, step, verify=not no_verify)
+    with opened.reader as reader:
+        if name not in reader:
+            raise _unknown_name(opened, name)
+        info = reader.info(name)
+        value = reader.get(info.name)
+    if as_json:
+        _echo_json({"name": info.name, "key": info.raw_key, "kind": info.kind, "dtype": info.dtype,
+                    "shape": list(info.shape), "value": value_to_json(value, info.dtype)}, expand=0)
+        return
+    head = f"{info.name}  {info.dtype}  {_shape(info.shape)}  {human_bytes(info.nbytes)}"
+    if info.raw_key != info.name:
+        head += f"  key={info.raw_key}"
+    click.echo(head)
+    click.echo(np.array2string(np.asarray(value), separator=", "))
+
+
+# ============================================================================================
+# diff
+# ============================================================================================
+
+
+def max_abs_diff(a: Any, b: Any) -> Optional[float]:
+    """Largest ``|a - b|`` (0.0 for equal tensors, NaN at the same place counts as equal).
+
+    Returns ``None`` for tensors without a numeric difference (strings), and ``nan`` when NaN
+    faces a number somewhere.
+
+    Example:
+        >>> import numpy as np
+        >>> max_abs_diff(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
+        0.5
+    """
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype == object or b.dtype == object or a.dtype.kind in "SU" or b.dtype.kind in "SU":
+        return None
+    if a.size == 0:
+        return 0.0
+    if a.dtype.kind == "b":
+        a = a.astype(np.int8)
+    if b.dtype.kind == "b":
+        b = b.astype(np.int8)
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":  # exact: int64 does not fit in a float64
+        if np.array_equal(a, b):
+            return 0.0
+        if a.dtype.kind != b.dtype.kind:
+            return float(max(abs(int(x) - int(y)) for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist())))
+        common = np.result_type(a, b)
+        a, b = a.astype(common), b.astype(common)
+        # max - min wraps around in fixed width; as unsigned it is the exact distance (< 2**64)
+        d = (np.maximum(a, b) - np.minimum(a, b)).astype(np.dtype(f"u{common.itemsize}"), copy=False)
+        return float(d.max())
+    if a.dtype.kind == "c" or b.dtype.kind == "c":
+        a, b = a.astype(np.complex128), b.astype(np.complex128)
+    else:
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    both_nan = np.isnan(a) & np.isnan(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a - b)
+    if both_nan.any():
+        d = d[~both_nan]
+    if d.size == 0:
+        return 0.0
+    if np.isnan(d).any():
+        return math.nan
+    return float(d.max())
+
+
+def _strings_equal(a: Any, b: Any) -> bool:
+    import numpy as np
+
+    return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+@cli.command("diff", short_help="Compare two checkpoints (names, shapes, dtypes, values).")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@click.option("--step-a", type=click.IntRange(min=0), default=None, metavar="N", help="Step of A (a directory).")
+@click.option("--step-b", type=click.IntRange(min=0), default=None, metavar="N", help="Step of B (a directory).")
+@click.option("--values", is_flag=True, help="Also compare values: max absolute difference per common tensor.")
+@click.option("--all", "show_all", is_flag=True, help="Include optimizer state and bookkeeping.")
+@_NO_VERIFY
+@_JSON
+def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], values: bool, show_all: bool,
+                 no_verify: bool, as_json: bool) -> None:
+    """Compare the checkpoints A and B: names only in A, only in B, shape/dtype differences.
+
+    With --values also the values of the tensors both hold with the same shape (one pair at
+    a time, so memory stays small). Exit code 0 when equal, 1 when different. --json prints
+    an object with a, b, equal, only_in_a, only_in_b, mismatched and (with --values) values:
+    one {name, max_abs_diff, equal} per compared tensor (max_abs_diff is null for strings and
+    the string "nan" when NaN faces a number).
+    """
+    oa = _open(a, step_a, verify=not no_verify)
+    try:
+        ob = _open(b, step_b, verify=not no_verify)
+    except BaseException:
+        oa.reader.close()
+        raise
+    with oa.reader as ra, ob.reader as rb:
+        def pool(r: Any) -> Dict[str, VariableInfo]:
+            return {v.name: v for v in r.variables() if show_all or v.kind == KIND_VARIABLE}
+        va, vb = pool(ra), pool(rb)
+        only_a = sorted(set(va) - set(vb))
+        only_b = sorted(set(vb) - set(va))
+        common = sorted(set(va) & set(vb))
+        mismatched = [n for n in common if va[n].shape != vb[n].shape or va[n].dtype != vb[n].dtype]
+        compared: List[Dict[str, Any]] = []
+        if values:
+            for n in common:
+                if va[n].shape != vb[n].shape:
+                    continue
+                xa, xb = ra.get(n), rb.get(n)
+                d = max_abs_diff(xa, xb)
+                eq = _strings_equal(xa, xb) if d is None else d == 0.0
+                compared.append({"name": n, "max_abs_diff": d, "equal": bool(eq)})
+    value_diffs = [c for c in compared if not c["equal"]]
+    equal = not (only_a or only_b or mismatched or value_diffs)
+
+    if as_json:
+        _echo_json({
+            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": only_a, "only_in_b": only_b,
+            "mismatched": [{"name": n, "a": {"dtype": va[n].dtype, "shape": list(va[n].shape)},
+                            "b": {"dtype": vb[n].dtype, "shape": list(vb[n].shape)}} for n in mismatched],
+            **({"values": [{**c, "max_abs_diff": (c["max_abs_diff"] if c["max_abs_diff"] is None
+                                                  else _finite_or_text(c["max_abs_diff"]))}
+                           for c in compared]} if values else {}),
+        })
+        if not equal:
+            raise SystemExit(EXIT_FINDINGS)
+        return
+
+    lines = [f"A: {oa.prefix} ({oa.note})", f"B: {ob.prefix} ({ob.note})"]
+
+    def section(title: str, items: List[str]) -> None:
+        if items:
+            lines.append(f"{title} ({len(items)}):")
+            lines.extend(f"  {i}" for i in items)
+
+    def listing(names: List[str], infos: Dict[str, VariableInfo]) -> List[str]:
+        text = table([[n, infos[n].dtype, _shape(infos[n].shape)] for n in names])
+        return text.split("\n") if names else []
+
+    section("Only in A", listing(only_a, va))
+    section("Only in B", listing(only_b, vb))
+    section("Shape/dtype differ", [f"{n}: A {va[n].dtype} {_shape(va[n].shape)}, B {vb[n].dtype} "
+                                   f"{_shape(vb[n].shape)}" for n in mismatched])
+    section("Values differ", [
+        f"{c['name']}: " + ("strings differ" if c["max_abs_diff"] is None else f"max abs diff {c['max_abs_diff']:.6g}")
+        for c in value_diffs])
+    what = "names, dtypes, shapes" + (" and values" if values else "")
+    if equal:
+        lines.append(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
+                     + (f" ({len(compared)} compared)" if values else ""))
+    else:
+        parts = []
+        if only_a:
+            parts.append(f"{len(only_a)} only in A")
+        if only_b:
+            parts.append(f"{len(only_b)} only in B")
+        if mismatched:
+            parts.append(f"{len(mismatched)} with another shape/dtype")
+        if value_diffs:
+            parts.append(f"{len(value_diffs)} of {len(compared)} compared with other values")
+        lines.append("Different: " + ", ".join(parts))
+    click.echo("\n".join(lines))
+    if not equal:
+        raise SystemExit(EXIT_FINDINGS)
+
+
+# ============================================================================================
+# checkpoints
+# ============================================================================================
+
+
+def _local_iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+@cli.command("checkpoints", short_help="List the checkpoints of a training directory.")
+@click.argument("directory", metavar="DIR")
+@_JSON
+def checkpoints_command(directory: str, as_json: bool) -> None:
+    """List every checkpoint in the training directory DIR: step, time, size, latest.
+
+    The latest is the one the directory's 'checkpoint' state file names (marked with *).
+    Times are local, ISO 8601. --json prints a list of objects with name (relative to DIR),
+    path, step, time (epoch seconds), time_iso, size (bytes) and latest.
+    """
+    from ..resolve import checkpoints
+
+    infos = checkpoints(directory)
+    base = os.path.abspath(directory)
+
+    def rel(p: str) -> str:
+        try:
+            return os.path.relpath(p, base)
+        except ValueError:  # pragma: no cover - other drive on Windows
+            return p
+
+    if as_json:
+        _echo_json([{"name": rel(c.path), "path": c.path, "step": c.step, "time": c.time,
+                     "time_iso": _local_iso(c.time), "size": c.size, "latest": c.latest} for c in infos],
+                   expand=1)
+        return
+    if not infos:
+        click.echo(f"No checkpoint in {directory!r}.")
+        return
+    rows = [["*" if c.latest else "", "-" if c.step is None else str(c.step), _local_iso(c.time),
+             human_bytes(c.size), rel(c.path)] for c in infos]
+    total = f"{plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
+    if not any(c.latest for c in infos):
+        from ..resolve import read_state_file
+
+        state = read_state_file(directory)
+        named = state.model_checkpoint_path if state is not None else None
+        if named:
+            total += f"; the 'checkpoint' state file names {rel(named)!r} as latest, which is missing"
+        else:
+            total += "; no latest recorded (no 'checkpoint' state file naming one)"
+    click.echo(table(rows, right=[1, 3], header=["LATEST", "STEP", "TIME", "SIZE", "NAME"]) + "\n" + total)
+
+
