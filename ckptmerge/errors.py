@@ -76,8 +76,11 @@ class RuleError(CkptMergeError, ValueError):
     """A rename/selection rule is invalid (bad regex, bad backreference, bad glob, bad map entry)."""
 
 
-class PlanError(CkptMergeError):
+class PlanError(CkptMergeError, ValueError):
     """A plan has findings that ``strict`` mode does not accept, or cannot be built.
+
+    Also a ``ValueError``, as ``tf.compat.v1.train.init_from_checkpoint`` raises for missing
+    names, shape mismatches and unmatched scopes, so code written for it keeps catching them.
 
     Attributes:
         plan: the :class:`ckptmerge.Plan` with every finding (may be ``None`` when the plan

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
+from ckptmerge.planner import OptionError
+from ckptmerge.transforms import TransformError
 
 
 def test_import_ckptmerge_does_not_import_tensorflow():
@@ -103,3 +105,42 @@ def test_a_resolution_error_names_the_source_it_belongs_to(tf, ab_checkpoints):
     with pytest.raises(cm.CheckpointNotFoundError) as err:
         cm.plan({"a1": tf.Variable(np.zeros((3, 4), np.float32))}, srcs)
     assert str(err.value).startswith("source 'head': ")
+
+
+# -- every input error is also a ValueError, as init_from_checkpoint's are -------------------
+
+
+def _raises_value_error(fn):
+    """Run ``fn``, catching with ``except ValueError`` as TF users do; return the error."""
+    try:
+        fn()
+    except ValueError as e:
+        return e
+    raise AssertionError("no ValueError raised")
+
+
+def test_plan_error_is_a_value_error(tf, ab_checkpoints):
+    c = {"c/x1": tf.Variable(np.zeros((3, 4), np.float32))}
+    e = _raises_value_error(lambda: cm.restore(c, [cm.Source(ab_checkpoints["A"], map={"a_1": "c/x1"})]))
+    assert isinstance(e, cm.PlanError) and isinstance(e, cm.CkptMergeError)
+
+
+def test_rule_error_is_a_value_error():
+    e = _raises_value_error(lambda: cm.Source("x", map={"a/": "b"}))
+    assert isinstance(e, cm.RuleError) and isinstance(e, cm.CkptMergeError)
+
+
+def test_option_error_is_a_value_error(tf, ab_checkpoints):
+    c = {"a1": tf.Variable(np.zeros((3, 4), np.float32))}
+    e = _raises_value_error(lambda: cm.plan(c, [ab_checkpoints["A"]], on_conflict="frist"))
+    assert isinstance(e, OptionError) and isinstance(e, cm.CkptMergeError)
+
+
+def test_config_error_is_a_value_error():
+    e = _raises_value_error(lambda: cm.load_config({"sources": [{"path": 3}]}))
+    assert isinstance(e, cm.ConfigError) and isinstance(e, cm.CkptMergeError)
+
+
+def test_transform_error_is_a_value_error():
+    e = _raises_value_error(lambda: cm.VocabRemap("e", ["a", "a"], ["a"]))
+    assert isinstance(e, TransformError) and isinstance(e, cm.CkptMergeError)
