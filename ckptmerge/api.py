@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["plan", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
 
-SourcesArg = Union[Source, str, "os.PathLike[str]", Sequence[Union[Source, str, "os.PathLike[str]"]]]
+SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
+SourcesArg = Union[SourceArg, Sequence[SourceArg]]
 
 
 @dataclass
@@ -81,18 +82,24 @@ class Binding:
 
 
 def as_sources(sources: SourcesArg) -> List[Source]:
-    if isinstance(sources, (Source, str, os.PathLike)):
+    """Sources as :class:`Source` objects: paths and dicts of arrays/tensors (in memory) are
+    wrapped; several dicts are labelled ``memory[i]`` by their position."""
+    if isinstance(sources, (Source, str, os.PathLike, Mapping)):
         sources = [sources]
+    sources = list(sources)
+    n_dicts = sum(isinstance(s, Mapping) for s in sources)
     out = []
-    for s in sources:
+    for i, s in enumerate(sources):
         if isinstance(s, Source):
             out.append(s)
         elif isinstance(s, (str, os.PathLike)):
             out.append(Source(s))
+        elif isinstance(s, Mapping):
+            out.append(Source.from_values(s, name="memory" if n_dicts == 1 else f"memory[{i}]"))
         else:
             raise CkptMergeError(
-                "sources must be ckptmerge.Source objects or checkpoint paths. "
-                f"Received: {s!r:.80} of type {type(s).__name__}"
+                "sources must be ckptmerge.Source objects, checkpoint paths or dicts of "
+                f"arrays. Received: {s!r:.80} of type {type(s).__name__}"
             )
     if not out:
         raise CkptMergeError("No sources given: pass at least one ckptmerge.Source or checkpoint path.")
@@ -163,7 +170,8 @@ def plan(
             variables, a ``tf.Module`` or a Keras model; or a list of :class:`VariableInfo`
             (e.g. ``list_variables(path)``) for a dry run without TensorFlow (such a plan can be
             reported and merged, not restored).
-        sources: :class:`Source` objects (or plain checkpoint paths), in priority order.
+        sources: :class:`Source` objects (or plain checkpoint paths, or dicts of arrays held in
+            memory), in priority order.
         allow_missing: glob(s) of target names that may stay as they are.
         on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources provide a target.
         on_shape_mismatch: ``"error"`` or ``"skip"`` (leave mismatched targets as they are).

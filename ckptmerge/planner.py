@@ -105,6 +105,10 @@ class SourceView:
             ``applies_to(target_name)``, ``output_shape(source_shape, target_shape)`` and
             ``describe(source_shape, target_shape)``); the plan compares the shape they produce
             with the target's, so e.g. a ``Slice`` turns a shape mismatch into an assignment.
+        cast: per-source override of the plan's ``cast`` option (``None``: the plan's).
+        hidden: names the source holds but left out of ``variables`` (optimizer state and
+            bookkeeping without ``optimizer=True``), so that an ``include`` that matches only
+            those can say so.
 
     Raises:
         OptionError: a field has the wrong type or the label is empty.
@@ -122,6 +126,7 @@ class SourceView:
     rules: Rules = field(default_factory=Rules)
     transforms: Tuple[Any, ...] = ()
     cast: Optional[bool] = None
+    hidden: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.cast is not None and not isinstance(self.cast, bool):
@@ -154,6 +159,10 @@ class SourceView:
                 raise OptionError(f"source {_q(self.label)}: {_received(t)} is not a value transform "
                                   "(see ckptmerge.transforms: Slice, VocabRemap).")
         object.__setattr__(self, "transforms", transforms)
+        if isinstance(self.hidden, (str, bytes)) or not all(isinstance(n, str) for n in self.hidden):
+            raise OptionError(f"source {_q(self.label)}: hidden must be a list of names; received "
+                              f"{_received(self.hidden)}.")
+        object.__setattr__(self, "hidden", tuple(sorted(self.hidden)))
         frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(self.variables)})
         object.__setattr__(self, "variables", frozen)
 
@@ -611,7 +620,7 @@ class _SourceMatch:
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
-    res = src.rules.apply(list(src.variables))
+    res = src.rules.apply(list(src.variables), hidden=src.hidden)
     label = src.label
     target_names = list(target_by_name)
     unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]

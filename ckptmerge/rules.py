@@ -583,7 +583,7 @@ class Rules:
             out["exclude"] = [g.pattern for g in self.exclude]
         return out
 
-    def apply(self, names: Sequence[str]) -> RuleResult:
+    def apply(self, names: Sequence[str], *, hidden: Sequence[str] = ()) -> RuleResult:
         """Select and rename checkpoint names.
 
         Order: include/exclude first; then, if there are no map/regex rules, identity;
@@ -594,6 +594,8 @@ class Rules:
 
         Args:
             names: checkpoint names of one source.
+            hidden: names the source holds but does not offer (optimizer state left out), so
+                that an ``include`` matching only those can say "pass optimizer=True".
 
         Returns:
             A :class:`RuleResult`.
@@ -620,6 +622,14 @@ class Rules:
         # state is already left out), so it is not a finding.
         for g in self.include:
             if not any(g.matches(n) for n in all_names):
+                opt = [n for n in hidden if g.matches(n)]
+                if opt:
+                    k = len(opt)
+                    unmatched.append(UnmatchedRule("include", f"include {_q(g.pattern)}", (), reason=(
+                        f"matched only {k} optimizer/bookkeeping tensor{'s' if k != 1 else ''} "
+                        f"(e.g. {_q(min(opt))}): these are optimizer variables: pass optimizer=True "
+                        "to use them")))
+                    continue
                 cands = [s + "*" for s in _scopes_of(all_names)] + all_names
                 unmatched.append(UnmatchedRule("include", f"include {_q(g.pattern)}",
                                                tuple(suggest(g.pattern, cands, cutoff=0.6))))

@@ -255,8 +255,11 @@ class SourceHandle:
         """
         from .planner import SourceView
 
-        return SourceView(label=self.label, path=self.path, note=self.note, variables=self.selectable(),
-                          rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast)
+        selectable = self.selectable()
+        hidden = tuple(v.name for v in self.all_variables if v.name not in selectable)
+        return SourceView(label=self.label, path=self.path, note=self.note, variables=selectable,
+                          rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
+                          hidden=hidden)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""

@@ -167,6 +167,32 @@ def test_exclude_of_optimizer_slots_already_left_out_does_not_block(tf, tmp_path
     assert plan.ok and plan.unmatched_rules == []
 
 
+def test_include_matching_only_optimizer_state_says_pass_optimizer_true(tf, tmp_path):
+    prefix = save_tf1(tmp_path / "m", {"enc/w": np.ones(2, np.float32)}, optimizer_slots=True)
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("enc/w/Adam", shape=(2,))
+        with pytest.raises(cm.PlanError) as err:
+            cm.plan(None, [cm.Source(prefix, include="*/Adam")]).check()
+        assert "these are optimizer variables: pass optimizer=True" in str(err.value)
+        assert "'enc/w/Adam'" in str(err.value) and "Did you mean" not in str(err.value)
+        assert cm.plan(None, [cm.Source(prefix, include="*/Adam", optimizer=True)]).ok
+
+
+def test_a_bare_dict_of_arrays_in_the_sources_list_is_a_source(tf, c, ab_checkpoints):
+    extra = np.arange(4, dtype=np.float32)
+    report = cm.restore(None, [cm.Source(ab_checkpoints["A"], map={"a1": "c/x1"}), {"c/y1": extra}],
+                        session=c.sess, allow_missing=["c/z"])
+    assert sorted(report.restored) == ["c/x1", "c/y1"]
+    np.testing.assert_array_equal(c.sess.run(c.y1), extra)
+    np.testing.assert_array_equal(c.sess.run(c.x1), ab_checkpoints["a"]["a1"])
+
+
+def test_two_bare_dicts_are_labelled_by_position(tf, c):
+    plan = cm.plan(None, [{"c/x1": np.ones((3, 4), np.float32)}, {"c/y1": np.ones(4, np.float32)}],
+                   allow_missing=["c/z"])
+    assert [s.label for s in plan.sources] == ["memory[0]", "memory[1]"]
+
+
 def test_savers_are_one_canonical_saver_per_source_built_once(tf, c, ab_checkpoints):
     ab = ab_checkpoints
     plan = cm.plan(None, _sources(ab), allow_missing=["c/z"])
