@@ -39,6 +39,8 @@ __all__ = [
     "resolve_checkpoint",
     "FORMAT_TF_BUNDLE",
     "FORMAT_KERAS_H5",
+    "FORMAT_SAFETENSORS",
+    "FORMAT_NUMPY",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,10 @@ PathArg = Union[str, "os.PathLike[str]"]
 FORMAT_TF_BUNDLE = "tf-bundle"
 #: A Keras HDF5 weights file (``.weights.h5`` of Keras 3, ``.h5`` of Keras 2).
 FORMAT_KERAS_H5 = "keras-h5"
+#: A ``.safetensors`` file, a sharded set's ``*.safetensors.index.json``, or a folder of them.
+FORMAT_SAFETENSORS = "safetensors"
+#: A ``.npz`` archive or a folder of ``.npy`` files.
+FORMAT_NUMPY = "numpy"
 
 STATE_FILE = "checkpoint"
 _INDEX = ".index"
@@ -650,7 +656,11 @@ def _v1_error(given: str) -> CheckpointFormatError:
 
 
 def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
-    """A regular file that is not a V2 prefix: Keras HDF5, V1 table, or not a checkpoint."""
+    """A regular file that is not a V2 prefix: Keras HDF5, V1 table, safetensors, NumPy, or
+    not a checkpoint."""
+    fmt = _array_file_format(abs_path)
+    if fmt:
+        return ResolvedCheckpoint(abs_path, fmt, None, note or f"{fmt} file {given}")
     if _is_h5_name(abs_path) or _is_hdf5(abs_path):
         return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")
@@ -678,6 +688,31 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
 
 def _from_prefix(given: str, abs_prefix: str, note: str) -> ResolvedCheckpoint:
     return ResolvedCheckpoint(abs_prefix, FORMAT_TF_BUNDLE, _step_of(abs_prefix), note)
+
+
+def _array_file_format(path: str) -> str:
+    """``FORMAT_SAFETENSORS`` or ``FORMAT_NUMPY`` for such a file, else ``""`` (by name, then content)."""
+    from .formats.numpy_files import is_npz
+    from .formats.safetensors import INDEX_SUFFIX, is_safetensors
+
+    if path.endswith((".safetensors", INDEX_SUFFIX)) or is_safetensors(path):
+        return FORMAT_SAFETENSORS
+    if path.endswith(".npz") or is_npz(path):
+        return FORMAT_NUMPY
+    return ""
+
+
+def _array_dir_format(directory: str) -> str:
+    """The format of a folder of safetensors shards or ``.npy`` files, else ``""``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return ""
+    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        return FORMAT_SAFETENSORS
+    if any(n.endswith(".npy") for n in names):
+        return FORMAT_NUMPY
+    return ""
 
 
 def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,
@@ -804,6 +839,10 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
           and not n.endswith((".meta", ".pb", ".json", ".txt", ".md")) and _is_table(os.path.join(given, n))]
     if v1:
         raise _v1_error(_display(given, v1[0]))
+
+    fmt = _array_dir_format(given)
+    if fmt:
+        return ResolvedCheckpoint(abs_dir, fmt, None, f"{fmt} files in {given}")
 
     # Nothing here; point at subdirectories that do hold checkpoints.
     sub_hint = ""

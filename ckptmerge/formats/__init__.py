@@ -18,6 +18,8 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.bundle import BundleReader, is_leveldb_table
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
+from ckptmerge.formats.numpy_files import NumpyReader, is_npz
+from ckptmerge.formats.safetensors import INDEX_SUFFIX, SafetensorsReader, is_safetensors
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "CheckpointReader",
     "BundleReader",
     "H5Reader",
+    "NumpyReader",
+    "SafetensorsReader",
     "UnknownTensorError",
 ]
 
@@ -70,6 +74,10 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     if os.path.isfile(path):
         if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
+        if path.endswith(INDEX_SUFFIX) or is_safetensors(path):
+            return SafetensorsReader(path, verify=verify)
+        if is_npz(path):
+            return NumpyReader(path, verify=verify)
         if path.endswith(".index"):
             raise CheckpointFormatError(
                 f"{path!r} is an index file; pass the checkpoint prefix without '.index': "
@@ -86,6 +94,11 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
             "prefix (with a '.index' file next to it) nor a Keras .weights.h5 file. If it is a "
             "data shard, pass the prefix (the part before '.data-').", path=path)
     if os.path.isdir(path):
+        names = os.listdir(path)
+        if any(n.endswith((".safetensors", INDEX_SUFFIX)) for n in names):
+            return SafetensorsReader(path, verify=verify)
+        if any(n.endswith(".npy") for n in names):
+            return NumpyReader(path, verify=verify)
         raise CheckpointNotFoundError(
             f"{path!r} is a directory; open_checkpoint expects a checkpoint prefix such as "
             f"'{os.path.join(path, 'model.ckpt-1000')}' (with a '.index' file) or a .weights.h5 "

@@ -1,0 +1,318 @@
+"""Read NumPy files as checkpoints: a ``.npz`` archive, or a directory of ``.npy`` files.
+
+Each array is one tensor. In a ``.npz`` its name is the member name without ``.npy`` (the key
+given to ``np.savez``, ``/`` scopes kept); in a directory it is the path below the directory
+without ``.npy``, with ``/`` between folders. Files are untrusted: object (pickled) arrays are
+never loaded, headers are parsed with numpy's own literal-only parser, every declared size is
+checked against the file before allocating, a compressed ``.npz`` member may not claim more
+than DEFLATE can inflate from its compressed size, symbolic links in a directory are not
+followed, and ZIP CRC-32 checksums are verified while reading (``verify=False`` skips them).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import struct
+import threading
+import zipfile
+import zlib
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.dtypes import dtype_name
+from ckptmerge.formats.fileio import pread_into
+from ckptmerge.specs import KIND_VARIABLE, VariableInfo
+
+__all__ = ["NumpyReader", "is_npz", "NPY_MAGIC"]
+
+logger = logging.getLogger(__name__)
+
+#: The 6 bytes every ``.npy`` file starts with.
+NPY_MAGIC = b"\x93NUMPY"
+# DEFLATE inflates at most ~1032:1; a member claiming more is a zip bomb, not an array.
+_MAX_INFLATE_RATIO = 1100
+_MAX_NPY_HEADER = 1 << 20
+_PIECE = 1 << 22  # bytes per read from a compressed member
+
+
+def is_npz(path: str) -> bool:
+    """True if ``path`` is a zip archive whose members are all ``.npy`` files (``np.savez``).
+
+    Example:
+        >>> is_npz("weights.npz")  # doctest: +SKIP
+        True
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+    return bool(names) and all(n.endswith(".npy") for n in names)
+
+
+class _Array:
+    __slots__ = ("file", "member", "dtype", "shape", "fortran", "offset", "header", "crc")
+
+    def __init__(self, file: str, member: Optional[zipfile.ZipInfo], dtype: np.dtype, shape: Tuple[int, ...],
+                 fortran: bool, offset: int, header: bytes, crc: Optional[int]) -> None:
+        self.file, self.member, self.dtype, self.shape = file, member, dtype, shape
+        self.fortran, self.offset, self.header, self.crc = fortran, offset, header, crc
+
+
+def _parse_npy_header(stream: Any, where: str, error: Any) -> Tuple[np.dtype, Tuple[int, ...], bool, bytes]:
+    """Parse an ``.npy`` header from ``stream``; return dtype, shape, fortran order, header bytes."""
+    fmt = np.lib.format
+    start = stream.read(8)
+    if len(start) < 8 or start[:6] != NPY_MAGIC:
+        raise error(f"{where} is not an .npy array (no NumPy magic)")
+    major = start[6]
+    if major == 1:
+        n_len = stream.read(2)
+        if len(n_len) < 2:
+            raise error(f"{where}: truncated .npy header")
+        hlen = struct.unpack("<H", n_len)[0]
+    elif major in (2, 3):
+        n_len = stream.read(4)
+        if len(n_len) < 4:
+            raise error(f"{where}: truncated .npy header")
+        hlen = struct.unpack("<I", n_len)[0]
+    else:
+        raise error(f"{where}: unsupported .npy format version {major}.{start[7]}")
+    if hlen > _MAX_NPY_HEADER:
+        raise error(f"{where}: .npy header of {hlen} bytes is larger than the {_MAX_NPY_HEADER}-byte limit")
+    text = stream.read(hlen)
+    if len(text) < hlen:
+        raise error(f"{where}: truncated .npy header")
+    raw = start + n_len + text
+    try:
+        version = (major, start[7])
+        d = fmt._read_array_header(io.BytesIO(raw[8:]), version, max_header_size=_MAX_NPY_HEADER + 1) \
+            if hasattr(fmt, "_read_array_header") else None
+        if d is None:  # pragma: no cover - numpy without the private helper
+            reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            d = reader(io.BytesIO(raw[8:]))
+        shape, fortran, dtype = d
+    except (ValueError, SyntaxError, TypeError) as e:
+        raise error(f"{where}: malformed .npy header ({str(e)[:100]})") from None
+    if dtype.hasobject:
+        raise error(f"{where} holds Python objects (a pickled array), which ckptmerge never loads: "
+                    "it could run code. Save plain numeric arrays instead")
+    if dtype.names is not None or dtype.subdtype is not None:
+        raise error(f"{where} has structured dtype {dtype}, which is not a tensor dtype")
+    if not all(isinstance(s, int) and 0 <= s < 2 ** 62 for s in shape) or len(shape) > 64:
+        raise error(f"{where}: invalid shape {shape!r}")
+    return dtype, tuple(int(s) for s in shape), bool(fortran), raw
+
+
+class NumpyReader(CheckpointReader):
+    """Reader of a ``.npz`` archive or a directory of ``.npy`` files.
+
+    Use :func:`ckptmerge.formats.open_checkpoint` (or ``cm.open``) rather than this class.
+
+    Raises:
+        CheckpointNotFoundError: the path does not exist, or a directory holds no ``.npy`` file.
+        CheckpointFormatError: a header is malformed, an array holds Python objects, or a size
+            contradicts the file.
+
+    Example:
+        >>> import numpy as np
+        >>> np.savez("/tmp/w.npz", **{"dense/kernel": np.ones((2, 3), "float32")})
+        >>> with NumpyReader("/tmp/w.npz") as r:
+        ...     r.get("dense/kernel").shape
+        (2, 3)
+    """
+
+    format = "numpy"
+
+    def __init__(self, path: str, *, verify: bool = True) -> None:
+        super().__init__(path)
+        self.verify = verify
+        self._lock = threading.Lock()
+        self._fds: Dict[str, int] = {}
+        self._zip: Optional[zipfile.ZipFile] = None
+        self._arrays: Dict[str, _Array] = {}
+        if os.path.isdir(path):
+            self._scan_dir(path)
+        elif os.path.isfile(path):
+            self._scan_npz(path)
+        else:
+            raise CheckpointNotFoundError(f"NumPy file or directory {path!r} does not exist.", path=path)
+        infos = []
+        for name, a in sorted(self._arrays.items()):
+            nbytes = math.prod(a.shape) * a.dtype.itemsize
+            infos.append(VariableInfo(name, a.shape, dtype_name(a.dtype.newbyteorder("=")), name,
+                                      KIND_VARIABLE, nbytes))
+        self._set_infos(infos)
+
+    def _error(self, problem: str, file: Optional[str] = None) -> CheckpointFormatError:
+        file = file or self.path
+        return CheckpointFormatError(f"Cannot read NumPy data {os.path.basename(file)!r}: {problem}. "
+                                     f"(File: {file})", path=file)
+
+    # -- listing ---------------------------------------------------------------------------
+    def _scan_dir(self, root: str) -> None:
+        root = os.path.abspath(root)
+        stack = [("", root)]
+        while stack:
+            rel, folder = stack.pop()
+            with os.scandir(folder) as it:
+                for entry in sorted(it, key=lambda e: e.name):
+                    name = f"{rel}/{entry.name}" if rel else entry.name
+                    if entry.is_symlink():
+                        logger.warning("%s: skipping symbolic link %s (ckptmerge reads only files inside "
+                                       "the directory)", root, name)
+                    elif entry.is_dir(follow_symlinks=False):
+                        stack.append((name, entry.path))
+                    elif entry.name.endswith(".npy") and entry.is_file(follow_symlinks=False):
+                        self._add_npy(name[:-4], entry.path)
+        if not self._arrays:
+            raise CheckpointNotFoundError(
+                f"No .npy file in directory {self.path!r}: a NumPy checkpoint directory holds one "
+                "'<name>.npy' per tensor.", path=self.path)
+
+    def _add_npy(self, name: str, file: str) -> None:
+        size = os.path.getsize(file)
+        with open(file, "rb") as f:
+            dtype, shape, fortran, header = _parse_npy_header(
+                f, repr(os.path.basename(file)), lambda p: self._error(p, file))
+        need = len(header) + math.prod(shape) * dtype.itemsize
+        if size < need:
+            raise self._error(f"shape {shape} of {dtype} needs {need} bytes but the file has {size} "
+                              "(truncated?)", file)
+        self._arrays[name] = _Array(file, None, dtype, shape, fortran, len(header), header, None)
+
+    def _scan_npz(self, path: str) -> None:
+        try:
+            self._zip = z = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise self._error(f"not a .npz (zip) archive ({e})", path) from None
+        size = os.path.getsize(path)
+        for info in z.infolist():
+            if info.is_dir():
+                continue
+            if not info.filename.endswith(".npy"):
+                raise self._error(f"member {info.filename!r} is not an .npy array; a .npz holds only "
+                                  "arrays", path)
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise self._error(f"member {info.filename!r} uses an unsupported compression "
+                                  f"(method {info.compress_type})", path)
+            if info.compress_type == zipfile.ZIP_DEFLATED and \
+                    info.file_size > info.compress_size * _MAX_INFLATE_RATIO + (1 << 16):
+                raise self._error(f"member {info.filename!r} claims {info.file_size} bytes from "
+                                  f"{info.compress_size} compressed, more than DEFLATE can produce "
+                                  "(a zip bomb?)", path)
+            where = repr(info.filename)
+            stored = info.compress_type == zipfile.ZIP_STORED
+            try:
+                if stored:  # parse in place: zipfile would check the CRC of the whole member first
+                    start = self._stored_offset(info, path)
+                    with open(path, "rb") as f:
+                        f.seek(start)
+                        dtype, shape, fortran, header = _parse_npy_header(f, where, lambda p: self._error(p, path))
+                else:
+                    with z.open(info) as m:
+                        dtype, shape, fortran, header = _parse_npy_header(m, where, lambda p: self._error(p, path))
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+                raise self._error(f"member {where} is damaged ({e})", path) from None
+            need = len(header) + math.prod(shape) * dtype.itemsize
+            if info.file_size != need:
+                raise self._error(f"member {where} has {info.file_size} bytes but its shape {shape} of "
+                                  f"{dtype} needs {need}", path)
+            offset = -1
+            if stored:
+                offset = start + len(header)
+                if start + need > size:
+                    raise self._error(f"member {where} runs past the end of the archive (truncated?)", path)
+            self._arrays[info.filename[:-4]] = _Array(path, info, dtype, shape, fortran, offset, header, info.CRC)
+
+    def _stored_offset(self, info: zipfile.ZipInfo, path: str) -> int:
+        """Where a stored member's bytes start in the archive (after its local header)."""
+        head = bytearray(30)
+        if pread_into(self._fd(path), info.header_offset, memoryview(head)) < 30 or head[:4] != b"PK\x03\x04":
+            raise self._error(f"bad local header for member {info.filename!r}", path)
+        name_len, extra_len = struct.unpack("<HH", head[26:30])
+        return info.header_offset + 30 + name_len + extra_len
+
+    # -- reading ---------------------------------------------------------------------------
+    def _fd(self, file: str) -> int:
+        fd = self._fds.get(file)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(file)
+                if fd is None:
+                    fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def _read(self, info: VariableInfo) -> np.ndarray:
+        a = self._arrays[info.raw_key]
+        stored_shape = a.shape[::-1] if a.fortran else a.shape
+        raw = aligned_empty(stored_shape, a.dtype)
+        view = memoryview(raw.reshape(-1).view(np.uint8))
+        where = f"{info.name!r} in {os.path.basename(a.file)}"
+        if a.member is None or a.offset >= 0:  # a plain file, or a stored member: read in place
+            try:
+                got = pread_into(self._fd(a.file), a.offset, view)
+            except OSError as e:
+                raise self._error(f"reading {where} failed ({e.strerror or e})", a.file) from None
+            if got < len(view):
+                raise self._error(f"the file ended early while reading {where}", a.file)
+            if self.verify and a.crc is not None and zlib.crc32(view, zlib.crc32(a.header)) != a.crc:
+                raise self._error(f"CRC-32 mismatch for {where}: the archive is corrupt; re-copy it, or "
+                                  "read it anyway with verify=False", a.file)
+        else:
+            self._inflate(a, view, where)
+        arr = raw.T if a.fortran else raw
+        if not arr.dtype.isnative:
+            arr = arr.byteswap().view(arr.dtype.newbyteorder("="))
+        if arr is not raw:
+            out = aligned_empty(a.shape, arr.dtype)
+            np.copyto(out, arr)
+            return out
+        return raw
+
+    def _inflate(self, a: _Array, view: memoryview, where: str) -> None:
+        """Decompress a member straight into ``view``, in pieces (never a second full copy)."""
+        assert a.member is not None
+        try:
+            with self._lock:
+                if self._zip is None:
+                    self._zip = zipfile.ZipFile(a.file)
+                m = self._zip.open(a.member)
+            with m:
+                m.read(len(a.header))
+                done = 0
+                while done < len(view):
+                    got = m.readinto(view[done:done + _PIECE])
+                    if not got:
+                        break
+                    done += got
+                m.read(1)  # reaching the end makes zipfile check the CRC (always, even unverified)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            raise self._error(f"reading {where} failed: the archive is damaged ({e})", a.file) from None
+        if done < len(view):
+            raise self._error(f"member {where} ended early", a.file)
+
+    def close(self) -> None:
+        """Close the files (reading again reopens them)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+            z, self._zip = self._zip, None
+        if z is not None:
+            z.close()
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass

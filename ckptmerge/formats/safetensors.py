@@ -1,0 +1,332 @@
+"""Read ``.safetensors`` files (single, or sharded with a ``*.safetensors.index.json``), TF-free.
+
+The format is an 8-byte little-endian header length, a JSON header ``{name: {"dtype", "shape",
+"data_offsets": [begin, end]}, "__metadata__": {...}}`` and the raw little-endian tensor bytes.
+ckptmerge reads it with its own small reader rather than the ``safetensors`` package: tensors
+are read with ``preadv`` straight into 64-byte aligned buffers (TensorFlow takes those without a
+copy; a memory map of the file gives arbitrarily aligned views, which TF copies), ``bfloat16``
+and the float8 types come from ``ml_dtypes`` as everywhere else in ckptmerge, and every header
+field is validated against the file before anything is allocated (files are untrusted).
+
+Names are kept exactly as written (``encoder.layer.0.attention.self.query.weight``); see the
+README's "Names" section for how ``.`` scopes match. A sharded set is read through its index
+JSON, whose ``weight_map`` may name only files in the index's own directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import ml_dtypes
+import numpy as np
+
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.dtypes import dtype_name
+from ckptmerge.formats.fileio import pread_into
+from ckptmerge.specs import KIND_VARIABLE, VariableInfo
+
+__all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
+           "MAX_HEADER", "safetensors_dtype"]
+
+#: The suffix of a sharded set's index file (``model.safetensors.index.json``).
+INDEX_SUFFIX = ".safetensors.index.json"
+#: Largest JSON header (or index file) read: the same 100 MB bound the reference reader uses.
+MAX_HEADER = 100_000_000
+
+#: safetensors dtype codes -> numpy dtypes (little-endian).
+SAFETENSORS_DTYPES: Dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"),
+    "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"), "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"), "C64": np.dtype("<c8"), "C128": np.dtype("<c16"),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+}
+if hasattr(ml_dtypes, "float8_e8m0fnu"):  # ml_dtypes >= 0.5
+    SAFETENSORS_DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+_CODE_OF = {dtype_name(dt): code for code, dt in SAFETENSORS_DTYPES.items()}
+
+
+def safetensors_dtype(dtype: str) -> Optional[str]:
+    """The safetensors code of a numpy-style dtype name, or ``None`` if it has none.
+
+    Example:
+        >>> safetensors_dtype("bfloat16"), safetensors_dtype("string")
+        ('BF16', None)
+    """
+    return _CODE_OF.get(dtype)
+
+
+def is_safetensors(path: str) -> bool:
+    """True if ``path`` is a file that starts like a safetensors file (header length, then ``{``).
+
+    Example:
+        >>> is_safetensors("model.safetensors")  # doctest: +SKIP
+        True
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    n = struct.unpack("<Q", head[:8])[0]
+    return head[8:9] == b"{" and 2 <= n <= size - 8
+
+
+class _Entry:
+    __slots__ = ("shard", "dtype", "shape", "begin", "end", "code")
+
+    def __init__(self, shard: int, code: str, dtype: Optional[np.dtype], shape: Tuple[int, ...],
+                 begin: int, end: int) -> None:
+        self.shard, self.code, self.dtype, self.shape, self.begin, self.end = shard, code, dtype, shape, begin, end
+
+
+class SafetensorsReader(CheckpointReader):
+    """Reader of a ``.safetensors`` file, or of a sharded set through its index JSON.
+
+    Use :func:`ckptmerge.formats.open_checkpoint` (or ``cm.open``) rather than this class.
+
+    Attributes:
+        metadata: the ``__metadata__`` dict of the (first) file, ``{}`` if none.
+        files: the absolute paths of the files read (one, or every shard).
+
+    Raises:
+        CheckpointNotFoundError: the file, or a shard the index names, does not exist.
+        CheckpointFormatError: a header or index is malformed or contradicts the file.
+
+    Example:
+        >>> with SafetensorsReader("model.safetensors") as r:  # doctest: +SKIP
+        ...     r.get("encoder.layer.0.attention.self.query.weight").shape
+        (768, 768)
+    """
+
+    format = "safetensors"
+
+    def __init__(self, path: str, *, verify: bool = True) -> None:
+        super().__init__(path)
+        self.verify = verify  # safetensors has no checksums; kept for symmetry
+        self._lock = threading.Lock()
+        self._fds: Dict[int, int] = {}
+        self.metadata: Dict[str, str] = {}
+        if path.endswith(INDEX_SUFFIX):
+            self.files = self._shards_from_index(path)
+        elif os.path.isdir(path):
+            self.files = self._shards_in_dir(path)
+        else:
+            self.files = [os.path.abspath(path)]
+        self._entries: Dict[str, _Entry] = {}
+        self._data_start: List[int] = []
+        infos: List[VariableInfo] = []
+        for shard, file in enumerate(self.files):
+            for name, e in self._parse_header(shard, file).items():
+                if name in self._entries:
+                    raise self._error(f"tensor {name!r} is stored twice (in "
+                                      f"{os.path.basename(self.files[self._entries[name].shard])} and "
+                                      f"{os.path.basename(file)})", file)
+                self._entries[name] = e
+                dt = dtype_name(e.dtype) if e.dtype is not None else f"safetensors:{e.code}"
+                infos.append(VariableInfo(name, e.shape, dt, name, KIND_VARIABLE, e.end - e.begin))
+        self._set_infos(infos)
+
+    # -- opening ---------------------------------------------------------------------------
+    def _error(self, problem: str, file: Optional[str] = None, key: Optional[str] = None) -> CheckpointFormatError:
+        file = file or self.path
+        return CheckpointFormatError(
+            f"Cannot read safetensors file {os.path.basename(file)}: {problem}. The file is corrupt, "
+            f"truncated or not a safetensors file; re-copy it. (File: {file})", path=file, key=key)
+
+    def _shards_from_index(self, index: str) -> List[str]:
+        data = _read_json_file(index, self._error)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise self._error("the index has no 'weight_map' object naming the shard of each tensor", index)
+        base = os.path.dirname(os.path.abspath(index))
+        shards: List[str] = []
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or not file or os.path.basename(file) != file or file in (".", ".."):
+                raise self._error(f"weight_map[{name!r}] = {file!r} is not a file name in the index's "
+                                  "own directory (ckptmerge reads nothing outside the named files)", index)
+            if file not in shards:
+                shards.append(file)
+        paths = [os.path.join(base, f) for f in sorted(shards)]
+        for p in paths:
+            if not os.path.isfile(p):
+                raise CheckpointNotFoundError(
+                    f"Shard {os.path.basename(p)!r} named by {os.path.basename(index)} does not exist "
+                    f"in {base}; the set is incomplete. Download every shard the index names.", path=p)
+        self._weight_map = weight_map
+        return paths
+
+    def _shards_in_dir(self, directory: str) -> List[str]:
+        names = sorted(os.listdir(directory))
+        indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
+        if len(indexes) == 1:
+            self.path = os.path.join(directory, indexes[0])
+            return self._shards_from_index(self.path)
+        if len(indexes) > 1:
+            raise CheckpointFormatError(
+                f"Directory {directory!r} holds several safetensors index files ({', '.join(indexes)}); "
+                "pass the one you mean.", path=directory)
+        files = [os.path.join(os.path.abspath(directory), n) for n in names
+                 if n.endswith(".safetensors") and os.path.isfile(os.path.join(directory, n))
+                 and not os.path.islink(os.path.join(directory, n))]
+        if not files:
+            raise CheckpointNotFoundError(f"No .safetensors file in directory {directory!r}.", path=directory)
+        return files
+
+    def _parse_header(self, shard: int, file: str) -> Dict[str, _Entry]:
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"safetensors file {file!r} does not exist.", path=file) from None
+        except OSError as e:
+            raise self._error(f"cannot open it ({e.strerror or e})", file) from None
+        self._fds[shard] = fd
+        size = os.fstat(fd).st_size
+        head = bytearray(8)
+        if pread_into(fd, 0, memoryview(head)) < 8:
+            raise self._error(f"it has {size} bytes, fewer than the 8-byte header length", file)
+        n = struct.unpack("<Q", head)[0]
+        if n > size - 8:
+            raise self._error(f"the header claims {n} bytes but the file has {size - 8} after the length", file)
+        if n > MAX_HEADER:
+            raise self._error(f"the header claims {n} bytes, more than the {MAX_HEADER}-byte limit", file)
+        raw = bytearray(n)
+        pread_into(fd, 8, memoryview(raw))
+        try:
+            header = json.loads(bytes(raw).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise self._error(f"its JSON header does not parse ({type(e).__name__}: {str(e)[:80]})", file) from None
+        if not isinstance(header, dict):
+            raise self._error("its JSON header is not an object", file)
+        data_start = 8 + n
+        self._data_start.append(data_start)
+        data_len = size - data_start
+        meta = header.pop("__metadata__", None)
+        if meta is not None:
+            if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+                raise self._error("'__metadata__' must map strings to strings", file)
+            if shard == 0:
+                self.metadata = dict(meta)
+        out: Dict[str, _Entry] = {}
+        spans: List[Tuple[int, int, str]] = []
+        for name, spec in header.items():
+            out[name] = e = self._parse_entry(shard, file, name, spec, data_len)
+            if e.end > e.begin:
+                spans.append((e.begin, e.end, name))
+        spans.sort()
+        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise self._error(f"tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0})", file)
+        weight_map = getattr(self, "_weight_map", None)
+        if weight_map is not None:
+            base = os.path.basename(file)
+            listed = {k for k, v in weight_map.items() if v == base}
+            extra = sorted(set(out) - listed)
+            if extra:
+                raise self._error(f"it holds {len(extra)} tensor(s) its index does not assign to it, e.g. {extra[0]!r}", file)
+            missing = sorted(listed - set(out))
+            if missing:
+                raise self._error(f"the index assigns {len(missing)} tensor(s) to it that it lacks, e.g. {missing[0]!r}", file)
+        return out
+
+    def _parse_entry(self, shard: int, file: str, name: str, spec: Any, data_len: int) -> _Entry:
+        if not isinstance(spec, dict):
+            raise self._error(f"the header entry of {name!r} is not an object", file, name)
+        code, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+        if not isinstance(code, str):
+            raise self._error(f"tensor {name!r} has no dtype", file, name)
+        if (not isinstance(shape, list) or len(shape) > 64
+                or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
+            raise self._error(f"tensor {name!r} has an invalid shape {shape!r}", file, name)
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+            raise self._error(f"tensor {name!r} has invalid data_offsets {offsets!r}", file, name)
+        begin, end = offsets
+        if end > data_len:
+            raise self._error(f"tensor {name!r} ends at byte {end} of the data but the data has {data_len} "
+                              "(truncated file?)", file, name)
+        dt = SAFETENSORS_DTYPES.get(code)
+        if dt is not None:
+            need = math.prod(shape) * dt.itemsize
+            if end - begin != need:
+                raise self._error(f"tensor {name!r} has {end - begin} bytes but shape {tuple(shape)} of "
+                                  f"{code} needs {need}", file, name)
+        return _Entry(shard, code, dt, tuple(shape), begin, end)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _read(self, info: VariableInfo) -> np.ndarray:
+        e = self._entries[info.raw_key]
+        if e.dtype is None:
+            raise CheckpointFormatError(
+                f"Tensor {info.name!r} of {os.path.basename(self.files[e.shard])} has safetensors dtype "
+                f"{e.code!r}, which ckptmerge cannot read (supported: {', '.join(SAFETENSORS_DTYPES)}). "
+                "Exclude it.", path=self.files[e.shard], key=info.raw_key)
+        arr = aligned_empty(e.shape, e.dtype)
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        if len(view):
+            file = self.files[e.shard]
+            fd = self._fd(e.shard)
+            try:
+                got = pread_into(fd, self._data_start[e.shard] + e.begin, view)
+            except OSError as err:
+                raise self._error(f"reading tensor {info.name!r} failed ({err.strerror or err})", file, info.raw_key) from None
+            if got < len(view):
+                raise self._error(f"the file ended early while reading tensor {info.name!r} "
+                                  f"({got} of {len(view)} bytes); it was truncated after it was opened",
+                                  file, info.raw_key)
+        return arr
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    fd = self._fds[shard] = os.open(self.files[shard], os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def close(self) -> None:
+        """Close the files (reading again reopens them)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+
+def _read_json_file(path: str, error: Any) -> Any:
+    """A small JSON file (an index), read with a size cap; errors through ``error(problem, path)``."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block, a device never end
+        raise error("it is not a regular file", path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_HEADER + 1)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{path!r} does not exist.", path=path) from None
+    except OSError as e:
+        raise error(f"cannot read it ({e.strerror or e})", path) from None
+    if len(raw) > MAX_HEADER:
+        raise error(f"it is larger than the {MAX_HEADER}-byte limit for an index", path)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise error(f"it is not valid JSON ({type(e).__name__})", path) from None
