@@ -1,0 +1,118 @@
+"""The safetensors writer: files the reference reader reads back exactly, published atomically."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy as st_numpy
+
+from ckptmerge.errors import ArgumentError, OutputExistsError
+from ckptmerge.formats.safetensors import SafetensorsReader
+from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+
+VALUES = {
+    "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "half": np.arange(5, dtype=np.float16),
+    "bf": np.arange(7, dtype=np.float32).astype(ml_dtypes.bfloat16),
+    "f64_fortran": np.asfortranarray(np.random.default_rng(0).standard_normal((3, 5))),
+    "big_endian": np.arange(4, dtype=">i4"),
+    "empty": np.zeros((0, 2), np.int64),
+    "flag": np.array(True),
+}
+
+
+def _specs(values):
+    return [(k, np.dtype(v.dtype).newbyteorder("=").name if v.dtype.byteorder == ">" else str(v.dtype), v.shape)
+            for k, v in values.items()]
+
+
+def _write(path, values, order=None, **kw):
+    with SafetensorsWriter(path, _specs(values), **kw) as w:
+        for k in order or values:
+            w.add(k, values[k])
+
+
+def test_reference_reader_reads_every_tensor_back(tmp_path):
+    path = tmp_path / "out.safetensors"
+    _write(path, VALUES, order=list(reversed(VALUES)), metadata={"source": "test"})
+    with SafetensorsReader(str(path)) as r:
+        assert r.metadata == {"source": "test"}
+        for k, v in VALUES.items():
+            got = r.get(k)
+            np.testing.assert_array_equal(got, v)
+    ref = st_numpy.load_file(str(path))  # the reference implementation accepts the file
+    np.testing.assert_array_equal(ref["w"], VALUES["w"])
+    np.testing.assert_array_equal(ref["f64_fortran"], VALUES["f64_fortran"])
+
+
+def test_tensors_start_aligned_to_their_element_size(tmp_path):
+    path = tmp_path / "out.safetensors"
+    _write(path, VALUES)
+    with SafetensorsReader(str(path)) as r:
+        for name, e in r._entries.items():
+            assert (r._data_start[0] + e.begin) % e.dtype.itemsize == 0, name
+
+
+def test_an_aborted_write_leaves_nothing(tmp_path):
+    path = tmp_path / "out.safetensors"
+    with pytest.raises(RuntimeError):
+        with SafetensorsWriter(path, _specs(VALUES)) as w:
+            w.add("w", VALUES["w"])
+            raise RuntimeError("killed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_tensor_never_written_publishes_nothing(tmp_path):
+    path = tmp_path / "out.safetensors"
+    w = SafetensorsWriter(path, _specs(VALUES))
+    w.add("w", VALUES["w"])
+    with pytest.raises(ArgumentError, match="never written"):
+        w.finish()
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_existing_output_is_kept_without_overwrite(tmp_path):
+    path = tmp_path / "out.safetensors"
+    path.write_bytes(b"keep me")
+    with pytest.raises(OutputExistsError):
+        SafetensorsWriter(path, _specs(VALUES))
+    assert path.read_bytes() == b"keep me"
+
+
+def test_an_output_that_appears_while_writing_is_not_replaced(tmp_path):
+    path = tmp_path / "out.safetensors"
+    w = SafetensorsWriter(path, _specs({"w": VALUES["w"]}))
+    w.add("w", VALUES["w"])
+    path.write_bytes(b"the other writer's")
+    with pytest.raises(OutputExistsError, match="appeared"):
+        w.finish()
+    assert path.read_bytes() == b"the other writer's"
+    assert sorted(os.listdir(tmp_path)) == ["out.safetensors"]
+
+
+def test_overwrite_replaces_in_one_rename(tmp_path):
+    path = tmp_path / "out.safetensors"
+    path.write_bytes(b"old")
+    _write(path, {"w": VALUES["w"]}, overwrite=True)
+    with SafetensorsReader(str(path)) as r:
+        np.testing.assert_array_equal(r.get("w"), VALUES["w"])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda w: w.add("nope", np.zeros(1, np.float32)), "not declared"),
+    (lambda w: w.add("w", np.zeros((4, 3), np.float32)), "declared as"),
+    (lambda w: w.add_raw("w", 1, (3, 4), [b"\0" * 8]), "held 8 of its 48"),
+])
+def test_writes_that_contradict_the_declaration_are_refused(tmp_path, bad, match):
+    w = SafetensorsWriter(tmp_path / "o.safetensors", _specs({"w": VALUES["w"]}))
+    with pytest.raises(ArgumentError, match=match):
+        bad(w)
+    w.abort()
+
+
+def test_string_tensors_cannot_be_declared(tmp_path):
+    with pytest.raises(ArgumentError, match="cannot store"):
+        SafetensorsWriter(tmp_path / "o.safetensors", [("vocab", "string", (3,))])
