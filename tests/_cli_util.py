@@ -22,8 +22,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ckptmerge.cli import cli  # noqa: E402
 
-#: The shared corpus of real checkpoints (read-only).
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 #: The repository root (so that ``python -m ckptmerge`` works without installing).
 REPO = Path(__file__).resolve().parents[1]
 

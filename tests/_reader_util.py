@@ -21,9 +21,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from ckptmerge.formats import protowire as pw  # noqa: E402
 from ckptmerge.formats.bundle import crc32c, mask_crc  # noqa: E402
 
-#: The shared corpus; tests fail (not skip) when it is missing.
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
-
 #: Every dtype the property test writes (numpy-style names as ckptmerge reports them).
 ALL_DTYPES = ["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
               "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "string",

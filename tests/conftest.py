@@ -15,7 +15,6 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -74,10 +74,10 @@ def test_graph_mode_restore_without_session_says_how(tf, ab_checkpoints):
 
 
 def test_v1_format_checkpoint_is_refused_with_a_clear_error(tf):
-    from conftest import CORPUS
+    from _corpus import corpus
 
     with pytest.raises(cm.CheckpointFormatError, match="V1"):
-        cm.list_variables(str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt"))
+        cm.list_variables(str(corpus() / "tf0x-v1format-nxt" / "model.ckpt"))
 
 
 def test_a_list_of_specs_is_a_tf_free_target_that_reports_but_does_not_restore(ab_checkpoints):

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _corpus import corpus
 from ckptmerge.resolve import (
     ArgumentError,
     ArgumentTypeError,
@@ -26,7 +27,6 @@ from ckptmerge.resolve import (
 )
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 BUNDLE_FOLDERS = [
     "keras2-tfweights-cp-charity",
     "tf012-saver-lenet",
@@ -42,13 +42,13 @@ V1 = "tf0x-v1format-nxt"
 
 
 def reference(folder):
-    return json.loads((CORPUS / folder / "reference.json").read_text())
+    return json.loads((corpus() / folder / "reference.json").read_text())
 
 
 def copy_folder(folder, dest: Path) -> Path:
     """Copy a read-only corpus folder into tmp_path and make it writable."""
     out = dest / folder
-    shutil.copytree(CORPUS / folder, out)
+    shutil.copytree(corpus() / folder, out)
     for p in [out, *out.iterdir()]:
         p.chmod(p.stat().st_mode | stat.S_IWUSR)
     return out
@@ -57,7 +57,7 @@ def copy_folder(folder, dest: Path) -> Path:
 @pytest.fixture
 def in_corpus(monkeypatch):
     """Run with the corpus as current directory, so paths can be given relative."""
-    monkeypatch.chdir(CORPUS)
+    monkeypatch.chdir(corpus())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,39 +66,39 @@ def in_corpus(monkeypatch):
 
 @pytest.mark.parametrize("folder", BUNDLE_FOLDERS)
 def test_corpus_directory_resolves_to_the_reference_prefix(folder):
-    r = resolve_checkpoint(CORPUS / folder)
-    assert r == ResolvedCheckpoint(str(CORPUS / folder / reference(folder)["prefix"]), "tf-bundle",
+    r = resolve_checkpoint(corpus() / folder)
+    assert r == ResolvedCheckpoint(str(corpus() / folder / reference(folder)["prefix"]), "tf-bundle",
                                    r.step, r.note)
     assert r.note
 
 
 @pytest.mark.parametrize("folder", BUNDLE_FOLDERS)
 def test_corpus_prefix_resolves_to_itself(folder):
-    prefix = CORPUS / folder / reference(folder)["prefix"]
+    prefix = corpus() / folder / reference(folder)["prefix"]
     r = resolve_checkpoint(str(prefix))
     assert r.prefix == str(prefix) and r.format == "tf-bundle"
     assert r.note == f"checkpoint prefix {prefix}"
 
 
 def test_keras3_weights_directory_and_file_resolve_to_keras_h5():
-    h5 = CORPUS / "keras3-weights-h5-churn" / "model.weights.h5"
+    h5 = corpus() / "keras3-weights-h5-churn" / "model.weights.h5"
     assert resolve_checkpoint(h5) == ResolvedCheckpoint(str(h5), "keras-h5", None,
                                                         f"Keras HDF5 weights file {h5}")
-    r = resolve_checkpoint(CORPUS / "keras3-weights-h5-churn")
+    r = resolve_checkpoint(corpus() / "keras3-weights-h5-churn")
     assert (r.prefix, r.format) == (str(h5), "keras-h5")
 
 
 def test_latest_comes_from_the_state_file_not_the_largest_step(in_corpus):
     r = resolve_checkpoint(COMP)
-    assert r.prefix == str(CORPUS / COMP / "ckpt-1")
+    assert r.prefix == str(corpus() / COMP / "ckpt-1")
     assert r.step == 1
     assert r.note == f"latest checkpoint per {COMP}/checkpoint (step 1)"
 
 
 def test_step_picks_that_checkpoint_from_a_directory(in_corpus):
     r = resolve_checkpoint(EST, step=0)
-    assert r == ResolvedCheckpoint(str(CORPUS / EST / "model.ckpt-0"), "tf-bundle", 0, f"step 0 of {EST}")
-    assert resolve_checkpoint(COMP, step=10).prefix == str(CORPUS / COMP / "ckpt-10")
+    assert r == ResolvedCheckpoint(str(corpus() / EST / "model.ckpt-0"), "tf-bundle", 0, f"step 0 of {EST}")
+    assert resolve_checkpoint(COMP, step=10).prefix == str(corpus() / COMP / "ckpt-10")
 
 
 def test_missing_step_lists_the_steps_there_and_never_falls_back(in_corpus):
@@ -114,7 +114,7 @@ def test_missing_step_lists_the_steps_there_and_never_falls_back(in_corpus):
 @pytest.mark.parametrize("name", ["model.ckpt-0.index", "model.ckpt-0.data-00001-of-00002"])
 def test_index_or_data_file_means_its_prefix(in_corpus, name):
     r = resolve_checkpoint(f"{EST}/{name}")
-    assert (r.prefix, r.step) == (str(CORPUS / EST / "model.ckpt-0"), 0)
+    assert (r.prefix, r.step) == (str(corpus() / EST / "model.ckpt-0"), 0)
     assert r.note == f"prefix of {EST}/{name}"
 
 
@@ -155,7 +155,7 @@ def test_v1_directory_is_the_same_format_error(in_corpus):
 def test_v1_sharded_checkpoint_named_by_a_state_file_is_the_same_format_error(tmp_path):
     # TF 0.x with Saver(sharded=True) wrote model.ckpt-100-00000-of-00001 and named
     # model.ckpt-100 in the state file.
-    shutil.copy(CORPUS / V1 / "model.ckpt", tmp_path / "model.ckpt-100-00000-of-00001")
+    shutil.copy(corpus() / V1 / "model.ckpt", tmp_path / "model.ckpt-100-00000-of-00001")
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-100"\n')
     for path in (tmp_path, tmp_path / "model.ckpt-100"):
         with pytest.raises(CheckpointFormatError, match="TensorFlow V1 checkpoint") as err:
@@ -165,7 +165,7 @@ def test_v1_sharded_checkpoint_named_by_a_state_file_is_the_same_format_error(tm
 
 def test_v1_conversion_recipe_from_the_message_works(tf, tmp_path):
     """The recipe in the V1 error, followed literally, gives a checkpoint ckptmerge resolves."""
-    src = str(CORPUS / V1 / "model.ckpt")
+    src = str(corpus() / V1 / "model.ckpt")
     out = str(tmp_path / "model.ckpt-v2")
     reader = tf.train.load_checkpoint(src)
     with tf.Graph().as_default():
@@ -178,11 +178,11 @@ def test_v1_conversion_recipe_from_the_message_works(tf, tmp_path):
     np.testing.assert_array_equal(tf.train.load_checkpoint(out).get_tensor("mweight"), reader.get_tensor("mweight"))
 
 
-@pytest.mark.parametrize("folder", [f for f in BUNDLE_FOLDERS if "checkpoint_state_file" in reference(f)])
+@pytest.mark.parametrize("folder", ["keras2-tfweights-cp-charity", "tf012-saver-lenet", EST, COMP])
 def test_read_state_file_matches_tensorflows_reading(folder):
     ref = reference(folder)["checkpoint_state_file"]
-    st = read_state_file(CORPUS / folder)
-    d = str(CORPUS / folder)
+    st = read_state_file(corpus() / folder)
+    d = str(corpus() / folder)
     assert st.path == os.path.join(d, "checkpoint") and st.directory == d
     assert st.model_checkpoint_path == os.path.join(d, ref["model_checkpoint_path"])
     assert st.all_model_checkpoint_paths == tuple(os.path.join(d, p) for p in ref["all_model_checkpoint_paths"])
@@ -192,11 +192,11 @@ def test_read_state_file_matches_tensorflows_reading(folder):
 
 
 def test_read_state_file_of_a_directory_without_one_is_none():
-    assert read_state_file(CORPUS / "tf18sm-iris-keras") is None
+    assert read_state_file(corpus() / "tf18sm-iris-keras") is None
 
 
 def test_checkpoints_lists_steps_latest_times_and_sizes():
-    d = CORPUS / COMP
+    d = corpus() / COMP
     infos = checkpoints(d)
     assert [os.path.basename(c.path) for c in infos] == ["ckpt-1", "ckpt-9", "ckpt-10"]
     assert [c.step for c in infos] == [1, 9, 10]
@@ -208,13 +208,13 @@ def test_checkpoints_lists_steps_latest_times_and_sizes():
 
 
 def test_checkpoint_size_counts_the_index_and_every_shard():
-    infos = checkpoints(CORPUS / EST)
+    infos = checkpoints(corpus() / EST)
     assert [(c.step, c.size, c.latest) for c in infos] == [(0, 1736 + 8 + 1284, False), (5000, 1736 + 8 + 1284, True)]
 
 
 def test_checkpoint_time_is_the_index_mtime_without_recorded_times():
-    (info,) = checkpoints(CORPUS / "tf012-saver-lenet")
-    assert info.time == os.path.getmtime(CORPUS / "tf012-saver-lenet" / "model.ckpt.index")
+    (info,) = checkpoints(corpus() / "tf012-saver-lenet")
+    assert info.time == os.path.getmtime(corpus() / "tf012-saver-lenet" / "model.ckpt.index")
     assert info.step is None and info.latest
 
 
@@ -229,7 +229,7 @@ def test_checkpoints_of_a_missing_directory_is_not_found(tmp_path):
 
 def test_checkpoints_of_a_file_is_an_argument_error():
     with pytest.raises(ArgumentError, match="is not a directory"):
-        checkpoints(CORPUS / COMP / "checkpoint")
+        checkpoints(corpus() / COMP / "checkpoint")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ def test_checkpoints_of_a_file_is_an_argument_error():
 
 def test_single_prefix_without_state_file_is_taken(in_corpus):
     r = resolve_checkpoint("tf18sm-iris-keras")
-    assert r.prefix == str(CORPUS / "tf18sm-iris-keras" / "variables")
+    assert r.prefix == str(corpus() / "tf18sm-iris-keras" / "variables")
     assert r.note == "only checkpoint in tf18sm-iris-keras (no 'checkpoint' state file)"
 
 
@@ -254,7 +254,7 @@ def test_without_state_file_the_highest_step_is_taken_and_said(tmp_path, monkeyp
 def test_several_unnumbered_prefixes_without_state_file_are_ambiguous(tmp_path):
     for name in ("a", "b"):
         for ext in (".index", ".data-00000-of-00001"):
-            shutil.copy(CORPUS / "tf18sm-iris-keras" / f"variables{ext}", tmp_path / f"{name}{ext}")
+            shutil.copy(corpus() / "tf18sm-iris-keras" / f"variables{ext}", tmp_path / f"{name}{ext}")
     with pytest.raises(ArgumentError) as err:
         resolve_checkpoint(tmp_path)
     msg = str(err.value)
@@ -322,7 +322,7 @@ def test_state_file_written_by_tensorflow_with_escapes_reads_like_tensorflow(tf,
 
 
 def test_state_file_given_directly_means_its_directory(in_corpus):
-    assert resolve_checkpoint(f"{COMP}/checkpoint").prefix == str(CORPUS / COMP / "ckpt-1")
+    assert resolve_checkpoint(f"{COMP}/checkpoint").prefix == str(corpus() / COMP / "ckpt-1")
 
 
 def test_data_shard_without_its_index_is_not_found(tmp_path):
@@ -341,7 +341,7 @@ def test_misspelt_prefix_suggests_the_sibling(tmp_path, monkeypatch):
     (tmp_path / "runs" / "A").mkdir(parents=True)
     for step in (1, 9, 10):
         for ext in (".index", ".data-00000-of-00001"):
-            shutil.copy(CORPUS / COMP / f"ckpt-1{ext}", tmp_path / "runs" / "A" / f"model-{step}{ext}")
+            shutil.copy(corpus() / COMP / f"ckpt-1{ext}", tmp_path / "runs" / "A" / f"model-{step}{ext}")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointNotFoundError) as err:
         resolve_checkpoint("runs/A/model-1O")
@@ -400,14 +400,14 @@ def test_saved_model_without_variables_is_not_found(tmp_path):
 @pytest.mark.parametrize("step", [True, "10", 1.0])
 def test_step_of_the_wrong_type_is_a_type_error(step):
     with pytest.raises(ArgumentTypeError) as err:
-        resolve_checkpoint(CORPUS / EST, step=step)
+        resolve_checkpoint(corpus() / EST, step=step)
     assert isinstance(err.value, TypeError) and isinstance(err.value, CkptMergeError)
     assert f"Received: step={step!r}" in str(err.value)
 
 
 def test_negative_step_is_a_value_error():
     with pytest.raises(ArgumentError, match=r"step must be >= 0. Received: step=-1") as err:
-        resolve_checkpoint(CORPUS / EST, step=-1)
+        resolve_checkpoint(corpus() / EST, step=-1)
     assert isinstance(err.value, ValueError)
 
 
@@ -486,6 +486,6 @@ def test_resolving_does_not_import_tensorflow():
     import sys
 
     code = ("import sys; from ckptmerge.resolve import resolve_checkpoint, checkpoints; "
-            f"resolve_checkpoint({str(CORPUS / COMP)!r}); checkpoints({str(CORPUS / EST)!r}); "
+            f"resolve_checkpoint({str(corpus() / COMP)!r}); checkpoints({str(corpus() / EST)!r}); "
             "assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

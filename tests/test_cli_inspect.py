@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _cli_util import (
-    CORPUS,
     assert_one_line_error,
     run,
     run_subprocess,
     save_module,
     save_tf1,
 )
+from _corpus import corpus, corpus_folders
 
 from ckptmerge import __version__
 from ckptmerge.cli import cli
@@ -210,7 +210,7 @@ def test_ls_missing_path_is_a_one_line_error(tmp_path):
 
 
 def test_ls_v1_checkpoint_is_a_one_line_error():
-    assert_one_line_error(run("ls", CORPUS / "tf0x-v1format-nxt" / "model.ckpt"), "V1 checkpoint",
+    assert_one_line_error(run("ls", corpus() / "tf0x-v1format-nxt" / "model.ckpt"), "V1 checkpoint",
                           "tf0x-v1format-nxt/model.ckpt")
 
 
@@ -233,26 +233,26 @@ def test_ls_stats_on_corrupt_data_is_a_one_line_error(ck, tmp_path):
     assert_one_line_error(run("ls", tmp_path / "B" / "model", "--stats"), "model.data-00000-of-00001")
 
 
-CORPUS_FOLDERS = sorted(p.name for p in CORPUS.iterdir() if p.is_dir() and p.name != "tf0x-v1format-nxt")
+CORPUS_FOLDERS = [f for f in corpus_folders() if f != "tf0x-v1format-nxt"]
 
 
 @pytest.mark.parametrize("folder", CORPUS_FOLDERS)
 def test_ls_lists_every_tensor_of_corpus_checkpoints_as_tensorflow_does(folder):
-    ref = json.loads((CORPUS / folder / "reference.json").read_text())
-    r = run("ls", CORPUS / folder, "--all", "--json")
+    ref = json.loads((corpus() / folder / "reference.json").read_text())
+    r = run("ls", corpus() / folder, "--all", "--json")
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert sorted((v["key"], tuple(v["shape"])) for v in rows) == \
         sorted((v["name"], tuple(v["shape"])) for v in ref["variables"])
-    shown = json.loads(run("ls", CORPUS / folder, "--json").stdout)
+    shown = json.loads(run("ls", corpus() / folder, "--json").stdout)
     assert shown and all(v["kind"] == "variable" for v in shown)
 
 
 def test_ls_reads_a_keras3_weights_h5_file_and_a_savedmodel_dir():
-    r = run("ls", CORPUS / "keras3-weights-h5-churn" / "model.weights.h5")
+    r = run("ls", corpus() / "keras3-weights-h5-churn" / "model.weights.h5")
     assert r.exit_code == 0, r.output
     assert "layers/dense/vars/0    float32  (12, 64)  3.0 KiB" in r.stdout.splitlines()
-    r = run("ls", CORPUS / "tf18sm-iris-keras")
+    r = run("ls", corpus() / "tf18sm-iris-keras")
     assert r.exit_code == 0, r.output
     assert "dense_1/kernel  float32  (4, 8)  128 B" in r.stdout.splitlines()
 
@@ -431,7 +431,7 @@ def test_checkpoints_lists_step_time_size_and_latest(ck):
 
 
 def test_checkpoints_latest_comes_from_the_state_file_not_the_largest_step():
-    rows = json.loads(run("checkpoints", CORPUS / "tf2obj-2025-ckptmanager-comp", "--json").stdout)
+    rows = json.loads(run("checkpoints", corpus() / "tf2obj-2025-ckptmanager-comp", "--json").stdout)
     assert [(r["name"], r["step"], r["latest"]) for r in rows] == [
         ("ckpt-1", 1, True), ("ckpt-9", 9, False), ("ckpt-10", 10, False)]
     assert set(rows[0]) == {"name", "path", "step", "time", "time_iso", "size", "latest"}
@@ -567,9 +567,7 @@ def test_demo_refuses_a_folder_that_is_not_empty(tmp_path):
 
 
 def test_checkpoints_of_a_folder_with_only_a_v1_checkpoint_explains_v1():
-    from conftest import CORPUS
-
-    assert_one_line_error(run("checkpoints", CORPUS / "tf0x-v1format-nxt"), "V1 checkpoint")
+    assert_one_line_error(run("checkpoints", corpus() / "tf0x-v1format-nxt"), "V1 checkpoint")
 
 
 def test_checkpoints_says_when_the_state_file_names_a_missing_latest(tmp_path, tf):

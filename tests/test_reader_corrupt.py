@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _reader_util import (CORPUS, header_proto, random_value, table_bytes, write_float_bundle,
+from _corpus import corpus
+from _reader_util import (header_proto, random_value, table_bytes, write_float_bundle,
                           write_saver_checkpoint)
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
@@ -287,7 +288,7 @@ def test_non_hdf5_weights_file_is_a_format_error(tmp_path):
 
 def test_truncated_hdf5_weights_file_is_a_format_error(tmp_path):
     path = tmp_path / "model.weights.h5"
-    path.write_bytes((CORPUS / "keras3-weights-h5-churn" / "model.weights.h5").read_bytes()[:3000])
+    path.write_bytes((corpus() / "keras3-weights-h5-churn" / "model.weights.h5").read_bytes()[:3000])
     with pytest.raises(CheckpointFormatError) as err:
         open_checkpoint(str(path))
     assert "Cannot read Keras weights file model.weights.h5" in str(err.value)
