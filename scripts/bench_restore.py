@@ -11,6 +11,8 @@ Contenders:
 - eager, canonical: the same Saver code in eager mode;
 - eager, ckptmerge: plan once, plan.restore() each round;
 - floor: numpy.fromfile of the same .data files.
+- eager, from safetensors: the same tensors as .safetensors files (written once), restored with
+  the same plan options, beside eager ckptmerge from the TF checkpoints (target <= 1.1x).
 With --repeat (issue 5) it also measures a Restorer's 1st vs 100th restore, a Saver rebuilt per
 restore, and restoring from an in-memory snapshot.
 
@@ -142,6 +144,38 @@ def bench_eager(prefixes, maps, rounds):
     return res, tvars["c/x3"].numpy()
 
 
+def write_safetensors(prefixes) -> list:
+    """The same tensors as each checkpoint, as ``<prefix>.safetensors`` (written once)."""
+    import ckptmerge as cm
+    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+
+    paths = []
+    for p in prefixes:
+        path = p + ".safetensors"
+        if not os.path.exists(path):
+            values = cm.load(p)
+            with SafetensorsWriter(path, [(k, str(v.dtype), v.shape) for k, v in values.items()]) as w:
+                for k, v in values.items():
+                    w.add(k, v)
+        paths.append(path)
+    return paths
+
+
+def bench_safetensors(prefixes, maps, rounds):
+    """Eager restore of the same tensors from TF checkpoints and from safetensors files."""
+    import tensorflow as tf
+
+    import ckptmerge as cm
+
+    st_paths = write_safetensors(prefixes)
+    tvars = {t: tf.Variable(tf.zeros(SHAPE), name=t) for m in maps for t in m.values()}
+    from_tf = cm.plan(tvars, [cm.Source(p, map=m) for p, m in zip(prefixes, maps)])
+    from_st = cm.plan(tvars, [cm.Source(p, map=m) for p, m in zip(st_paths, maps)])
+    res = interleaved({"eager from TF checkpoint": from_tf.restore, "eager from safetensors": from_st.restore},
+                      rounds)
+    return res, tvars["c/x3"].numpy()
+
+
 def bench_repeat(prefixes, maps, rounds):
     """Issue 5: a Restorer's 1st vs 100th restore, a Saver rebuilt per restore, snapshots."""
     import tensorflow as tf
@@ -215,6 +249,12 @@ def main(argv=None) -> int:
     print(f"  eager ckptmerge / canonical  {e['eager ckptmerge'] / e['eager canonical Savers']:.2f}")
     print(f"  graph ckptmerge / floor      {g['graph ckptmerge'] / g['floor numpy.fromfile']:.2f}")
     print(f"  eager ckptmerge / floor      {e['eager ckptmerge'] / e['floor numpy.fromfile']:.2f}")
+    st, stcheck = bench_safetensors(prefixes, maps, args.rounds)
+    assert np.array_equal(stcheck, want), "values restored from safetensors differ"
+    for k, v in st.items():
+        print(f"  {k:<28} {v * 1000:8.1f} ms")
+    print(f"  safetensors / TF checkpoint  {st['eager from safetensors'] / st['eager from TF checkpoint']:.2f} "
+          "(target <= 1.10)")
     if args.repeat:
         bench_repeat(prefixes, maps, args.rounds)
     return 0

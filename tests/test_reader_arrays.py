@@ -249,3 +249,14 @@ def test_restore_from_safetensors_and_merge_to_a_tf_checkpoint(tmp_path, st_file
     for name, value in values.items():
         if name.startswith("enc.") and value.dtype.name in ("float32", "int64", "float16", "bfloat16"):
             assert _same_bits(np.asarray(reader.get_tensor(name)), value), name
+
+
+def test_safetensors_read_many_in_segments_equals_get(st_file, monkeypatch):
+    import ckptmerge.formats.safetensors as st_module
+
+    monkeypatch.setattr(st_module, "_SEGMENT", 8)  # many segments per tensor, read by several threads
+    path, values = st_file
+    with open_checkpoint(str(path)) as r:
+        got = r.read_many(list(values) + ["scalar"], max_workers=4)
+        for name, want in values.items():
+            assert _same_bits(got[name], want), name

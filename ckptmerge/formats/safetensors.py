@@ -20,7 +20,8 @@ import math
 import os
 import struct
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,7 @@ __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_S
 INDEX_SUFFIX = ".safetensors.index.json"
 #: Largest JSON header (or index file) read: the same 100 MB bound the reference reader uses.
 MAX_HEADER = 100_000_000
+_SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of this size
 
 #: safetensors dtype codes -> numpy dtypes (little-endian).
 SAFETENSORS_DTYPES: Dict[str, np.dtype] = {
@@ -275,17 +277,56 @@ class SafetensorsReader(CheckpointReader):
         arr = aligned_empty(e.shape, e.dtype)
         view = memoryview(arr.reshape(-1).view(np.uint8))
         if len(view):
-            file = self.files[e.shard]
-            fd = self._fd(e.shard)
-            try:
-                got = pread_into(fd, self._data_start[e.shard] + e.begin, view)
-            except OSError as err:
-                raise self._error(f"reading tensor {info.name!r} failed ({err.strerror or err})", file, info.raw_key) from None
-            if got < len(view):
-                raise self._error(f"the file ended early while reading tensor {info.name!r} "
-                                  f"({got} of {len(view)} bytes); it was truncated after it was opened",
-                                  file, info.raw_key)
+            self._fill(info.name, e, self._data_start[e.shard] + e.begin, view)
         return arr
+
+    def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Read several tensors at once: a thread pool fills the aligned arrays in file order,
+        big tensors in segments of 32 MiB (``preadv`` releases the GIL), so a restore reads at
+        disk or page-cache speed.
+
+        Example:
+            >>> arrays = reader.read_many(["enc.weight", "enc.bias"])  # doctest: +SKIP
+        """
+        names = list(names)
+        infos = [self.info(n) for n in names]
+        arrays: Dict[str, np.ndarray] = {}
+        units: List[Tuple[str, _Entry, int, memoryview]] = []
+        for info in infos:
+            if info.raw_key in arrays:
+                continue
+            e = self._entries[info.raw_key]
+            if e.dtype is None:
+                return super().read_many(names)  # the error, from the one place that words it
+            arr = arrays[info.raw_key] = aligned_empty(e.shape, e.dtype)
+            view = memoryview(arr.reshape(-1).view(np.uint8))
+            for start in range(0, len(view), _SEGMENT):
+                units.append((info.name, e, start, view[start:start + _SEGMENT]))
+        units.sort(key=lambda u: (u[1].shard, u[1].begin + u[2]))
+
+        def run(unit: Tuple[str, _Entry, int, memoryview]) -> None:
+            name, e, start, view = unit
+            self._fill(name, e, self._data_start[e.shard] + e.begin + start, view)
+
+        workers = max_workers or min(8, 2 * (os.cpu_count() or 1))
+        if workers <= 1 or len(units) <= 1:
+            for u in units:
+                run(u)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptmerge-read") as pool:
+                for _ in pool.map(run, units):
+                    pass
+        return {n: arrays[i.raw_key] for n, i in zip(names, infos)}
+
+    def _fill(self, name: str, e: _Entry, offset: int, view: memoryview) -> None:
+        file = self.files[e.shard]
+        try:
+            got = pread_into(self._fd(e.shard), offset, view)
+        except OSError as err:
+            raise self._error(f"reading tensor {name!r} failed ({err.strerror or err})", file, name) from None
+        if got < len(view):
+            raise self._error(f"the file ended early while reading tensor {name!r} ({got} of {len(view)} "
+                              "bytes); it was truncated after it was opened", file, name)
 
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
