@@ -33,6 +33,7 @@ output prefix. Nothing here imports TensorFlow.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import time
@@ -628,6 +629,45 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+FORMAT_TF = "tf"
+FORMAT_SAFETENSORS = "safetensors"
+_FORMATS = (FORMAT_TF, FORMAT_SAFETENSORS)
+
+
+def _check_format(format: Any, given: str) -> str:
+    if format is None:
+        return FORMAT_SAFETENSORS if given.endswith(".safetensors") else FORMAT_TF
+    if format not in _FORMATS:
+        raise ArgumentError(f"format must be one of {', '.join(map(repr, _FORMATS))} or None (by the output's "
+                            f"suffix). Received: format={format!r:.80}")
+    return format
+
+
+def _existing_outputs(out_abs: str, fmt: str) -> List[str]:
+    if fmt == FORMAT_SAFETENSORS:
+        return [out_abs] if os.path.lexists(out_abs) else []
+    return existing_checkpoint_files(out_abs)
+
+
+def _open_writer(fmt: str, given: str, jobs: Sequence["_Job"], handles: Sequence[SourceHandle], plan: Plan, *,
+                 overwrite: bool, durable: bool) -> Any:
+    """The writer for the output format; both take the jobs' tensors the same way."""
+    if fmt == FORMAT_TF:
+        return BundleWriter(given, overwrite=overwrite, durable=durable)
+    from .formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
+
+    specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
+    bad = unsupported_dtypes(specs)
+    if bad:
+        names = ", ".join(f"'{n}' ({d})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ArgumentError(f"safetensors cannot store {plural(len(bad), 'tensor')} of this merge: {names}. "
+                            "Exclude them (Source(..., exclude=[...])), or write a TF checkpoint.")
+    sources = [{"label": h.label, "path": h.path, "note": h.note} for h in handles]
+    assigned = {t: f"{a.source}:{a.name}" for t, a in sorted(plan.assignments.items())}
+    metadata = {"ckptmerge.sources": json.dumps(sources), "ckptmerge.plan": json.dumps(assigned)}
+    return SafetensorsWriter(given, specs, metadata=metadata, overwrite=overwrite, durable=durable)
+
+
 def merge(
     sources: SourcesArg,
     out_prefix: Union[str, "os.PathLike[str]"],
@@ -644,6 +684,7 @@ def merge(
     progress: Optional[Progress] = None,
     verify: bool = True,
     durable: bool = False,
+    format: Optional[str] = None,
 ) -> Report:
     """Write a new checkpoint assembled from ``sources``, without TensorFlow.
 
@@ -677,6 +718,9 @@ def merge(
         durable: fsync every output file before it is renamed into place, so the checkpoint also
             survives a power loss (slower: it waits for the disk). Without it the output is still
             all-or-nothing for the process: a merge killed half-way leaves nothing at the prefix.
+        format: ``"tf"`` (a TF checkpoint) or ``"safetensors"`` (one ``.safetensors`` file whose
+            metadata records the sources and the plan); default: ``"safetensors"`` when
+            ``out_prefix`` ends with ``.safetensors``, else ``"tf"``.
 
     Returns:
         A :class:`MergeReport` (a :class:`~ckptmerge.report.Report` with ``mode="offline"``):
@@ -704,6 +748,11 @@ def merge(
     """
     t0 = time.perf_counter()
     given = _check_out_prefix(out_prefix)
+    fmt = _check_format(format, given)
+    if fmt == FORMAT_SAFETENSORS and update_state:
+        raise ArgumentError("update_state applies to TF checkpoints (the 'checkpoint' state file names a "
+                            f"prefix); a safetensors output has none. Received: out_prefix={given!r}, "
+                            "update_state=True")
     for flag, value in (("strict", strict), ("overwrite", overwrite), ("dry_run", dry_run),
                         ("update_state", update_state), ("verify", verify), ("cast", cast)):
         _check_flag(flag, value)
@@ -724,7 +773,7 @@ def merge(
         inputs.append((f"the template '{tvalue}'", template_prefix))
     _check_not_an_input(out_abs, given, inputs)
     if not overwrite:
-        found = existing_checkpoint_files(out_abs)
+        found = _existing_outputs(out_abs, fmt)
         if found:
             shown = os.path.join(os.path.dirname(given), os.path.basename(found[0]))
             raise OutputExistsError(
@@ -767,7 +816,7 @@ def merge(
         state_path = None
         if not dry_run:
             _check_space(out_abs, given, sum(_out_nbytes(j.target, j.nbytes) for j in jobs))
-            writer = BundleWriter(given, overwrite=overwrite, durable=durable)
+            writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable)
             buf = memoryview(bytearray(_PIECE))
             try:
                 done = 0
@@ -782,7 +831,7 @@ def merge(
             except BaseException:
                 writer.abort()
                 raise
-            bytes_written = sum(os.path.getsize(p) for p in existing_checkpoint_files(out_abs))
+            bytes_written = sum(os.path.getsize(p) for p in _existing_outputs(out_abs, fmt))
             if update_state:
                 state_path = _write_state(out_abs, given, state)
             logger.info("merged %d tensors from %d source(s) into %s (%d bytes)", len(jobs), len(handles),

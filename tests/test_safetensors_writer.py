@@ -116,3 +116,79 @@ def test_writes_that_contradict_the_declaration_are_refused(tmp_path, bad, match
 def test_string_tensors_cannot_be_declared(tmp_path):
     with pytest.raises(ArgumentError, match="cannot store"):
         SafetensorsWriter(tmp_path / "o.safetensors", [("vocab", "string", (3,))])
+
+
+# -- merge: any sources -> safetensors, and back -----------------------------------------------
+
+
+@pytest.fixture
+def tf1_checkpoint(tmp_path):
+    from conftest import save_tf1
+
+    rng = np.random.default_rng(7)
+    values = {"enc/kernel": rng.standard_normal((6, 4)).astype(np.float32),
+              "enc/bias": rng.standard_normal(4).astype(np.float16),
+              "emb": rng.standard_normal((5, 3)).astype(np.float64),
+              "steps": np.arange(3, dtype=np.int64),
+              "mask": np.array([True, False])}
+    return save_tf1(tmp_path / "src" / "model", values), values
+
+
+def test_tf_checkpoint_to_safetensors_to_tf_checkpoint_is_bit_exact(tmp_path, tf1_checkpoint):
+    import tensorflow as tf
+
+    import ckptmerge as cm
+
+    prefix, values = tf1_checkpoint
+    st_path = tmp_path / "out" / "model.safetensors"
+    report = cm.merge([cm.Source(prefix)], str(st_path))
+    assert report.bytes_written == os.path.getsize(st_path)
+    back = tmp_path / "back" / "model"
+    cm.merge([cm.Source(str(st_path))], str(back))
+    original, roundtrip = tf.train.load_checkpoint(prefix), tf.train.load_checkpoint(str(back))
+    for name, value in values.items():
+        a, b = np.asarray(original.get_tensor(name)), np.asarray(roundtrip.get_tensor(name))
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+
+def test_safetensors_output_metadata_records_sources_and_plan(tmp_path, tf1_checkpoint):
+    import json
+
+    import ckptmerge as cm
+
+    prefix, _ = tf1_checkpoint
+    st_path = tmp_path / "m.safetensors"
+    cm.merge([cm.Source(prefix, map={"enc/": "encoder/"}, name="base")], str(st_path))
+    with SafetensorsReader(str(st_path)) as r:
+        assert r.names() == ["encoder/bias", "encoder/kernel"]
+        sources = json.loads(r.metadata["ckptmerge.sources"])
+        plan = json.loads(r.metadata["ckptmerge.plan"])
+    assert [s["label"] for s in sources] == ["base"]
+    assert plan == {"encoder/bias": "base:enc/bias", "encoder/kernel": "base:enc/kernel"}
+
+
+def test_string_tensors_cannot_go_to_safetensors_and_nothing_is_written(tmp_path):
+    import ckptmerge as cm
+
+    out = tmp_path / "o.safetensors"
+    with pytest.raises(ArgumentError, match="'vocab' \\(string\\)"):
+        cm.merge([{"vocab": np.array([b"a", b"b"], dtype=object), "w": np.ones(2, np.float32)}], str(out))
+    assert not out.exists()
+
+
+def test_cli_merge_writes_safetensors_by_suffix_or_format(tmp_path, tf1_checkpoint):
+    from _cli_util import assert_one_line_error, run
+
+    prefix, values = tf1_checkpoint
+    config = tmp_path / "c.yaml"
+    config.write_text(f"sources:\n  - path: {prefix}\n")
+    res = run("merge", config, "-o", tmp_path / "a.safetensors", "-q")
+    assert res.exit_code == 0, res.output
+    res = run("merge", config, "-o", tmp_path / "b.bin", "--format", "safetensors", "-q")
+    assert res.exit_code == 0, res.output
+    for f in ("a.safetensors", "b.bin"):
+        with SafetensorsReader(str(tmp_path / f)) as r:
+            np.testing.assert_array_equal(r.get("enc/kernel"), values["enc/kernel"])
+    assert_one_line_error(run("merge", config, "-o", tmp_path / "a.safetensors"), "already exists", "--force")
+    res = run("merge", config, "-o", tmp_path / "a.safetensors", "--update-state")
+    assert res.exit_code == 2 and "update_state" in res.stderr

@@ -333,16 +333,20 @@ class _ProgressBar:
 @click.option("--durable", is_flag=True,
               help="fsync every file before it is moved into place (survives a power loss; slower).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar; print only the summary line.")
+@click.option("--format", "out_format", type=click.Choice(["tf", "safetensors"]), default=None,
+              help="Output format (default: safetensors when OUT_PREFIX ends with .safetensors, else a TF "
+                   "checkpoint).")
 @_JSON
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
-                  as_json: bool) -> None:
+                  out_format: Optional[str], as_json: bool) -> None:
     """Write a new checkpoint assembled from the sources of CONFIG, without model code.
 
     Without a template the output holds every name the sources give after their rules; with
     --template PATH or --model MODULE:FUNCTION exactly the template's names and shapes (the
-    plan's findings apply). The output is a standard TF checkpoint, written atomically; an
-    existing one is kept unless --force. A progress bar shows on a terminal unless --quiet.
+    plan's findings apply). The output is a standard TF checkpoint, or one .safetensors file
+    (-o out/model.safetensors, or --format safetensors), written atomically; an existing one is
+    kept unless --force. A progress bar shows on a terminal unless --quiet.
     Exit code 0 on success, 1 when findings block the merge (nothing is written), 2 on config
     or input errors. --json prints the report (report.to_dict(): summary, restored, skipped,
     output, dry_run, bytes_written, plan, ...).
@@ -369,7 +373,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
                        on_shape_mismatch=options.get("on_shape_mismatch", "error"),
                        cast=options.get("cast", False), strict=cfg.strict, overwrite=force, dry_run=dry_run,
                        update_state=update_state, progress=progress, verify=options.get("verify", True),
-                       durable=durable)
+                       durable=durable, format=out_format)
     except PlanError as e:
         if dry_run and e.plan is not None:  # a dry run is for reading the findings: show them all
             click.echo(_json_text(e.plan.to_dict(), 0, 2) if as_json else e.plan.report())
