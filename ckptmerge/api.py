@@ -19,6 +19,7 @@ from .errors import CkptMergeError
 from .planner import Plan, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
+from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -129,7 +130,7 @@ def open_sources(sources: List[Source], *, verify: bool = True,
                 handles.append(s.open(verify=verify, resolved=resolved[i] if resolved else None))
             except CkptMergeError as e:  # say which source, when several could be meant
                 if len(sources) > 1 and e.args and isinstance(e.args[0], str):
-                    e.args = (f"source '{s.label}': {e.args[0]}",) + e.args[1:]
+                    e.args = (f"source {quote_name(s.label)}: {e.args[0]}",) + e.args[1:]
                 raise
     except BaseException:
         for h in handles:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, RuleError, did_you_mean
 from .rules import MapRule
+from .text import escape_name
 from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
 
 __all__ = [
@@ -316,13 +317,13 @@ class _Problems:
         lines = self.lines()
         n = len(lines)
         where = file if file is not None else "the config"
-        message = f"{n} problem{'s' if n != 1 else ''} in {where}:\n" + "\n".join(f"  {p}" for p in lines)
+        message = f"{n} problem{'s' if n != 1 else ''} in {where}:\n" + "\n".join(f"  {escape_name(p)}" for p in lines)
         raise ConfigError(message, path=file, problems=lines)
 
 
 def _fail(file: Optional[str], problem: str) -> ConfigError:
     where = file if file is not None else "the config"
-    return ConfigError(f"1 problem in {where}:\n  {problem}", path=file, problems=[problem])
+    return ConfigError(f"1 problem in {where}:\n  {escape_name(problem)}", path=file, problems=[problem])
 
 
 # ============================================================================================

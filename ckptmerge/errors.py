@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from .text import quote_name
+
 __all__ = [
     "CkptMergeError",
     "CheckpointNotFoundError",
@@ -217,7 +219,7 @@ def suggest(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: float =
 
 
 def did_you_mean_text(suggestions: Sequence[str]) -> str:
-    """Render ``" Did you mean 'x'?"`` / ``" Did you mean 'x' or 'y'?"`` or ``""``.
+    """Render ``" Did you mean 'x'?"`` / ``" Did you mean 'x' or 'y'?"`` or ``""`` (names escaped).
 
     Example:
         >>> did_you_mean_text(["a", "b"])
@@ -225,7 +227,7 @@ def did_you_mean_text(suggestions: Sequence[str]) -> str:
     """
     if not suggestions:
         return ""
-    quoted = [f"'{s}'" for s in suggestions]
+    quoted = [quote_name(s) for s in suggestions]
     if len(quoted) == 1:
         return f" Did you mean {quoted[0]}?"
     return " Did you mean " + ", ".join(quoted[:-1]) + " or " + quoted[-1] + "?"
@@ -242,13 +244,13 @@ def did_you_mean(name: str, candidates: Iterable[str], *, n: int = 3, cutoff: fl
 
 
 def format_list(items: Sequence[str], *, limit: int = 5, more_hint: str = "") -> str:
-    """Render the first ``limit`` items quoted, then ``... and N more``.
+    """Render the first ``limit`` items quoted (and escaped), then ``... and N more``.
 
     Example:
         >>> format_list(["a", "b", "c"], limit=2)
         "'a', 'b' ... and 1 more"
     """
-    shown = ", ".join(f"'{x}'" for x in items[:limit])
+    shown = ", ".join(quote_name(x) for x in items[:limit])
     rest = len(items) - limit
     if rest > 0:
         shown += f" ... and {rest} more"

@@ -62,7 +62,7 @@ from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
 from .source import CheckpointHandle, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
-from .text import human_bytes, plural
+from .text import human_bytes, join_lines, plural, quote_name
 from .transforms import (
     Slice,
     TransformError,
@@ -128,7 +128,7 @@ class MergeReport(Report):
         if self.from_template:
             n += f" ({len(self.from_template)} from the template)"
         text = (f"{'would write' if self.dry_run else 'wrote'} {n} from "
-                f"{plural(self.n_sources_used, 'source')} to '{self.output}'")
+                f"{plural(self.n_sources_used, 'source')} to {quote_name(self.output)}")
         if not self.dry_run:
             text += f" in {self.elapsed:.2f} s"
         if self.skipped:
@@ -149,7 +149,7 @@ class MergeReport(Report):
         out += _section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
         if self.state_file:
             out.append(f"State file: {self.state_file}")
-        return "\n".join(out)
+        return join_lines(out)
 
     def to_dict(self) -> dict:
         """JSON-ready: :meth:`Report.to_dict` plus ``output``, ``dry_run``, ``bytes_written``,

@@ -25,6 +25,7 @@ from .errors import CkptMergeError, PlanError, RuleError
 from .rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule, _q,
                     _received, _scopes_of, did_you_mean_text, suggest)
 from .specs import VariableInfo
+from .text import escape_name
 from .transforms import TransformError, cast_problem, chain_output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -466,7 +467,7 @@ class Plan:
         n = len(lines)
         head = (f"{n} blocking finding{'s' if n != 1 else ''} in the plan "
                 f"(strict={strict}):")
-        body = [f"  - {line}" for line in lines[:CHECK_LIMIT]]
+        body = [f"  - {escape_name(line)}" for line in lines[:CHECK_LIMIT]]
         if n > CHECK_LIMIT:
             body.append(f"  ... and {n - CHECK_LIMIT} more (plan.report() or "
                         "`ckptmerge plan --json` shows all)")

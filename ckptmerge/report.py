@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .planner import OptionError, _q
 from .rules import _received
-from .text import human_bytes, plural
+from .text import human_bytes, join_lines, plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from .planner import Plan
@@ -50,7 +50,7 @@ def verdict(plan: "Plan") -> str:
 
 
 def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
-    """Render a plan as plain text for people.
+    """Render a plan as plain text for people (names escaped: one name is one visible line).
 
     Layout: a header line, the options, one block per source (path, note, rules, counts),
     then the sections Assignments, Missing, Allowed missing, Mismatched, Conflicts,
@@ -116,7 +116,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     findings += _section("Unused", unused_lines, limit, "checkpoint variables no target takes")
     out += findings if findings else ["No findings."]
     out.append(verdict(plan))
-    return "\n".join(out)
+    return join_lines(out)
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ class Report:
         out += _section("Restored", restored, limit)
         out += _section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
         out += _section("Allowed missing", list(self.plan.allowed_missing), limit)
-        return "\n".join(out)
+        return join_lines(out)
 
     def __str__(self) -> str:
         return self.render()

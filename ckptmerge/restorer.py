@@ -17,6 +17,7 @@ from .api import Binding, SourcesArg
 from .errors import CkptMergeError, PlanError
 from .backends.tensors import join_parts
 from .source import Source, SourceHandle
+from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -118,7 +119,7 @@ class Restorer:
                 if h.label == source:
                     return h
             raise CkptMergeError(
-                f"No checkpoint source labelled '{source}'; sources: {', '.join(h.label for h in disk)}."
+                f"No checkpoint source labelled {quote_name(source)}; sources: {', '.join(h.label for h in disk)}."
             )
         if len(disk) != 1:
             raise CkptMergeError(
@@ -152,7 +153,7 @@ class Restorer:
         base = path if path is not None else self._origin[old.label]
         if path is None and step is not None and not _is_dir(base):
             raise CkptMergeError(
-                f"Source '{old.label}' was given as the checkpoint prefix {base}; pass path=... to "
+                f"Source {quote_name(old.label)} was given as the checkpoint prefix {base}; pass path=... to "
                 "switch it, or make the source from its directory to switch by step."
             )
         new_source = Source(base, step=step, map=old.source.map, regex=old.source.regex,
@@ -167,9 +168,9 @@ class Restorer:
                 continue
             got = new_vars.get(a.name)
             if got is None:
-                problems.append(f"'{a.name}' is not in {handle.path}")
+                problems.append(f"{quote_name(a.name)} is not in {handle.path}")
             elif got.shape != a.spec.shape or got.dtype != a.spec.dtype:
-                problems.append(f"'{a.name}' is {got.dtype} {got.shape} in {handle.path}, "
+                problems.append(f"{quote_name(a.name)} is {got.dtype} {got.shape} in {handle.path}, "
                                 f"was {a.spec.dtype} {a.spec.shape}")
         if problems:
             handle.close()

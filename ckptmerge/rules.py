@@ -28,6 +28,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from .errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
 from .specs import normalize_name
+from .text import escape_name, quote_name
 
 __all__ = [
     "MapRule",
@@ -44,9 +45,8 @@ _UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "allow_missing", "tr
 _REGEX_EXAMPLE = r"[('^head/(.*)', r'new_head/\1'), ('^tmp/.*', None)]"
 
 
-def _q(s: Optional[str]) -> str:
-    """Quote a name for messages without doubling backslashes (``'\\1'`` reads as typed)."""
-    return "None" if s is None else f"'{s}'"
+#: Quote a name for messages, escaped, without doubling backslashes (``'\\1'`` reads as typed).
+_q = quote_name
 
 
 def _received(value: Any) -> str:
@@ -533,7 +533,7 @@ class Rules:
         if problems:
             if len(problems) == 1:
                 raise RuleError(f"Invalid rule: {problems[0]}")
-            raise RuleError(f"{len(problems)} invalid rules:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise RuleError(f"{len(problems)} invalid rules:\n" + "\n".join(f"  - {escape_name(p)}" for p in problems))
         return cls(maps=maps, regexes=regexes, include=inc, exclude=exc)
 
     @property

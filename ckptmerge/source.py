@@ -29,6 +29,7 @@ import numpy as np
 from .errors import CkptMergeError, RuleError
 from .rules import Rules
 from .specs import KIND_VARIABLE, VariableInfo, normalize_name
+from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .planner import SourceView
@@ -178,7 +179,7 @@ class Source:
                     target_name = name_of(v)
                     if target_name is None:
                         raise RuleError(
-                            f"map value for '{k}' in source '{self.label}' is a variable "
+                            f"map value for {quote_name(k)} in source {quote_name(self.label)} is a variable "
                             f"({_map_display(v)}) that is not part of the target. Add it to the "
                             "target, or map to a target name instead."
                         )

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .errors import CkptMergeError, PlanError
 from .specs import VariableInfo, normalize_name
+from .text import quote_name
 
 __all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf"]
 
@@ -147,7 +148,7 @@ def _raise_duplicates(names: Sequence[str], hint: str) -> None:
         seen[n] = seen.get(n, 0) + 1
     dups = sorted(n for n, c in seen.items() if c > 1)
     if dups:
-        listed = ", ".join(f"'{d}' ({seen[d]}x)" for d in dups)
+        listed = ", ".join(f"{quote_name(d)} ({seen[d]}x)" for d in dups)
         raise PlanError(f"{len(dups)} target name(s) are used by more than one variable: {listed}. {hint}")
 
 

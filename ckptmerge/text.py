@@ -1,14 +1,87 @@
-"""Small text helpers for reports and the command line: counts and byte sizes.
+"""Small text helpers for reports, messages and the command line: names, counts, byte sizes.
 
 Kept apart from :mod:`ckptmerge.report` so the CLI's inspection commands can use them without
-loading the planning engine.
+loading the planning engine. :func:`escape_name` is the one place names from files become safe
+text: tensor names, keys and paths come from untrusted files, and a name holding ESC, a newline
+or a bidi override must not forge a table row or drive the terminal.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
-__all__ = ["plural", "human_bytes"]
+__all__ = ["escape_name", "escape_text", "quote_name", "join_lines", "plural", "human_bytes"]
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(c: str) -> str:
+    if c.isprintable():
+        return c
+    named = _NAMED_ESCAPES.get(c)
+    if named:
+        return named
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def escape_name(name: str) -> str:
+    r"""A name (or any one-line text) as one visible line: every character that is not printable
+    is written as a Python-style escape.
+
+    Escaped: control characters (newline, carriage return, tab, ESC and so the ANSI CSI/OSC
+    sequences that start with it, DEL, C1 controls), format characters (the bidi overrides
+    U+202A-U+202E and U+2066-U+2069, zero-width characters), line and paragraph separators,
+    non-ASCII spaces, lone surrogates and unassigned code points. Printable text, including
+    non-ASCII letters, is kept as it is, and so is ``\`` (not doubled): escaping is idempotent,
+    so text built from already escaped names can be escaped again safely. Text output (tables,
+    trees, reports, error messages) uses this; ``--json`` and the library's data keep exact names.
+
+    Example:
+        >>> print(escape_name("x\x1b]0;t\x07\nhidden  float32"))
+        x\x1b]0;t\x07\nhidden  float32
+        >>> escape_name("dense/kernel"), escape_name("admin\u202egnp.exe")
+        ('dense/kernel', 'admin\\u202egnp.exe')
+    """
+    name = str(name)
+    if name.isprintable():  # the common case, at C speed
+        return name
+    return "".join(map(_escape_char, name))
+
+
+def escape_text(text: str) -> str:
+    r""":func:`escape_name` for each line of multi-line text: newlines are kept, everything else
+    that is not printable (including carriage returns) is escaped.
+
+    Example:
+        >>> print(escape_text("a\x1b[2J\nb\r"))
+        a\x1b[2J
+        b\r
+    """
+    return "\n".join(map(escape_name, str(text).split("\n")))
+
+
+def quote_name(name: Optional[str]) -> str:
+    r"""A name quoted for messages, escaped (:func:`escape_name`); ``None`` as ``None``.
+
+    Backslashes are not doubled, so ``'\1'`` reads as typed.
+
+    Example:
+        >>> print(quote_name("a\nb"), quote_name(None))
+        'a\nb' None
+    """
+    return "None" if name is None else f"'{escape_name(name)}'"
+
+
+def join_lines(lines: Iterable[str]) -> str:
+    r"""Text of one visible line per item: each escaped (:func:`escape_name`), joined with newlines.
+
+    Example:
+        >>> print(join_lines(["Missing (1):", "  c/\x1b[2Jz"]))
+        Missing (1):
+          c/\x1b[2Jz
+    """
+    return "\n".join(map(escape_name, lines))
 
 
 def plural(n: int, word: str, many: Optional[str] = None) -> str:

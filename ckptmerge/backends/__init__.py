@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..errors import CkptMergeError
+from ..text import quote_name
 
 __all__ = ["run_plan", "Progress"]
 
@@ -69,7 +70,7 @@ def skipped_targets(plan: Any) -> List[Tuple[str, str]]:
             for c in plan.conflicts if c.blocking]
     for amb in getattr(plan, "ambiguous", ()):
         if not amb.resolved:
-            out += [(t, f"checkpoint name '{amb.name}' is renamed ambiguously (strict=False)")
+            out += [(t, f"checkpoint name {quote_name(amb.name)} is renamed ambiguously (strict=False)")
                     for t in amb.targets if t is not None and t not in plan.assignments]
     out += [(name, "provided by no source (strict=False)") for name in plan.missing]
     return sorted(set(out))

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import CkptMergeError, RestoreError
+from ..text import quote_name
 from . import Progress, make_report
 from .tensors import part_value, to_numpy, to_tensor
 
@@ -62,7 +63,7 @@ def read_sources(plan: Any, binding: Any, progress: Optional[Progress] = None) -
     if errors:
         label, exc = errors[0]
         raise RestoreError(
-            f"Reading source '{label}' failed, so no target variable was changed: {exc}",
+            f"Reading source {quote_name(label)} failed, so no target variable was changed: {exc}",
             path=getattr(exc, "path", None), key=getattr(exc, "key", None),
         ) from exc
     return values, done

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import CkptMergeError
+from ..text import quote_name
 from . import Progress, make_report
 from .eager import prepare_values, read_sources
 
@@ -107,7 +108,7 @@ def build_savers(plan: Any, binding: Any) -> Dict[str, Any]:
     if odd:
         raise CkptMergeError(
             f"A Saver restores stored values as they are, but {len(odd)} assignment(s) cast, transform "
-            f"or come from memory (e.g. '{odd[0]}'); use plan.restore() for this plan.")
+            f"or come from memory (e.g. {quote_name(odd[0])}); use plan.restore() for this plan.")
     var_lists: Dict[str, Dict[str, Any]] = {}
     for a in plan.assignments.values():
         parts = [var for var, _ in binding.targets.variables[a.target].parts]

@@ -21,6 +21,7 @@ import click
 
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
+from ..text import escape_name, escape_text
 
 
 
@@ -41,12 +42,16 @@ _STATS_CHUNK = 1 << 20
 
 
 class CliError(click.ClickException):
-    """A user-facing error: printed as ``Error: <message>`` on stderr, exit code 2 (or given)."""
+    """A user-facing error: printed as ``Error: <message>`` on stderr, exit code 2 (or given).
+
+    The message is escaped (:func:`~ckptmerge.text.escape_text`): names in library messages are
+    escaped where they are built, and this is the net under every error the CLI prints.
+    """
 
     exit_code = EXIT_ERROR
 
     def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
+        super().__init__(escape_text(message))
         self.exit_code = exit_code
 
     def show(self, file: Any = None) -> None:
@@ -65,7 +70,7 @@ _CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-lev
 def _os_error_message(e: OSError) -> str:
     what = e.strerror or str(e)
     if e.filename is not None:
-        return f"{what}: '{e.filename}'"
+        return f"{what}: '{escape_name(e.filename)}'"
     return what
 
 
@@ -104,7 +109,8 @@ def _shape(shape: Sequence[int]) -> str:
 
 
 def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: Optional[Sequence[str]] = None) -> str:
-    """Fixed-width columns, two spaces apart; columns in ``right`` are right-aligned.
+    """Fixed-width columns, two spaces apart; columns in ``right`` are right-aligned. Cells are
+    escaped (:func:`~ckptmerge.text.escape_name`), so a name is always one visible row.
 
     Example:
         >>> print(table([["a", "1"], ["bb", "22"]], right=[1], header=["X", "N"]))
@@ -112,7 +118,7 @@ def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: O
         a    1
         bb  22
     """
-    all_rows = ([list(header)] if header else []) + [list(r) for r in rows]
+    all_rows = ([list(header)] if header else []) + [[escape_name(c) for c in r] for r in rows]
     if not all_rows:
         return ""
     ncol = max(len(r) for r in all_rows)
@@ -155,7 +161,7 @@ class _Opened:
     reader: Any
 
     def header(self) -> str:
-        return f"Checkpoint: {self.prefix} ({self.note})"
+        return escape_name(f"Checkpoint: {self.prefix} ({self.note})")
 
     def ls_command(self) -> str:
         cmd = f"ckptmerge ls {shlex.quote(self.given)}"
@@ -186,7 +192,7 @@ class _EchoHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            click.echo(self.format(record), err=True)
+            click.echo(escape_text(self.format(record)), err=True)
         except Exception:  # noqa: BLE001 - logging must never raise  # pragma: no cover
             self.handleError(record)
 

@@ -22,7 +22,7 @@ import click
 
 from ..errors import did_you_mean
 from ..specs import KIND_VARIABLE, VariableInfo
-from ..text import human_bytes, plural
+from ..text import escape_name, human_bytes, plural
 from ._common import (
     CliError,
     EXIT_FINDINGS,
@@ -364,7 +364,7 @@ def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_
     head = f"{info.name}  {info.dtype}  {_shape(info.shape)}  {human_bytes(info.nbytes)}"
     if info.raw_key != info.name:
         head += f"  key={info.raw_key}"
-    click.echo(head)
+    click.echo(escape_name(head))
     click.echo(np.array2string(np.asarray(value), separator=", "))
 
 
@@ -485,12 +485,12 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
             raise SystemExit(EXIT_FINDINGS)
         return
 
-    lines = [f"A: {oa.prefix} ({oa.note})", f"B: {ob.prefix} ({ob.note})"]
+    lines = [escape_name(f"A: {oa.prefix} ({oa.note})"), escape_name(f"B: {ob.prefix} ({ob.note})")]
 
     def section(title: str, items: List[str]) -> None:
         if items:
             lines.append(f"{title} ({len(items)}):")
-            lines.extend(f"  {i}" for i in items)
+            lines.extend(f"  {escape_name(i)}" for i in items)
 
     def listing(names: List[str], infos: Dict[str, VariableInfo]) -> List[str]:
         text = table([[n, infos[n].dtype, _shape(infos[n].shape)] for n in names])

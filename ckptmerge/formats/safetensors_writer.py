@@ -33,6 +33,7 @@ from ckptmerge.formats.bundle import mask_crc
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
 from ckptmerge.formats.writer import _array_chunks, _pread_pieces, _remove_quietly
+from ckptmerge.text import quote_name
 
 __all__ = ["SafetensorsWriter", "unsupported_dtypes"]
 
@@ -147,12 +148,12 @@ class SafetensorsWriter:
     # -- adding tensors --------------------------------------------------------------------
     def _check_existing(self) -> None:
         if not self._overwrite and os.path.lexists(self._abs):
-            raise OutputExistsError(f"A file already exists at '{self.path}'. Choose another output, or pass "
+            raise OutputExistsError(f"A file already exists at {quote_name(self.path)}. Choose another output, or pass "
                                     "overwrite=True (--force) to replace it.", path=self.path)
 
     def _slot(self, key: str, dtype: str, shape: Sequence[int]) -> Tuple[int, int]:
         if self._state != "open":
-            raise ArgumentError(f"This SafetensorsWriter for '{self.path}' is already {self._state}.")
+            raise ArgumentError(f"This SafetensorsWriter for {quote_name(self.path)} is already {self._state}.")
         spec = self._layout.get(key)
         if spec is None:
             raise ArgumentError(f"tensor {key!r} was not declared when the writer was created")
@@ -212,7 +213,7 @@ class SafetensorsWriter:
         crc = self._stream(key, offset, nbytes, chunks)
         if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
             raise CheckpointFormatError(
-                f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C {mask_crc(crc):#010x}, the "
+                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C {mask_crc(crc):#010x}, the "
                 f"source recorded {expected_crc32c:#010x}. The source checkpoint is corrupt; it was not copied.",
                 key=key)
         self._written.add(key)
@@ -240,7 +241,7 @@ class SafetensorsWriter:
         if missing:
             self.abort()
             raise ArgumentError(f"{len(missing)} declared tensor(s) were never written, e.g. {missing[0]!r}; "
-                                f"nothing was written to '{self.path}'.")
+                                f"nothing was written to {quote_name(self.path)}.")
         try:
             os.ftruncate(self._fd, self._size)  # zero-size tensors at the end
             if self._durable:
@@ -254,7 +255,7 @@ class SafetensorsWriter:
                 os.remove(self._tmp)
         except FileExistsError:
             self.abort()
-            raise OutputExistsError(f"A file appeared at '{self.path}' while it was being written (another "
+            raise OutputExistsError(f"A file appeared at {quote_name(self.path)} while it was being written (another "
                                     "merge?); nothing was replaced. Choose another output, or pass "
                                     "overwrite=True (--force).", path=self.path) from None
         except OSError as e:

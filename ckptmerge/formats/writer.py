@@ -48,6 +48,7 @@ from ckptmerge.errors import (
 )
 from ckptmerge.formats.bundle import data_file_name, mask_crc, string_lengths_crc
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
+from ckptmerge.text import quote_name
 from ckptmerge.formats.protowire import (
     encode_varint,
     field_bytes,
@@ -251,7 +252,7 @@ def _string_elements(key: str, value: np.ndarray) -> List[bytes]:
             out.append(str(x).encode("utf-8"))
         else:
             raise ArgumentTypeError(
-                f"Cannot write key '{key}': string tensors must hold bytes or str, but element "
+                f"Cannot write key {quote_name(key)}: string tensors must hold bytes or str, but element "
                 f"{i} is {type(x).__name__}. Received: {x!r}"
             )
     return out
@@ -268,7 +269,7 @@ def _io_message(e: OSError, path: str, action: str, prefix: str) -> str:
         fix = "The file or disk quota limit was reached; free space or raise the limit."
     else:
         fix = "Check the disk and the output directory, then try again."
-    return (f"Cannot {action} '{path}' of checkpoint '{prefix}': {reason}. {fix} "
+    return (f"Cannot {action} {quote_name(path)} of checkpoint {quote_name(prefix)}: {reason}. {fix} "
             "No checkpoint was written.")
 
 
@@ -383,7 +384,7 @@ class BundleWriter:
         if found:
             shown = os.path.join(os.path.dirname(self.prefix), os.path.basename(found[0]))
             raise OutputExistsError(
-                f"A checkpoint already exists at '{self.prefix}' ('{shown}'"
+                f"A checkpoint already exists at {quote_name(self.prefix)} ({quote_name(shown)}"
                 + (f" and {len(found) - 1} more file(s)" if len(found) > 1 else "")
                 + "). Choose another output prefix, or pass overwrite=True to replace it.",
                 path=shown,
@@ -427,7 +428,7 @@ class BundleWriter:
     def _check_open(self) -> None:
         if self._state != "open":
             raise ArgumentError(
-                f"This BundleWriter for '{self.prefix}' is already {self._state}; create a new "
+                f"This BundleWriter for {quote_name(self.prefix)} is already {self._state}; create a new "
                 "BundleWriter to write another checkpoint."
             )
 
@@ -464,7 +465,7 @@ class BundleWriter:
             raise ArgumentError(f"Tensor key {key!r} is not valid UTF-8 text.") from None
         if kb in self._entries:
             raise ArgumentError(
-                f"Key '{key}' was already added to the checkpoint '{self.prefix}'; every key must "
+                f"Key {quote_name(key)} was already added to the checkpoint {quote_name(self.prefix)}; every key must "
                 "be unique."
             )
         return kb
@@ -531,7 +532,7 @@ class BundleWriter:
             value = np.asarray(value)
         if not isinstance(value, np.ndarray):
             raise ArgumentTypeError(
-                f"Cannot write key '{key}': value must be a numpy array or scalar, got "
+                f"Cannot write key {quote_name(key)}: value must be a numpy array or scalar, got "
                 f"{type(value).__name__}. Convert it with numpy.asarray(value, dtype=...) so the "
                 "dtype is explicit."
             )
@@ -545,7 +546,7 @@ class BundleWriter:
         try:
             dtype = numpy_to_tf(dt)
         except CheckpointFormatError as e:
-            raise ArgumentError(f"Cannot write key '{key}': {e}") from None
+            raise ArgumentError(f"Cannot write key {quote_name(key)}: {e}") from None
         self._reserve(value.nbytes)
         n, crc = self._write_chunks(_array_chunks(value, dt))
         self._record(kb, dtype, shape, n, crc)
@@ -605,7 +606,7 @@ class BundleWriter:
         if n != expected:
             self._truncate_back(start)
             raise ArgumentError(
-                f"Cannot add_raw key '{key}': shape {dims} of {tf_dtype_name(dtype_enum)} needs "
+                f"Cannot add_raw key {quote_name(key)}: shape {dims} of {tf_dtype_name(dtype_enum)} needs "
                 f"{expected} bytes, but the chunks held {n}.")
         self._check_crc(key, start, crc, expected_crc32c)
         self._record(kb, dtype_enum, dims, n, crc)
@@ -615,7 +616,7 @@ class BundleWriter:
         if expected is not None and mask_crc(crc) != expected:
             self._truncate_back(start)
             raise CheckpointFormatError(
-                f"Tensor '{key}' failed its checksum: its bytes have masked CRC32C "
+                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C "
                 f"{mask_crc(crc):#010x}, the source recorded {expected:#010x}. The source "
                 "checkpoint is corrupt (or was read wrongly); it was not copied.", key=key)
 
@@ -627,10 +628,10 @@ class BundleWriter:
             raise ArgumentTypeError(f"dtype_enum must be an int (TF DataType). Received: {dtype_enum!r}")
         dtype_enum = int(dtype_enum)
         if dtype_enum == DT_STRING:
-            raise ArgumentError(f"Cannot add_raw key '{key}': string tensors must be added with add().")
+            raise ArgumentError(f"Cannot add_raw key {quote_name(key)}: string tensors must be added with add().")
         if dtype_enum not in TF_TO_NUMPY:
             raise ArgumentError(
-                f"Cannot add_raw key '{key}': dtype {tf_dtype_name(dtype_enum)!r} "
+                f"Cannot add_raw key {quote_name(key)}: dtype {tf_dtype_name(dtype_enum)!r} "
                 f"(DataType {dtype_enum}) is not a plain numeric type.")
         try:
             dims = tuple(int(d) for d in shape)
@@ -693,7 +694,7 @@ class BundleWriter:
             return
         if copied != expected:
             self._truncate_back(start)
-            raise ArgumentError(f"Cannot add_range key '{key}': the source holds {copied} of its {expected} bytes.")
+            raise ArgumentError(f"Cannot add_range key {quote_name(key)}: the source holds {copied} of its {expected} bytes.")
         f.seek(start + expected)
         if verify:
             self._check_crc(key, start, crc, expected_crc32c)

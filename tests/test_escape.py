@@ -1,0 +1,179 @@
+"""Hostile tensor names cannot forge output: one name is always one visible line.
+
+Names come from files, so they may hold ESC (ANSI CSI/OSC sequences: clear screen, window title),
+newlines, carriage returns and bidi overrides. Text output (tables, trees, reports, error
+messages) shows them escaped; ``--json`` and the library keep the exact names. The checkpoints
+are written by TensorFlow's own ``SaveV2`` op, which stores any key it is given.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _cli_util import assert_one_line_error, run
+
+import ckptmerge as cm
+from ckptmerge.offline import MergeReport
+from ckptmerge.planner import SourceView, make_plan
+from ckptmerge.report import render_plan
+from ckptmerge.rules import Rules
+from ckptmerge.specs import VariableInfo as V
+from ckptmerge.text import escape_name, escape_text, join_lines, quote_name
+
+#: The audit's forged row: a title-setting OSC sequence, then a newline and a fake table row.
+FORGED = "x\x1b]0;t\x07\nhidden_backdoor  float32  (1,)  4 B"
+CLEAR = "dense/kernel\x1b[2J\x1b[H"
+BIDI = "admin\u202egnp.exe"
+CR = "ok\rbad"
+HOSTILE = [FORGED, CLEAR, BIDI, CR]
+
+
+def assert_clean(text: str) -> None:
+    """No control, format or separator character other than newlines reaches the output."""
+    bad = [c for c in text if c != "\n" and not c.isprintable()]
+    assert not bad, (bad, text)
+    assert "hidden_backdoor  float32" not in text.splitlines()
+
+
+def save_v2(tf, prefix, values):
+    """Write a checkpoint with TensorFlow's SaveV2 op: keys are stored exactly as given."""
+    names = sorted(values)
+    tf.raw_ops.SaveV2(prefix=str(prefix), tensor_names=names, shape_and_slices=[""] * len(names),
+                      tensors=[tf.constant(values[n]) for n in names])
+    return str(prefix)
+
+
+@pytest.fixture
+def hostile(tmp_path, tf):
+    values = {n: np.ones((1,), np.float32) for n in HOSTILE}
+    values["dense/bias"] = np.zeros((2,), np.float32)
+    return save_v2(tf, tmp_path / "hostile", values)
+
+
+# --------------------------------------------------------------------------------------------
+# the function
+
+
+@pytest.mark.parametrize("name,shown", [
+    (FORGED, "x\\x1b]0;t\\x07\\nhidden_backdoor  float32  (1,)  4 B"),
+    (CLEAR, "dense/kernel\\x1b[2J\\x1b[H"),
+    (BIDI, "admin\\u202egnp.exe"),
+    (CR, "ok\\rbad"),
+    ("a\tb\x7f\x9b31m", "a\\tb\\x7f\\x9b31m"),           # DEL and the 8-bit CSI (C1)
+    ("a\u2066b\u2069\u200b\u2028\ufeff", "a\\u2066b\\u2069\\u200b\\u2028\\ufeff"),
+    ("bad\udcff", "bad\\udcff"),                         # a lone surrogate (undecodable file name)
+    ("tag\U000e0041", "tag\\U000e0041"),
+])
+def test_escape_name_writes_every_unprintable_character_as_an_escape(name, shown):
+    assert escape_name(name) == shown
+    assert_clean(escape_name(name))
+
+
+@pytest.mark.parametrize("name", ["encoder/dense/kernel", "слой/ядро", "層/カーネル", "a b\\1", ""])
+def test_escape_name_keeps_printable_names_as_they_are(name):
+    assert escape_name(name) == name
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_escaping_is_idempotent_so_escaped_text_can_be_escaped_again(name):
+    assert escape_name(escape_name(name)) == escape_name(name)
+
+
+def test_escape_text_keeps_newlines_quote_and_join_escape_each_name():
+    assert escape_text("a\x1b[2J\nb\r") == "a\\x1b[2J\nb\\r"
+    assert quote_name("a\nb") == "'a\\nb'" and quote_name(None) == "None"
+    assert join_lines(["x", FORGED]).splitlines()[1] == escape_name(FORGED)
+
+
+# --------------------------------------------------------------------------------------------
+# the command line
+
+
+@pytest.mark.parametrize("args", [[], ["--all"], ["--tree"], ["--stats"], ["--sort", "size"]])
+def test_ls_shows_each_hostile_name_on_one_escaped_row(hostile, args):
+    r = run("ls", hostile, *args)
+    assert r.exit_code == 0, r.output
+    assert_clean(r.stdout)
+    lines = r.stdout.splitlines()
+    for name in HOSTILE:
+        shown = escape_name(name.rsplit("/", 1)[-1] if args == ["--tree"] else name)  # leaves under scopes
+        assert sum(shown in line for line in lines) == 1, (name, r.stdout)
+    assert lines[-1].startswith("5 ")
+
+
+def test_ls_json_keeps_the_exact_names(hostile):
+    r = run("ls", hostile, "--json")
+    assert {v["name"] for v in json.loads(r.stdout)} == {*HOSTILE, "dense/bias"}
+
+
+def test_show_prints_a_hostile_name_escaped(hostile):
+    r = run("show", hostile, CLEAR)
+    assert r.exit_code == 0, r.output
+    assert_clean(r.stdout)
+    assert r.stdout.splitlines()[0].startswith("dense/kernel\\x1b[2J\\x1b[H  float32  (1,)")
+
+
+def test_did_you_mean_of_a_hostile_name_is_one_escaped_error_line(hostile):
+    r = run("show", hostile, "dense/kernel\x1b[2J\x1b[J")
+    assert_one_line_error(r, "Variable 'dense/kernel\\x1b[2J\\x1b[J' not found",
+                          "Did you mean 'dense/kernel\\x1b[2J\\x1b[H'?")
+    assert_clean(r.stderr)
+
+
+def test_diff_lists_hostile_names_escaped(hostile, tmp_path, tf):
+    other = save_v2(tf, tmp_path / "other", {"dense/bias": np.zeros((3,), np.float32)})
+    r = run("diff", hostile, other)
+    assert r.exit_code == 1, r.output
+    assert_clean(r.stdout)
+    assert "Only in A (4):" in r.stdout and f"  {escape_name(FORGED)}  float32  (1,)" in r.stdout
+
+
+def test_checkpoints_lists_a_hostile_file_name_escaped(tmp_path, tf):
+    save_v2(tf, tmp_path / "model-1\x1b[2J", {"v": np.zeros((1,), np.float32)})
+    r = run("checkpoints", tmp_path)
+    assert r.exit_code == 0, r.output
+    assert_clean(r.stdout)
+    assert "model-1\\x1b[2J" in r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# reports and library messages
+
+
+def _hostile_plan():
+    src = SourceView("A", "runs/A\x1b[2J", "", {n: V(n, (1,), "float32") for n in HOSTILE}, Rules())
+    targets = [V(FORGED, (1,), "float32"), V("c/missing\nfake", (), "int64"), V(BIDI, (2,), "float32")]
+    return make_plan(targets, [src])
+
+
+def test_plan_report_shows_each_name_on_one_escaped_line():
+    text = render_plan(_hostile_plan())
+    assert_clean(text)
+    assert "  c/missing\\nfake" in text.splitlines()
+    assert f"  {escape_name(FORGED)} <- A:'{escape_name(FORGED)}' float32 (1,)" in text.splitlines()
+
+
+def test_plan_error_lists_each_finding_on_one_escaped_line():
+    with pytest.raises(cm.PlanError) as err:
+        _hostile_plan().check()
+    lines = str(err.value).splitlines()
+    assert_clean(str(err.value))
+    assert lines[0] == "2 blocking findings in the plan (strict=True):"
+    assert [line[:4] for line in lines[1:]] == ["  - ", "  - ", "Pass"]
+    assert "'c/missing\\nfake'" in lines[1]
+
+
+def test_merge_report_escapes_names_and_output():
+    plan = _hostile_plan()
+    report = MergeReport(plan, "offline", list(plan.assignments), [], 0.1, 4, [], output="out\n/m")
+    assert_clean(report.render())
+    assert report.summary().endswith("to 'out\\n/m' in 0.10 s")
+
+
+def test_unknown_tensor_error_escapes_the_suggestions(hostile):
+    with pytest.raises(cm.UnknownTensorError) as err:
+        cm.load(hostile, ["dense/kernel\x1b[2J\x1b[J"])
+    assert_clean(str(err.value))
+    assert "Did you mean 'dense/kernel\\x1b[2J\\x1b[H'?" in str(err.value)
