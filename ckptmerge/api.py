@@ -143,6 +143,21 @@ def _is_spec_list(target: Any) -> bool:
     return isinstance(target, (list, tuple)) and bool(target) and all(isinstance(t, VariableInfo) for t in target)
 
 
+def _keras_names(target: Any, targets: Any, handles: List[SourceHandle]) -> Optional[str]:
+    """For a Keras model target: name weights-file entries by its walk; return its root scope.
+
+    ``None`` for other targets (names are matched as they are).
+    """
+    from .targets import _is_keras_object
+
+    if target is None or isinstance(target, (list, tuple, dict)) or not _is_keras_object(target):
+        return None
+    from .keraswalk import model_root, name_weights_files
+
+    name_weights_files(target, targets, handles)
+    return model_root(target, list(targets.variables))
+
+
 def _collect(target: Any) -> Any:
     """Name the target's variables; a list of VariableInfo is a spec-only target (no TF)."""
     if _is_spec_list(target):
@@ -192,10 +207,11 @@ def plan(
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
     try:
+        root = _keras_names(target, targets, handles)
         views = [h.view(r) for h, r in zip(handles, rules)]
         allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
         result = make_plan(targets.infos, views, allow_missing=allow, on_conflict=on_conflict,
-                           on_shape_mismatch=on_shape_mismatch, cast=cast)
+                           on_shape_mismatch=on_shape_mismatch, cast=cast, model_root=root)
     except BaseException:
         for h in handles:
             h.close()

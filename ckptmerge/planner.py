@@ -110,6 +110,10 @@ class SourceView:
         hidden: names the source holds but left out of ``variables`` (optimizer state and
             bookkeeping without ``optimizer=True``), so that an ``include`` that matches only
             those can say so.
+        notes: checkpoint name -> how it got that name (e.g. ``"h5 'layers/dense/vars/0'"``),
+            shown beside its assignment.
+        findings: structure findings of this source (a Keras weights file whose layers differ
+            from the model's); they block a strict restore.
 
     Raises:
         OptionError: a field has the wrong type or the label is empty.
@@ -128,8 +132,12 @@ class SourceView:
     transforms: Tuple[Any, ...] = ()
     cast: Optional[bool] = None
     hidden: Tuple[str, ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
+    findings: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
+        object.__setattr__(self, "findings", tuple(self.findings))
         if self.cast is not None and not isinstance(self.cast, bool):
             raise OptionError(f"source {_q(self.label)}: cast must be True, False or None (the plan's "
                               f"option); received {_received(self.cast)}.")
@@ -171,6 +179,7 @@ class SourceView:
         """JSON-ready summary: label, path, note, rules (options dict), n_variables, transforms."""
         return {"label": self.label, "path": self.path, "note": self.note,
                 "rules": self.rules.to_dict(), "n_variables": len(self.variables),
+                "findings": list(self.findings),
                 "transforms": [t.to_dict() if hasattr(t, "to_dict") else repr(t)
                                for t in self.transforms]}
 
@@ -189,6 +198,8 @@ class Assignment:
         cast: whether the value is converted from ``spec.dtype`` to ``target_spec.dtype``.
         rule: display form of the rule that renamed it (``None`` for identity).
         transforms: one description per value transform applied after the cast, in order.
+        via: how the checkpoint name met the target when no rule says so: the raw key of a
+            Keras weights-file entry, a model root swap, or ``"matched by structure: ..."``.
 
     Example:
         >>> a = Assignment("x", "A", "x", "x", VariableInfo("x", (2,), "float16"),
@@ -206,18 +217,21 @@ class Assignment:
     cast: bool = False
     rule: Optional[str] = None
     transforms: Tuple[str, ...] = ()
+    via: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transforms", tuple(self.transforms))
 
     def describe(self) -> str:
-        """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"`` and transforms."""
+        """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"``, transforms and ``[via]``."""
         text = (f"{self.target} <- {_provider(self.source, self.name)} "
                 f"{self.spec.dtype} {tuple(self.spec.shape)}")
         if self.cast:
             text += f" cast {self.spec.dtype}->{self.target_spec.dtype}"
         for t in self.transforms:
             text += f"; {t}"
+        if self.via:
+            text += f" [{self.via}]"
         return text
 
     def to_dict(self) -> dict:
@@ -228,7 +242,7 @@ class Assignment:
                 "target_dtype": self.target_spec.dtype,
                 "target_shape": list(self.target_spec.shape), "cast": self.cast,
                 "rule": self.rule, "transforms": list(self.transforms),
-                "nbytes": self.spec.nbytes}
+                "via": self.via, "nbytes": self.spec.nbytes}
 
 
 @dataclass(frozen=True)
@@ -372,7 +386,10 @@ class Plan:
             rename differently (blocking when unresolved; shown with the conflicts).
         unmatched_rules: :class:`~ckptmerge.rules.UnmatchedRule` findings (explicit map
             entries block even a non-strict restore, the others only a strict one).
-        allow_missing, on_conflict, on_shape_mismatch, cast: the options used.
+        structure: ``(source label, message)`` findings about names that do not line up: a
+            Keras weights file whose layers differ from the model's, a model root swap that
+            fits two targets (blocking a strict restore).
+        allow_missing, on_conflict, on_shape_mismatch, cast, model_root: the options used.
 
     Example:
         >>> t = [VariableInfo("x", (2,), "float32")]
@@ -397,6 +414,8 @@ class Plan:
     on_conflict: str = "error"
     on_shape_mismatch: str = "error"
     cast: bool = False
+    structure: List[Tuple[str, str]] = field(default_factory=list)
+    model_root: Optional[str] = None
     _binding: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -428,6 +447,7 @@ class Plan:
         lines += [c.message() for c in self.conflicts if c.blocking]
         lines += [a.message() for a in self.ambiguous if not a.resolved]
         lines += [u.message() for u in self.unmatched_rules]
+        lines += [f"structure: source {_q(label)}: {text}" for label, text in self.structure]
         return lines
 
     @property
@@ -551,7 +571,8 @@ class Plan:
              "missing": [str], "allowed_missing": [str], "skipped": [str],
              "unused": {label: [str]}, "dropped": {label: [str]},
              "mismatched": [Mismatch.to_dict()], "conflicts": [Conflict.to_dict()],
-             "ambiguous": [Ambiguity.to_dict()], "unmatched_rules": [UnmatchedRule.to_dict()]}
+             "ambiguous": [Ambiguity.to_dict()], "unmatched_rules": [UnmatchedRule.to_dict()],
+             "structure": [{"source", "message"}]}
 
         Example:
             >>> import json
@@ -577,6 +598,7 @@ class Plan:
             "conflicts": [c.to_dict() for c in self.conflicts],
             "ambiguous": [a.to_dict() for a in self.ambiguous],
             "unmatched_rules": [u.to_dict() for u in self.unmatched_rules],
+            "structure": [{"source": label, "message": text} for label, text in self.structure],
         }
 
 
@@ -607,6 +629,7 @@ class _Candidate:
     label: str
     name: str
     rule: Optional[Union[MapRule, RegexRule]]
+    via: Optional[str] = None
 
 
 @dataclass
@@ -616,10 +639,60 @@ class _SourceMatch:
     ambiguous: List[Ambiguity]
     dropped: List[str]
     selected: Set[str]
+    structure: List[str] = field(default_factory=list)
+
+
+def _common_root(names: Sequence[str]) -> Optional[str]:
+    """The first name component every name shares (``sequential`` of ``sequential/dense/kernel``)."""
+    root = None
+    for n in names:
+        head, sep, _ = n.partition("/")
+        if not sep or (root is not None and head != root):
+            return None
+        root = head
+    return root
+
+
+def root_swaps(names: Sequence[str], target_names: Iterable[str],
+               model_root: str) -> Tuple[Dict[str, str], List[str]]:
+    """Match checkpoint names to a Keras model's targets with the model's own name replaceable.
+
+    A checkpoint of ``sequential`` fits ``sequential_1`` and names without a root
+    (``dense/kernel``) fit ``sequential/dense/kernel``: the name is tried with the checkpoint's
+    common root (if any) removed and with ``model_root`` put in front (if not empty).
+
+    Args:
+        names: checkpoint names that met no target as they are.
+        target_names: every target name.
+        model_root: the model's root scope in its target names (``""`` if they have none).
+
+    Returns:
+        ``({checkpoint name: target}, [finding])``: a name two ways fit two targets is a
+        finding, never a guess.
+
+    Example:
+        >>> root_swaps(["sequential/dense/kernel"], ["sequential_1/dense/kernel"], "sequential_1")
+        ({'sequential/dense/kernel': 'sequential_1/dense/kernel'}, [])
+    """
+    targets = set(target_names)
+    src_root = _common_root(names)
+    out: Dict[str, str] = {}
+    findings: List[str] = []
+    for n in names:
+        forms = [n]
+        if src_root is not None:
+            forms.append(n[len(src_root) + 1:])
+        fits = sorted({f"{model_root}/{f}" if model_root else f for f in forms} & targets - {n})
+        if len(fits) == 1:
+            out[n] = fits[0]
+        elif fits:
+            findings.append(f"{_q(n)} fits {_and_list([_q(f) for f in fits])} once the model's "
+                            "root name is ignored; map it explicitly (map={...})")
+    return out, findings
 
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
-                  on_conflict: str) -> _SourceMatch:
+                  on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
     res = src.rules.apply(list(src.variables), hidden=src.hidden)
     label = src.label
@@ -643,6 +716,14 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             selected.add(amb.name)
             pairs.append((amb.name, chosen, None))
 
+    structure: List[str] = []
+    via = dict(src.notes)
+    if model_root is not None:  # a Keras target: its model's own name is no barrier
+        lost = [n for n, t, rule in pairs if rule is None and t not in target_by_name]
+        swaps, structure = root_swaps(lost, target_names, model_root)
+        pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
+        for n, t in swaps.items():
+            via[n] = f"model root: {_q(n)} as {_q(t)}"
     candidates: List[_Candidate] = []
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
     landed_by: Dict[str, int] = {}
@@ -661,7 +742,8 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             continue
         if d is not None:
             landed_by[d] += 1
-        candidates.append(_Candidate(tname, (si, name), label, name, rule))
+        candidates.append(_Candidate(tname, (si, name), label, name, rule,
+                                     via.get(name) if rule is None else None))
     # A scope or regex rule that renamed names but put none on a target does nothing.
     for d, renamed in renamed_by.items():
         rule = rule_of[d]
@@ -677,12 +759,14 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             kind, d, tuple(sugg), False, label,
             reason=(f"renamed {k} checkpoint variable{'s' if k != 1 else ''} but none to a "
                     f"target variable (e.g. {_q(n0)} -> {_q(t0)})")))
-    return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), selected)
+    return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), selected,
+                        list(src.findings) + structure)
 
 
 def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
               allow_missing: Union[str, Sequence[str]] = (), on_conflict: str = "error",
-              on_shape_mismatch: str = "error", cast: bool = False) -> Plan:
+              on_shape_mismatch: str = "error", cast: bool = False,
+              model_root: Optional[str] = None) -> Plan:
     """Work out which checkpoint variable restores which target, and every finding.
 
     Pure: no file access, no TensorFlow.
@@ -701,6 +785,9 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         cast: convert dtypes to the target's dtype instead of reporting a dtype mismatch,
             where :func:`ckptmerge.transforms.cast_problem` allows it (not string <-> number,
             not complex -> real).
+        model_root: for a Keras model target, its root scope in the target names (``""``
+            when they have none): checkpoint names that meet no target are matched with the
+            model's own name replaceable (see :func:`root_swaps`). ``None``: names as they are.
 
     Returns:
         The :class:`Plan`.
@@ -720,6 +807,8 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
     _check_choice("on_shape_mismatch", on_shape_mismatch, ON_SHAPE_MISMATCH)
     if not isinstance(cast, bool):
         raise OptionError(f"cast must be True or False; received {_received(cast)}.")
+    if model_root is not None and not isinstance(model_root, str):
+        raise OptionError(f"model_root must be a str or None; received {_received(model_root)}.")
     allow = _as_allow_missing(allow_missing)
     if isinstance(targets, (str, bytes, Mapping)) or not isinstance(targets, Iterable):
         raise OptionError("targets must be a list of VariableInfo; received "
@@ -763,9 +852,11 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
     ambiguous: List[Ambiguity] = []
     dropped: Dict[str, List[str]] = {}
     selected: Dict[str, Set[str]] = {}
+    structure: List[Tuple[str, str]] = []
 
     for si, src in enumerate(sources):
-        found = _match_source(si, src, target_by_name, on_conflict)
+        found = _match_source(si, src, target_by_name, on_conflict, model_root)
+        structure += [(src.label, text) for text in found.structure]
         for c in found.candidates:
             candidates.setdefault(c.target, []).append(c)
         unmatched.extend(found.unmatched)
@@ -820,7 +911,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
             continue
         assignments[tname] = Assignment(
             tname, chosen.label, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
-            rule=chosen.rule.describe() if chosen.rule else None,
+            rule=chosen.rule.describe() if chosen.rule else None, via=chosen.via,
             transforms=tuple(t.describe(src_shape, tgt_shape) if hasattr(t, "describe") else repr(t)
                              for t in ts))
 
@@ -873,4 +964,6 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         on_conflict=on_conflict,
         on_shape_mismatch=on_shape_mismatch,
         cast=cast,
+        structure=structure,
+        model_root=model_root,
     )

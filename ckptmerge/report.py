@@ -54,7 +54,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
 
     Layout: a header line, the options, one block per source (path, note, rules, counts),
     then the sections Assignments, Missing, Allowed missing, Mismatched, Conflicts,
-    Unmatched rules and Unused (empty ones left out; "No findings." when there is none),
+    Unmatched rules, Structure and Unused (empty ones left out; "No findings." when there is none),
     and a final verdict line.
 
     Args:
@@ -110,6 +110,8 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     findings += _section("Conflicts", [c.message() for c in plan.conflicts]
                          + [a.message() for a in plan.ambiguous], limit)
     findings += _section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)
+    findings += _section("Structure", [f"{label}: {text}" for label, text in plan.structure], limit,
+                         "names that do not line up")
     dropped_by = {label: set(names) for label, names in plan.dropped.items()}
     unused_lines = [f"{label}: {name}" + (" (left out by rules)" if name in dropped_by[label] else "")
                     for label, names in plan.unused.items() for name in names]

@@ -665,10 +665,15 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
         return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")
     if abs_path.endswith(".keras"):
+        from .formats.h5 import is_keras_archive
+
+        if is_keras_archive(abs_path):  # its weights are read in place, named from config.json
+            return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
+                                      note or f"Keras model archive {given}")
         raise CheckpointFormatError(
-            f"'{given}' is a Keras '.keras' model archive (a zip file), not a weights file. "
-            "Extract its 'model.weights.h5' (e.g. 'unzip model.keras model.weights.h5') and "
-            "pass that file.",
+            f"'{given}' is not a Keras '.keras' model archive: it is not a zip file holding "
+            "'model.weights.h5'. It is damaged or was saved in another format; re-copy it, or "
+            "save the model again with model.save('model.keras').",
             path=given,
         )
     if _is_table(abs_path):

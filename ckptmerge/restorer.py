@@ -161,6 +161,8 @@ class Restorer:
                             optimizer=old.source.optimizer, name=old.source.label, cast=old.source.cast,
                             transforms=old.source.transforms)
         handle = new_source.open()
+        if old.renamed:  # a Keras weights file named by the model's walk: the same names
+            handle.rename(old.renamed, old.notes)
         new_vars = {v.name: v for v in handle.all_variables}
         problems = []
         for a in self.plan.assignments.values():

@@ -54,7 +54,8 @@ class Source:
     Args:
         path: a checkpoint prefix; a directory with a ``checkpoint`` state file (its latest
             checkpoint); a directory plus ``step``; a SavedModel directory; a path ending in
-            ``.index`` or ``.data-*``; or a Keras 3 ``.weights.h5`` file.
+            ``.index`` or ``.data-*``; a Keras ``.weights.h5``/``.h5`` file or ``.keras`` archive
+            (restoring into a Keras model, its entries are named by the model's own walk).
         step: take the checkpoint of this global step from the directory (error if absent).
         map: ``{checkpoint_name: target_name_or_variable}``; keys and values ending in ``/``
             map a scope to a scope (``{"a/": "c/encoder/"}``; ``{"/": "c/"}`` for the root).
@@ -236,11 +237,18 @@ class SourceHandle:
     path: str
     note: str
     all_variables: List[VariableInfo] = field(default_factory=list)
+    notes: Dict[str, str] = field(default_factory=dict)
+    findings: List[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
         """The source's report label."""
         return self.source.label
+
+    @property
+    def renamed(self) -> Dict[str, str]:
+        """``{raw key: name}`` of the tensors :meth:`CheckpointHandle.rename` renamed."""
+        return {}
 
     def selectable(self) -> Dict[str, VariableInfo]:
         """Variables the rules may use: all of them with ``optimizer=True``, else model variables."""
@@ -260,7 +268,7 @@ class SourceHandle:
         hidden = tuple(v.name for v in self.all_variables if v.name not in selectable)
         return SourceView(label=self.label, path=self.path, note=self.note, variables=selectable,
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
-                          hidden=hidden)
+                          hidden=hidden, notes=self.notes, findings=tuple(self.findings))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
@@ -276,10 +284,36 @@ class CheckpointHandle(SourceHandle):
     def __init__(self, source: Source, path: str, note: str, reader: Any) -> None:
         super().__init__(source, path, note, list(reader.variables()))
         self.reader = reader
+        self._key_of: Dict[str, str] = {}
+
+    @property
+    def renamed(self) -> Dict[str, str]:
+        """``{raw key: name}`` of the tensors :meth:`rename` renamed."""
+        return {k: n for n, k in self._key_of.items()}
+
+    def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
+        """Give tensors new names (``{raw key: name}``, e.g. by a Keras model's own walk).
+
+        Reads go by raw key, so the reader is unaffected; ``notes`` (by new name) are shown
+        beside the assignments.
+        """
+        renamed = []
+        for v in self.all_variables:
+            new = names.get(v.raw_key)
+            if new is not None and new != v.name:
+                self._key_of[new] = v.raw_key
+                v = VariableInfo(new, v.shape, v.dtype, v.raw_key, v.kind, v.nbytes)
+            renamed.append(v)
+        self.all_variables = sorted(renamed, key=lambda v: v.name)
+        self.notes.update(notes)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors with CRC checks; see ``CheckpointReader.read_many``."""
-        return self.reader.read_many(list(names))
+        names = list(names)
+        if not self._key_of:
+            return self.reader.read_many(names)
+        arrays = self.reader.read_many([self._key_of.get(n, n) for n in names])
+        return {n: arrays[self._key_of.get(n, n)] for n in names}
 
     def close(self) -> None:
         """Close the reader's files."""

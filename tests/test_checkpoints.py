@@ -380,7 +380,7 @@ def test_meta_file_suggests_the_prefix(tmp_path):
     assert f"Did you mean the checkpoint prefix '{d}/model.ckpt-0'?" in str(err.value)
 
 
-def test_keras_archive_explains_to_extract_the_weights(tmp_path):
+def test_damaged_keras_archive_is_a_clear_error(tmp_path):
     (tmp_path / "model.keras").write_bytes(b"PK\x03\x04")
     with pytest.raises(CheckpointFormatError, match="model.weights.h5"):
         resolve_checkpoint(tmp_path / "model.keras")

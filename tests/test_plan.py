@@ -485,7 +485,8 @@ def test_to_dict_is_json_ready_with_shapes_as_lists():
     assert d["options"] == {"allow_missing": [], "on_conflict": "error",
                             "on_shape_mismatch": "error", "cast": True}
     assert d["sources"] == [{"label": "A", "path": "runs/A", "note": "",
-                             "rules": {"map": {"k": "c/k"}}, "n_variables": 1, "transforms": []}]
+                             "rules": {"map": {"k": "c/k"}}, "n_variables": 1, "findings": [],
+                             "transforms": []}]
 
 
 def test_to_dict_includes_every_finding_kind():

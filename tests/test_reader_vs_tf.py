@@ -260,7 +260,9 @@ def test_keras_archive_weights_read_in_place(tmp_path):
     with open_checkpoint(str(tmp_path / "m.keras")) as archive, \
             open_checkpoint(str(tmp_path / "m.weights.h5")) as plain:
         assert archive.format == "keras-h5"
-        assert archive.variables() == plain.variables()
+        by_key = {v.raw_key: v for v in archive.variables()}  # same entries, named from config.json
+        assert [by_key[v.raw_key].name for v in plain.variables() if v.kind == "variable"] == ["d/kernel", "d/bias"]
+        assert sorted(by_key) == sorted(v.raw_key for v in plain.variables())
         for v in plain.variables():
             assert same_value(archive.get(v.name), plain.get(v.name)), v.name
         np.testing.assert_array_equal(archive.get("layers/dense/vars/0"), model.layers[0].kernel.numpy())

@@ -6,13 +6,16 @@ Every HDF5 dataset is one tensor, named by its path in the file as is: Keras 3 w
 ``optimizer_weights`` group are optimizer state. Keras 3 stores ``bfloat16`` (and other
 ``ml_dtypes`` types) as opaque bytes with a ``dtype`` attribute; those are viewed back as their
 real dtype. A Keras 3 ``.keras`` archive is a zip holding ``model.weights.h5``; it is read in
-place (stored members through a window on the zip file, compressed ones from memory). ``h5py`` is
+place (stored members through a window on the zip file, compressed ones from memory), and its
+entries are named by their variables' paths (:mod:`ckptmerge.formats.kerasnames`). Keras 2 /
+legacy files are named by each weight's name as their ``weight_names`` attributes record it. ``h5py`` is
 imported only when a file is opened; TensorFlow never.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
 import threading
@@ -24,6 +27,7 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
+from ckptmerge.formats.kerasnames import archive_names
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
 
 __all__ = ["H5Reader", "HDF5_SIGNATURE", "is_hdf5", "is_keras_archive"]
@@ -57,6 +61,8 @@ def is_hdf5(path: str) -> bool:
 
 
 _KERAS_WEIGHTS_MEMBER = "model.weights.h5"
+#: config.json files larger than this are not parsed (entries keep their raw keys).
+_CONFIG_LIMIT = 64 << 20
 
 
 def is_keras_archive(path: str) -> bool:
@@ -124,6 +130,18 @@ def _open_keras_member(path: str) -> Any:
     return _Window(path, info.header_offset + 30 + name_len + extra_len, info.file_size)
 
 
+def _archive_config(path: str) -> Any:
+    """The parsed ``config.json`` of a ``.keras`` archive, or ``None`` if absent or malformed."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            if z.getinfo("config.json").file_size > _CONFIG_LIMIT:
+                return None
+            with z.open("config.json") as f:
+                return json.loads(f.read(_CONFIG_LIMIT + 1))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
+        return None
+
+
 def _import_h5py() -> Any:
     try:
         import h5py
@@ -164,9 +182,20 @@ class H5Reader(CheckpointReader):
         f = self._open()
         infos: List[VariableInfo] = []
         h5py = _import_h5py()
+        layer_names: dict = {}
+        weight_names: dict = {}  # Keras 2 / legacy h5: dataset path -> the weight's own name
 
         def visit(name: str, obj: Any) -> None:
             if not isinstance(obj, h5py.Dataset):
+                for w in obj.attrs.get("weight_names", ()) if "weight_names" in obj.attrs else ():
+                    w = w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
+                    weight_names[f"{name}/{w}"] = normalize_name(w)
+                if name == "vars" or name.endswith("/vars"):
+                    layer = obj.attrs.get("name")
+                    if isinstance(layer, bytes):
+                        layer = layer.decode("utf-8", "replace")
+                    if isinstance(layer, str):
+                        layer_names[name[:-len("vars")].rstrip("/")] = layer
                 return
             dt = self._dtype(obj)
             top = name.split("/", 1)[0]
@@ -186,6 +215,15 @@ class H5Reader(CheckpointReader):
         if len({i.name for i in infos}) != len(infos):  # "a:0" and "a" in one file
             infos = [VariableInfo(i.raw_key, i.shape, i.dtype, i.raw_key, i.kind, i.nbytes) for i in infos]
             self._datasets = {i.raw_key: i.raw_key for i in infos}
+        legacy = {i.raw_key: weight_names[i.raw_key] for i in infos
+                  if i.kind == KIND_VARIABLE and i.raw_key in weight_names}
+        if legacy and len(set(legacy.values())) == len(legacy):  # Keras 2: by the weight's name
+            infos = [VariableInfo(legacy.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind,
+                                  i.nbytes) for i in infos]
+        if self._archive:  # a .keras archive: name entries as config.json and the file say
+            named = archive_names([i.raw_key for i in infos], layer_names, _archive_config(self.path))
+            infos = [VariableInfo(named.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind, i.nbytes)
+                     for i in infos]
         self._set_infos(infos)
 
     def _error(self, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
