@@ -12,10 +12,14 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from _cli_util import CORPUS, run
+from _cli_util import run
+from _corpus import corpus
 from ckptmerge.formats.kerasnames import archive_names, snake_case
 
-CHURN = CORPUS / "keras3-weights-h5-churn" / "model.weights.h5"
+
+def _churn():
+    """The issue's example: a Keras 3 model.weights.h5 from the corpus (Sequential of 3 Dense)."""
+    return str(corpus() / "keras3-weights-h5-churn" / "model.weights.h5")
 
 
 def _randomize(model, seed=0):
@@ -93,12 +97,13 @@ def test_corpus_weights_h5_restores_into_a_fresh_sequential_with_no_map(tf):
         return keras.Sequential([keras.Input((12,)), keras.layers.Dense(64), keras.layers.Dense(32),
                                  keras.layers.Dense(1)])
 
+    churn = _churn()
     build()  # takes the names dense, dense_1, dense_2: ours get dense_3 ... and sequential_1
     ours, theirs = build(), build()
-    plan = cm.plan(ours, [cm.Source(str(CHURN))])
-    assert (len(plan.assignments), plan.missing, plan.unused[str(CHURN)]) == (6, [], [])
+    plan = cm.plan(ours, [cm.Source(churn)])
+    assert (len(plan.assignments), plan.missing, plan.unused[churn]) == (6, [], [])
     plan.restore()
-    theirs.load_weights(str(CHURN))
+    theirs.load_weights(churn)
     _assert_same_weights(ours, theirs)
 
 
@@ -107,9 +112,9 @@ def test_optimizer_entries_are_left_out_unless_optimizer_true(tf):
 
     model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(64), keras.layers.Dense(32),
                               keras.layers.Dense(1)])
-    plan = cm.plan(model, [cm.Source(str(CHURN), name="c")])
+    plan = cm.plan(model, [cm.Source(_churn(), name="c")])
     assert plan.unused["c"] == [] and plan.ok
-    with_opt = cm.plan(model, [cm.Source(str(CHURN), name="c", optimizer=True)])
+    with_opt = cm.plan(model, [cm.Source(_churn(), name="c", optimizer=True)])
     assert "optimizer/vars/0" in with_opt.unused["c"] and len(with_opt.assignments) == 6
 
 
