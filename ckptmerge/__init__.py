@@ -28,6 +28,7 @@ from .errors import (
     RestoreError,
     RuleError,
     UnknownTensorError,
+    UnsafeCheckpointError,
 )
 from .specs import VariableInfo
 
@@ -74,6 +75,7 @@ __all__ = [
     "Slice",
     "Source",
     "UnknownTensorError",
+    "UnsafeCheckpointError",
     "VariableInfo",
     "VocabRemap",
     "checkpoints",

@@ -17,6 +17,7 @@ __all__ = [
     "CkptMergeError",
     "CheckpointNotFoundError",
     "CheckpointFormatError",
+    "UnsafeCheckpointError",
     "RuleError",
     "PlanError",
     "ConfigError",
@@ -72,6 +73,30 @@ class CheckpointFormatError(CkptMergeError, ValueError):
         super().__init__(message)
         self.path = path
         self.key = key
+
+
+class UnsafeCheckpointError(CheckpointFormatError):
+    """A checkpoint file would make ckptmerge read outside it, or more than the file holds.
+
+    Raised before anything is read: for HDF5 external storage, virtual datasets, soft,
+    external or user-defined links, filters loaded from plugins, and datasets that declare far
+    more data than the file stores (never-written chunks, decompression bombs).
+
+    Attributes:
+        path: the file.
+        key: the (first) dataset concerned.
+        problems: every problem found, one line each, naming its dataset.
+
+    Example:
+        >>> e = UnsafeCheckpointError("refused", path="m.weights.h5", key="x", problems=["'x': external"])
+        >>> isinstance(e, CheckpointFormatError), e.problems
+        (True, ["'x': external"])
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, key: Optional[str] = None,
+                 problems: Sequence[str] = ()) -> None:
+        super().__init__(message, path=path, key=key)
+        self.problems = list(problems)
 
 
 class RuleError(CkptMergeError, ValueError):

@@ -89,6 +89,13 @@ class _Group(click.Group):
             ctx.exit(0)
         except OSError as e:
             raise CliError(_os_error_message(e)) from None
+        except MemoryError:
+            raise CliError(_OUT_OF_MEMORY) from None
+
+
+_OUT_OF_MEMORY = ("Out of memory: a tensor (or the set of tensors) this command reads does not fit in "
+                  "this machine's memory. 'ckptmerge ls' (without --stats) lists sizes without reading "
+                  "values; select fewer tensors, or run on a machine with more memory.")
 
 
 def _silence_stdout() -> None:

@@ -21,6 +21,7 @@ from typing import (
 import click
 
 from ..errors import did_you_mean
+from ..formats.dtypes import READABLE_DTYPES
 from ..specs import KIND_VARIABLE, VariableInfo
 from ..text import escape_name, human_bytes, plural
 from ._common import (
@@ -444,7 +445,8 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     a time, so memory stays small). Exit code 0 when equal, 1 when different. --json prints
     an object with a, b, equal, only_in_a, only_in_b, mismatched and (with --values) values:
     one {name, max_abs_diff, equal} per compared tensor (max_abs_diff is null for strings and
-    the string "nan" when NaN faces a number).
+    the string "nan" when NaN faces a number) and not_compared: the names of tensors without
+    values ckptmerge can read (e.g. HDF5 compound or reference datasets, listed as hdf5-*).
     """
     oa = _open(a, step_a, verify=not no_verify)
     try:
@@ -461,9 +463,13 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
         common = sorted(set(va) & set(vb))
         mismatched = [n for n in common if va[n].shape != vb[n].shape or va[n].dtype != vb[n].dtype]
         compared: List[Dict[str, Any]] = []
+        not_compared: List[str] = []  # no values to read (e.g. an HDF5 compound dataset)
         if values:
             for n in common:
                 if va[n].shape != vb[n].shape:
+                    continue
+                if not {va[n].dtype, vb[n].dtype} <= READABLE_DTYPES:
+                    not_compared.append(n)
                     continue
                 xa, xb = ra.get(n), rb.get(n)
                 d = max_abs_diff(xa, xb)
@@ -479,7 +485,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                             "b": {"dtype": vb[n].dtype, "shape": list(vb[n].shape)}} for n in mismatched],
             **({"values": [{**c, "max_abs_diff": (c["max_abs_diff"] if c["max_abs_diff"] is None
                                                   else _finite_or_text(c["max_abs_diff"]))}
-                           for c in compared]} if values else {}),
+                           for c in compared], "not_compared": not_compared} if values else {}),
         })
         if not equal:
             raise SystemExit(EXIT_FINDINGS)
@@ -503,10 +509,14 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     section("Values differ", [
         f"{c['name']}: " + ("strings differ" if c["max_abs_diff"] is None else f"max abs diff {c['max_abs_diff']:.6g}")
         for c in value_diffs])
+    section("Values not readable, not compared", [
+        f"{n}: {va[n].dtype}" if va[n].dtype == vb[n].dtype else f"{n}: A {va[n].dtype}, B {vb[n].dtype}"
+        for n in not_compared])
     what = "names, dtypes, shapes" + (" and values" if values else "")
     if equal:
         lines.append(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
-                     + (f" ({len(compared)} compared)" if values else ""))
+                     + (f" ({len(compared)} compared{f', {len(not_compared)} not' if not_compared else ''})"
+                        if values else ""))
     else:
         parts = []
         if only_a:

@@ -29,6 +29,7 @@ __all__ = [
     "numpy_to_tf",
     "dtype_name",
     "tf_dtype_name",
+    "READABLE_DTYPES",
 ]
 
 DT_INVALID = 0
@@ -147,3 +148,8 @@ def dtype_name(dtype: Any) -> str:
     if dt.names is not None and len(dt.names) == 1 and dt.names[0] in _NAME_TO_TF:
         return dt.names[0]  # quantized, e.g. [("qint8", "i1")]
     return dt.name
+
+
+#: The dtype names (:func:`dtype_name`) whose values ckptmerge reads; anything else a reader
+#: lists (``resource``, ``variant``, ``hdf5-compound`` ...) has no values to show or compare.
+READABLE_DTYPES = frozenset(dtype_name(dt) for dt in TF_TO_NUMPY.values())
