@@ -28,6 +28,7 @@ from .errors import (
     RestoreError,
     RuleError,
     UnknownTensorError,
+    UnreadableTensorError,
     UnsafeCheckpointError,
 )
 from .specs import VariableInfo
@@ -75,6 +76,7 @@ __all__ = [
     "Slice",
     "Source",
     "UnknownTensorError",
+    "UnreadableTensorError",
     "UnsafeCheckpointError",
     "VariableInfo",
     "VocabRemap",

@@ -18,6 +18,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointFormatError",
     "UnsafeCheckpointError",
+    "UnreadableTensorError",
     "RuleError",
     "PlanError",
     "ConfigError",
@@ -97,6 +98,16 @@ class UnsafeCheckpointError(CheckpointFormatError):
                  problems: Sequence[str] = ()) -> None:
         super().__init__(message, path=path, key=key)
         self.problems = list(problems)
+
+
+class UnreadableTensorError(CheckpointFormatError):
+    """A tensor the checkpoint lists has no values ckptmerge can read (e.g. an HDF5 compound,
+    reference or null-dataspace dataset, listed with an ``hdf5-*`` dtype).
+
+    Attributes:
+        path: the file.
+        key: the tensor's raw key.
+    """
 
 
 class RuleError(CkptMergeError, ValueError):

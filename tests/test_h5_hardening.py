@@ -25,7 +25,7 @@ import pytest
 from _cli_util import REPO, assert_one_line_error, run, write_config
 
 import ckptmerge as cm
-from ckptmerge.errors import CheckpointFormatError, UnsafeCheckpointError
+from ckptmerge.errors import CheckpointFormatError, UnreadableTensorError, UnsafeCheckpointError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.h5 import MAX_EXPANSION
 
@@ -373,7 +373,8 @@ def test_diff_values_compares_the_tensors_and_lists_the_rest(kinds):
     assert [c["name"] for c in d["values"]] == ["enum", "plain"]
 
 
-def test_api_load_of_a_non_tensor_raises_a_format_error(kinds):
-    with pytest.raises(CheckpointFormatError) as err:
+def test_api_load_of_a_non_tensor_raises_a_clear_error(kinds):
+    with pytest.raises(UnreadableTensorError) as err:
         cm.load(str(kinds), ["compound"])
+    assert isinstance(err.value, CheckpointFormatError) and cm.UnreadableTensorError is UnreadableTensorError
     assert err.value.key == "compound" and "HDF5 compound type" in str(err.value)

@@ -20,8 +20,7 @@ from typing import (
 
 import click
 
-from ..errors import did_you_mean
-from ..formats.dtypes import READABLE_DTYPES
+from ..errors import UnreadableTensorError, did_you_mean
 from ..specs import KIND_VARIABLE, VariableInfo
 from ..text import escape_name, human_bytes, plural
 from ._common import (
@@ -468,10 +467,11 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
             for n in common:
                 if va[n].shape != vb[n].shape:
                     continue
-                if not {va[n].dtype, vb[n].dtype} <= READABLE_DTYPES:
+                try:
+                    xa, xb = ra.get(n), rb.get(n)
+                except UnreadableTensorError:
                     not_compared.append(n)
                     continue
-                xa, xb = ra.get(n), rb.get(n)
                 d = max_abs_diff(xa, xb)
                 eq = _strings_equal(xa, xb) if d is None else d == 0.0
                 compared.append({"name": n, "max_abs_diff": d, "equal": bool(eq)})

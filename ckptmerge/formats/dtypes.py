@@ -29,7 +29,6 @@ __all__ = [
     "numpy_to_tf",
     "dtype_name",
     "tf_dtype_name",
-    "READABLE_DTYPES",
 ]
 
 DT_INVALID = 0
@@ -149,7 +148,3 @@ def dtype_name(dtype: Any) -> str:
         return dt.names[0]  # quantized, e.g. [("qint8", "i1")]
     return dt.name
 
-
-#: The dtype names (:func:`dtype_name`) whose values ckptmerge reads; anything else a reader
-#: lists (``resource``, ``variant``, ``hdf5-compound`` ...) has no values to show or compare.
-READABLE_DTYPES = frozenset(dtype_name(dt) for dt in TF_TO_NUMPY.values())

@@ -40,6 +40,7 @@ from ckptmerge.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CkptMergeError,
+    UnreadableTensorError,
     UnsafeCheckpointError,
     format_list,
 )
@@ -433,7 +434,7 @@ class H5Reader(CheckpointReader):
         key = info.raw_key
         why = self._not_tensors.get(key)
         if why is not None:
-            raise CheckpointFormatError(
+            raise UnreadableTensorError(
                 f"Cannot read dataset {key!r} of Keras weights file {self.path!r}: {why}. ckptmerge "
                 f"lists it (dtype {info.dtype!r}) but cannot show, compare or merge its values; "
                 "leave it out of merges and restores.", path=self.path, key=key)
