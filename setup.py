@@ -29,7 +29,7 @@ setup(
         "tomli>=1.1; python_version < '3.11'",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4"],
+        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4"],
     },
     entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
     classifiers=[

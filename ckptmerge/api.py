@@ -70,6 +70,10 @@ class Binding:
         target = self.targets.variables[name]
         if self.targets.mode == "graph":
             vals = self.session.run([v for v, _ in target.parts]) if self.session is not None else None
+        elif self.targets.mode == "keras":
+            from .backends.keras_native import keras_numpy
+
+            vals = [keras_numpy(v) for v, _ in target.parts]
         else:
             vals = [v.numpy() for v, _ in target.parts]
         from .backends.tensors import join_parts

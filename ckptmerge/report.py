@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["render_plan", "Report", "RESTORE_MODES"]
 
 #: Valid values of :attr:`Report.mode`.
-RESTORE_MODES = ("graph", "eager", "offline")
+RESTORE_MODES = ("graph", "eager", "keras", "offline")
 
 
 def _section(title: str, lines: Sequence[str], limit: Optional[int], hint: str = "") -> List[str]:
@@ -127,7 +127,7 @@ class Report:
 
     Attributes:
         plan: the plan that was run.
-        mode: ``"graph"``, ``"eager"`` or ``"offline"``.
+        mode: ``"graph"``, ``"eager"``, ``"keras"`` (a Keras 3 model on another backend) or ``"offline"``.
         restored: target names that were assigned (stored sorted).
         skipped: ``(target, reason)`` pairs of targets left as they were (stored sorted).
         elapsed: seconds the restore took.

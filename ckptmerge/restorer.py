@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
+import numpy as np
+
 from .api import Binding, SourcesArg
 from .errors import CkptMergeError, PlanError
 from .backends.tensors import join_parts
@@ -43,12 +45,17 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
         >>> # ... fine-tune a few steps, predict ...
         >>> restore(model, [generic])             # back to the generic weights, no disk I/O
     """
-    import tensorflow as tf
-
     from .targets import collect_targets
 
     targets = collect_targets(target)
     values: Dict[str, Any] = {}
+    if targets.mode == "keras":  # another Keras backend: host copies, no TensorFlow
+        from .backends.keras_native import keras_numpy
+
+        values = {n: np.array(keras_numpy(t.parts[0][0])) for n, t in targets.variables.items()}
+        return Source(None, name=name, _values=values)
+    import tensorflow as tf
+
     if targets.mode == "graph":
         if session is None:
             session = tf.compat.v1.get_default_session()

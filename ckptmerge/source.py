@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -320,6 +321,11 @@ class CheckpointHandle(SourceHandle):
         self.reader.close()
 
 
+def _is_keras_variable(v: Any) -> bool:
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(v, getattr(keras, "Variable", ()))
+
+
 def _value_info(name: str, value: Any) -> VariableInfo:
     shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
     dtype = getattr(value, "dtype", None)
@@ -343,5 +349,11 @@ class MemoryHandle(SourceHandle):
         out = {}
         for n in names:
             v = self.values[n]
-            out[n] = v.read_value() if hasattr(v, "read_value") else v
+            if hasattr(v, "read_value"):
+                v = v.read_value()
+            elif _is_keras_variable(v):  # a Keras variable on another backend: its value, on the host
+                from .backends.keras_native import keras_numpy
+
+                v = np.array(keras_numpy(v))
+            out[n] = v
         return out

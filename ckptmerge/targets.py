@@ -6,7 +6,8 @@ This is one of the few modules that touch TensorFlow, and it imports it lazily. 
 - a list/tuple of variables (TF variables or Keras 3 variables);
 - a dict ``{name: variable}``: the names are the user's;
 - a ``tf.Module``;
-- a Keras 3 model or layer.
+- a Keras 3 model or layer (on any Keras backend: with JAX, PyTorch or NumPy the targets are
+  Keras variables in mode ``"keras"``, and TensorFlow is not imported).
 
 Every target variable gets exactly one name (see :func:`variable_name`):
 
@@ -32,7 +33,7 @@ from .errors import CkptMergeError, PlanError
 from .specs import VariableInfo, normalize_name
 from .text import quote_name
 
-__all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf"]
+__all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf", "keras_backend"]
 
 _AUTO_NAME = re.compile(r"^Variable(_\d+)?$")
 
@@ -77,7 +78,7 @@ class TargetSet:
 
     Attributes:
         variables: name -> :class:`TargetVariable`, sorted by name.
-        mode: ``"graph"`` or ``"eager"``.
+        mode: ``"graph"``, ``"eager"``, or ``"keras"`` (a Keras 3 model on another backend).
         graph: the ``tf.Graph`` in graph mode, else ``None``.
         by_id: ``id(variable) -> name`` so map values given as variables can be named.
     """
@@ -113,6 +114,44 @@ def _is_keras_object(obj: Any) -> bool:
         return isinstance(obj, (keras.Layer, keras.Variable))
     except AttributeError:  # pragma: no cover - very old keras
         return False
+
+
+def keras_backend(target: Any) -> Optional[str]:
+    """The Keras backend (``"tensorflow"``, ``"jax"``, ``"torch"``, ...) when ``target`` is a
+    Keras model, layer or variable, or a list/dict of Keras variables; else ``None``.
+
+    Example:
+        >>> keras_backend({"w": object()}) is None
+        True
+    """
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return None
+    items = list(target.values()) if isinstance(target, dict) else (
+        list(target) if isinstance(target, (list, tuple)) else [target])
+    if not items or not all(_is_keras_object(x) for x in items):
+        return None
+    return str(keras.backend.backend())
+
+
+def _keras_native_set(target: Any) -> TargetSet:
+    """Targets of a Keras 3 model on a backend other than TensorFlow: Keras variables, assigned
+    through Keras's own API, named by ``variable.path`` as on TensorFlow (no TF import)."""
+    if isinstance(target, dict):
+        pairs = [(normalize_name(str(k)), v) for k, v in target.items()]
+    elif isinstance(target, (list, tuple)):
+        pairs = [(v.path, v) for v in target]
+    else:
+        pairs = [(v.path, v) for v in target.weights]
+    names = [n for n, _ in pairs]
+    _raise_duplicates(names, "Give the layers unique names, or pass a dict {name: variable}.")
+    groups = {}
+    by_id: Dict[int, str] = {}
+    for name, v in pairs:
+        info = VariableInfo(name=name, shape=tuple(int(d) for d in v.shape), dtype=_dtype_name(v.dtype), key=name)
+        groups[name] = TargetVariable(name, info, [(v, None)])
+        by_id[id(v)] = name
+    return TargetSet(variables={n: groups[n] for n in sorted(groups)}, mode="keras", by_id=by_id)
 
 
 def _tf_variable(v: Any) -> Any:
@@ -192,6 +231,9 @@ def collect_targets(target: Any = None) -> TargetSet:
         >>> list(ts.variables)                                     # doctest: +SKIP
         ['c/x1']
     """
+    backend = keras_backend(target)
+    if backend is not None and backend != "tensorflow":
+        return _keras_native_set(target)  # JAX, PyTorch, NumPy backends: TensorFlow is not imported
     tf = import_tf()
     graph_mode = not tf.executing_eagerly()
     graph = tf.compat.v1.get_default_graph() if graph_mode else None

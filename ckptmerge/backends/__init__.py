@@ -52,6 +52,10 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
         from .graph import restore_graph
 
         return restore_graph(plan, binding, session, progress=progress)
+    if binding.targets.mode == "keras":
+        from .keras_native import restore_keras
+
+        return restore_keras(plan, binding, progress=progress)
     from .eager import restore_eager
 
     return restore_eager(plan, binding, progress=progress)
