@@ -184,7 +184,7 @@ def test_report_to_dict_is_json_ready():
 
 
 def test_report_bad_mode_is_option_error():
-    with pytest.raises(OptionError, match="mode must be one of 'graph', 'eager', 'offline'; received 'lazy'"):
+    with pytest.raises(OptionError, match="mode must be one of 'graph', 'eager', 'keras', 'offline'; received 'lazy'"):
         _report(mode="lazy")
 
 
