@@ -76,7 +76,7 @@ def test_tf1_checkpoint_warm_starts_a_keras_model_on_another_backend(backend, dn
         report = cm.restore(model, [cm.Source(sys.argv[1], map={MAP!r})])
         result = {{"mode": report.mode, "restored": report.restored,
                    "kernel": model.get_layer("h0").kernel.numpy().tolist(),
-                   "out": np.asarray(model(x)).tolist()}}
+                   "out": keras.ops.convert_to_numpy(model(x)).tolist()}}
     """, prefix)
     assert result["mode"] == "keras" and not result["tensorflow_imported"]
     assert result["restored"] == ["clf/h0/bias", "clf/h0/kernel", "clf/logits/bias", "clf/logits/kernel"]
