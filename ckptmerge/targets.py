@@ -35,7 +35,8 @@ from .text import quote_name
 
 __all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf", "keras_backend"]
 
-_AUTO_NAME = re.compile(r"^Variable(_\d+)?$")
+_AUTO_NAME = re.compile(r"^(Sharded)?Variable(_\d+)?$")
+_PART_SUFFIX = re.compile(r"/part_\d+$")
 
 
 def import_tf() -> Any:
@@ -161,6 +162,35 @@ def _tf_variable(v: Any) -> Any:
     return v
 
 
+def _is_sharded(v: Any) -> bool:
+    """True for a TF2 ``ShardedVariable`` (ParameterServerStrategy with a variable partitioner)."""
+    if "tensorflow" not in sys.modules:
+        return False
+    try:
+        from tensorflow.python.distribute.sharded_variable import ShardedVariableMixin
+    except ImportError:  # pragma: no cover - a TF without sharded variables
+        return False
+    return isinstance(v, ShardedVariableMixin)
+
+
+def _sharded_name(v: Any) -> str:
+    """A ShardedVariable's own name: its shards' common name without ``/part_N`` (TF names the
+    shards ``emb/part_0``, ``emb/part_1``), else the container's (automatic) name."""
+    bases = {_PART_SUFFIX.sub("", normalize_name(s.name)) for s in v.variables}
+    return bases.pop() if len(bases) == 1 else normalize_name(v.name)
+
+
+def _shard_specs(v: Any) -> List[Tuple[Any, str]]:
+    """``(shard, slice spec)`` per shard, in TF's ``"full_shape slice"`` form: shards split axis 0."""
+    full = [int(d) for d in v.shape]
+    out = []
+    for shard, offset in zip(v.variables, v._var_offsets):  # noqa: SLF001 - TF keeps offsets only here
+        rows = int(shard.shape[0])
+        rest = ":".join("-" for _ in full[1:])
+        out.append((shard, " ".join(map(str, full)) + f" {int(offset[0])},{rows}" + (f":{rest}" if rest else "")))
+    return out
+
+
 def variable_name(v: Any, *, graph_mode: bool) -> str:
     """The default target name of one variable (no module context).
 
@@ -171,6 +201,8 @@ def variable_name(v: Any, *, graph_mode: bool) -> str:
     """
     if _is_keras_object(v):
         return v.path
+    if _is_sharded(v):
+        return _sharded_name(v)
     if graph_mode:
         return normalize_name(v.op.name)
     return normalize_name(v.name)
@@ -193,15 +225,15 @@ def _raise_duplicates(names: Sequence[str], hint: str) -> None:
 
 def _module_entries(module: Any) -> List[Tuple[str, Any]]:
     tf = import_tf()
-    flat = module._flatten(with_path=True, predicate=lambda x: isinstance(x, tf.Variable))
+    flat = list(module._flatten(with_path=True, predicate=lambda x: isinstance(x, tf.Variable) or _is_sharded(x)))
     entries: List[Tuple[str, Any]] = []
-    seen_ids = set()
+    seen_ids = {id(s) for _, v in flat if _is_sharded(v) for s in v.variables}  # shards belong to their container
     for path, v in flat:
         if id(v) in seen_ids:
             continue
         seen_ids.add(id(v))
         entries.append(("/".join(str(p) for p in path), v))
-    own = [normalize_name(v.name) for _, v in entries]
+    own = [_sharded_name(v) if _is_sharded(v) else normalize_name(v.name) for _, v in entries]
     counts: Dict[str, int] = {}
     for n in own:
         counts[n] = counts.get(n, 0) + 1
@@ -269,6 +301,13 @@ def _build_set(pairs: List[Tuple[str, Any]], graph_mode: bool, graph: Any, hint:
     names: List[str] = []
     by_id: Dict[int, str] = {}
     for name, v in pairs:
+        if _is_sharded(v):  # one target, assigned shard by shard (each a slice of the whole)
+            groups[name] = TargetVariable(name, _info(name, v), _shard_specs(v))
+            names.append(name)
+            by_id[id(v)] = name
+            for shard, _ in groups[name].parts:
+                by_id[id(shard)] = name
+            continue
         tfv = _tf_variable(v)
         ssi = getattr(tfv, "_save_slice_info", None)
         if ssi is not None and not _is_keras_object(v):

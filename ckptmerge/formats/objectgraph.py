@@ -8,7 +8,8 @@ objects. This module decodes that proto with :mod:`ckptmerge.formats.protowire` 
 ckptmerge's naming rule (see the team brief, "Names"):
 
 * a variable's name is the ``full_name`` TensorFlow recorded (``dense/kernel`` for Keras),
-  unless it is missing, automatic (``Variable``, ``Variable_3``) or shared by two variables;
+  unless it is missing, automatic (``Variable``, ``Variable_3``, ``ShardedVariable``) or shared
+  by two variables;
   then it is the object path (the key without ``/.ATTRIBUTES/VARIABLE_VALUE``);
 * its kind is ``"optimizer"`` for slot variables and for variables reachable from the root only
   through an edge named like ``optimizer``; ``"bookkeeping"`` for the graph itself, the root's
@@ -43,7 +44,8 @@ OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 #: The suffix of a variable's value key in object-based checkpoints.
 VARIABLE_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
-_AUTOMATIC_NAME = re.compile(r"Variable(_\d+)?")
+# TF's automatic names; a ShardedVariable (ParameterServerStrategy) records its class name.
+_AUTOMATIC_NAME = re.compile(r"(Sharded)?Variable(_\d+)?")
 # Edges that lead to optimizer state: "optimizer" (Keras, tf.train.Checkpoint convention) and
 # the common spellings "optimizer_1", "gen_optimizer", "compensator_optimizer", "opt".
 _OPTIMIZER_EDGE = re.compile(r"(?:.*[_\-.])?optimizer(?:[_\-.]?\d+)?|opt", re.IGNORECASE)

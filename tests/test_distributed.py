@@ -1,0 +1,186 @@
+"""Restores into the variables TF distribution strategies create, on real in-process clusters.
+
+- ``ParameterServerStrategy`` with a variable partitioner makes ``ShardedVariable``s whose shards
+  live on parameter servers: an in-process cluster (``tf.distribute.Server`` for the workers and
+  parameter servers, the test process as chief) runs in a child interpreter, so its servers end
+  with it.
+- ``MultiWorkerMirroredStrategy`` with two workers: two local processes with ``TF_CONFIG``, each
+  restoring the same plan into its ``MirroredVariable``s; both must end with the checkpoint's
+  values (checked across workers with an all-reduce too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+EMB = np.arange(24, dtype=np.float32).reshape(6, 4)
+BIAS = np.array([0.5, -1.0, 2.0], np.float32)
+
+
+def _free_ports(n: int) -> list:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _env(**extra: str) -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+PSS_PRELUDE = """
+import json, sys
+import numpy as np, tensorflow as tf
+import ckptmerge as cm
+ports = json.loads(sys.argv[1])
+spec = {"worker": [f"localhost:{ports[0]}"], "ps": [f"localhost:{ports[1]}", f"localhost:{ports[2]}"],
+        "chief": [f"localhost:{ports[3]}"]}
+cluster = tf.train.ClusterSpec(spec)
+servers = [tf.distribute.Server(cluster, job_name=job, task_index=i, protocol="grpc", start=True)
+           for job in ("worker", "ps") for i in range(len(spec[job]))]
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc",
+                                                                 task_type="chief", task_id=0)
+
+def sharded_module(shards):
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(shards))
+    with strategy.scope():
+        m = tf.Module()
+        m.emb = tf.Variable(tf.zeros((6, 4)), name="emb")
+        m.bias = tf.Variable(tf.zeros((3,)), name="bias")
+    return m
+
+def plain_module():
+    m = tf.Module()
+    m.emb = tf.Variable(tf.zeros((6, 4)), name="emb")
+    m.bias = tf.Variable(tf.zeros((3,)), name="bias")
+    return m
+
+def values(m):
+    out = {}
+    for name in ("emb", "bias"):
+        v = getattr(m, name)
+        out[name] = tf.concat([s.read_value() for s in v.variables], 0).numpy().tolist() \\
+            if hasattr(v, "_var_offsets") else v.numpy().tolist()
+    return out
+"""
+
+
+def run_pss(code: str, *args) -> dict:
+    script = textwrap.dedent(PSS_PRELUDE) + textwrap.dedent(code)
+    out = subprocess.run([sys.executable, "-c", script, json.dumps(_free_ports(4)), *map(str, args)],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def unsharded_checkpoint(tmp_path_factory):
+    """An ordinary object-based checkpoint of a module with 'emb' and 'bias'."""
+    import tensorflow as tf
+
+    m = tf.Module()
+    m.emb = tf.Variable(EMB, name="emb")
+    m.bias = tf.Variable(BIAS, name="bias")
+    return tf.train.Checkpoint(model=m).write(str(tmp_path_factory.mktemp("plain") / "ckpt"))
+
+
+def test_unsharded_checkpoint_restores_into_sharded_variables(unsharded_checkpoint):
+    result = run_pss("""
+        m = sharded_module(2)
+        report = cm.restore(m, [cm.Source(sys.argv[2])])
+        print(json.dumps({"restored": report.restored, "kinds": type(m.emb).__name__,
+                          "shards": [list(s.shape) for s in m.emb.variables], **values(m)}))
+    """, unsharded_checkpoint)
+    assert result["kinds"] == "ShardedVariable" and result["shards"] == [[3, 4], [3, 4]]
+    assert result["restored"] == ["bias", "emb"]
+    np.testing.assert_array_equal(np.float32(result["emb"]), EMB)
+    np.testing.assert_array_equal(np.float32(result["bias"]), BIAS)
+
+
+def test_sharded_checkpoint_restores_unsharded_and_into_other_shard_counts(tmp_path):
+    result = run_pss("""
+        src = sharded_module(2)
+        cm.restore({"emb": src.emb, "bias": src.bias},        # a dict of ShardedVariables is a target too
+                   [cm.Source.from_values({"emb": np.arange(24, dtype="float32").reshape(6, 4),
+                                           "bias": np.array([0.5, -1.0, 2.0], "float32")})])
+        prefix = tf.train.Checkpoint(model=src).write(sys.argv[2])
+        names = [v.name for v in cm.list_variables(prefix)]
+        plain = plain_module()
+        cm.restore(plain, [cm.Source(prefix, map={"model/": "/"})])
+        three = sharded_module(3)
+        cm.restore(three, [cm.Source(prefix, map={"model/": "/"})])
+        print(json.dumps({"names": names, "plain": values(plain), "three": values(three),
+                          "three_shards": [list(s.shape) for s in three.emb.variables]}))
+    """, tmp_path / "sharded" / "ckpt")
+    assert "model/emb" in result["names"] and "ShardedVariable" not in result["names"]
+    assert result["three_shards"] == [[2, 4], [2, 4], [2, 4]]
+    for key in ("plain", "three"):
+        np.testing.assert_array_equal(np.float32(result[key]["emb"]), EMB, err_msg=key)
+        np.testing.assert_array_equal(np.float32(result[key]["bias"]), BIAS, err_msg=key)
+
+
+def test_sharded_checkpoint_is_named_by_object_path_not_class_name(tmp_path):
+    import tensorflow as tf
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    import ckptmerge as cm
+
+    m = tf.Module()
+    m.emb = ShardedVariable([tf.Variable(EMB[:3], name="emb/part_0"), tf.Variable(EMB[3:], name="emb/part_1")])
+    prefix = tf.train.Checkpoint(model=m).write(str(tmp_path / "ckpt"))
+    assert [v.name for v in cm.list_variables(prefix) if v.kind == "variable"] == ["model/emb"]
+    np.testing.assert_array_equal(cm.load(prefix, ["model/emb"])["model/emb"], EMB)
+
+
+WORKER = """
+import json, os, sys
+import numpy as np, tensorflow as tf
+import ckptmerge as cm
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    m = tf.Module()
+    m.emb = tf.Variable(tf.zeros((6, 4)), name="emb")
+    m.bias = tf.Variable(tf.zeros((3,)), name="bias")
+report = cm.restore(m, [cm.Source(sys.argv[1])])
+# Every replica of every worker must hold the checkpoint's values: sum them across the cluster.
+total = strategy.reduce(tf.distribute.ReduceOp.SUM,
+                        strategy.run(lambda: tf.reduce_sum(m.emb) + tf.reduce_sum(m.bias)), axis=None)
+print(json.dumps({"kind": type(m.emb).__name__, "restored": report.restored,
+                  "emb": m.emb.numpy().tolist(), "bias": m.bias.numpy().tolist(),
+                  "cluster_sum": float(total), "replicas": strategy.num_replicas_in_sync}))
+"""
+
+
+def test_multi_worker_mirrored_workers_restore_the_same_plan(unsharded_checkpoint):
+    ports = _free_ports(2)
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, unsharded_checkpoint], cwd=REPO,
+                              env=_env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    per_worker = float(EMB.sum() + BIAS.sum())
+    for r in results:
+        assert r["kind"] == "MirroredVariable" and r["restored"] == ["bias", "emb"]
+        np.testing.assert_array_equal(np.float32(r["emb"]), EMB)
+        np.testing.assert_array_equal(np.float32(r["bias"]), BIAS)
+        assert r["cluster_sum"] == pytest.approx(per_worker * r["replicas"])
