@@ -12,6 +12,7 @@ TensorFlow. Nothing here reads tensors; nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -152,12 +153,17 @@ class CheckpointState:
 
     def timestamp_of(self, prefix: str) -> Optional[float]:
         """Return the recorded save time of ``prefix`` (absolute), or ``None``."""
+        return self._timestamps.get(os.path.normpath(prefix))
+
+    @functools.cached_property
+    def _timestamps(self) -> Dict[str, float]:
+        """Recorded save times by normalised prefix (built once: one lookup per checkpoint)."""
         if len(self.all_model_checkpoint_timestamps) != len(self.all_model_checkpoint_paths):
-            return None
+            return {}
+        out: Dict[str, float] = {}
         for p, t in zip(self.all_model_checkpoint_paths, self.all_model_checkpoint_timestamps):
-            if os.path.normpath(p) == os.path.normpath(prefix):
-                return t
-        return None
+            out.setdefault(os.path.normpath(p), t)  # the first entry wins, as the scan did
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,25 +270,34 @@ def _prefix_exists(prefix: str) -> bool:
     return _index_exists(prefix) or os.path.isfile(prefix)
 
 
+def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
+    """Every ``BASE.data-NNNNN-of-NNNNN`` file of a directory, by ``BASE``, each list sorted:
+    one listing serves every checkpoint there."""
+    try:
+        names = sorted(os.listdir(directory or "."))
+    except OSError:
+        return {}
+    out: Dict[str, List[str]] = {}
+    for name in names:
+        m = _DATA_RE.search(name)
+        if m is not None:
+            out.setdefault(name[:m.start()], []).append(os.path.join(directory, name))
+    return out
+
+
 def _data_files(prefix: str) -> List[str]:
     """The ``prefix.data-NNNNN-of-NNNNN`` files that exist, sorted."""
     directory, base = os.path.split(prefix)
-    try:
-        names = os.listdir(directory or ".")
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        if name.startswith(base) and _DATA_RE.fullmatch(name[len(base):]) is not None:
-            out.append(os.path.join(directory, name))
-    return sorted(out)
+    return _data_files_by_base(directory).get(base, [])
 
 
-def _size_of(prefix: str, fmt: str) -> int:
+def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
+    """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
+    (``data_files`` when the caller listed the directory already)."""
     if fmt == FORMAT_KERAS_H5:
         return os.path.getsize(prefix)
     total = os.path.getsize(prefix + _INDEX)
-    for f in _data_files(prefix):
+    for f in _data_files(prefix) if data_files is None else data_files:
         total += os.path.getsize(f)
     return total
 
@@ -584,12 +599,16 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
                 raise _v1_error(full)
     latest = state.model_checkpoint_path if state is not None else None
     infos = []
+    shards: Dict[str, Dict[str, List[str]]] = {}  # directory -> its data files by base: one listing each
     for c in sorted(cands, key=_sort_key):
         ts = state.timestamp_of(c.prefix) if state is not None else None
         stat_path = c.prefix if c.format == FORMAT_KERAS_H5 else c.prefix + _INDEX
+        directory, base = os.path.split(c.prefix)
+        if directory not in shards:
+            shards[directory] = _data_files_by_base(directory)
         try:
             t = ts if ts is not None else os.path.getmtime(stat_path)
-            size = _size_of(c.prefix, c.format)
+            size = _size_of(c.prefix, c.format, shards[directory].get(base, []))
         except OSError:  # deleted while we looked
             continue
         infos.append(CheckpointInfo(

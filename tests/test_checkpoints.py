@@ -218,6 +218,40 @@ def test_checkpoint_time_is_the_index_mtime_without_recorded_times():
     assert info.step is None and info.latest
 
 
+def test_checkpoints_work_is_linear_in_the_number_of_checkpoints(tf, tmp_path, monkeypatch):
+    # Regression: the directory was listed again for every checkpoint (its data shards) and the
+    # state file scanned for every timestamp, so 5,000 checkpoints took 20 s. Count the work.
+    from conftest import save_tf1
+
+    seed = save_tf1(tmp_path / "seed" / "model", {"w": np.zeros(4, np.float32)})
+    run = tmp_path / "run"
+    run.mkdir()
+    n = 40
+    prefixes = [str(run / f"model-{100 * (i + 1)}") for i in range(n)]
+    for p in prefixes:
+        for ext in (".index", ".data-00000-of-00001"):
+            os.link(seed + ext, p + ext)
+    tf.compat.v1.train.update_checkpoint_state(str(run), prefixes[-1], all_model_checkpoint_paths=prefixes,
+                                               all_model_checkpoint_timestamps=[float(i) for i in range(n)])
+    calls = {"listdir": 0, "normpath": 0}
+
+    def counting(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(os, "listdir", counting("listdir", os.listdir))
+    monkeypatch.setattr(os.path, "normpath", counting("normpath", os.path.normpath))
+    infos = checkpoints(run)
+    monkeypatch.undo()
+    assert [c.path for c in infos] == prefixes
+    assert [c.time for c in infos] == [float(i) for i in range(n)]
+    assert all(c.size == infos[0].size > 0 for c in infos) and infos[-1].latest
+    assert calls["listdir"] <= 2, calls  # once to find the checkpoints, once for their shards
+    assert calls["normpath"] <= 5 * n, calls  # not one scan of the state file per checkpoint
+
+
 def test_checkpoints_of_a_directory_without_checkpoints_is_empty(tmp_path):
     assert checkpoints(tmp_path) == []
 
