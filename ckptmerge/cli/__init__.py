@@ -5,7 +5,7 @@ tables for people, ``--json`` for scripts. This package is the only part of ckpt
 Every :class:`~ckptmerge.errors.CkptMergeError` (and every ``OSError`` on input files) becomes
 one clear ``Error: ...`` message on stderr with exit code 2, never a traceback (config and plan
 errors list one problem per line). Exit codes: 0 ok, 1 findings or differences, 2 usage or
-input errors.
+input errors, 130 interrupted (Ctrl-C).
 
 The inspection commands (``ls``, ``show``, ``diff``, ``checkpoints``, ``check``,
 ``plan --target``, ``merge`` without ``--model``) never import TensorFlow; ``demo`` and
@@ -23,10 +23,10 @@ import gc
 from typing import Optional, Sequence
 
 from . import inspect, workflow  # noqa: F401  (registers the commands)
-from ._common import EXIT_ERROR, EXIT_FINDINGS, CliError, cli, table
+from ._common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
 from .inspect import max_abs_diff, tensor_stats, value_to_json
 
-__all__ = ["cli", "main", "CliError", "EXIT_ERROR", "EXIT_FINDINGS", "table", "max_abs_diff", "tensor_stats",
+__all__ = ["cli", "main", "CliError", "EXIT_ERROR", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "table", "max_abs_diff", "tensor_stats",
            "value_to_json"]
 
 

@@ -29,6 +29,9 @@ from ..text import escape_name, escape_text
 EXIT_FINDINGS = 1
 #: Exit code for usage and input errors.
 EXIT_ERROR = 2
+#: Exit code when interrupted (Ctrl-C): 128 + SIGINT, as shells report it; never 1, which
+#: would read as "findings" or "different".
+EXIT_INTERRUPTED = 130
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +90,10 @@ class _Group(click.Group):
         except BrokenPipeError:  # `ckptmerge ls big | head`: stop quietly
             _silence_stdout()
             ctx.exit(0)
+        except KeyboardInterrupt:  # the library removed its temporary files on the way out
+            click.echo(err=True)
+            click.echo("Aborted!", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
         except OSError as e:
             raise CliError(_os_error_message(e)) from None
         except MemoryError:
@@ -213,7 +220,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
     PATH arguments accept a checkpoint prefix (runs/A/model-10), one of its .index/.data
     files, a training directory (its latest checkpoint, or --step N), a SavedModel directory,
-    or a Keras .weights.h5 file. Exit codes: 0 ok, 1 findings or differences, 2 errors.
+    or a Keras .weights.h5 file. Exit codes: 0 ok, 1 findings or differences, 2 errors,
+    130 interrupted (Ctrl-C).
     """
     # Logging is process-wide state: set it up only when running as the program (main()), not
     # when a host (a test, a notebook) invokes the command group in-process.
