@@ -19,7 +19,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ckptmerge.formats import protowire as pw  # noqa: E402
-from ckptmerge.formats.bundle import crc32c, mask_crc  # noqa: E402
+from ckptmerge.formats.bundle import crc32c, encode_tensor_name_slice, mask_crc  # noqa: E402
 
 #: Every dtype the property test writes (numpy-style names as ckptmerge reports them).
 ALL_DTYPES = ["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
@@ -198,6 +198,52 @@ def entry_proto(dtype: int, shape: Sequence[int], offset: int, size: int, crc: i
     return (pw.field_varint(1, dtype) + pw.field_bytes(2, dims) + (pw.field_varint(3, shard) if shard else b"")
             + (pw.field_varint(4, offset) if offset else b"") + pw.field_varint(5, size)
             + pw.field_fixed32(6, crc))
+
+
+def partitioned_entry_proto(dtype: int, shape: Sequence[int],
+                            slices: Sequence[Sequence[Tuple[int, int]]]) -> bytes:
+    """The BundleEntryProto of a partitioned tensor: dtype, full shape and its slices
+    (``(start, length)`` per dimension, ``length == -1`` for a full dimension); no data."""
+    dims = b"".join(pw.field_bytes(2, pw.field_varint(1, d)) for d in shape)
+    protos = []
+    for extents in slices:
+        extent_protos = (pw.field_bytes(1, (pw.field_varint(1, start) if start else b"")
+                                        + (pw.field_varint(2, length) if length != -1 else b""))
+                         for start, length in extents)
+        protos.append(pw.field_bytes(7, b"".join(extent_protos)))
+    return pw.field_varint(1, dtype) + pw.field_bytes(2, dims) + b"".join(protos)
+
+
+def write_bundle(prefix: str, entries: Sequence[Tuple[bytes, bytes]], data: bytes) -> str:
+    """Write a one-shard bundle from hand-made index entries (sorted here) and its data bytes."""
+    table = [(b"", header_proto())] + sorted(entries)
+    Path(prefix + ".index").write_bytes(table_bytes(table))
+    Path(prefix + ".data-00000-of-00001").write_bytes(bytes(data))
+    return prefix
+
+
+def write_partitioned_bundle(prefix: str, name: str, shape: Sequence[int],
+                             parts: Sequence[Tuple[Sequence[Tuple[int, int]], np.ndarray]]) -> str:
+    """Write a one-shard bundle holding one partitioned numeric tensor as TF lays it out: the
+    full entry listing the slices, and one entry per slice (keyed by TF's
+    ``EncodeTensorNameSlice``) with that slice's data. ``parts`` are ``(extents, value)``;
+    nothing checks that they tile the tensor (that is the point: tests craft bad tilings)."""
+    from ckptmerge.formats.dtypes import numpy_to_tf
+
+    dtype = numpy_to_tf(parts[0][1].dtype)
+    data = bytearray()
+    entries = [(name.encode(), partitioned_entry_proto(dtype, shape, [ext for ext, _ in parts]))]
+    keys = set()
+    for extents, value in parts:
+        key = encode_tensor_name_slice(name, extents)
+        if key in keys:  # a slice listed twice has one entry (keys are unique)
+            continue
+        keys.add(key)
+        raw = np.ascontiguousarray(value).tobytes()
+        entries.append((key,
+                        entry_proto(dtype, value.shape, len(data), len(raw), mask_crc(crc32c(raw)))))
+        data += raw
+    return write_bundle(prefix, entries, bytes(data))
 
 
 def write_float_bundle(prefix: str, tensors: Dict[str, np.ndarray], *, header: Optional[bytes] = None,

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from ckptmerge.errors import UnknownTensorError, did_you_mean
+from ckptmerge.errors import ArgumentError, ArgumentTypeError, UnknownTensorError, did_you_mean
 from ckptmerge.specs import VariableInfo
 
-__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "ALIGN"]
+__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "ALIGN", "CHUNK_ELEMENTS"]
 
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
 ALIGN = 64
+
+#: Elements per piece :meth:`CheckpointReader.iter_chunks` yields by default (8 MiB of float64).
+CHUNK_ELEMENTS = 1 << 20
 
 
 def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
@@ -146,6 +149,37 @@ class CheckpointReader:
             (128,)
         """
         return self._read(self.info(name))
+
+    def iter_chunks(self, name: str, max_elements: int = CHUNK_ELEMENTS) -> Iterator[np.ndarray]:
+        """Yield the values of tensor ``name`` in C order as flat arrays of at most
+        ``max_elements`` elements each (none for an empty tensor).
+
+        Their concatenation is ``get(name).reshape(-1)``. The TF bundle reader reads each piece
+        from the file as it is asked for (checksums are checked as the pieces go by, the last
+        one before the last piece is yielded), so statistics and comparisons of any tensor
+        need memory for a piece, not for the tensor; other formats read the whole tensor once.
+        Name and size problems are raised by this call, before any piece is read.
+
+        Raises:
+            UnknownTensorError: if there is no such tensor.
+            ArgumentTypeError: if ``max_elements`` is not an int; ``ArgumentError`` if it is
+                below 1.
+            CheckpointFormatError: as :meth:`get`.
+
+        Example:
+            >>> total = sum(float(c.sum()) for c in reader.iter_chunks("dense/kernel"))  # doctest: +SKIP
+        """
+        info = self.info(name)
+        if not isinstance(max_elements, int) or isinstance(max_elements, bool):
+            raise ArgumentTypeError(f"max_elements must be an int. Received: max_elements={max_elements!r}")
+        if max_elements < 1:
+            raise ArgumentError(f"max_elements must be at least 1. Received: max_elements={max_elements!r}")
+        return self._iter_chunks(info, max_elements)
+
+    def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        """Pieces of the whole value, read at once (formats that can read ranges override this)."""
+        flat = self._read(info).reshape(-1)
+        return (flat[start:start + max_elements] for start in range(0, flat.size, max_elements))
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Read several tensors at once; returns ``{name: array}`` in the order given.

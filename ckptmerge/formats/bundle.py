@@ -25,7 +25,7 @@ import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import crc32c as _crc32c
 import numpy as np
@@ -35,6 +35,7 @@ from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import (OBJECT_GRAPH_KEY, ObjectGraph, name_based_kind,
                                            parse_object_graph)
+from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, first_overlap, intersect, volume
 from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError,
                                          iter_fields, read_varint, to_signed64)
 from ckptmerge.specs import VariableInfo
@@ -533,6 +534,15 @@ class _Unit(NamedTuple):
     segment: bool  # True: a segment of entries[0]; False: all of each entry, back to back
 
 
+class _Part(NamedTuple):
+    """One stored piece of a tensor: its box of the full tensor, its entry, its name in errors
+    (``None`` for an unpartitioned tensor's own entry)."""
+
+    box: Box
+    entry: BundleEntry
+    label: Optional[str]
+
+
 def _numel(shape: Sequence[int]) -> int:
     n = 1
     for d in shape:
@@ -823,14 +833,19 @@ class BundleReader(CheckpointReader):
                                       f"{tf_dtype_name(e.dtype)} needs {expected}", label)
         return dt
 
+    def _check_strings(self, e: BundleEntry, label: Optional[str] = None) -> None:
+        """Validate a string entry's element count against its size."""
+        n = _numel(e.shape)
+        if n > e.size:  # every element needs at least a 1-byte length
+            raise self._data_error(e, f"{n} strings cannot fit in {e.size} bytes", label)
+
     def _alloc(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         """Validate a numeric entry; return an uninitialised array for it."""
         return aligned_empty(e.shape, self._check_numeric(e, label))
 
-    def _read_crc(self, shard: int, offset: int, view: memoryview, key: str, verify: bool) -> int:
-        """Fill ``view`` from the shard in cache-sized pieces; return their CRC32C (0 unless
-        ``verify``): each piece is checksummed while it is still in the CPU cache."""
-        crc = 0
+    def _read_crc(self, shard: int, offset: int, view: memoryview, key: str, verify: bool, crc: int = 0) -> int:
+        """Fill ``view`` from the shard in cache-sized pieces; return the CRC32C continued from
+        ``crc`` (0 unless ``verify``): each piece is checksummed while still in the CPU cache."""
         for pos in range(0, len(view), _PIECE):
             piece = view[pos:pos + _PIECE]
             self._read_into(shard, offset + pos, piece, key)
@@ -852,9 +867,8 @@ class BundleReader(CheckpointReader):
         return arr
 
     def _read_strings(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
+        self._check_strings(e, label)
         n = _numel(e.shape)
-        if n > e.size:  # every element needs at least a 1-byte length
-            raise self._data_error(e, f"{n} strings cannot fit in {e.size} bytes", label)
         raw = bytearray(e.size)
         if e.size:
             self._read_into(e.shard_id, e.offset, memoryview(raw), e.key)
@@ -887,47 +901,111 @@ class BundleReader(CheckpointReader):
             pos += length
         return out.reshape(e.shape)
 
-    def _slice_plan(self, e: BundleEntry) -> List[Tuple[Tuple[slice, ...], BundleEntry, str]]:
-        """Map each slice of a partitioned entry to its region of the full tensor and entry."""
-        plan = []
-        covered = 0
+    def _slice_plan(self, e: BundleEntry) -> List[_Part]:
+        """The slices of a partitioned entry as parts of the full tensor, checked before
+        anything is allocated: each slice's entry agrees with its box, dtype and byte size, the
+        slices tile the tensor exactly (no element twice, none left out: anything else would
+        leave uninitialised memory in the result), and their bytes fit in the data files."""
+        parts: List[_Part] = []
         for extents in e.slices:
             if len(extents) != len(e.shape):
                 raise self._index_error(f"tensor {e.key!r} of rank {len(e.shape)} has a slice "
                                         f"of rank {len(extents)}", e.key)
-            region = []
-            shape = []
+            box = []
             for (start, length), dim in zip(extents, e.shape):
                 stop = dim if length == -1 else start + length
                 if start < 0 or length < -1 or stop > dim or (length == -1 and start != 0):
                     raise self._index_error(f"tensor {e.key!r} has slice {extents} outside its "
                                             f"shape {e.shape}", e.key)
-                region.append(slice(start, stop))
-                shape.append(stop - start)
-            skey = encode_tensor_name_slice(e.key, extents)
-            part = self._raw_entries.get(skey)
+                box.append((start, stop))
+            shape = tuple(stop - start for start, stop in box)
+            part = self._raw_entries.get(encode_tensor_name_slice(e.key, extents))
             if part is None:
                 raise self._index_error(f"slice {extents} of tensor {e.key!r} is missing", e.key)
-            if part.dtype != e.dtype or part.shape != tuple(shape) or part.slices:
+            if part.dtype != e.dtype or part.shape != shape or part.slices:
                 raise self._index_error(f"slice {extents} of tensor {e.key!r} has dtype "
                                         f"{tf_dtype_name(part.dtype)} shape {part.shape}", e.key)
-            covered += _numel(shape)
             label = f"{self._by_key.get(e.key, e.key)} (slice {list(extents)})"
-            plan.append((tuple(region), part, label))
+            if part.dtype == DT_STRING:
+                self._check_strings(part, label)
+            else:
+                self._check_numeric(part, label)
+            parts.append(_Part(tuple(box), part, label))
+        pair = first_overlap([p.box for p in parts])
+        if pair is not None:
+            a, b = (list(e.slices[i]) for i in pair)
+            raise self._index_error(f"slices {a} and {b} of tensor {e.key!r} overlap (each element "
+                                    "must be stored in exactly one slice)", e.key)
+        covered = sum(volume(p.box) for p in parts)
         if covered != _numel(e.shape):
             raise self._index_error(f"the slices of tensor {e.key!r} cover {covered} of its "
                                     f"{_numel(e.shape)} elements", e.key)
-        return plan
+        claimed: Dict[int, int] = {}
+        for p in parts:
+            claimed[p.entry.shard_id] = claimed.get(p.entry.shard_id, 0) + p.entry.size
+        for shard, nbytes in sorted(claimed.items()):
+            if nbytes > self._shard_sizes[shard]:
+                path = self._shard_path(shard)
+                raise self._index_error(
+                    f"the slices of tensor {e.key!r} claim {nbytes} bytes of data file "
+                    f"{os.path.basename(path)}, which has {self._shard_sizes[shard]}", e.key)
+        return parts
 
     def _read_sliced(self, e: BundleEntry) -> np.ndarray:
         dt = TF_TO_NUMPY.get(e.dtype)
         if dt is None:
             raise self._unreadable(e)
-        plan = self._slice_plan(e)
+        parts = self._slice_plan(e)
         out = np.empty(e.shape, dtype=dt) if np.dtype(dt).hasobject else aligned_empty(e.shape, dt)
-        for region, part, label in plan:
-            out[region] = self._read_entry(part, label)
+        for p in parts:
+            out[tuple(slice(start, stop) for start, stop in p.box)] = self._read_entry(p.entry, p.label)
         return out
+
+    def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        """Numeric tensors piece by piece, from their entry or their slices (checked first);
+        strings whole (they are as big in memory as in the file)."""
+        e = self._raw_entries[info.raw_key.encode("utf-8")]
+        if e.dtype == DT_STRING:
+            return super()._iter_chunks(info, max_elements)
+        dt = TF_TO_NUMPY.get(e.dtype)
+        if dt is None:
+            raise self._unreadable(e)
+        if e.slices:
+            parts = self._slice_plan(e)
+        else:
+            self._check_numeric(e)
+            parts = [_Part(tuple((0, d) for d in e.shape), e, None)]
+        return self._stream(e.shape, dt, parts, max_elements)
+
+    def _stream(self, shape: Tuple[int, ...], dt: np.dtype, parts: Sequence[_Part],
+                max_elements: int) -> Iterator[np.ndarray]:
+        """Blocks of whole rows in C order; each block's bytes of a part are contiguous in it
+        and follow the bytes read before, so each part's checksum is accumulated on the way and
+        checked when its last byte has been read."""
+        verify = self.verify
+        for p in parts:
+            if verify and p.entry.size == 0 and p.entry.crc32c != mask_crc(0):
+                raise self._crc_error(p.entry, 0, p.label)
+        crcs = [0] * len(parts)
+        itemsize = dt.itemsize
+        for block in c_order_blocks(shape, max_elements):
+            out = aligned_empty(tuple(stop - start for start, stop in block), dt)
+            for i, p in enumerate(parts):
+                inter = intersect(p.box, block)
+                if inter is None:
+                    continue
+                local = tuple((a - s, b - s) for (a, b), (s, _) in zip(inter, p.box))
+                first, count = contiguous_span(p.entry.shape, local)
+                dest = out if inter == block else aligned_empty(count, dt)
+                crcs[i] = self._read_crc(p.entry.shard_id, p.entry.offset + first * itemsize,
+                                         memoryview(dest.reshape(-1).view(np.uint8)), p.entry.key,
+                                         verify, crcs[i])
+                if dest is not out:
+                    region = tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inter, block))
+                    out[region] = dest.reshape(tuple(b - a for a, b in inter))
+                if verify and (first + count) * itemsize == p.entry.size and crcs[i] != unmask_crc(p.entry.crc32c):
+                    raise self._crc_error(p.entry, crcs[i], p.label)
+            yield out.reshape(-1)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
         e = self._raw_entries[info.raw_key.encode("utf-8")]
