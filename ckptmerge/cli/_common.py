@@ -35,7 +35,8 @@ EXIT_INTERRUPTED = 130
 
 logger = logging.getLogger(__name__)
 
-# Elements per chunk when computing statistics, so --stats never doubles a big tensor in memory.
+# Elements per piece read by ls --stats and diff --values: their memory stays bounded whatever
+# the size of the tensors.
 _STATS_CHUNK = 1 << 20
 
 

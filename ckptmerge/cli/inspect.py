@@ -12,6 +12,7 @@ from typing import (
     Callable,
     Dict,
     Iterable,
+    Iterator,
     List,
     Optional,
     Sequence,
@@ -86,33 +87,48 @@ def tensor_stats(value: Any, dtype: str) -> Optional[Dict[str, Any]]:
     """
     import numpy as np
 
+    return chunk_stats([np.asarray(value)], dtype)
+
+
+def chunk_stats(chunks: Iterable[Any], dtype: str) -> Optional[Dict[str, Any]]:
+    """:func:`tensor_stats` of a tensor given in pieces (``reader.iter_chunks(name)``), holding
+    one piece at a time; None if not numeric (the pieces are then not read).
+
+    Example:
+        >>> import numpy as np
+        >>> chunk_stats([np.array([1.0, np.inf]), np.array([3.0])], "float64")["max"]
+        3.0
+    """
+    import numpy as np
+
     kind = _numeric_kind(dtype)
     if kind is None:
         return None
-    flat = np.asarray(value).reshape(-1)
     n_nan = n_inf = count = 0
     lo, hi = math.inf, -math.inf
     total = total_sq = 0.0
     shift = None  # subtract the first finite value: a stable one-pass variance
-    for start in range(0, flat.size, _STATS_CHUNK):
-        chunk = flat[start:start + _STATS_CHUNK].astype(np.float64)
-        if kind == "float":
-            nan = np.isnan(chunk)
-            inf = np.isinf(chunk)
-            n_nan += int(nan.sum())
-            n_inf += int(inf.sum())
-            if n_nan or n_inf:
-                chunk = chunk[~(nan | inf)]
-        if not chunk.size:
-            continue
-        if shift is None:
-            shift = float(chunk[0])
-        lo = min(lo, float(chunk.min()))
-        hi = max(hi, float(chunk.max()))
-        d = chunk - shift
-        total += float(d.sum())
-        total_sq += float(np.dot(d, d))
-        count += chunk.size
+    for piece in chunks:
+        flat = np.asarray(piece).reshape(-1)
+        for start in range(0, flat.size, _STATS_CHUNK):
+            chunk = flat[start:start + _STATS_CHUNK].astype(np.float64)
+            if kind == "float":
+                nan = np.isnan(chunk)
+                inf = np.isinf(chunk)
+                n_nan += int(nan.sum())
+                n_inf += int(inf.sum())
+                if n_nan or n_inf:
+                    chunk = chunk[~(nan | inf)]
+            if not chunk.size:
+                continue
+            if shift is None:
+                shift = float(chunk[0])
+            lo = min(lo, float(chunk.min()))
+            hi = max(hi, float(chunk.max()))
+            d = chunk - shift
+            total += float(d.sum())
+            total_sq += float(np.dot(d, d))
+            count += chunk.size
     if count == 0:
         return {"min": None, "max": None, "mean": None, "std": None, "nan": n_nan, "inf": n_inf}
     mean_d = total / count
@@ -217,7 +233,8 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
             shown.sort(key=lambda v: (-v.nbytes, v.name))
         values_stats: Optional[Dict[str, Optional[Dict[str, Any]]]] = None
         if stats:
-            values_stats = {v.name: (tensor_stats(reader.get(v.name), v.dtype)
+            # piece by piece: memory for one piece, whatever the size of the tensor
+            values_stats = {v.name: (chunk_stats(reader.iter_chunks(v.name, _STATS_CHUNK), v.dtype)
                                      if _numeric_kind(v.dtype) else None) for v in shown}
     if as_json:
         out = []
@@ -374,15 +391,18 @@ def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_
 
 
 def max_abs_diff(a: Any, b: Any) -> Optional[float]:
-    """Largest ``|a - b|`` (0.0 for equal tensors, NaN at the same place counts as equal).
+    """Largest ``|a - b|``; 0.0 when the tensors are equal.
 
-    Returns ``None`` for tensors without a numeric difference (strings), and ``nan`` when NaN
-    faces a number somewhere.
+    Equal values count as equal (``inf`` and ``inf``, ``0.0`` and ``-0.0``), and so does NaN
+    facing NaN at the same place. Returns ``None`` for tensors without a numeric difference
+    (strings), and ``nan`` when NaN faces a number somewhere.
 
     Example:
         >>> import numpy as np
         >>> max_abs_diff(np.array([1.0, 2.0]), np.array([1.0, 2.5]))
         0.5
+        >>> max_abs_diff(np.array([np.inf, np.nan]), np.array([np.inf, np.nan]))
+        0.0
     """
     import numpy as np
 
@@ -405,17 +425,20 @@ def max_abs_diff(a: Any, b: Any) -> Optional[float]:
         # max - min wraps around in fixed width; as unsigned it is the exact distance (< 2**64)
         d = (np.maximum(a, b) - np.minimum(a, b)).astype(np.dtype(f"u{common.itemsize}"), copy=False)
         return float(d.max())
+
+    def same(x: Any, y: Any) -> Any:  # equal values, or NaN facing NaN
+        return (x == y) | (np.isnan(x) & np.isnan(y))
+
     if a.dtype.kind == "c" or b.dtype.kind == "c":
         a, b = a.astype(np.complex128), b.astype(np.complex128)
+        equal = same(a.real, b.real) & same(a.imag, b.imag)
     else:
         a, b = a.astype(np.float64), b.astype(np.float64)
-    both_nan = np.isnan(a) & np.isnan(b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(a - b)
-    if both_nan.any():
-        d = d[~both_nan]
-    if d.size == 0:
+        equal = same(a, b)
+    if equal.all():
         return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a[~equal] - b[~equal])  # never inf - inf: equal infinities were left out
     if np.isnan(d).any():
         return math.nan
     return float(d.max())
@@ -425,6 +448,45 @@ def _strings_equal(a: Any, b: Any) -> bool:
     import numpy as np
 
     return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+
+
+def _paired(xs: Iterable[Any], ys: Iterable[Any]) -> Iterator[Tuple[Any, Any]]:
+    """Pairs of equally long pieces from two streams of flat pieces of equally long tensors
+    (the streams may cut them in different places). Both streams are read to their end, so
+    their checksums are checked."""
+    xs, ys = iter(xs), iter(ys)
+    a = b = None
+    while True:
+        if a is None or not len(a):
+            a = next(xs, None)
+        if b is None or not len(b):
+            b = next(ys, None)
+        if a is None or b is None:
+            break
+        n = min(len(a), len(b))
+        if n:
+            yield a[:n], b[:n]
+        a, b = a[n:], b[n:]
+    for _ in xs:
+        pass
+    for _ in ys:
+        pass
+
+
+def _compare_values(ra: Any, rb: Any, name: str) -> Tuple[Optional[float], bool]:
+    """``(max abs diff, equal)`` of tensor ``name`` in readers ``ra`` and ``rb`` (same shape),
+    read in pieces of at most ``_STATS_CHUNK`` elements: memory for two pieces, whatever the
+    tensor's size. See :func:`max_abs_diff`; strings have no difference (``None``)."""
+    worst: Optional[float] = 0.0
+    equal = True
+    for xa, xb in _paired(ra.iter_chunks(name, _STATS_CHUNK), rb.iter_chunks(name, _STATS_CHUNK)):
+        d = max_abs_diff(xa, xb)
+        if d is None:
+            worst = None
+            equal = equal and _strings_equal(xa, xb)
+        elif worst is not None and not math.isnan(worst):
+            worst = d if math.isnan(d) else max(worst, d)
+    return worst, equal if worst is None else worst == 0.0
 
 
 @cli.command("diff", short_help="Compare two checkpoints (names, shapes, dtypes, values).")
@@ -440,8 +502,10 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                  no_verify: bool, as_json: bool) -> None:
     """Compare the checkpoints A and B: names only in A, only in B, shape/dtype differences.
 
-    With --values also the values of the tensors both hold with the same shape (one pair at
-    a time, so memory stays small). Exit code 0 when equal, 1 when different. --json prints
+    With --values also the values of the tensors both hold with the same shape, read in
+    bounded pieces (memory stays small whatever the tensor's size); equal values are equal
+    (inf and inf too), and so is NaN facing NaN at the same place. Exit code 0 when equal, 1
+    when different. --json prints
     an object with a, b, equal, only_in_a, only_in_b, mismatched and (with --values) values:
     one {name, max_abs_diff, equal} per compared tensor (max_abs_diff is null for strings and
     the string "nan" when NaN faces a number) and not_compared: the names of tensors without
@@ -468,13 +532,11 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                 if va[n].shape != vb[n].shape:
                     continue
                 try:
-                    xa, xb = ra.get(n), rb.get(n)
+                    d, eq = _compare_values(ra, rb, n)
                 except UnreadableTensorError:
                     not_compared.append(n)
                     continue
-                d = max_abs_diff(xa, xb)
-                eq = _strings_equal(xa, xb) if d is None else d == 0.0
-                compared.append({"name": n, "max_abs_diff": d, "equal": bool(eq)})
+                compared.append({"name": n, "max_abs_diff": d, "equal": eq})
     value_diffs = [c for c in compared if not c["equal"]]
     equal = not (only_a or only_b or mismatched or value_diffs)
 
