@@ -13,7 +13,8 @@ without data listing its ``slices``, each slice stored under a key made with TF'
 
 Every problem in a file (truncation, bad checksum, bad varint, out-of-range offset) raises
 :class:`~ckptmerge.errors.CheckpointFormatError` naming the file; sizes are always checked
-against file lengths before anything is allocated.
+against file lengths before anything is allocated, and a partitioned tensor is read only when
+its slices tile it exactly (see :mod:`ckptmerge.formats.regions`).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import (OBJECT_GRAPH_KEY, ObjectGraph, name_based_kind,
                                            parse_object_graph)
-from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, first_overlap, intersect, volume
 from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError,
                                          iter_fields, read_varint, to_signed64)
+from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, first_overlap, intersect, volume
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
