@@ -49,6 +49,7 @@ _LAZY: Dict[str, str] = {
     "Restorer": ".restorer",
     "snapshot": ".restorer",
     "Slice": ".transforms",
+    "Transpose": ".transforms",
     "VocabRemap": ".transforms",
     "Source": ".source",
     "list_variables": ".api",
@@ -75,6 +76,7 @@ __all__ = [
     "RuleError",
     "Slice",
     "Source",
+    "Transpose",
     "UnknownTensorError",
     "UnreadableTensorError",
     "UnsafeCheckpointError",
@@ -115,4 +117,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .resolve import CheckpointInfo, checkpoints
     from .restorer import Restorer, snapshot
     from .source import Source
-    from .transforms import Slice, VocabRemap
+    from .transforms import Slice, Transpose, VocabRemap

@@ -742,8 +742,12 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             continue
         if d is not None:
             landed_by[d] += 1
-        candidates.append(_Candidate(tname, (si, name), label, name, rule,
-                                     via.get(name) if rule is None else None))
+        # How the name met the target: shown when no rule says so, and always for what a
+        # source's layout did to the value (a transpose is worth seeing beside any rule).
+        note = via.get(name)
+        if rule is not None and not (note or "").startswith("layout:"):
+            note = None
+        candidates.append(_Candidate(tname, (si, name), label, name, rule, note))
     # A scope or regex rule that renamed names but put none on a target does nothing.
     for d, renamed in renamed_by.items():
         rule = rule_of[d]

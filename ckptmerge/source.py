@@ -68,6 +68,9 @@ class Source:
         name: the label used in reports (default: the path as given).
         cast: per-source override of the plan's ``cast`` option.
         transforms: value transforms (``ckptmerge.transforms``) applied to this source's values.
+        layout: ``"torch"`` reads a PyTorch ``state_dict`` as Keras/TF holds it: ``/`` scopes,
+            ``kernel``/``gamma``/``beta``/``embeddings`` names, Linear and conv kernels
+            transposed, RNN gates reordered (see :mod:`ckptmerge.layouts`; the report notes each).
 
     Example:
         >>> src = Source("runs/A", map={"a1": "c/x1"})
@@ -88,6 +91,7 @@ class Source:
         name: Optional[str] = None,
         cast: Optional[bool] = None,
         transforms: Sequence[Any] = (),
+        layout: Optional[str] = None,
         _values: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if path is None and _values is None:
@@ -114,6 +118,12 @@ class Source:
         self.name = name
         self.cast = cast
         self.transforms = tuple(transforms)
+        from .layouts import LAYOUTS
+
+        if layout is not None and layout not in LAYOUTS:
+            raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
+                            f"layout={layout!r:.80}")
+        self.layout = layout
         self._values = dict(_values) if _values is not None else None
         # Validate every rule now, so a bad regex fails where the source is written.
         self._check_map_keys()
@@ -190,7 +200,7 @@ class Source:
 
     def __repr__(self) -> str:
         parts = [repr(self.path) if self.path is not None else "<memory>"]
-        for attr in ("step", "map", "regex", "include", "exclude", "name"):
+        for attr in ("step", "map", "regex", "include", "exclude", "name", "layout"):
             val = getattr(self, attr)
             if val is not None:
                 parts.append(f"{attr}={val!r}")
@@ -215,12 +225,15 @@ class Source:
             CheckpointNotFoundError: the path, the latest checkpoint or the step does not exist.
             CheckpointFormatError: the files are corrupt or in an unsupported format.
         """
+        handle: SourceHandle
         if self._values is not None:
-            return MemoryHandle(self, self._values)
-        from .resolve import open_resolved
+            handle = MemoryHandle(self, self._values)
+        else:
+            from .resolve import open_resolved
 
-        resolved, reader = open_resolved(self.path, step=self.step, verify=verify, resolved=resolved)
-        return CheckpointHandle(self, resolved.prefix, resolved.note, reader)
+            resolved, reader = open_resolved(self.path, step=self.step, verify=verify, resolved=resolved)
+            handle = CheckpointHandle(self, resolved.prefix, resolved.note, reader)
+        return LayoutHandle(handle) if self.layout is not None else handle
 
 
 @dataclass
@@ -357,3 +370,57 @@ class MemoryHandle(SourceHandle):
                 v = np.array(keras_numpy(v))
             out[n] = v
         return out
+
+
+class LayoutHandle(SourceHandle):
+    """A source seen through a framework layout (``Source(..., layout="torch")``): renamed, with
+    kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.layouts`)."""
+
+    def __init__(self, inner: SourceHandle) -> None:
+        from .layouts import torch_layout
+
+        layout = torch_layout(inner.all_variables)
+        src = inner.source
+        # An undecided 2-D weight is settled by the user: a Transpose on its target, or a map
+        # onto an Embedding's 'embeddings'.
+        layout.undecided = [(n, why) for n, why in layout.undecided if not _settled(src, n)]
+        infos = sorted((e.info for e in layout.entries.values()), key=lambda v: v.name)
+        notes = {n: f"layout: {e.note}" for n, e in layout.entries.items() if e.note}
+        super().__init__(src, inner.path, inner.note, infos, {**inner.notes, **notes},
+                         [*inner.findings, *layout.findings(inner.label)])
+        self.inner = inner
+        self.entries = layout.entries
+        self._by_key = {v.raw_key: v.name for v in inner.all_variables}
+
+    def read(self, names: Sequence[str]) -> Dict[str, Any]:
+        """Read the source tensors the named outputs need, then compute each output."""
+        from .formats.base import aligned_empty
+        from .layouts import apply_entry
+
+        entries = [self.entries[n] for n in names]
+        needed = sorted({self._by_key.get(k, k) for e in entries for k in e.sources})
+        raw = self.inner.read(needed)
+        out = {}
+        for n, e in zip(names, entries):
+            value = apply_entry(e, [np.asarray(raw[self._by_key.get(k, k)]) for k in e.sources])
+            if e.op != "copy":  # fresh arrays: give them the aligned buffers restores take without a copy
+                aligned = aligned_empty(value.shape, value.dtype)
+                aligned[...] = value
+                value = aligned
+            out[n] = value
+        return out
+
+    def close(self) -> None:
+        """Close the wrapped source."""
+        self.inner.close()
+
+
+def _settled(source: Source, name: str) -> bool:
+    """Whether the user decided an undecided layout tensor: its map target has a Transpose, or is
+    an Embedding's ``embeddings``."""
+    target = (source.map or {}).get(name)
+    if not isinstance(target, str):
+        return False
+    if target.rsplit("/", 1)[-1] == "embeddings":
+        return True
+    return any(type(t).__name__ == "Transpose" and t.applies_to(target) for t in source.transforms)

@@ -44,6 +44,7 @@ __all__ = [
     "TransformError",
     "VocabRemap",
     "Slice",
+    "Transpose",
     "Transform",
     "VOCAB_INITS",
     "SLICE_INITS",
@@ -522,8 +523,83 @@ class Slice:
         return {"kind": "slice", "target": self.target, "axis": self.axis, "init": self.init}
 
 
+@dataclass(frozen=True)
+class Transpose:
+    """Permute a tensor's axes on its way to the target (e.g. a PyTorch Linear weight ``(out, in)``
+    into a Keras kernel ``(in, out)``, where ``layout="torch"`` could not tell the layer kind).
+
+    Args:
+        target: the target variable name (or a glob) this transform applies to.
+        perm: the axis order, as for ``numpy.transpose``; default: all axes reversed.
+
+    Example:
+        >>> import numpy as np
+        >>> Transpose("dense/kernel").apply(np.zeros((3, 5))).shape
+        (5, 3)
+    """
+
+    target: str
+    perm: Optional[Tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        _check_target("transpose", self.target)
+        if self.perm is not None:
+            perm = tuple(self.perm)
+            if not all(isinstance(a, int) and not isinstance(a, bool) for a in perm) \
+                    or sorted(perm) != list(range(len(perm))):
+                raise TransformError(f"transpose of '{self.target}': perm must be a permutation of 0..n-1. "
+                                     f"Received: perm={self.perm!r}", target=self.target)
+            object.__setattr__(self, "perm", perm)
+
+    needs_current = False
+
+    def applies_to(self, name: str) -> bool:
+        """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
+        return fnmatch.fnmatchcase(name, self.target)
+
+    def _perm(self, ndim: int) -> Tuple[int, ...]:
+        if self.perm is None:
+            return tuple(range(ndim))[::-1]
+        if len(self.perm) != ndim:
+            raise TransformError(f"transpose of '{self.target}': perm {self.perm} does not fit a tensor with "
+                                 f"{ndim} dimensions.", target=self.target)
+        return self.perm
+
+    def output_shape(self, source_shape: Sequence[int], target_shape: Optional[Sequence[int]] = None) -> Shape:
+        """The permuted shape.
+
+        Example:
+            >>> Transpose("k", perm=(2, 0, 1)).output_shape((2, 3, 4))
+            (4, 2, 3)
+        """
+        src = tuple(int(d) for d in source_shape)
+        return tuple(src[a] for a in self._perm(len(src)))
+
+    def apply(self, value: np.ndarray, current: Optional[np.ndarray] = None, *,
+              target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Return the permuted tensor (C-contiguous)."""
+        value = np.asarray(value)
+        return np.ascontiguousarray(np.transpose(value, self._perm(value.ndim)))
+
+    def describe(self, source_shape: Optional[Sequence[int]] = None,
+                 target_shape: Optional[Sequence[int]] = None) -> str:
+        """One line for reports.
+
+        Example:
+            >>> Transpose("k").describe((3, 5))
+            'transposed (3, 5)->(5, 3)'
+        """
+        if source_shape is None:
+            return f"transposed, axes {self.perm}" if self.perm else "transposed"
+        return f"transposed {tuple(source_shape)}->{self.output_shape(source_shape)}"
+
+    def to_dict(self) -> dict:
+        """JSON-ready data: kind, target, perm."""
+        return {"kind": "transpose", "target": self.target, "perm": list(self.perm) if self.perm else None}
+
+
 #: Any value transform.
-Transform = Union[VocabRemap, Slice]
+Transform = Union[VocabRemap, Slice, Transpose]
 
 
 def select(transforms: Iterable[Transform], name: str) -> List[Transform]:

@@ -1,0 +1,269 @@
+"""Framework layouts: how PyTorch stores a layer's tensors, and what Keras/TF expects instead.
+
+``Source(path, layout="torch")`` reads a PyTorch ``state_dict`` (usually a ``.safetensors`` file)
+as a Keras/TF model would hold it. :func:`torch_layout` is the pure part: names and specs in, one
+:class:`LayoutEntry` per output tensor out, each saying which source tensor(s) it comes from,
+how it is changed and why. Nothing here reads a file or imports a framework.
+
+What it does, per PyTorch module kind (the kind comes from the parameter names of the module,
+and from its name where those do not tell):
+
+- ``nn.Linear`` ``weight (out, in)`` -> ``kernel (in, out)`` (transposed); ``bias`` as is.
+- ``nn.Conv1d/2d/3d`` and ``nn.ConvTranspose*`` ``weight (O, I, *k)`` / ``(I, O, *k)`` ->
+  ``kernel (*k, I, O)`` / ``(*k, O, I)``: one permutation serves both. A depthwise conv
+  (``(C, 1, *k)`` in a module named like ``depthwise``/``dw``) -> ``(*k, C, 1)``.
+- ``nn.Embedding`` ``weight`` -> ``embeddings``, as is.
+- ``nn.LayerNorm`` / ``nn.GroupNorm`` ``weight``/``bias`` -> ``gamma``/``beta``;
+  ``nn.BatchNorm*`` also ``running_mean``/``running_var`` -> ``moving_mean``/``moving_variance``
+  (``num_batches_tracked`` is bookkeeping).
+- ``nn.LSTM`` ``weight_ih_lK``/``weight_hh_lK`` -> ``lK/kernel``/``lK/recurrent_kernel``
+  (transposed; gate order i, f, g, o is Keras's i, f, c, o), ``bias_ih + bias_hh`` -> ``lK/bias``;
+  ``nn.GRU`` reorders the gates from r, z, n to Keras's z, r, h and stacks the two biases into
+  Keras's ``(2, 3H)`` bias (``reset_after=True``). ``_reverse`` tensors go to ``lK_reverse``.
+- Names use ``/`` scopes: ``encoder.layer.0.attention.query.weight`` ->
+  ``encoder/layer/0/attention/query/kernel``.
+
+A 2-D ``weight`` whose module has no ``bias`` and whose name says neither linear nor embedding
+cannot be decided (a Linear must be transposed, an Embedding must not; a square one fits either
+way): it keeps its name and values, and the layout reports it as a finding, settled by an
+explicit ``transforms=[cm.Transpose(target)]`` (or a map to an ``embeddings`` target).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .specs import KIND_BOOKKEEPING, VariableInfo
+
+__all__ = ["LayoutEntry", "Layout", "torch_layout", "LAYOUTS", "apply_entry"]
+
+#: The layouts ``Source(layout=...)`` accepts.
+LAYOUTS = ("torch",)
+
+_EMBED = re.compile(r"(^|[_.])(embed|embedding|embeddings|emb|wte|wpe|tok_embeddings|word_embeddings|"
+                    r"position_embeddings|token_type_embeddings|shared)$", re.IGNORECASE)
+_LINEAR = re.compile(r"(^|[_.])(linear|fc\d*|dense|proj|q_proj|k_proj|v_proj|o_proj|out_proj|query|key|value|"
+                     r"qkv|out|output|gate|gate_proj|up|up_proj|down|down_proj|lm_head|head|classifier|"
+                     r"pooler|mlp|c_fc|c_proj|c_attn|w\d|attn|fc_in|fc_out)$", re.IGNORECASE)
+_DEPTHWISE = re.compile(r"(depthwise|dw)", re.IGNORECASE)
+_RNN_PARAM = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")
+
+
+@dataclass(frozen=True)
+class LayoutEntry:
+    """One output tensor of a layout: its new name and spec, and how to compute it.
+
+    Attributes:
+        info: the output name, shape and dtype (``key`` is the first source tensor's key).
+        sources: the raw keys of the source tensors it is computed from (one, or two for RNN biases).
+        op: ``"copy"``, ``"transpose"`` (``perm``), ``"gates"`` (reorder gate blocks of axis 0 by
+            ``order``, then transpose), ``"sum"`` or ``"stack"`` (of ``sources``, after ``order``).
+        perm: the axis permutation of ``"transpose"``/``"gates"``.
+        order: gate block order (``"gates"``, ``"sum"``, ``"stack"``).
+        note: what was done, for reports (``"transposed (out,in)->(in,out)"``); empty for a copy.
+    """
+
+    info: VariableInfo
+    sources: Tuple[str, ...]
+    op: str = "copy"
+    perm: Tuple[int, ...] = ()
+    order: Tuple[int, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class Layout:
+    """The result of a layout: entries by output name, and the tensors it could not decide."""
+
+    entries: Dict[str, LayoutEntry] = field(default_factory=dict)
+    undecided: List[Tuple[str, str]] = field(default_factory=list)
+
+    def findings(self, label: str) -> List[str]:
+        """One line per undecided tensor, for the plan's findings."""
+        return [f"layout 'torch' of source '{label}': {name}: {why}" for name, why in self.undecided]
+
+
+def _slash(name: str) -> str:
+    return name.replace(".", "/")
+
+
+def _kind(module: str, params: Dict[str, VariableInfo]) -> str:
+    """The PyTorch module kind from its parameters (names, ranks) and, where those do not tell, its name."""
+    w = params.get("weight")
+    if "running_mean" in params or "running_var" in params:
+        return "batchnorm"
+    if any(_RNN_PARAM.match(p) for p in params):
+        return "rnn"
+    if w is None:
+        return "other"
+    leaf = module.rsplit(".", 1)[-1] if module else ""
+    if len(w.shape) == 1:
+        return "norm"
+    if len(w.shape) >= 3:
+        return "depthwise" if w.shape[1] == 1 and _DEPTHWISE.search(leaf) else "conv"
+    if len(w.shape) == 2:
+        if _EMBED.search(leaf):
+            return "embedding"
+        if "bias" in params or _LINEAR.search(leaf):
+            return "linear"
+        return "undecided"
+    return "other"
+
+
+def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
+    """Map a PyTorch ``state_dict``'s tensors to Keras/TF names, shapes and transforms.
+
+    Args:
+        infos: the source's tensors (names as PyTorch writes them, ``.`` between scopes).
+        rnn: ``"lstm"``, ``"gru"`` or ``"auto"`` (by gate count: 4 blocks LSTM, 3 GRU).
+
+    Returns:
+        A :class:`Layout`; tensors it does not know keep their values under ``/`` names.
+
+    Example:
+        >>> from ckptmerge.specs import VariableInfo
+        >>> lay = torch_layout([VariableInfo("fc.weight", (3, 5), "float32"),
+        ...                     VariableInfo("fc.bias", (3,), "float32")])
+        >>> [(n, e.info.shape, e.note) for n, e in lay.entries.items()]
+        [('fc/kernel', (5, 3), 'transposed (out,in)->(in,out)'), ('fc/bias', (3,), '')]
+    """
+    modules: Dict[str, Dict[str, VariableInfo]] = {}
+    for v in infos:
+        module, _, param = v.name.rpartition(".")
+        modules.setdefault(module, {})[param] = v
+    out = Layout()
+
+    def add(name: str, shape: Sequence[int], src: Sequence[VariableInfo], op: str = "copy", *,
+            perm: Sequence[int] = (), order: Sequence[int] = (), note: str = "", kind: Optional[str] = None) -> None:
+        first = src[0]
+        nbytes = int(np.prod(shape)) * (first.nbytes // max(first.size, 1)) if first.size else 0
+        info = VariableInfo(name, tuple(int(d) for d in shape), first.dtype, first.raw_key, kind or first.kind, nbytes)
+        out.entries[name] = LayoutEntry(info, tuple(s.raw_key for s in src), op, tuple(perm), tuple(order), note)
+
+    for module, params in modules.items():
+        scope = _slash(module) + "/" if module else ""
+        kind = _kind(module, params)
+        done = set()
+        if kind in ("linear", "conv", "depthwise", "embedding"):
+            w = params["weight"]
+            done.add("weight")
+            if kind == "embedding":
+                add(scope + "embeddings", w.shape, [w])
+            elif kind == "linear":
+                add(scope + "kernel", w.shape[::-1], [w], "transpose", perm=(1, 0),
+                    note="transposed (out,in)->(in,out)")
+            else:
+                n = len(w.shape)
+                perm = tuple(range(2, n)) + (1, 0)
+                shape = tuple(w.shape[p] for p in perm)
+                if kind == "depthwise":  # (C, 1, *k) -> (*k, 1, C) -> Keras (*k, C, 1)
+                    perm = tuple(range(2, n)) + (0, 1)
+                    shape = tuple(w.shape[p] for p in perm)
+                    note = "depthwise conv (C,1,*k)->(*k,C,1)"
+                else:
+                    note = "conv (O,I,*k)->(*k,I,O)"
+                add(scope + "kernel", shape, [w], "transpose", perm=perm, note=note)
+        elif kind in ("norm", "batchnorm"):
+            renames = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean",
+                       "running_var": "moving_variance"}
+            for p, new in renames.items():
+                if p in params:
+                    add(scope + new, params[p].shape, [params[p]], note=f"{p} -> {new}")
+                    done.add(p)
+            if "num_batches_tracked" in params:
+                v = params["num_batches_tracked"]
+                add(scope + "num_batches_tracked", v.shape, [v], kind=KIND_BOOKKEEPING)
+                done.add("num_batches_tracked")
+        elif kind == "rnn":
+            done |= _rnn(scope, params, rnn, add)
+        elif kind == "undecided":
+            w = params["weight"]
+            out.undecided.append((_slash(w.name), f"2-D weight {w.shape} without a bias and without a name "
+                                  "that says Linear or Embedding: a Linear needs transposing, an Embedding "
+                                  "does not. Pass transforms=[cm.Transpose('<target>')] for a Linear, or map it "
+                                  "to an 'embeddings' target"))
+        for p, v in params.items():
+            if p not in done:
+                add(scope + p, v.shape, [v])
+    return out
+
+
+def _rnn(scope: str, params: Dict[str, VariableInfo], rnn: str, add) -> set:
+    """LSTM/GRU tensors of one module: kernels transposed with gates in Keras order, biases joined."""
+    done = set()
+    layers: Dict[Tuple[str, str], Dict[str, VariableInfo]] = {}
+    for p, v in params.items():
+        m = _RNN_PARAM.match(p)
+        if m:
+            kind, which, layer, rev = m.groups()
+            layers.setdefault((layer, rev or ""), {})[f"{kind}_{which}"] = v
+            done.add(p)
+    for (layer, rev), t in sorted(layers.items()):
+        sub = f"{scope}l{layer}{rev}/"
+        w_ih = t.get("weight_ih")
+        rows = (w_ih or next(iter(t.values()))).shape[0]
+        hidden = params_hidden = None
+        w_hh = t.get("weight_hh")
+        if w_hh is not None:
+            params_hidden = w_hh.shape[1]
+        hidden = params_hidden or rows
+        gates = rows // hidden if hidden else 0
+        mode = rnn if rnn != "auto" else {4: "lstm", 3: "gru"}.get(gates, "")
+        # LSTM gates (i, f, g, o) are Keras's (i, f, c, o); GRU (r, z, n) become Keras's (z, r, h).
+        order = (0, 1, 2, 3) if mode == "lstm" else (1, 0, 2)
+        what = "LSTM gates i,f,g,o kept" if mode == "lstm" else "GRU gates r,z,n -> z,r,h"
+        if not mode:
+            for k, v in t.items():
+                add(sub + k, v.shape, [v])
+            continue
+        for k, new in (("weight_ih", "kernel"), ("weight_hh", "recurrent_kernel")):
+            if k in t:
+                v = t[k]
+                add(sub + new, v.shape[::-1], [v], "gates", perm=(1, 0), order=order,
+                    note=f"{k} transposed (gates*H,in)->(in,gates*H), {what}")
+        if "bias_ih" in t and "bias_hh" in t:
+            b_ih, b_hh = t["bias_ih"], t["bias_hh"]
+            if mode == "lstm":
+                add(sub + "bias", b_ih.shape, [b_ih, b_hh], "sum", order=order, note="bias_ih + bias_hh")
+            else:
+                add(sub + "bias", (2,) + tuple(b_ih.shape), [b_ih, b_hh], "stack", order=order,
+                    note=f"[bias_ih; bias_hh] (reset_after), {what}")
+        else:
+            for k in ("bias_ih", "bias_hh"):
+                if k in t:
+                    add(sub + k, t[k].shape, [t[k]])
+    return done
+
+
+def _reorder(value: np.ndarray, order: Sequence[int]) -> np.ndarray:
+    if not order or list(order) == list(range(len(order))):
+        return value
+    blocks = np.split(value, len(order), axis=0)
+    return np.concatenate([blocks[i] for i in order], axis=0)
+
+
+def apply_entry(entry: LayoutEntry, values: Sequence[np.ndarray]) -> np.ndarray:
+    """Compute an entry's value from its source tensors' values (in ``entry.sources`` order).
+
+    Example:
+        >>> from ckptmerge.specs import VariableInfo
+        >>> e = torch_layout([VariableInfo("fc.weight", (2, 3), "float32"),
+        ...                   VariableInfo("fc.bias", (2,), "float32")]).entries["fc/kernel"]
+        >>> apply_entry(e, [np.arange(6.0).reshape(2, 3)]).tolist()
+        [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    """
+    if entry.op == "copy":
+        return values[0]
+    if entry.op == "transpose":
+        return np.ascontiguousarray(np.transpose(values[0], entry.perm))
+    if entry.op == "gates":
+        return np.ascontiguousarray(np.transpose(_reorder(values[0], entry.order), entry.perm))
+    if entry.op == "sum":
+        return _reorder(values[0], entry.order) + _reorder(values[1], entry.order)
+    if entry.op == "stack":
+        return np.stack([_reorder(values[0], entry.order), _reorder(values[1], entry.order)])
+    raise ValueError(f"unknown layout op {entry.op!r}")  # pragma: no cover - entries come from here
