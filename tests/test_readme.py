@@ -125,3 +125,20 @@ def test_merge_example(tf, tmp_path, monkeypatch):
     assert warm["head/w"].tolist() == [9.0, 9.0]  # from the template
     np.testing.assert_array_equal(warm["encoder/w"], cm.load("runs/A", ["encoder/w"])["encoder/w"])
     assert tf.train.latest_checkpoint("runs/C").endswith("merged")
+
+
+def test_keras_jax_example(tmp_path):
+    from test_keras_backends import run_backend
+
+    kernel = np.arange(12, dtype=np.float32).reshape(4, 3)
+    (tmp_path / "runs" / "estimator").mkdir(parents=True)
+    save_tf1(tmp_path / "runs" / "estimator" / "model.ckpt", {"dnn/hiddenlayer_0/kernel": kernel,
+                                                              "dnn/hiddenlayer_0/bias": np.ones(3, np.float32)}, step=5)
+    result = run_backend("jax", f"""
+        import os, ckptmerge as cm
+        os.chdir({str(tmp_path)!r})
+        exec({_block("keras-jax")!r})
+        result = {{"kernel": model.get_layer("h0").kernel.numpy().tolist()}}
+    """)
+    assert not result["tensorflow_imported"]
+    np.testing.assert_array_equal(np.float32(result["kernel"]), kernel)
