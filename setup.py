@@ -26,6 +26,7 @@ setup(
         "cramjam>=2.6",
         "ml_dtypes>=0.3",
         "h5py>=3.0",
+        "scipy>=1.6",  # structural alignment: linear_sum_assignment
         "tomli>=1.1; python_version < '3.11'",
     ],
     extras_require={

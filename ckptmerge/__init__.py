@@ -57,6 +57,8 @@ _LAZY: Dict[str, str] = {
     "open": ".api",
     "plan": ".api",
     "restore": ".api",
+    "suggest": ".api",
+    "Suggestion": ".suggestion",
     "warm_start": ".api",
 }
 
@@ -76,6 +78,7 @@ __all__ = [
     "RuleError",
     "Slice",
     "Source",
+    "Suggestion",
     "Transpose",
     "UnknownTensorError",
     "UnreadableTensorError",
@@ -91,6 +94,7 @@ __all__ = [
     "plan",
     "restore",
     "snapshot",
+    "suggest",
     "warm_start",
 ]
 
@@ -109,7 +113,7 @@ def __dir__() -> List[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import list_variables, load, open, plan, restore, warm_start
+    from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config import Config, load_config
     from .offline import MergeReport, merge
     from .planner import Plan
@@ -117,4 +121,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .resolve import CheckpointInfo, checkpoints
     from .restorer import Restorer, snapshot
     from .source import Source
+    from .suggestion import Suggestion
     from .transforms import Slice, Transpose, VocabRemap

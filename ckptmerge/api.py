@@ -23,8 +23,9 @@ from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
+    from .suggestion import Suggestion
 
-__all__ = ["plan", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
+__all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
 
 SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
 SourcesArg = Union[SourceArg, Sequence[SourceArg]]
@@ -214,13 +215,47 @@ def plan(
         root = _keras_names(target, targets, handles)
         views = [h.view(r) for h, r in zip(handles, rules)]
         allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
-        result = make_plan(targets.infos, views, allow_missing=allow, on_conflict=on_conflict,
-                           on_shape_mismatch=on_shape_mismatch, cast=cast, model_root=root)
+        options = dict(allow_missing=allow, on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch,
+                       cast=cast, model_root=root)
+        result = make_plan(targets.infos, views, **options)
+        which = [s.align == "structure" for s in srcs]
+        if any(which) and result.missing:  # align only what names and rules left missing
+            from .suggestion import aligned_views
+            from .targets import creation_order
+
+            views = aligned_views(result, views, which, target_order=creation_order(target, targets))
+            result = make_plan(targets.infos, views, **options)
     except BaseException:
         for h in handles:
             h.close()
         raise
     return result.with_binding(Binding(targets=targets, handles=handles))
+
+
+def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -> "Suggestion":
+    """Propose a map per source for the targets a plan leaves missing, by structure.
+
+    Plans as :func:`plan` does (``plan_options`` are its options), then aligns, source by source,
+    the missing targets with the checkpoint names nothing took: shapes and dtypes, scope trees,
+    order (the target's creation order, numeric-aware name order) and name tokens, solved as one
+    global assignment per shape (see :mod:`ckptmerge.align`). Nothing is restored.
+
+    Returns:
+        A :class:`~ckptmerge.suggestion.Suggestion`: ``report()``, ``to_dict()``,
+        ``to_config()`` and ``write(path)`` (a config ``ckptmerge plan`` uses as it is).
+
+    Example:
+        >>> s = cm.suggest(model, [cm.Source("runs/estimator")])    # doctest: +SKIP
+        >>> print(s.report()); s.write("warm.yaml")                   # doctest: +SKIP
+    """
+    from .suggestion import make_suggestion
+    from .targets import creation_order
+
+    p = plan(target, sources, **plan_options)
+    try:
+        return make_suggestion(p, target_order=creation_order(target, p._binding.targets))
+    finally:
+        p._binding.close()
 
 
 def restore(

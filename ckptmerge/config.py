@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .align import ALIGN_MODES
 from .errors import ConfigError, RuleError, did_you_mean
 from .rules import MapRule
 from .text import escape_name
@@ -46,7 +47,7 @@ TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch"
                   "strict", "target", "output")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
-               "vocab", "slice")
+               "align", "vocab", "slice")
 #: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.transforms.VocabRemap`).
 VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init")
 #: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.transforms.Slice`).
@@ -107,6 +108,7 @@ class SourceConfig:
     cast: Optional[bool] = None
     vocab: Tuple[VocabRemap, ...] = ()
     slice: Tuple[Slice, ...] = ()
+    align: Optional[str] = None
 
     @property
     def transforms(self) -> List[Union[VocabRemap, Slice]]:
@@ -118,8 +120,8 @@ class SourceConfig:
 
         Example:
             >>> sorted(SourceConfig(path="/runs/A").source_kwargs())  # doctest: +NORMALIZE_WHITESPACE
-            ['cast', 'exclude', 'include', 'map', 'name', 'optimizer', 'path', 'regex', 'step',
-             'transforms']
+            ['align', 'cast', 'exclude', 'include', 'map', 'name', 'optimizer', 'path', 'regex',
+             'step', 'transforms']
         """
         return {
             "path": self.path,
@@ -132,6 +134,7 @@ class SourceConfig:
             "name": self.name,
             "cast": self.cast,
             "transforms": self.transforms,
+            "align": self.align,
         }
 
     def to_dict(self) -> Dict[str, Any]:
@@ -154,6 +157,8 @@ class SourceConfig:
             out["optimizer"] = True
         if self.cast is not None:
             out["cast"] = self.cast
+        if self.align is not None:
+            out["align"] = self.align
         if self.vocab:
             out["vocab"] = [_vocab_to_dict(v) for v in self.vocab]
         if self.slice:
@@ -1028,6 +1033,7 @@ def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
         exclude=_get_globs(entry, "exclude", path, ctx),
         optimizer=_get_bool(entry, "optimizer", path, ctx, False),
         cast=_get_bool(entry, "cast", path, ctx, None),
+        align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, ALIGN_MODES, None),
         vocab=_get_vocab(entry, path, ctx),
         slice=_get_slices(entry, path, ctx),
     )

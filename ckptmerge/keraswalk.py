@@ -20,7 +20,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .errors import CkptMergeError
-from .text import plural
+from .text import plural, quote_name
 
 __all__ = ["weights_file_keys", "name_weights_files", "model_root"]
 
@@ -173,7 +173,7 @@ def name_weights_files(model: Any, targets: Any, handles: Sequence[Any]) -> None
                 if name is not None:
                     walk[key] = name
         names = {k: n for k, n in walk.items() if k in keys}
-        h.rename(names, {n: f"h5 {k!r}" for k, n in names.items()})
+        h.rename(names, {n: f"h5 {quote_name(k)}" for k, n in names.items()})
         if h.source.map is None and h.source.regex is None:
             h.findings.extend(_structure(walk, keys))
 
@@ -190,11 +190,11 @@ def _structure(walk: Mapping[str, str], keys: Mapping[str, Any]) -> List[str]:
             absent.setdefault(_layer_of(k), []).append(name)
     lines = []
     for layer, ks in sorted(extra.items()):
-        lines.append(f"the file's {layer or 'root'!r} holds {plural(len(ks), 'entry', 'entries')} "
-                     f"({', '.join(sorted(ks)[:3])}{', ...' if len(ks) > 3 else ''}) that the model's "
+        lines.append(f"the file's {quote_name(layer or 'root')} holds {plural(len(ks), 'entry', 'entries')} "
+                     f"({', '.join(map(quote_name, sorted(ks)[:3]))}{', ...' if len(ks) > 3 else ''}) that the model's "
                      "own walk (as Keras's load_weights) does not reach: the file was saved from "
                      "another architecture")
     for layer, ns in sorted(absent.items()):
-        lines.append(f"the model's layer at {layer or 'root'!r} ({', '.join(sorted(ns)[:3])}"
+        lines.append(f"the model's layer at {quote_name(layer or 'root')} ({', '.join(map(quote_name, sorted(ns)[:3]))}"
                      f"{', ...' if len(ns) > 3 else ''}) has no entries in the file")
     return lines

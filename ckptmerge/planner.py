@@ -114,6 +114,8 @@ class SourceView:
             shown beside its assignment.
         findings: structure findings of this source (a Keras weights file whose layers differ
             from the model's); they block a strict restore.
+        aligned: ``{checkpoint name: target}`` from structural alignment
+            (``Source(align="structure")``), used for names the rules put on no target.
 
     Raises:
         OptionError: a field has the wrong type or the label is empty.
@@ -134,9 +136,11 @@ class SourceView:
     hidden: Tuple[str, ...] = ()
     notes: Mapping[str, str] = field(default_factory=dict)
     findings: Tuple[str, ...] = ()
+    aligned: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
+        object.__setattr__(self, "aligned", types.MappingProxyType(dict(self.aligned)))
         object.__setattr__(self, "findings", tuple(self.findings))
         if self.cast is not None and not isinstance(self.cast, bool):
             raise OptionError(f"source {_q(self.label)}: cast must be True, False or None (the plan's "
@@ -503,6 +507,11 @@ class Plan:
 
         return render_plan(self, limit=limit)
 
+    def _repr_html_(self) -> str:
+        from .notebook import plan_html
+
+        return plan_html(self)
+
     def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> "Report":
         """Restore the planned variables (see :mod:`ckptmerge.backends`).
 
@@ -724,6 +733,16 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
         for n, t in swaps.items():
             via[n] = f"model root: {_q(n)} as {_q(t)}"
+    if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
+        # (the alignment already left out what include/exclude or a None regex drop on purpose)
+        landed = {n for n, t, _ in pairs if t in target_by_name}
+        pairs = [(n, src.aligned[n], None) if n in src.aligned and n not in landed else (n, t, rule)
+                 for n, t, rule in pairs]
+        listed = {n for n, _, _ in pairs}
+        extra = [n for n in src.aligned if n not in listed]
+        pairs += [(n, src.aligned[n], None) for n in extra]
+        selected.update(extra)
+        drop = [n for n in drop if n not in src.aligned]
     candidates: List[_Candidate] = []
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
     landed_by: Dict[str, int] = {}

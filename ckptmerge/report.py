@@ -16,7 +16,7 @@ from .text import human_bytes, join_lines, plural
 if TYPE_CHECKING:  # pragma: no cover
     from .planner import Plan
 
-__all__ = ["render_plan", "Report", "RESTORE_MODES"]
+__all__ = ["render_plan", "align_hint", "Report", "RESTORE_MODES"]
 
 #: Valid values of :attr:`Report.mode`.
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
@@ -117,8 +117,32 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
                     for label, names in plan.unused.items() for name in names]
     findings += _section("Unused", unused_lines, limit, "checkpoint variables no target takes")
     out += findings if findings else ["No findings."]
+    hint = align_hint(plan)
+    if hint:
+        out.append(hint)
     out.append(verdict(plan))
     return join_lines(out)
+
+
+def align_hint(plan: "Plan") -> str:
+    """A line pointing at :func:`ckptmerge.suggest` when missing targets and unused checkpoint
+    names share shapes (names that differ wholesale), else ``""``.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> align_hint(make_plan([], []))
+        ''
+    """
+    from .suggestion import alignable
+
+    n, labels = alignable(plan)
+    if not n:
+        return ""
+    return (f"Hint: {plural(n, 'missing target')} and unused checkpoint variables of "
+            f"{', '.join(_q(x) for x in labels)} share shapes and dtypes, so the names may differ "
+            "wholesale: cm.suggest(target, sources) or `ckptmerge suggest SOURCE... --target PATH` "
+            "proposes a map by structure, and Source(..., align='structure') applies its "
+            "unambiguous part.")
 
 
 @dataclass(frozen=True)
@@ -196,6 +220,11 @@ class Report:
 
     def __str__(self) -> str:
         return self.render()
+
+    def _repr_html_(self) -> str:
+        from .notebook import report_html
+
+        return report_html(self)
 
     def to_dict(self) -> dict:
         """JSON-ready dict.

@@ -166,7 +166,7 @@ class Restorer:
         new_source = Source(base, step=step, map=old.source.map, regex=old.source.regex,
                             include=old.source.include, exclude=old.source.exclude,
                             optimizer=old.source.optimizer, name=old.source.label, cast=old.source.cast,
-                            transforms=old.source.transforms)
+                            transforms=old.source.transforms, align=old.source.align)
         handle = new_source.open()
         if old.renamed:  # a Keras weights file named by the model's walk: the same names
             handle.rename(old.renamed, old.notes)

@@ -27,7 +27,8 @@ from typing import (
 
 import numpy as np
 
-from .errors import CkptMergeError, RuleError
+from .align import ALIGN_MODES
+from .errors import CkptMergeError, RuleError, did_you_mean
 from .rules import Rules
 from .specs import KIND_VARIABLE, VariableInfo, normalize_name
 from .text import quote_name
@@ -71,6 +72,10 @@ class Source:
         layout: ``"torch"`` reads a PyTorch ``state_dict`` as Keras/TF holds it: ``/`` scopes,
             ``kernel``/``gamma``/``beta``/``embeddings`` names, Linear and conv kernels
             transposed, RNN gates reordered (see :mod:`ckptmerge.layouts`; the report notes each).
+        align: ``"structure"``: targets no name or rule reaches take the checkpoint variables
+            structural alignment pairs them with, where that is unambiguous (see
+            :func:`ckptmerge.suggest`); each is marked "matched by structure" in the report.
+            Explicit ``map``/``regex`` entries always win.
 
     Example:
         >>> src = Source("runs/A", map={"a1": "c/x1"})
@@ -92,6 +97,7 @@ class Source:
         cast: Optional[bool] = None,
         transforms: Sequence[Any] = (),
         layout: Optional[str] = None,
+        align: Optional[str] = None,
         _values: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if path is None and _values is None:
@@ -124,6 +130,10 @@ class Source:
             raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
                             f"layout={layout!r:.80}")
         self.layout = layout
+        if align is not None and align not in ALIGN_MODES:
+            raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
+                            f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")
+        self.align = align
         self._values = dict(_values) if _values is not None else None
         # Validate every rule now, so a bad regex fails where the source is written.
         self._check_map_keys()
@@ -200,7 +210,7 @@ class Source:
 
     def __repr__(self) -> str:
         parts = [repr(self.path) if self.path is not None else "<memory>"]
-        for attr in ("step", "map", "regex", "include", "exclude", "name", "layout"):
+        for attr in ("step", "map", "regex", "include", "exclude", "name", "layout", "align"):
             val = getattr(self, attr)
             if val is not None:
                 parts.append(f"{attr}={val!r}")

@@ -33,7 +33,7 @@ from .errors import CkptMergeError, PlanError
 from .specs import VariableInfo, normalize_name
 from .text import quote_name
 
-__all__ = ["TargetVariable", "TargetSet", "collect_targets", "import_tf", "keras_backend"]
+__all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "import_tf", "keras_backend"]
 
 _AUTO_NAME = re.compile(r"^(Sharded)?Variable(_\d+)?$")
 _PART_SUFFIX = re.compile(r"/part_\d+$")
@@ -326,3 +326,25 @@ def _build_set(pairs: List[Tuple[str, Any]], graph_mode: bool, graph: Any, hint:
     _raise_duplicates(names, hint)
     ordered = {n: groups[n] for n in sorted(groups)}
     return TargetSet(variables=ordered, mode="graph" if graph_mode else "eager", graph=graph, by_id=by_id)
+
+
+def creation_order(target: Any, targets: TargetSet) -> Optional[List[str]]:
+    """Target names in the order their variables were created, where that order is known.
+
+    A Keras model's ``weights`` and a graph's global variables come in creation order (evidence
+    for structural alignment); dicts, modules and spec lists have no such order (``None``).
+
+    Example:
+        >>> creation_order(model, collect_targets(model))[:2]      # doctest: +SKIP
+        ['sequential/dense/kernel', 'sequential/dense/bias']
+    """
+    if targets.mode == "specs" or isinstance(target, dict):
+        return None
+    if target is None and targets.mode == "graph":
+        variables = import_tf().compat.v1.global_variables()
+    elif _is_keras_object(target) and not isinstance(target, (list, tuple)):
+        variables = list(target.weights)
+    else:
+        return None
+    names = [targets.name_of(v) for v in variables]
+    return list(dict.fromkeys(n for n in names if n is not None))

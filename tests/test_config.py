@@ -230,7 +230,7 @@ def test_source_kwargs_are_the_source_arguments(project):
     assert enc == {"path": str(project / "runs" / "bert-base"), "step": 200000,
                    "map": {"bert/encoder/": "model/encoder/"}, "regex": None, "include": None,
                    "exclude": ["*/adam_*"], "optimizer": False, "name": "encoder", "cast": None,
-                   "transforms": []}
+                   "transforms": [], "align": None}
     assert head["regex"] == [("^head/(.*)$", "model/head/\\1"), ("^opt/.*", None)]
     assert head["cast"] is True
     assert head["transforms"] == [cfg.sources[1].vocab[0], cfg.sources[1].slice[0]]
@@ -481,7 +481,7 @@ def test_unknown_key_with_did_you_mean(project):
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     assert one_problem({"sources": [{"path": ".", "colour": "red"}]}) == (
         "sources[0]: unknown key 'colour'. Valid keys: name, path, step, map, regex, include, "
-        "exclude, optimizer, cast, vocab, slice")
+        "exclude, optimizer, cast, align, vocab, slice")
     assert one_problem({"sources": [{"path": ".", "vocab": [{"name": "e", "old_vocab": ["a"],
                                                               "new_vocab": ["a"], "size": 3}]}]}) == (
         "sources[0].vocab[0]: unknown key 'size'. Valid keys: name, old_vocab, new_vocab, axis, init")
@@ -1037,3 +1037,10 @@ def test_to_dict_round_trips_any_valid_config(tmp_path_factory, data):
     base = str(tmp_path_factory.getbasetemp())
     cfg = load_config(data, base_dir=base, env={})
     assert load_config(json.loads(json.dumps(cfg.to_dict())), env={}) == cfg
+
+
+def test_align_key_is_a_source_option(project):
+    cfg = load_config({"sources": [{"path": str(project / "runs" / "bert-base"), "align": "structure"}]})
+    assert cfg.source_kwargs()[0]["align"] == "structure"
+    with pytest.raises(ConfigError, match=r"sources\[0\].align: expected one of 'structure', received string 'structur'. Did you mean 'structure'\?"):
+        load_config({"sources": [{"path": str(project / "runs" / "bert-base"), "align": "structur"}]})

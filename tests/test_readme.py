@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from conftest import save_tf1
 
@@ -142,3 +143,21 @@ def test_keras_jax_example(tmp_path):
     """)
     assert not result["tensorflow_imported"]
     np.testing.assert_array_equal(np.float32(result["kernel"]), kernel)
+
+
+def test_suggest_example(tf, tmp_path, monkeypatch):
+    import keras
+
+    import ckptmerge as cm
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "estimator").mkdir(parents=True)
+    values = {"dnn/hiddenlayer_0/kernel": np.ones((4, 8), np.float32), "dnn/hiddenlayer_0/bias": np.ones(8, np.float32),
+              "dnn/logits/kernel": np.full((8, 2), 2, np.float32), "dnn/logits/bias": np.full(2, 2, np.float32)}
+    save_tf1(tmp_path / "runs" / "estimator" / "model.ckpt", values, step=5)
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Dense(2, name="out")(keras.layers.Dense(8, name="h0")(inp)))
+    exec(_block("suggest"), {"cm": cm, "model": model, "print": lambda *a: None})
+    np.testing.assert_array_equal(model.get_layer("out").kernel.numpy(), values["dnn/logits/kernel"])
+    cfg = yaml.safe_load((tmp_path / "warm.yaml").read_text())
+    assert cfg["sources"][0]["map"] == {"dnn/hiddenlayer_0/": "h0/", "dnn/logits/": "out/"}

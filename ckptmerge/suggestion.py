@@ -1,0 +1,287 @@
+"""Suggestions: the map a plan would need, proposed by structural alignment, for review.
+
+:func:`make_suggestion` takes a finished :class:`~ckptmerge.planner.Plan` and, source by source,
+aligns the targets still missing with the checkpoint names nothing took
+(:func:`ckptmerge.align.align`), folding whole scopes into one entry. The :class:`Suggestion` is
+for people: a text report, ``to_dict()`` for scripts, and ``to_config()`` / ``write(path)``, a
+config file in the existing schema (:mod:`ckptmerge.config`) that ``ckptmerge check`` accepts and
+``ckptmerge plan`` uses as it is: review it, edit it, commit it.
+:func:`aligned_views` is what ``Source(..., align="structure")`` uses inside a plan: the same
+alignment, keeping only what is unambiguous.
+
+Pure: plans and specs in, no file access (``write`` writes the one file it is asked to), no TF.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .align import Alignment, Entry, Unresolved, align, scope_entries
+from .planner import Plan, SourceView
+from .text import escape_name, join_lines, plural
+
+__all__ = ["SourceSuggestion", "Suggestion", "make_suggestion", "aligned_views", "alignable"]
+
+
+@dataclass(frozen=True)
+class SourceSuggestion:
+    """What the suggestion proposes for one source.
+
+    Attributes:
+        label, path: the source's label and resolved path.
+        entries: proposed map entries (scope-to-scope where a whole scope moves together).
+        unresolved: targets the evidence cannot pair with one of its names.
+        kept: ``{checkpoint name: target}`` the plan already assigns from this source.
+    """
+
+    label: str
+    path: str
+    entries: List[Entry] = field(default_factory=list)
+    unresolved: List[Unresolved] = field(default_factory=list)
+    kept: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n_variables(self) -> int:
+        """Variables the proposed entries cover."""
+        return sum(e.count for e in self.entries)
+
+    def map(self) -> Dict[str, str]:
+        """The source's ``map`` for a config: what the plan kept, plus the proposed entries.
+
+        Names the plan matched as they are stay so through a root entry ``{"/": "/"}``.
+        """
+        out: Dict[str, str] = {}
+        if any(n == t for n, t in self.kept.items()):
+            out["/"] = "/"
+        for n, t in sorted(self.kept.items()):
+            if n != t:
+                out[n] = t
+        for e in self.entries:
+            out[e.name] = e.target
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready: label, path, map, entries, unresolved."""
+        return {"label": self.label, "path": self.path, "map": self.map(),
+                "entries": [e.to_dict() for e in self.entries],
+                "unresolved": [{"targets": list(u.targets), "names": list(u.names),
+                                "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason}
+                               for u in self.unresolved]}
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A proposed map per source, with evidence, confidence and what stays unresolved.
+
+    Attributes:
+        plan: the plan as it is without the suggestion.
+        sources: one :class:`SourceSuggestion` per checkpoint source, in plan order.
+        missing: targets that would still be missing with the suggestion applied.
+
+    Example:
+        >>> s = cm.suggest(model, [cm.Source("runs/tf1_dnn")])     # doctest: +SKIP
+        >>> print(s.report()); s.write("warm.yaml")                  # doctest: +SKIP
+    """
+
+    plan: Plan
+    sources: List[SourceSuggestion]
+    missing: List[str]
+
+    @property
+    def n_proposed(self) -> int:
+        """How many targets the proposed entries would restore."""
+        return sum(s.n_variables for s in self.sources)
+
+    def report(self, *, limit: Optional[int] = 50) -> str:
+        """Plain text: per source the proposed entries with evidence, then unresolved names."""
+        from .report import _section
+
+        out = [f"Suggestion: {plural(self.n_proposed, 'target')} aligned by structure of "
+               f"{len(self.plan.missing)} missing; {len(self.missing)} would stay missing"]
+        for s in self.sources:
+            out.append(f"Source {escape_name(s.label)}: {escape_name(s.path)}")
+            out += [f"  {line}" for line in _section(
+                "Unresolved", [u.describe() for u in s.unresolved], limit, "the evidence cannot separate these")]
+            out += [f"  {line}" for line in _section("Proposed map", [e.describe() for e in s.entries], limit)]
+        out += _section("Still missing", [escape_name(t) for t in self.missing], limit)
+        if self.n_proposed:
+            out.append("Review the map, then write it as a config (Suggestion.write('warm.yaml') or "
+                       "`ckptmerge suggest ... -o warm.yaml`) and run `ckptmerge plan warm.yaml`.")
+        return join_lines(out)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"n_proposed", "missing", "sources": [SourceSuggestion.to_dict()], "config"}``."""
+        return {"n_proposed": self.n_proposed, "missing": list(self.missing),
+                "sources": [s.to_dict() for s in self.sources], "config": self.to_config()}
+
+    def to_config(self) -> dict:
+        """A config (the :mod:`ckptmerge.config` schema) with every source and its proposed map.
+
+        The plan's options (``allow_missing``, ``on_conflict``, ``on_shape_mismatch``, ``cast``)
+        are kept; sources held in memory cannot be written to a file and are left out.
+
+        Example:
+            >>> cfg = suggestion.to_config(); cfg["sources"][0]["map"]   # doctest: +SKIP
+            {'dnn/hiddenlayer_0/': 'h0/'}
+        """
+        sources = []
+        for s in self.sources:
+            if s.path == "<memory>":
+                continue
+            entry: Dict[str, Any] = {"name": s.label, "path": s.path}
+            mapping = s.map()
+            if mapping:
+                entry["map"] = mapping
+            sources.append(entry)
+        cfg: Dict[str, Any] = {"sources": sources}
+        if self.plan.allow_missing:
+            cfg["allow_missing"] = list(self.plan.allow_missing)
+        for key, default in (("on_conflict", "error"), ("on_shape_mismatch", "error"), ("cast", False)):
+            if getattr(self.plan, key) != default:
+                cfg[key] = getattr(self.plan, key)
+        return cfg
+
+    def to_yaml(self) -> str:
+        """:meth:`to_config` as YAML, with the evidence and unresolved names as comments."""
+        import yaml
+
+        lines = ["# Proposed by ckptmerge suggest (structural alignment). Review before use:",
+                 "# each map entry below was chosen from this evidence:"]
+        for s in self.sources:
+            for e in s.entries:
+                lines.append(f"#   {escape_name(s.label)}: {e.describe()}")
+            for u in s.unresolved:
+                lines.append(f"#   {escape_name(s.label)}: UNRESOLVED {u.describe()}")
+        if self.missing:
+            lines.append(f"# still missing: {', '.join(map(escape_name, self.missing[:10]))}"
+                         + (f" ... and {len(self.missing) - 10} more" if len(self.missing) > 10 else ""))
+        body = yaml.safe_dump(self.to_config(), sort_keys=False, default_flow_style=False, width=1000)
+        return "\n".join(lines) + "\n" + body
+
+    def write(self, path: "os.PathLike[str] | str") -> str:
+        """Write :meth:`to_yaml` to ``path``; returns the path.
+
+        Example:
+            >>> suggestion.write("warm.yaml")                        # doctest: +SKIP
+            'warm.yaml'
+        """
+        path = os.fspath(path)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_yaml())
+        return path
+
+    def _repr_html_(self) -> str:
+        from .notebook import suggestion_html
+
+        return suggestion_html(self)
+
+
+def _left_out(rules: Any, name: str) -> bool:
+    """True when the rules leave ``name`` out on purpose (include/exclude, a ``None`` regex), not
+    merely because no ``map``/``regex`` entry covers it."""
+    if rules.include and not any(g.matches(name) for g in rules.include):
+        return True
+    if any(g.matches(name) for g in rules.exclude):
+        return True
+    return any(r.try_rename(name) == (True, None) for r in rules.regexes)
+
+
+def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
+                  target_order: Optional[Sequence[str]]) -> Alignment:
+    specs = {t.name: t for t in plan.targets}
+    names = [dataclasses.replace(src.variables[n], name=n) for n in plan.unused.get(src.label, ())
+             if n in src.variables and not _left_out(src.rules, n)]
+    return align([specs[t] for t in missing], names, target_order=target_order)
+
+
+def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None) -> Suggestion:
+    """Propose, per source in plan order, a map for the targets the plan leaves missing.
+
+    Args:
+        plan: a plan (e.g. from :func:`ckptmerge.plan`); only its names and specs are used.
+        target_order: target names in creation order, if known (evidence for order).
+
+    Returns:
+        The :class:`Suggestion`.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.specs import VariableInfo as V
+        >>> k, b = V("dnn/hiddenlayer_0/kernel", (4, 8), "float32"), V("dnn/hiddenlayer_0/bias", (8,), "float32")
+        >>> p = make_plan([V("h0/kernel", (4, 8), "float32"), V("h0/bias", (8,), "float32")],
+        ...               [SourceView("A", "runs/A", "", {k.name: k, b.name: b})])
+        >>> make_suggestion(p).sources[0].map()
+        {'dnn/hiddenlayer_0/': 'h0/'}
+    """
+    missing = list(plan.missing)
+    all_targets = [t.name for t in plan.targets]
+    out = []
+    for src in plan.sources:
+        found = _align_source(plan, src, missing, target_order)
+        taken = {m.target for m in found.matches}
+        missing = [t for t in missing if t not in taken]
+        kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
+        out.append(SourceSuggestion(src.label, src.path, scope_entries(found.matches, src.variables, all_targets),
+                                    list(found.unresolved), kept))
+    return Suggestion(plan, out, missing)
+
+
+def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool], *,
+                  target_order: Optional[Sequence[str]] = None) -> List[SourceView]:
+    """The views again, the ``which`` ones with the plan's unambiguous structural matches added.
+
+    Each match becomes a ``(name -> target)`` pair the planner uses for a name its rules did not
+    put on a target (explicit ``map``/``regex`` entries win), with the note
+    ``"matched by structure: <evidence>"`` shown beside its assignment.
+
+    Example:
+        >>> views = aligned_views(plan, views, [True])             # doctest: +SKIP
+    """
+    missing = list(plan.missing)
+    out = []
+    for src, on in zip(views, which):
+        if not on:
+            out.append(src)
+            continue
+        found = _align_source(plan, src, missing, target_order)
+        taken = {m.target for m in found.matches}
+        missing = [t for t in missing if t not in taken]
+        notes = dict(src.notes)
+        for m in found.matches:
+            notes[m.name] = f"matched by structure: {'; '.join(m.evidence)} (confidence {m.confidence:.2f})"
+        out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes))
+    return out
+
+
+def alignable(plan: Plan) -> Tuple[int, List[str]]:
+    """How many missing targets have an unused checkpoint name of their shape and dtype, and in
+    which sources: when non-zero the report hints at :func:`ckptmerge.suggest`.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> alignable(make_plan([], []))
+        (0, [])
+    """
+    want: Dict[Tuple[Tuple[int, ...], str], int] = {}
+    missing = set(plan.missing)
+    for t in plan.targets:
+        if t.name in missing:
+            key = (tuple(t.shape), t.dtype)
+            want[key] = want.get(key, 0) + 1
+    if not want:
+        return 0, []
+    n, labels = 0, []
+    for src in plan.sources:
+        keys = {(tuple(src.variables[x].shape), src.variables[x].dtype)
+                for x in plan.unused.get(src.label, ()) if x in src.variables and not _left_out(src.rules, x)}
+        hit = sum(c for k, c in want.items() if k in keys)
+        if hit:
+            labels.append(src.label)
+            n = max(n, hit)
+    return n, labels
