@@ -26,6 +26,8 @@ TensorFlow. :func:`ckptmerge.suggest` and ``Source(..., align="structure")`` are
 
 from __future__ import annotations
 
+import collections
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -60,7 +62,8 @@ _SYNONYMS = {
 
 
 def tokens(name: str) -> Tuple[str, ...]:
-    """The lower-case word tokens of a name, digits left out, synonyms folded.
+    """The lower-case word tokens of a name, digits left out, synonyms folded (cached by the name's
+    digit-free template, so ``layer_0`` ... ``layer_599`` cost one split).
 
     Example:
         >>> tokens("bert/encoder/layer_3/attention/output/LayerNorm")
@@ -68,6 +71,11 @@ def tokens(name: str) -> Tuple[str, ...]:
         >>> tokens("dnn/hiddenlayer_0")
         ('dnn', 'dense')
     """
+    return _template_tokens(_DIGITS.sub("0", name))
+
+
+@functools.lru_cache(maxsize=65536)
+def _template_tokens(name: str) -> Tuple[str, ...]:
     out = []
     for part in _SPLIT.split(name):
         for t in _CAMEL.split(part):
@@ -88,11 +96,11 @@ def natural_key(name: str) -> Tuple[Any, ...]:
 
 
 def _leaf(name: str) -> str:
-    return name.rsplit("/", 1)[-1]
+    return name[name.rfind("/") + 1:]
 
 
 def _scope(name: str) -> str:
-    return name.rsplit("/", 1)[0] + "/" if "/" in name else ""
+    return name[:name.rfind("/") + 1]
 
 
 @dataclass(frozen=True)
@@ -157,36 +165,76 @@ class Alignment:
         return {m.name: m.target for m in self.matches}
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _features(name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[int, ...], Optional[str]]:
+    """Leaf tokens, scope tokens, scope numbers and numbered-series stem of a name (computed once
+    per name and :func:`align` call)."""
+    cut = name.rfind("/") + 1
+    digits = _DIGITS.findall(name, 0, cut)
+    template = _DIGITS.sub("0", name) if digits or _DIGITS.search(name, cut) else name
+    tcut = template.rfind("/") + 1
+    return (_template_tokens(template[tcut:]), _template_tokens(template[:tcut]),
+            tuple(int(x) for x in digits), template if digits else None)
+
+
 def _numbers(name: str) -> Tuple[int, ...]:
-    return tuple(int(x) for x in _DIGITS.findall(_scope(name)))
+    return _features(name)[2]
+
+
+def _series(names: Sequence[str]) -> Optional[List[Tuple[int, ...]]]:
+    """The numbers of each name's scope when the names form a numbered series (names equal but
+    for their numbers: ``layer_0/...``, ``layer_1/...``), else ``None``."""
+    stems: Dict[str, int] = {}
+    for x in names:
+        stem = _features(x)[3]
+        if stem is not None:
+            stems[stem] = stems.get(stem, 0) + 1
+    if not any(c > 1 for c in stems.values()):
+        return None
+    return [_numbers(x) for x in names]
 
 
 def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]]) -> Tuple[np.ndarray, bool]:
     """Relative ranks (0..1) of ``names`` and whether that order carries evidence.
 
-    A numbered series (names equal but for their numbers: ``layer_0``, ``layer_1``) ranks by its
-    numbers, compared as numbers, so ``layer_3/query`` and ``layer_3/key`` share a rank; else a
-    known creation/saving order ranks; else there is no order evidence.
+    A numbered series ranks by its numbers, compared as numbers, so ``layer_3/query`` and
+    ``layer_3/key`` share a rank; else a known creation/saving order ranks; else there is no
+    order evidence.
     """
     n = len(names)
     if n < 2:
         return np.zeros(n), False
-    stems: Dict[str, int] = {}
-    for x in names:
-        if _DIGITS.search(_scope(x)):
-            stem = _DIGITS.sub("#", x)
-            stems[stem] = stems.get(stem, 0) + 1
-    if any(c > 1 for c in stems.values()):
-        keys: List[Any] = [_numbers(x) for x in names]
-    elif order is not None and all(x in order for x in names):
+    keys: Optional[List[Any]] = _series(names)
+    if keys is None:
+        if order is None or not all(x in order for x in names):
+            return np.zeros(n), False
         keys = [order[x] for x in names]
-    else:
-        return np.zeros(n), False
     distinct = sorted(set(keys))
     if len(distinct) < 2:
         return np.zeros(n), False
     pos = {k: i / (len(distinct) - 1) for i, k in enumerate(distinct)}
     return np.array([pos[k] for k in keys]), True
+
+
+def _by_series(tnames: List[str], snames: List[str]) -> List[Tuple[List[str], List[str], str]]:
+    """Split one shape group by series position when both sides are numbered series with the same
+    number of positions (the k-th ``layer_N`` of the checkpoint is the k-th ``transformer_M`` of
+    the target); else the group as it is. Keeps large models linear: 12 x 600 equal layers are
+    600 small problems, not one of 7,200 x 7,200."""
+    ts, ss = _series(tnames), _series(snames)
+    if ts is None or ss is None:
+        return [(tnames, snames, "")]
+    tk, sk = sorted(set(ts)), sorted(set(ss))
+    if len(tk) != len(sk) or len(tk) < 2:
+        return [(tnames, snames, "")]
+    t_at: Dict[Tuple[int, ...], List[str]] = {}
+    s_at: Dict[Tuple[int, ...], List[str]] = {}
+    for t, x in zip(tnames, ts):
+        t_at.setdefault(x, []).append(t)
+    for n, x in zip(snames, ss):
+        s_at.setdefault(x, []).append(n)
+    out = [(t_at[a], s_at[b], f"series position {k + 1} of {len(tk)}") for k, (a, b) in enumerate(zip(tk, sk))]
+    return out
 
 
 def _token_matrix(token_lists: Sequence[Tuple[str, ...]], vocab: Dict[str, int]) -> np.ndarray:
@@ -198,6 +246,10 @@ def _token_matrix(token_lists: Sequence[Tuple[str, ...]], vocab: Dict[str, int])
 
 
 def _jaccard(a: Sequence[Tuple[str, ...]], b: Sequence[Tuple[str, ...]]) -> np.ndarray:
+    """Jaccard similarity of every token set of ``a`` with every one of ``b``."""
+    if len(a) * len(b) <= 256:  # small problems (most, once split by series): plain sets
+        sa, sb = [frozenset(x) for x in a], [frozenset(x) for x in b]
+        return np.array([[len(x & y) / len(x | y) if x or y else 0.0 for y in sb] for x in sa]).reshape(len(a), len(b))
     vocab: Dict[str, int] = {}
     for toks in list(a) + list(b):
         for t in toks:
@@ -211,16 +263,54 @@ def _jaccard(a: Sequence[Tuple[str, ...]], b: Sequence[Tuple[str, ...]]) -> np.n
         return np.where(union > 0, inter / np.maximum(union, 1), 0.0)
 
 
+def _set_jaccard(a: Tuple[str, ...], b: Tuple[str, ...]) -> float:
+    x, y = set(a), set(b)
+    return len(x & y) / len(x | y) if x or y else 0.0
+
+
+def _evidence(tname: str, sname: str, spec: VariableInfo, alone: bool, leaf: float, scope: float) -> List[str]:
+    shape = f"shape {tuple(spec.shape)} {spec.dtype}"
+    evidence = [f"{shape}, the only candidate of its shape" if alone else shape]
+    if leaf > 0:
+        evidence.append(f"leaf {quote_name(_leaf(sname))} ~ {quote_name(_leaf(tname))}")
+    if scope > 0:
+        shared = sorted(set(_features(tname)[1]) & set(_features(sname)[1]))
+        evidence.append("scope tokens " + ", ".join(map(quote_name, shared)))
+    return evidence
+
+
+_BLIND = "nothing but their shape relates them (no shared name tokens, no order evidence)"
+_TIED = "the evidence (names, scopes, order) fits more than one pairing equally well"
+
+
+def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str
+                ) -> Tuple[List[Match], List[Unresolved]]:
+    """One target, one candidate: accepted when its names say something, not its shape alone."""
+    (t_leaf, t_scope, _, _), (s_leaf, s_scope, _, _) = _features(tname), _features(sname)
+    leaf, scope = _set_jaccard(t_leaf, s_leaf), _set_jaccard(t_scope, s_scope)
+    score = 0.5 * leaf + 0.5 * scope
+    if score < MIN_SCORE:
+        return [], [Unresolved((tname,), (sname,), tuple(spec.shape), spec.dtype, _BLIND)]
+    evidence = _evidence(tname, sname, spec, not position, leaf, scope) + ([position] if position else [])
+    return [Match(tname, sname, round(min(1.0, score), 2), tuple(evidence))], []
+
+
 def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Mapping[str, int]],
-                 source_order: Optional[Mapping[str, int]], spec: VariableInfo
+                 source_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str = ""
                  ) -> Tuple[List[Match], List[Unresolved]]:
     from scipy.optimize import linear_sum_assignment
 
-    leaf = _jaccard([tokens(_leaf(t)) for t in tnames], [tokens(_leaf(s)) for s in snames])
-    scope = _jaccard([tokens(_scope(t)) for t in tnames], [tokens(_scope(s)) for s in snames])
-    rt, t_inf = _ranks(tnames, target_order)
-    rs, s_inf = _ranks(snames, source_order)
-    use_order = t_inf and s_inf
+    if len(tnames) == 1 and len(snames) == 1:  # the common case once split by series: no matrix
+        return _solve_pair(tnames[0], snames[0], spec, position)
+    tf, sf = [_features(t) for t in tnames], [_features(s) for s in snames]
+    leaf = _jaccard([f[0] for f in tf], [f[0] for f in sf])
+    scope = _jaccard([f[1] for f in tf], [f[1] for f in sf])
+    if position or (len(tnames) == 1 and len(snames) == 1):  # one rank on each side: no evidence
+        rt, rs, use_order = np.zeros(len(tnames)), np.zeros(len(snames)), False
+    else:
+        rt, t_inf = _ranks(tnames, target_order)
+        rs, s_inf = _ranks(snames, source_order)
+        use_order = t_inf and s_inf
     if use_order:
         order = 1.0 - np.abs(rt[:, None] - rs[None, :])
         score = 0.3 * leaf + 0.3 * scope + 0.4 * order
@@ -231,9 +321,12 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     n = max(nt, ns)
     padded = np.zeros((n, n))  # dummies score 0: "no partner" is always an option
     padded[:nt, :ns] = score
-    rows, cols = linear_sum_assignment(padded, maximize=True)
-    partner = np.empty(n, int)
-    partner[rows] = cols
+    if n == 1:
+        partner = np.zeros(1, int)
+    else:
+        rows, cols = linear_sum_assignment(padded, maximize=True)
+        partner = np.empty(n, int)
+        partner[rows] = cols
     own = padded[np.arange(n), partner]
     # Margin of pair i: the score lost by the best swap with any other pair j (dummies included).
     cross = padded[:, partner]  # cross[i, j] = score(i, partner[j])
@@ -254,14 +347,11 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
         if margin[i] <= MARGIN:
             tied[i] = {k for k in range(n) if k != i and delta[i, k] <= MARGIN}
             continue
-        evidence = [shape if nt > 1 or ns > 1 else f"{shape}, the only candidate of its shape"]
-        if leaf[i, j] > 0:
-            evidence.append(f"leaf {quote_name(_leaf(snames[j]))} ~ {quote_name(_leaf(tnames[i]))}")
-        if scope[i, j] > 0:
-            shared = sorted(set(tokens(_scope(tnames[i]))) & set(tokens(_scope(snames[j]))))
-            evidence.append("scope tokens " + ", ".join(map(quote_name, shared)))
+        evidence = _evidence(tnames[i], snames[j], spec, False, leaf[i, j], scope[i, j])
         if order is not None:
             evidence.append(f"order {rt[i]:.2f} ~ {rs[j]:.2f}")
+        if position:
+            evidence.append(position)
         confidence = float(min(1.0, own[i]) * min(1.0, 0.5 + margin[i] / 0.2 * 0.5))
         matches.append(Match(tnames[i], snames[j], round(confidence, 2), tuple(evidence)))
     unresolved: List[Unresolved] = []
@@ -277,10 +367,31 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
         if i not in seen:
             group = ({i} | rivals) - set(blind)
             seen |= group
-            add(group, "the evidence (names, scopes, order) fits more than one pairing equally well")
+            add(group, _TIED)
     if blind:
-        add(blind, "nothing but their shape relates them (no shared name tokens, no order evidence)")
+        add(blind, _BLIND)
     return matches, unresolved
+
+
+def _solve_block(tnames: List[str], snames: List[str], t_order: Optional[Mapping[str, int]],
+                 s_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str,
+                 memo: Dict[Any, Any]) -> Tuple[List[Match], List[Unresolved]]:
+    """:func:`_solve_group` for one position of a numbered series, solved once per kind of block:
+    layer 7 of 600 has the same names, but for its number, as layer 6, so the same answer."""
+    if not position:
+        return _solve_group(tnames, snames, t_order, s_order, spec, position)
+    stem = {n: _features(n)[3] or n for n in tnames + snames}
+    tnames, snames = sorted(tnames, key=stem.__getitem__), sorted(snames, key=stem.__getitem__)
+    key = (tuple(stem[n] for n in tnames), tuple(stem[n] for n in snames))
+    if key not in memo:
+        m, u = _solve_group(tnames, snames, t_order, s_order, spec, position)
+        ti, si = {n: i for i, n in enumerate(tnames)}, {n: i for i, n in enumerate(snames)}
+        memo[key] = ([(ti[x.target], si[x.name], x.confidence, x.evidence[:-1]) for x in m],
+                     [(tuple(ti[t] for t in x.targets), tuple(si[n] for n in x.names), x.reason) for x in u])
+    pairs, groups = memo[key]
+    return ([Match(tnames[i], snames[j], c, e + (position,)) for i, j, c, e in pairs],
+            [Unresolved(tuple(tnames[i] for i in ts), tuple(snames[j] for j in ss), tuple(spec.shape), spec.dtype, r)
+             for ts, ss, r in groups])
 
 
 def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
@@ -305,6 +416,7 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
         >>> align(t, s).mapping
         {'dnn/hiddenlayer_0/bias': 'h0/bias', 'dnn/hiddenlayer_0/kernel': 'h0/kernel'}
     """
+    _features.cache_clear()
     t_order = {n: i for i, n in enumerate(target_order)} if target_order is not None else None
     s_order = {n: i for i, n in enumerate(source_order)} if source_order is not None else None
     groups: Dict[Tuple[Tuple[int, ...], str], Tuple[List[VariableInfo], List[VariableInfo]]] = {}
@@ -319,9 +431,12 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     for (_shape, _dtype), (ts, ss) in groups.items():
         if not ss:
             continue
-        m, u = _solve_group(sorted(t.name for t in ts), sorted(s.name for s in ss), t_order, s_order, ts[0])
-        matches += m
-        unresolved += u
+        memo: Dict[Any, Any] = {}
+        for tsub, ssub, position in _by_series(sorted(t.name for t in ts), sorted(s.name for s in ss)):
+            if tsub and ssub:
+                m, u = _solve_block(tsub, ssub, t_order, s_order, ts[0], position, memo)
+                matches += m
+                unresolved += u
     matches.sort(key=lambda m: m.target)
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches, unresolved)
@@ -379,12 +494,8 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
     by_scope: Dict[str, List[Match]] = {}
     for m in matches:
         by_scope.setdefault(_scope(m.name), []).append(m)
-    src_count: Dict[str, int] = {}
-    for n in source_names:
-        src_count[_scope(n)] = src_count.get(_scope(n), 0) + 1
-    tgt_count: Dict[str, int] = {}
-    for n in target_names:
-        tgt_count[_scope(n)] = tgt_count.get(_scope(n), 0) + 1
+    src_count = collections.Counter(map(_scope, source_names))
+    tgt_count = collections.Counter(map(_scope, target_names))
     entries: List[Entry] = []
     for scope, ms in by_scope.items():
         tscopes = {_scope(m.target) for m in ms}

@@ -195,8 +195,8 @@ def _left_out(rules: Any, name: str) -> bool:
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
                   target_order: Optional[Sequence[str]]) -> Alignment:
     specs = {t.name: t for t in plan.targets}
-    names = [dataclasses.replace(src.variables[n], name=n) for n in plan.unused.get(src.label, ())
-             if n in src.variables and not _left_out(src.rules, n)]
+    names = [src.variables[n] if src.variables[n].name == n else dataclasses.replace(src.variables[n], name=n)
+             for n in plan.unused.get(src.label, ()) if n in src.variables and not _left_out(src.rules, n)]
     return align([specs[t] for t in missing], names, target_order=target_order)
 
 
