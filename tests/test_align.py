@@ -314,3 +314,35 @@ def test_bert_tf1_names_restore_into_model_garden_names_in_graph_mode(tmp_path, 
             got = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
     for new, old in garden.items():
         np.testing.assert_array_equal(got[new], values[old])
+
+
+MLP_PY = """
+import keras
+
+
+def build():
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(8, name="h0")(inp)
+    h = keras.layers.Dense(8, name="h1")(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="out")(h))
+"""
+
+
+def test_ckptmerge_suggest_with_a_model_function(tmp_path, tf):
+    prefix, _ = _estimator_dnn(tmp_path)
+    (tmp_path / "mlp_models.py").write_text(MLP_PY)
+    r = run("suggest", prefix, "--model", f"{tmp_path / 'mlp_models.py'}:build", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["sources"][0]["map"] == {"dnn/hiddenlayer_0/": "h0/", "dnn/hiddenlayer_1/": "h1/",
+                                                         "dnn/logits/": "out/"}
+
+
+def test_ckptmerge_suggest_with_a_target_checkpoint_never_imports_tensorflow(tmp_path, tf):
+    from _cli_util import run_subprocess
+
+    src = save_tf1(tmp_path / "s" / "ckpt", {"dnn/hiddenlayer_0/kernel": np.ones((4, 8), np.float32)})
+    tgt = save_tf1(tmp_path / "t" / "ckpt", {"h0/kernel": np.zeros((4, 8), np.float32)})
+    out = run_subprocess(["suggest", src, "--target", tgt], tmp_path)
+    assert out["code"] == 0, out
+    assert out["tf_modules"] == []
+    assert "'dnn/hiddenlayer_0/kernel' -> 'h0/kernel'" in out["stdout"]
