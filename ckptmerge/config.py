@@ -100,7 +100,7 @@ class SourceConfig:
     path: str
     name: Optional[str] = None
     step: Optional[int] = None
-    map: Optional[Dict[str, str]] = None
+    map: Optional[Dict[str, Union[str, List[str]]]] = None
     regex: Optional[List[Tuple[str, Optional[str]]]] = None
     include: Optional[List[str]] = None
     exclude: Optional[List[str]] = None
@@ -814,7 +814,7 @@ def _check_path(v: str, p: KeyPath, ctx: _Ctx, kind: str) -> Optional[str]:
 # -- source entries ---------------------------------------------------------------------------
 
 
-def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, str]]:
+def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, Union[str, List[str]]]]:
     if "map" not in d or d["map"] is None:
         return None
     v = d["map"]
@@ -823,18 +823,20 @@ def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, str]]:
         ctx.add(p, "expected a mapping {checkpoint_name: target_name}, e.g. "
                    f"{{'bert/encoder/': 'model/encoder/'}}, received {_show(v)}.")
         return None
-    out: Dict[str, str] = {}
+    out: Dict[str, Union[str, List[str]]] = {}
     seen: Dict[str, str] = {}
     for k, t in v.items():
         q = p + (str(k),)
         if not isinstance(k, str):
             ctx.add(p, f"checkpoint names must be strings, received the key {_show(k)}.")
             continue
-        if not isinstance(t, str):
-            ctx.add(q, f"expected a target name or scope (a string), received {_show(t)}.")
+        targets = t if isinstance(t, list) and t else [t]
+        if not all(isinstance(x, str) for x in targets):
+            ctx.add(q, "expected a target name or scope (a string), or a non-empty list of them "
+                       f"(one checkpoint name feeding several targets), received {_show(t)}.")
             continue
         try:
-            rule = MapRule(k, t)
+            rule = [MapRule(k, x) for x in targets][0]
         except RuleError as e:
             ctx.add(q, str(e))
             continue

@@ -247,7 +247,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     chosen: Dict[str, Tuple[Tuple[int, str], VariableInfo, SourceView]] = {}
     for si, view in enumerate(views):
         res = view.rules.apply(list(view.variables))
-        pairs = list(res.mapping.items())
+        pairs = res.pairs()
         if on_conflict != "error":
             for amb in res.ambiguous:
                 picked = amb.targets[0 if on_conflict == "first" else -1]

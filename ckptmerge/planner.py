@@ -711,7 +711,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     drop = list(res.dropped)
     selected = set(res.mapping)
     pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = [
-        (n, t, res.via.get(n)) for n, t in res.mapping.items()]
+        (n, t, res.via.get((n, t))) for n, t in res.pairs()]
     for amb in res.ambiguous:
         if on_conflict == "error":
             ambiguous.append(dataclasses.replace(amb, source=label))
@@ -747,14 +747,14 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
     landed_by: Dict[str, int] = {}
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
-    for name, tname, rule in sorted(pairs, key=lambda p: p[0]):
+    for name, tname, rule in sorted(pairs, key=lambda p: p[:2]):
         d = rule.describe() if rule is not None else None
         if rule is not None:
             rule_of[d] = rule
             renamed_by.setdefault(d, []).append((name, tname))
             landed_by.setdefault(d, 0)
         if tname not in target_by_name:
-            if name in res.explicit:
+            if isinstance(rule, MapRule) and not rule.is_scope:
                 unmatched.append(UnmatchedRule(
                     "map", d or name, tuple(suggest(tname, target_names)), True, label,
                     reason=f"names no target variable {_q(tname)}"))

@@ -82,16 +82,20 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         f"on_shape_mismatch={_q(plan.on_shape_mismatch)}, cast={plan.cast}, "
         "allow_missing=[" + ", ".join(_q(g) for g in plan.allow_missing) + "]",
     ]
-    used: Dict[str, int] = {}
+    used: Dict[str, set] = {}
+    fed: Dict[str, int] = {}
     for a in plan.assignments.values():
-        used[a.source] = used.get(a.source, 0) + 1
+        used.setdefault(a.source, set()).add(a.name)
+        fed[a.source] = fed.get(a.source, 0) + 1
     if plan.sources:
         out.append("Sources:")
     for s in plan.sources:
         note = f" ({s.note})" if s.note else ""
         out.append(f"  {s.label}: {s.path}{note}")
         out.append("    rules: " + "; ".join(s.rules.describe()))
-        out.append(f"    {plural(len(s.variables), 'variable')}: {used.get(s.label, 0)} used, "
+        n_used = len(used.get(s.label, ()))
+        feeds = (f" (feeding {fed[s.label]} targets)" if fed.get(s.label, 0) > n_used else "")
+        out.append(f"    {plural(len(s.variables), 'variable')}: {n_used} used{feeds}, "
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
 

@@ -8,8 +8,9 @@ in, a :class:`RuleResult` out, no files and no TensorFlow. A source's :class:`Ru
 * ``map`` entries (:class:`MapRule`) with the semantics of
   ``tf.compat.v1.train.init_from_checkpoint``'s ``assignment_map``: an exact entry
   ``"a1" -> "c/x1"`` renames one name, a scope entry ``"a/" -> "c/encoder/"`` renames every
-  name under ``a/``, ``"/"`` stands for the root; exact entries beat scope entries and the
-  longest scope wins;
+  name under ``a/``, ``"/"`` stands for the root. As in TF, every entry that covers a name
+  applies: an exact entry and a covering scope entry both do, so one checkpoint name may feed
+  several targets (a list of targets as a map value, or a list of pairs, does the same);
 * ``regex`` rules (:class:`RegexRule`): :func:`re.fullmatch` over checkpoint names and
   ``match.expand(replacement)``; a ``None`` replacement drops the name.
 
@@ -370,21 +371,32 @@ class RuleResult:
     """What :meth:`Rules.apply` made of a list of checkpoint names (every list sorted).
 
     Attributes:
-        mapping: checkpoint name -> target name, for every selected name (sorted by name).
+        mapping: checkpoint name -> its target names (sorted; several when several map entries
+            cover the name, as with ``init_from_checkpoint``), for every selected name (sorted).
         dropped: names left out: by include/exclude, by a regex with a ``None`` replacement,
             or covered by no rule when ``map``/``regex`` rules exist.
         unmatched: rules that matched (renamed) no name.
         ambiguous: names that several regex rules rename differently (not in ``mapping``).
         explicit: names renamed by an exact map entry.
-        via: name -> the rule that renamed it (absent for identity and ambiguous names).
+        via: ``(name, target)`` -> the rule that gave the pair (absent for identity and
+            ambiguous names).
     """
 
-    mapping: Dict[str, str]
+    mapping: Dict[str, Tuple[str, ...]]
     dropped: List[str]
     unmatched: List[UnmatchedRule]
     ambiguous: List[Ambiguity]
     explicit: FrozenSet[str] = frozenset()
-    via: Dict[str, Union["MapRule", "RegexRule"]] = field(default_factory=dict)
+    via: Dict[Tuple[str, str], Union["MapRule", "RegexRule"]] = field(default_factory=dict)
+
+    def pairs(self) -> List[Tuple[str, str]]:
+        """Every ``(checkpoint name, target name)`` pair, sorted.
+
+        Example:
+            >>> Rules.from_options(map={"a": ["x", "y"]}).apply(["a"]).pairs()
+            [('a', 'x'), ('a', 'y')]
+        """
+        return [(n, t) for n, ts in self.mapping.items() for t in ts]
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,26 +422,42 @@ def _as_globs(option: str, value: Any, problems: List[str]) -> Tuple[GlobFilter,
     return tuple(dict.fromkeys(out))
 
 
+def map_pairs(value: Any) -> Optional[List[Tuple[Any, Any]]]:
+    """The ``(key, value)`` pairs of a map given as a dict or, as TF's ``assignment_map`` may be,
+    as a list of pairs; ``None`` when it is neither."""
+    if isinstance(value, Mapping):
+        return list(value.items())
+    if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2
+                                                for p in value):
+        return [tuple(p) for p in value]
+    return None
+
+
 def _as_maps(value: Any, problems: List[str]) -> Tuple[MapRule, ...]:
     if value is None:
         return ()
-    if not isinstance(value, Mapping):
-        problems.append("map must be a dict of checkpoint name/scope -> target name/scope, e.g. "
+    pairs = map_pairs(value)
+    if pairs is None:
+        problems.append("map must be a dict of checkpoint name/scope -> target name/scope (or a "
+                        "list of targets), or a list of such pairs, e.g. "
                         f"{{'a/': 'c/encoder/', 'a1': 'c/x1'}}; received {_received(value)}.")
         return ()
-    out: Dict[str, MapRule] = {}
-    for src, tgt in value.items():
-        try:
-            rule = MapRule(src, tgt)
-        except RuleError as e:
-            problems.append(f"map[{src!r}]: {e}")
-            continue
-        if rule.source in out and out[rule.source] != rule:
-            problems.append(f"map[{src!r}]: {_q(rule.source)} is mapped twice (to "
-                            f"{_q(out[rule.source].target)} and {_q(rule.target)}) after "
-                            "normalisation; keep one entry.")
-            continue
-        out[rule.source] = rule
+    out: Dict[Tuple[str, str], MapRule] = {}
+    for src, tgts in pairs:
+        if isinstance(tgts, (list, tuple)):
+            if not tgts:
+                problems.append(f"map[{src!r}]: the list of targets is empty; name at least one "
+                                "target, or remove the entry.")
+            targets = list(tgts)
+        else:
+            targets = [tgts]
+        for tgt in targets:
+            try:
+                rule = MapRule(src, tgt)
+            except RuleError as e:
+                problems.append(f"map[{src!r}]: {e}")
+                continue
+            out.setdefault((rule.source, rule.target), rule)
     return tuple(out[k] for k in sorted(out))
 
 
@@ -463,20 +491,20 @@ class Rules:
     """The selection and rename rules of one source.
 
     Build with :meth:`from_options`; the fields hold validated rule objects. Map entries are
-    sorted (their order never matters), regex rules keep their order (it only matters for
-    ``on_conflict='first'``/``'last'``).
+    sorted (their order never matters; one source name may have several entries, one per
+    target), regex rules keep their order (it only matters for ``on_conflict='first'``/``'last'``).
 
     Example:
         >>> r = Rules.from_options(map={"a/": "c/"}, exclude="*/Adam*")
         >>> r.apply(["a/x", "a/x/Adam", "b"]).mapping
-        {'a/x': 'c/x'}
+        {'a/x': ('c/x',)}
     """
 
     maps: Tuple[MapRule, ...] = ()
     regexes: Tuple[RegexRule, ...] = ()
     include: Tuple[GlobFilter, ...] = ()
     exclude: Tuple[GlobFilter, ...] = ()
-    _exact: Dict[str, MapRule] = field(init=False, repr=False, compare=False)
+    _exact: Dict[str, Tuple[MapRule, ...]] = field(init=False, repr=False, compare=False)
     _scopes: Tuple[MapRule, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -488,20 +516,22 @@ class Rules:
                                 f"{_received(value)} (Rules.from_options builds them from "
                                 "plain values).")
             object.__setattr__(self, name, tuple(value))
-        seen: Dict[str, MapRule] = {}
+        if len(set(self.maps)) != len(self.maps):
+            dup = next(m for i, m in enumerate(self.maps) if m in self.maps[:i])
+            raise RuleError(f"{dup.describe()} appears twice; keep one.")
+        exact: Dict[str, Tuple[MapRule, ...]] = {}
         for m in self.maps:
-            if m.source in seen:
-                raise RuleError(f"map source {_q(m.source)} appears twice "
-                                f"({seen[m.source].describe()} and {m.describe()}).")
-            seen[m.source] = m
-        object.__setattr__(self, "_exact", {m.source: m for m in self.maps if not m.is_scope})
-        # Longest scope first: the first scope that covers a name is the one that applies.
+            if not m.is_scope:
+                exact[m.source] = exact.get(m.source, ()) + (m,)
+        object.__setattr__(self, "_exact", exact)
+        # Exact entries, then the longest scope first: the order in which a name's targets are
+        # listed when several entries cover it (all of them apply).
         scopes = sorted((m for m in self.maps if m.is_scope),
                         key=lambda m: (-len(m._source_prefix), m.source))
         object.__setattr__(self, "_scopes", tuple(scopes))
 
     @classmethod
-    def from_options(cls, map: Optional[Mapping[str, str]] = None,  # noqa: A002 (user-facing name)
+    def from_options(cls, map: Optional[Any] = None,  # noqa: A002 (user-facing name)
                      regex: Optional[Sequence[Sequence[Optional[str]]]] = None,
                      include: Optional[Any] = None, exclude: Optional[Any] = None) -> "Rules":
         """Build and validate rules from plain values (as in a config file or API call).
@@ -509,7 +539,8 @@ class Rules:
         Every problem is collected and reported at once.
 
         Args:
-            map: checkpoint name or scope -> target name or scope (``assignment_map`` style).
+            map: checkpoint name or scope -> target name or scope, or a list of them
+                (``assignment_map`` style); or a list of such pairs.
             regex: a list of ``(pattern, replacement)`` pairs; ``replacement=None`` drops.
             include: a glob or a list of globs; only matching names are selected. An empty
                 list counts as not given.
@@ -574,7 +605,10 @@ class Rules:
         """
         out: dict = {}
         if self.maps:
-            out["map"] = {m.source: m.target for m in self.maps}
+            targets: Dict[str, List[str]] = {}
+            for m in self.maps:
+                targets.setdefault(m.source, []).append(m.target)
+            out["map"] = {k: v[0] if len(v) == 1 else v for k, v in targets.items()}
         if self.regexes:
             out["regex"] = [[r.pattern, r.replacement] for r in self.regexes]
         if self.include:
@@ -587,7 +621,8 @@ class Rules:
         """Select and rename checkpoint names.
 
         Order: include/exclude first; then, if there are no map/regex rules, identity;
-        otherwise exact map entries, then the longest covering scope entry, then the regex
+        otherwise every map entry that covers the name (exact and scope entries alike, as
+        ``init_from_checkpoint`` applies them: the name then feeds each target), else the regex
         rules (all of them: when they disagree the name is :class:`Ambiguity`, never silently
         resolved); names covered by no rule are dropped. The result does not depend on the
         order of ``names`` (duplicates are ignored).
@@ -636,25 +671,26 @@ class Rules:
 
         # 2. identity
         if not self.renames:
-            return RuleResult(mapping={n: n for n in selected}, dropped=sorted(dropped),
+            return RuleResult(mapping={n: (n,) for n in selected}, dropped=sorted(dropped),
                               unmatched=unmatched, ambiguous=[])
 
         # 3. map, then regex
-        mapping: Dict[str, str] = {}
-        via: Dict[str, Union[MapRule, RegexRule]] = {}
+        mapping: Dict[str, Tuple[str, ...]] = {}
+        via: Dict[Tuple[str, str], Union[MapRule, RegexRule]] = {}
         explicit = set()
         ambiguous: List[Ambiguity] = []
         used_maps = set()
         used_regexes = set()
         for n in selected:
-            rule = self._exact.get(n)
-            if rule is None:
-                rule = next((s for s in self._scopes if s.matches(n)), None)
-            if rule is not None:
-                mapping[n] = rule.rename(n)
-                via[n] = rule
-                used_maps.add(rule.source)
-                if not rule.is_scope:
+            rules = self._exact.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
+            if rules:
+                targets: Dict[str, MapRule] = {}
+                for rule in rules:
+                    targets.setdefault(rule.rename(n), rule)
+                    used_maps.add(rule)
+                mapping[n] = tuple(sorted(targets))
+                via.update(((n, t), rule) for t, rule in targets.items())
+                if n in self._exact:
                     explicit.add(n)
                 continue
             tries = [(i, r, r.try_rename(n)) for i, r in enumerate(self.regexes)]
@@ -669,12 +705,12 @@ class Rules:
             elif results[0] is None:
                 dropped.append(n)
             else:
-                mapping[n] = results[0]
-                via[n] = hits[0][1]
+                mapping[n] = (results[0],)
+                via[(n, results[0])] = hits[0][1]
 
         selected_set = set(selected)
         for m in self.maps:
-            if m.source in used_maps:
+            if m in used_maps:
                 continue
             if not m.is_scope:
                 if m.source in all_names and m.source not in selected_set:
@@ -685,14 +721,8 @@ class Rules:
                     unmatched.append(UnmatchedRule("map", m.describe(),
                                                    tuple(suggest(m.source, all_names)), True))
             else:
-                covered = [n for n in selected if m.matches(n)]
-                if covered:
-                    reason = ("renamed no checkpoint variable (longer scopes or exact entries "
-                              f"cover all {len(covered)} names under {_q(m.source)})")
-                    unmatched.append(UnmatchedRule("map-scope", m.describe(), (), reason=reason))
-                else:
-                    unmatched.append(UnmatchedRule("map-scope", m.describe(),
-                                                   tuple(suggest(m.source, _scopes_of(all_names)))))
+                unmatched.append(UnmatchedRule("map-scope", m.describe(),
+                                               tuple(suggest(m.source, _scopes_of(all_names)))))
         for i, r in enumerate(self.regexes):
             if i in used_regexes:
                 continue

@@ -29,7 +29,7 @@ import numpy as np
 
 from .align import ALIGN_MODES
 from .errors import CkptMergeError, RuleError, did_you_mean
-from .rules import Rules
+from .rules import Rules, map_pairs
 from .specs import KIND_VARIABLE, VariableInfo, normalize_name
 from .text import quote_name
 
@@ -48,6 +48,18 @@ def _map_display(value: Any) -> str:
         return value
     name = getattr(value, "path", None) or getattr(value, "name", None)
     return f"<variable {name}>"
+
+
+def _map_values(value: Any) -> List[Any]:
+    """The targets one map value names: a name or variable; a list of them (several targets, or
+    the partitions of one variable); a ``PartitionedVariable`` (its partitions)."""
+    if isinstance(value, str):
+        return [value]
+    if hasattr(value, "_get_variable_list"):  # a TF1 PartitionedVariable
+        return list(value._get_variable_list())
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in _map_values(item)]
+    return [value]
 
 
 class Source:
@@ -88,7 +100,7 @@ class Source:
         path: Optional[PathLike],
         *,
         step: Optional[int] = None,
-        map: Optional[Mapping[str, Any]] = None,  # noqa: A002 - public name from the issue
+        map: Optional[Any] = None,  # noqa: A002 - public name from the issue
         regex: Optional[Sequence[Tuple[str, Optional[str]]]] = None,
         include: Union[str, Sequence[str], None] = None,
         exclude: Union[str, Sequence[str], None] = None,
@@ -109,14 +121,17 @@ class Source:
             )
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise CkptMergeError(f"Source step must be an int >= 0. Received: step={step!r}")
-        if map is not None and not isinstance(map, Mapping):
+        pairs = map_pairs(map) if map is not None else None
+        if map is not None and pairs is None:
             raise RuleError(
-                "map must be a dict {checkpoint_name: target_name}, e.g. {'a1': 'c/x1'}. "
+                "map must be a dict {checkpoint_name: target_name_or_variable}, e.g. {'a1': 'c/x1'}, "
+                "or a list of (checkpoint_name, target) pairs as TF's assignment_map may be. "
                 f"Received: map={map!r:.80}"
             )
         self.path = os.fspath(path) if path is not None else None
         self.step = step
-        self.map = dict(map) if map is not None else None
+        # A list of pairs may repeat a checkpoint name (one name, several targets): keep the pairs.
+        self.map = (dict(pairs) if isinstance(map, Mapping) else pairs) if pairs is not None else None
         self.regex = [tuple(r) for r in regex] if isinstance(regex, (list, tuple)) else regex
         self.include = include
         self.exclude = exclude
@@ -139,8 +154,13 @@ class Source:
         self._check_map_keys()
         self.rules(None)
 
+    def _map_items(self) -> List[Tuple[Any, Any]]:
+        if self.map is None:
+            return []
+        return list(self.map.items()) if isinstance(self.map, dict) else list(self.map)
+
     def _check_map_keys(self) -> None:
-        for k in self.map or {}:
+        for k, _ in self._map_items():
             if not isinstance(k, str):
                 raise RuleError(f"map keys must be checkpoint names (str). Received key {k!r} in map={self.map!r:.120}")
 
@@ -188,24 +208,32 @@ class Source:
         return self._values is not None
 
     def rules(self, name_of: Any) -> Rules:
-        """The compiled rules; ``name_of(variable)`` names map values given as variables."""
+        """The compiled rules; ``name_of(variable)`` names map values given as variables.
+
+        A map value may be a target name, a variable, a ``PartitionedVariable`` or a list of
+        these (its partitions, as ``init_from_checkpoint`` takes them, or several targets).
+        """
         mapping = None
         if self.map is not None:
-            mapping = {}
-            for k, v in self.map.items():
-                if isinstance(v, str):
-                    mapping[k] = v
-                elif name_of is None:
-                    mapping[k] = _map_display(v)
-                else:
-                    target_name = name_of(v)
-                    if target_name is None:
-                        raise RuleError(
-                            f"map value for {quote_name(k)} in source {quote_name(self.label)} is a variable "
-                            f"({_map_display(v)}) that is not part of the target. Add it to the "
-                            "target, or map to a target name instead."
-                        )
-                    mapping[k] = target_name
+            mapping = []
+            for k, value in self._map_items():
+                names: List[str] = []
+                for v in _map_values(value):
+                    if isinstance(v, str):
+                        name = v
+                    elif name_of is None:
+                        name = _map_display(v)
+                    else:
+                        name = name_of(v)
+                        if name is None:
+                            raise RuleError(
+                                f"map value for {quote_name(k)} in source {quote_name(self.label)} is a variable "
+                                f"({_map_display(v)}) that is not part of the target. Add it to the "
+                                "target, or map to a target name instead."
+                            )
+                    if name not in names:  # the partitions of one variable name it once
+                        names.append(name)
+                mapping.append((k, names))
         return Rules.from_options(map=mapping, regex=self.regex, include=self.include, exclude=self.exclude)
 
     def __repr__(self) -> str:

@@ -541,7 +541,13 @@ def test_negative_step_and_boolean_step():
 
 def test_map_values_must_be_names():
     assert one_problem({"sources": [{"path": ".", "map": {"a": None}}]}) == (
-        "sources[0].map.a: expected a target name or scope (a string), received null")
+        "sources[0].map.a: expected a target name or scope (a string), or a non-empty list of "
+        "them (one checkpoint name feeding several targets), received null")
+
+
+def test_map_value_may_be_a_list_of_targets():
+    cfg = load_config({"sources": [{"path": ".", "map": {"a": ["x", "y"]}}]})
+    assert cfg.sources[0].map == {"a": ["x", "y"]}
 
 
 def test_map_entry_mixing_a_scope_and_a_name():

@@ -216,3 +216,13 @@ def test_each_finding_blocks_a_strict_restore_and_a_lenient_one_restores_the_res
         np.testing.assert_array_equal(targets[problem].numpy(), before[problem])  # the rest kept
         assert [t for t, _ in report.skipped] == [problem]
         assert "strict=False" in report.skipped[0][1]
+
+
+def test_one_checkpoint_name_feeding_two_variables_gives_each_its_own_buffer(tf, ab_checkpoints):
+    ab = ab_checkpoints
+    c = {"x": tf.Variable(np.zeros(4, np.float32)), "y": tf.Variable(np.zeros(4, np.float32))}
+    cm.restore(c, [cm.Source(ab["B"], map={"b1": ["x", "y"]})])
+    np.testing.assert_array_equal(c["x"].numpy(), ab["b"]["b1"])
+    np.testing.assert_array_equal(c["y"].numpy(), ab["b"]["b1"])
+    c["x"].assign_add(np.ones(4, np.float32))
+    np.testing.assert_array_equal(c["y"].numpy(), ab["b"]["b1"])

@@ -197,9 +197,19 @@ def test_from_options_reports_every_problem_at_once():
     assert "map['a/']" in msg and "regex[0]: invalid regex '('" in msg and "exclude[0]" in msg
 
 
-def test_from_options_same_source_twice_after_normalisation_is_rule_error():
-    with pytest.raises(RuleError, match="'a' is mapped twice \\(to 'x' and 'y'\\)"):
-        Rules.from_options(map={"a": "x", "a:0": "y"})
+def test_from_options_same_source_twice_after_normalisation_feeds_both_targets():
+    rules = Rules.from_options(map={"a": "x", "a:0": "y"})
+    assert rules.apply(["a"]).mapping == {"a": ("x", "y")}
+
+
+def test_from_options_list_of_targets_and_list_of_pairs_are_the_same_rules():
+    assert Rules.from_options(map={"a": ["x", "y"]}) == Rules.from_options(map=[("a", "x"), ("a", "y")])
+    assert Rules.from_options(map={"a": ["x", "y"]}).to_dict() == {"map": {"a": ["x", "y"]}}
+
+
+def test_from_options_empty_list_of_targets_is_rule_error():
+    with pytest.raises(RuleError, match="list of targets is empty"):
+        Rules.from_options(map={"a": []})
 
 
 def test_from_options_map_order_does_not_matter():
@@ -211,9 +221,9 @@ def test_rules_fields_must_hold_rule_objects():
         Rules(maps=({"a": "b"},))
 
 
-def test_rules_duplicate_map_sources_are_rule_error():
-    with pytest.raises(RuleError, match="map source 'a' appears twice"):
-        Rules(maps=(MapRule("a", "x"), MapRule("a", "y")))
+def test_rules_duplicate_map_entries_are_rule_error():
+    with pytest.raises(RuleError, match="map 'a' -> 'x' appears twice"):
+        Rules(maps=(MapRule("a", "x"), MapRule("a", "x")))
 
 
 # ------------------------------------------------------------------------------ apply
@@ -221,53 +231,56 @@ def test_rules_duplicate_map_sources_are_rule_error():
 
 def test_apply_without_rules_is_identity():
     res = Rules().apply(["b", "a"])
-    assert res.mapping == {"a": "a", "b": "b"}
+    assert res.mapping == {"a": ("a",), "b": ("b",)}
     assert res.dropped == [] and res.unmatched == [] and res.ambiguous == []
 
 
 def test_apply_include_selects_and_exclude_removes():
     res = Rules.from_options(include="enc/*", exclude="*/Adam*").apply(
         ["enc/k", "enc/k/Adam", "dec/k"])
-    assert res.mapping == {"enc/k": "enc/k"}
+    assert res.mapping == {"enc/k": ("enc/k",)}
     assert res.dropped == ["dec/k", "enc/k/Adam"]
 
 
 def test_apply_empty_include_list_counts_as_not_given():
-    assert Rules.from_options(include=[]).apply(["a"]).mapping == {"a": "a"}
+    assert Rules.from_options(include=[]).apply(["a"]).mapping == {"a": ("a",)}
 
 
-def test_apply_exact_entry_beats_scope_entry():
+def test_apply_exact_entry_and_covering_scope_entry_both_apply():
+    # As init_from_checkpoint: {"scope/var1": "some_scope/my1", "scope/": "some_other_scope/"}
     res = Rules.from_options(map={"a/": "c/", "a/x": "special"}).apply(["a/x", "a/y"])
-    assert res.mapping == {"a/x": "special", "a/y": "c/y"}
+    assert res.mapping == {"a/x": ("c/x", "special"), "a/y": ("c/y",)}
     assert res.explicit == frozenset({"a/x"})
+    assert res.unmatched == []
 
 
-def test_apply_longest_scope_wins():
+def test_apply_every_covering_scope_applies():
     res = Rules.from_options(map={"/": "r/", "a/": "c/", "a/b/": "d/"}).apply(["a/b/k", "a/k", "z"])
-    assert res.mapping == {"a/b/k": "d/k", "a/k": "c/k", "z": "r/z"}
+    assert res.mapping == {"a/b/k": ("c/b/k", "d/k", "r/a/b/k"), "a/k": ("c/k", "r/a/k"), "z": ("r/z",)}
+    assert res.pairs()[0] == ("a/b/k", "c/b/k")
 
 
 def test_apply_drops_names_no_rule_covers_when_map_given():
     res = Rules.from_options(map={"a1": "c/x1"}).apply(["a1", "a2"])
-    assert res.mapping == {"a1": "c/x1"}
+    assert res.mapping == {"a1": ("c/x1",)}
     assert res.dropped == ["a2"]
 
 
 def test_apply_map_takes_precedence_over_regex():
     res = Rules.from_options(map={"a": "from_map"}, regex=[("a|b", "from_regex")]).apply(["a", "b"])
-    assert res.mapping == {"a": "from_map", "b": "from_regex"}
+    assert res.mapping == {"a": ("from_map",), "b": ("from_regex",)}
     assert res.unmatched == []
 
 
 def test_apply_regex_none_drops_names():
     res = Rules.from_options(regex=[(".*/Adam", None), ("k", "k")]).apply(["k", "k/Adam"])
-    assert res.mapping == {"k": "k"}
+    assert res.mapping == {"k": ("k",)}
     assert res.dropped == ["k/Adam"]
 
 
 def test_apply_regex_rules_that_agree_are_not_ambiguous():
     res = Rules.from_options(regex=[("x/(.*)", r"y/\1"), ("(.*)/k", r"y/k")]).apply(["x/k"])
-    assert res.mapping == {"x/k": "y/k"}
+    assert res.mapping == {"x/k": ("y/k",)}
     assert res.ambiguous == []
 
 
@@ -305,11 +318,9 @@ def test_apply_unmatched_scope_suggests_close_scopes():
     assert (u.kind, u.explicit, u.suggestions) == ("map-scope", False, ("encoder/",))
 
 
-def test_apply_scope_shadowed_by_longer_scopes_is_unmatched():
+def test_apply_scope_covered_by_longer_scopes_still_renames():
     res = Rules.from_options(map={"a/": "c/", "a/b/": "d/"}).apply(["a/b/k"])
-    (u,) = res.unmatched
-    assert u.rule == "map 'a/' -> 'c/'"
-    assert "longer scopes or exact entries cover all 1 names under 'a/'" in u.reason
+    assert res.unmatched == [] and res.mapping == {"a/b/k": ("c/b/k", "d/k")}
 
 
 def test_apply_unmatched_regex_hints_at_partial_matches():
@@ -338,8 +349,8 @@ def test_apply_unmatched_include_suggests_close_globs_and_an_idle_exclude_is_no_
 def test_apply_records_the_rule_that_renamed_each_name():
     rules = Rules.from_options(map={"a/": "c/"}, regex=[("z", "y")])
     res = rules.apply(["a/k", "z"])
-    assert res.via["a/k"] == MapRule("a/", "c/")
-    assert res.via["z"] == RegexRule("z", "y")
+    assert res.via[("a/k", "c/k")] == MapRule("a/", "c/")
+    assert res.via[("z", "y")] == RegexRule("z", "y")
 
 
 def test_apply_ignores_duplicates_and_input_order():
@@ -420,7 +431,7 @@ def _rules(draw):
 @given(_names)
 def test_law_identity_rules_give_identity_mapping(names):
     res = Rules().apply(names)
-    assert res.mapping == {n: n for n in sorted(set(names))}
+    assert res.mapping == {n: (n,) for n in sorted(set(names))}
 
 
 @settings(max_examples=150, deadline=None)

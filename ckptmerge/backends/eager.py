@@ -39,7 +39,8 @@ def read_sources(plan: Any, binding: Any, progress: Optional[Progress] = None) -
     Returns:
         ``({(source_label, checkpoint_name): value}, bytes_read)``.
     """
-    groups = _by_source(plan)
+    # One checkpoint name may feed several targets: read it once.
+    groups = {label: list({a.name: a for a in g}.values()) for label, g in _by_source(plan).items()}
     handles = {h.label: h for h in binding.handles}
     total = sum(a.spec.nbytes for g in groups.values() for a in g)
     values: Dict[Tuple[str, str], Any] = {}
@@ -77,11 +78,15 @@ def prepare_values(plan: Any, binding: Any, values: Dict[Tuple[str, str], Any], 
     ours) in eager mode, 64-byte-aligned numpy arrays for graph-mode feeds.
     """
     owned = {h.label: not h.source.in_memory for h in binding.handles}
+    uses: Dict[Tuple[str, str], int] = {}
+    for a in plan.assignments.values():
+        uses[(a.source, a.name)] = uses.get((a.source, a.name), 0) + 1
     out: Dict[Tuple[str, Optional[str]], Any] = {}
     for a in plan.assignments.values():
         raw = values[(a.source, a.name)]
         value = binding.transform(a, raw)  # cast, then vocab remap / slicing
-        fresh = owned[a.source] or value is not raw
+        # A buffer read once but feeding several targets must not become two variables' storage.
+        fresh = (owned[a.source] and uses[(a.source, a.name)] == 1) or value is not raw
         for _, spec in binding.targets.variables[a.target].parts:
             piece = part_value(value, spec)
             mine = fresh or spec is not None

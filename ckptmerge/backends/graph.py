@@ -18,6 +18,7 @@ restoring again adds no op to the graph.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -109,6 +110,13 @@ def build_savers(plan: Any, binding: Any) -> Dict[str, Any]:
         raise CkptMergeError(
             f"A Saver restores stored values as they are, but {len(odd)} assignment(s) cast, transform "
             f"or come from memory (e.g. {quote_name(odd[0])}); use plan.restore() for this plan.")
+    uses = Counter((a.source, a.key) for a in plan.assignments.values())
+    shared = sorted(k for k, n in uses.items() if n > 1)
+    if shared:
+        raise CkptMergeError(
+            f"A Saver restores each checkpoint key into one variable, but {quote_name(shared[0][1])} of "
+            f"source {quote_name(shared[0][0])} feeds several targets ({len(shared)} such key(s)); use "
+            "plan.restore() for this plan.")
     var_lists: Dict[str, Dict[str, Any]] = {}
     for a in plan.assignments.values():
         parts = [var for var, _ in binding.targets.variables[a.target].parts]
