@@ -64,6 +64,11 @@ class Binding:
 
         needs = any(getattr(t, "needs_current", True) for t in transforms)
         current = self.current_value(assignment.target) if needs else None
+        if self.targets.mode == "graph" and any(callable(getattr(t, "init", None)) for t in transforms):
+            # A TF backup initializer builds graph tensors here: evaluate them in our session.
+            with self.targets.graph.as_default(), self.session.as_default():
+                return chain_apply(transforms, np.asarray(value), current,
+                                   target_shape=assignment.target_spec.shape)
         return chain_apply(transforms, np.asarray(value), current, target_shape=assignment.target_spec.shape)
 
     def current_value(self, name: str) -> np.ndarray:

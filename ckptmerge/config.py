@@ -49,7 +49,8 @@ TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch"
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
                "align", "vocab", "slice")
 #: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.transforms.VocabRemap`).
-VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init")
+VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
+              "num_oov_buckets")
 #: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.transforms.Slice`).
 SLICE_KEYS = ("name", "axis", "init")
 
@@ -62,7 +63,9 @@ _ALIASES = {
                "renames": "map", "ckpt_to_initialize_from": "path", "checkpoint": "path",
                "init_checkpoint": "path", "vars_to_warm_start": "include", "regexes": "regex",
                "var_name_to_vocab_info": "vocab", "transforms": "vocab' or 'slice"},
-    "vocab": {"target": "name", "variable": "name"},
+    "vocab": {"target": "name", "variable": "name", "backup_initializer": "init",
+              "previous_vocab_size": "old_vocab_size", "current_vocab_size": "new_vocab_size",
+              "current_oov_buckets": "num_oov_buckets"},
     "slice": {"target": "name", "variable": "name"},
     "top": {},
 }
@@ -169,8 +172,14 @@ class SourceConfig:
 def _vocab_to_dict(v: VocabRemap) -> Dict[str, Any]:
     def spec(s: Union[str, Tuple[str, ...]]) -> Union[str, List[str]]:
         return _escape(s) if isinstance(s, str) else list(s)
-    return {"name": v.target, "old_vocab": spec(v.old_vocab), "new_vocab": spec(v.new_vocab),
-            "axis": v.axis, "init": v.init}
+    out = {"name": v.target, "old_vocab": spec(v.old_vocab), "new_vocab": spec(v.new_vocab),
+           "axis": v.axis, "init": v.init}
+    for key in ("old_vocab_size", "new_vocab_size"):
+        if getattr(v, key) is not None:
+            out[key] = getattr(v, key)
+    if v.num_oov_buckets:
+        out["num_oov_buckets"] = v.num_oov_buckets
+    return out
 
 
 @dataclass(frozen=True)
@@ -985,10 +994,15 @@ def _get_vocab(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[VocabRemap, ...]:
                     for k in ("old_vocab", "new_vocab"))
         axis = _get_int(item, "axis", q, ctx, 0, "an axis (an integer >= 0; 0: rows, 1: columns)")
         init = _get_enum(item, "init", q, ctx, VOCAB_INITS, "zeros")
+        old_size = (-1 if item.get("old_vocab_size") == -1 else
+                    _get_int(item, "old_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1, or -1: all)"))
+        new_size = _get_int(item, "new_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1)")
+        oov = _get_int(item, "num_oov_buckets", q, ctx, 0, "a number of OOV buckets (an integer >= 0)")
         if name is None or old is None or new is None:
             continue
         try:
-            out.append(VocabRemap(name, old, new, axis=axis, init=init))
+            out.append(VocabRemap(name, old, new, axis=axis, init=init, old_vocab_size=old_size,
+                                  new_vocab_size=new_size, num_oov_buckets=oov))
         except TransformError as e:
             ctx.add(q, str(e).rstrip("."))
     return tuple(out)

@@ -34,7 +34,7 @@ import fnmatch
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -60,8 +60,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Initialisers of the rows of new tokens: zeros, or the target's current value.
-VOCAB_INITS = ("zeros", "keep")
+#: Initialisers (by name) of the rows of new tokens and OOV buckets: zeros, ones, or the target's
+#: current value. A callable ``init(shape, dtype)`` works too, as ``VocabInfo``'s
+#: ``backup_initializer`` (a TF or Keras initializer, or a function returning an array).
+VOCAB_INITS = ("zeros", "keep", "ones")
 #: Initialisers of the part of a sliced target that the checkpoint does not cover.
 SLICE_INITS = ("keep", "zeros")
 
@@ -186,12 +188,13 @@ def _check_axis(kind: str, target: str, axis: object) -> None:
                              f"received {axis!r}.", target=target)
 
 
-def _check_init(kind: str, target: str, init: object, choices: Sequence[str]) -> None:
+def _check_init(kind: str, target: str, init: object, choices: Sequence[str], extra: str = "") -> None:
     if init not in choices:
-        options = " or ".join(f"'{c}'" for c in choices)
+        quoted = [f"'{c}'" for c in choices]
+        options = ", ".join(quoted[:-1]) + " or " + quoted[-1]
         hint = did_you_mean(init, choices) if isinstance(init, str) else ""
-        raise TransformError(f"{kind} of '{target}': init must be {options}, received {init!r}.{hint}",
-                             target=target)
+        raise TransformError(f"{kind} of '{target}': init must be {options}{extra}, received "
+                             f"{init!r}.{hint}", target=target)
 
 
 def _plural(n: int, word: str) -> str:
@@ -210,6 +213,41 @@ def _zeros(shape: Shape, dtype: np.dtype) -> np.ndarray:
     if dtype == np.dtype(object):  # TF strings: empty bytes, not the integer 0
         return np.full(shape, b"", dtype=object)
     return np.zeros(shape, dtype=dtype)
+
+
+def _check_size(target: str, option: str, size: object, n_tokens: int, *, minus_one: bool = False) -> int:
+    """A vocabulary size option: an int in ``[1, n_tokens]`` (or ``-1``: all); returns the count."""
+    if minus_one and size == -1:
+        return n_tokens
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 < size <= n_tokens:
+        allowed = "-1 (all), or " if minus_one else ""
+        raise TransformError(f"vocab remap of '{target}': {option} must be {allowed}an integer from 1 "
+                             f"to the vocabulary's {_plural(n_tokens, 'token')}, received {size!r}.",
+                             target=target)
+    return int(size)
+
+
+def _initial_values(init: Callable[..., Any], shape: Shape, dtype: np.dtype, target: str) -> np.ndarray:
+    """Call a backup initializer ``init(shape, dtype)`` and check what it gives (a fresh array)."""
+    dt = dtype_name(dtype)
+    try:
+        got = init(shape, dtype=dt)
+    except TypeError:  # initializers that take the shape only
+        got = init(shape)
+    if hasattr(got, "numpy"):
+        got = got.numpy()
+    elif callable(getattr(got, "eval", None)) and hasattr(got, "graph"):  # a graph-mode TF tensor
+        got = got.eval()
+    try:
+        arr = np.array(got, dtype=dtype, copy=True)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise TransformError(f"vocab remap of '{target}': the backup initializer gave "
+                             f"{type(got).__name__}, not values ({e}); pass a callable that returns "
+                             "an array, or an initializer name such as 'zeros'.", target=target) from None
+    if arr.shape != tuple(shape):
+        raise TransformError(f"vocab remap of '{target}': the backup initializer gave shape "
+                             f"{arr.shape}, expected {tuple(shape)}.", target=target)
+    return arr
 
 
 def _start(value: np.ndarray, current: Optional[np.ndarray], out_shape: Shape, keep: bool,
@@ -238,19 +276,32 @@ class VocabRemap:
     """Move the rows (or columns) of a tensor from an old vocabulary to a new one.
 
     Tokens in both vocabularies move from their old index to their new index along ``axis``;
-    tokens only in the new vocabulary get zeros (``init="zeros"``) or keep the target's current
-    value (``init="keep"``); tokens only in the old vocabulary are dropped. Like TF's
-    ``VocabInfo`` for ``tf.compat.v1.train.warm_start``.
+    tokens only in the new vocabulary, and the ``num_oov_buckets`` rows after them, get ``init``;
+    tokens only in the old vocabulary are dropped. The semantics are those of TF's ``VocabInfo``
+    for ``tf.compat.v1.train.warm_start``: the checkpoint may hold more rows than the old
+    vocabulary (its own OOV rows, which are not carried over), and ``old_vocab_size`` /
+    ``new_vocab_size`` use only the first entries of each vocabulary.
 
     Args:
         target: the target variable name (or a glob) this transform applies to.
         old_vocab: the vocabulary the checkpoint was trained with: a file (one token per line,
-            UTF-8) or a list of tokens. The checkpoint tensor's size along ``axis`` must equal
-            its length.
-        new_vocab: the target's vocabulary, as a file or a list; its length is the output size
-            along ``axis``.
+            UTF-8) or a list of tokens. Token ``i`` is the checkpoint tensor's entry ``i`` along
+            ``axis``; the tensor must have at least as many entries as the old vocabulary
+            (``VocabInfo.old_vocab``).
+        new_vocab: the target's vocabulary, as a file or a list (``VocabInfo.new_vocab``).
         axis: 0 for rows (embeddings), 1 for columns (e.g. an output layer's kernel).
-        init: ``"zeros"`` or ``"keep"``, for the rows of new tokens.
+        init: for the rows of new tokens and OOV buckets: ``"zeros"``, ``"ones"``, ``"keep"``
+            (the target's current value) or a callable ``init(shape, dtype)`` returning an array
+            or tensor of that shape, e.g. a TF initializer (``VocabInfo.backup_initializer``;
+            it is called once, with the whole output shape, and the kept rows overwrite its
+            result).
+        old_vocab_size: use only the first ``old_vocab_size`` tokens of ``old_vocab``
+            (``VocabInfo.old_vocab_size``; ``None`` or ``-1``: all of them).
+        new_vocab_size: use only the first ``new_vocab_size`` tokens of ``new_vocab``
+            (``VocabInfo.new_vocab_size``; ``None``: all of them).
+        num_oov_buckets: rows after the new vocabulary's that the target has for
+            out-of-vocabulary ids (``VocabInfo.num_oov_buckets``); they get ``init``. The output
+            size along ``axis`` is ``new_vocab_size + num_oov_buckets``.
 
     Raises:
         TransformError: a vocabulary file is missing, not UTF-8, empty or has duplicates; a bad
@@ -269,7 +320,10 @@ class VocabRemap:
     old_vocab: Union[str, Tuple[str, ...]]
     new_vocab: Union[str, Tuple[str, ...]]
     axis: int = 0
-    init: str = "zeros"
+    init: Union[str, Callable[..., Any]] = "zeros"
+    old_vocab_size: Optional[int] = None
+    new_vocab_size: Optional[int] = None
+    num_oov_buckets: int = 0
     _old: Tuple[str, ...] = field(init=False, repr=False, compare=False)
     _new: Tuple[str, ...] = field(init=False, repr=False, compare=False)
     _old_idx: np.ndarray = field(init=False, repr=False, compare=False)
@@ -278,15 +332,26 @@ class VocabRemap:
     def __post_init__(self) -> None:
         _check_target("vocab remap", self.target)
         _check_axis("vocab remap", self.target, self.axis)
-        _check_init("vocab remap", self.target, self.init, VOCAB_INITS)
+        if not callable(self.init):
+            _check_init("vocab remap", self.target, self.init, VOCAB_INITS,
+                        " (or a callable backup initializer)")
         old_spec, old = _load_tokens(self.old_vocab, "old_vocab", self.target)
         new_spec, new = _load_tokens(self.new_vocab, "new_vocab", self.target)
+        old_size = -1 if self.old_vocab_size is None else self.old_vocab_size
+        old = old[:_check_size(self.target, "old_vocab_size", old_size, len(old), minus_one=True)]
+        new_size = len(new) if self.new_vocab_size is None else self.new_vocab_size
+        new = new[:_check_size(self.target, "new_vocab_size", new_size, len(new))]
+        oov = self.num_oov_buckets
+        if isinstance(oov, bool) or not isinstance(oov, (int, np.integer)) or oov < 0:
+            raise TransformError(f"vocab remap of '{self.target}': num_oov_buckets must be an "
+                                 f"integer >= 0, received {oov!r}.", target=self.target)
         new_index = {tok: i for i, tok in enumerate(new)}
         pairs = [(i, new_index[tok]) for i, tok in enumerate(old) if tok in new_index]
         set_ = object.__setattr__  # frozen dataclass: normalise once, here
         set_(self, "old_vocab", old_spec)
         set_(self, "new_vocab", new_spec)
         set_(self, "axis", int(self.axis))
+        set_(self, "num_oov_buckets", int(oov))
         set_(self, "_old", old)
         set_(self, "_new", new)
         set_(self, "_old_idx", np.array([p[0] for p in pairs], dtype=np.intp))
@@ -310,7 +375,7 @@ class VocabRemap:
 
     @property
     def num_added(self) -> int:
-        """Tokens only in the new vocabulary (initialised by ``init``)."""
+        """Tokens only in the new vocabulary (initialised by ``init``; OOV buckets not counted)."""
         return len(self._new) - self.num_kept
 
     @property
@@ -321,7 +386,7 @@ class VocabRemap:
     @property
     def needs_current(self) -> bool:
         """Whether :meth:`apply` needs the target's current value."""
-        return self.init == "keep"
+        return isinstance(self.init, str) and self.init == "keep"
 
     def applies_to(self, name: str) -> bool:
         """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
@@ -333,11 +398,11 @@ class VocabRemap:
 
     # protocol ---------------------------------------------------------------------------
     def output_shape(self, source_shape: Sequence[int], target_shape: Optional[Sequence[int]] = None) -> Shape:
-        """The shape of the remapped tensor: ``source_shape`` with ``len(new_vocab)`` at ``axis``.
+        """The remapped tensor's shape: ``source_shape`` with ``new size + num_oov_buckets`` at ``axis``.
 
         Raises:
-            TransformError: ``axis`` is out of range, or the source's size along ``axis`` is not
-                the length of the old vocabulary.
+            TransformError: ``axis`` is out of range, or the source has fewer entries along
+                ``axis`` than the old vocabulary has tokens.
 
         Example:
             >>> VocabRemap("e", ["a", "b"], ["b", "c", "d"]).output_shape((2, 8), (3, 8))
@@ -347,14 +412,15 @@ class VocabRemap:
         if self.axis >= len(shape):
             raise TransformError(f"vocab remap of '{self.target}': axis {self.axis} is out of range "
                                  f"for the checkpoint tensor of shape {shape}.", target=self.target)
-        if shape[self.axis] != len(self._old):
+        if shape[self.axis] < len(self._old):
             raise TransformError(
                 f"vocab remap of '{self.target}': the checkpoint tensor has {shape[self.axis]:,} "
                 f"{_unit(self.axis, len(shape), shape[self.axis])} along axis {self.axis} (shape {shape}) but the old "
-                f"vocabulary {self._vocab_label('old')} has {_plural(len(self._old), 'token')}; they "
-                "must be equal (is old_vocab the vocabulary this checkpoint was trained with?).",
+                f"vocabulary {self._vocab_label('old')} has {_plural(len(self._old), 'token')}; "
+                "it must have at least one per token (is old_vocab the vocabulary this checkpoint "
+                "was trained with? old_vocab_size=N uses its first N tokens).",
                 target=self.target)
-        return shape[:self.axis] + (len(self._new),) + shape[self.axis + 1:]
+        return shape[:self.axis] + (len(self._new) + self.num_oov_buckets,) + shape[self.axis + 1:]
 
     def apply(self, value: np.ndarray, current: Optional[np.ndarray] = None, *,
               target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
@@ -372,7 +438,12 @@ class VocabRemap:
         """
         value = np.asarray(value)
         out_shape = self.output_shape(value.shape, target_shape)
-        out = _start(value, current, out_shape, self.init == "keep", "vocab remap", self.target)
+        if callable(self.init):
+            out = _initial_values(self.init, out_shape, value.dtype, self.target)
+        elif self.init == "ones":
+            out = np.ones(out_shape, dtype=value.dtype)
+        else:
+            out = _start(value, current, out_shape, self.init == "keep", "vocab remap", self.target)
         index: list = [slice(None)] * value.ndim
         index[self.axis] = self._new_idx
         out[tuple(index)] = np.take(value, self._old_idx, axis=self.axis)
@@ -386,18 +457,28 @@ class VocabRemap:
             >>> VocabRemap("e", ["a", "b", "c"], ["a", "b", "d", "e"], init="keep").describe()
             "vocab remap axis 0: 2 of 3 old tokens kept, 2 new tokens (target's current value), 1 dropped"
         """
-        init = "zeros" if self.init == "zeros" else "target's current value"
+        init = {"zeros": "zeros", "ones": "ones", "keep": "target's current value"}.get(
+            self.init, "backup initializer") if isinstance(self.init, str) else "backup initializer"
         old = len(self._old)
+        oov = f", {_plural(self.num_oov_buckets, 'OOV bucket')}" if self.num_oov_buckets else ""
         return (f"vocab remap axis {self.axis}: {self.num_kept:,} of {old:,} old "
-                f"token{'' if old == 1 else 's'} kept, {_plural(self.num_added, 'new token')} "
-                f"({init}), {self.num_dropped:,} dropped")
+                f"token{'' if old == 1 else 's'} kept, {_plural(self.num_added, 'new token')}"
+                f"{oov} ({init}), {self.num_dropped:,} dropped")
 
     def to_dict(self) -> dict:
-        """JSON-ready data: kind, target, old_vocab, new_vocab (path or token list), axis, init."""
+        """JSON-ready data: kind, target, old_vocab, new_vocab (path or token list), axis, init
+        (a callable shows as its repr), and old_vocab_size, new_vocab_size, num_oov_buckets when set."""
         def spec(s: Union[str, Tuple[str, ...]]) -> Union[str, List[str]]:
             return s if isinstance(s, str) else list(s)
-        return {"kind": "vocab", "target": self.target, "old_vocab": spec(self.old_vocab),
-                "new_vocab": spec(self.new_vocab), "axis": self.axis, "init": self.init}
+        out = {"kind": "vocab", "target": self.target, "old_vocab": spec(self.old_vocab),
+               "new_vocab": spec(self.new_vocab), "axis": self.axis,
+               "init": self.init if isinstance(self.init, str) else repr(self.init)}
+        for key in ("old_vocab_size", "new_vocab_size"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.num_oov_buckets:
+            out["num_oov_buckets"] = self.num_oov_buckets
+        return out
 
 
 @dataclass(frozen=True)

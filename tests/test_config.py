@@ -483,8 +483,9 @@ def test_unknown_key_without_a_close_match_lists_the_valid_keys():
         "sources[0]: unknown key 'colour'. Valid keys: name, path, step, map, regex, include, "
         "exclude, optimizer, cast, align, vocab, slice")
     assert one_problem({"sources": [{"path": ".", "vocab": [{"name": "e", "old_vocab": ["a"],
-                                                              "new_vocab": ["a"], "size": 3}]}]}) == (
-        "sources[0].vocab[0]: unknown key 'size'. Valid keys: name, old_vocab, new_vocab, axis, init")
+                                                              "new_vocab": ["a"], "colour": 3}]}]}) == (
+        "sources[0].vocab[0]: unknown key 'colour'. Valid keys: name, old_vocab, new_vocab, axis, init, "
+        "old_vocab_size, new_vocab_size, num_oov_buckets")
 
 
 def test_unknown_key_known_from_tf_names_the_ckptmerge_key():
@@ -590,7 +591,7 @@ def test_bad_enum_values_suggest():
                                                             "new_vocab": ["a"], "init": "zero"}],
                                   "slice": [{"name": "k", "axis": 0, "init": "kept"}]}],
                      "on_conflict": "frist", "on_shape_mismatch": "ignore"}) == [
-        "sources[0].vocab[0].init: expected one of 'zeros', 'keep', received string 'zero'. Did you mean 'zeros'?",
+        "sources[0].vocab[0].init: expected one of 'zeros', 'keep', 'ones', received string 'zero'. Did you mean 'zeros'?",
         "sources[0].slice[0].init: expected one of 'keep', 'zeros', received string 'kept'. Did you mean 'keep'?",
         "on_conflict: expected one of 'error', 'first', 'last', received string 'frist'. Did you mean 'first'?",
         "on_shape_mismatch: expected one of 'error', 'skip', received string 'ignore'",
@@ -910,7 +911,7 @@ MESSAGES = [
     "sources[0]: unknown key 'exlude'. Did you mean 'exclude'?",
     "sources[1].name: duplicate source name 'encoder' (also sources[0]); give each source a distinct name",
     "sources[1].regex[0]: unbalanced parenthesis in '^head/(.*'",
-    "sources[1].vocab[0].init: expected one of 'zeros', 'keep', received string 'zero'. Did you mean 'zeros'?",
+    "sources[1].vocab[0].init: expected one of 'zeros', 'keep', 'ones', received string 'zero'. Did you mean 'zeros'?",
     "on_conflict: expected one of 'error', 'first', 'last', received string 'frist'. Did you mean 'first'?",
     "cast: expected true or false, received string 'no'",
 ]
@@ -1050,3 +1051,19 @@ def test_align_key_is_a_source_option(project):
     assert cfg.source_kwargs()[0]["align"] == "structure"
     with pytest.raises(ConfigError, match=r"sources\[0\].align: expected one of 'structure', received string 'structur'. Did you mean 'structure'\?"):
         load_config({"sources": [{"path": str(project / "runs" / "bert-base"), "align": "structur"}]})
+
+
+def test_vocab_info_sizes_and_oov_buckets_are_config_keys():
+    cfg = load_config({"sources": [{"path": ".", "vocab": [{
+        "name": "e", "old_vocab": ["a", "b", "c"], "new_vocab": ["c", "a", "x"], "old_vocab_size": 2,
+        "new_vocab_size": 2, "num_oov_buckets": 1, "init": "ones"}]}]})
+    (remap,) = cfg.sources[0].vocab
+    assert (remap.old_tokens, remap.new_tokens, remap.num_oov_buckets, remap.init) == (
+        ("a", "b"), ("c", "a"), 1, "ones")
+    assert load_config(cfg.to_dict()).sources[0].vocab == cfg.sources[0].vocab
+
+
+def test_vocab_info_names_are_suggested_as_ckptmerge_keys():
+    problem = one_problem({"sources": [{"path": ".", "vocab": [{
+        "name": "e", "old_vocab": ["a"], "new_vocab": ["a"], "backup_initializer": "zeros"}]}]})
+    assert "unknown key 'backup_initializer'" in problem and "'init'" in problem

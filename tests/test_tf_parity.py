@@ -380,3 +380,241 @@ def test_checkpoint_directory_means_its_latest_checkpoint_in_both(tf, tmp_path):
     expected = tf.train.load_variable(str(tmp_path), "var1")
     assert cm.load(str(tmp_path), ["var1"])["var1"].tobytes() == expected.tobytes()
     assert os.path.basename(tf.train.latest_checkpoint(str(tmp_path))) == "model-2"
+
+
+# --------------------------------------------------------------------------------------------
+# warm_start and VocabInfo (warm_starting_util_test.py)
+
+OLD_FRUITS = ["apple", "banana", "guava", "orange"]
+NEW_FRUITS = ["orange", "guava", "banana", "apple", "raspberry"]
+PREV_WEIGHTS = [[0.5], [1.0], [1.5], [2.0]]
+
+
+def _vocab_file(tmp_path, name, tokens):
+    path = tmp_path / name
+    path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def fruits(tf, tmp_path):
+    """A previous run's checkpoint of fruit_weights (4 x 1) and both vocabulary files."""
+    prefix = _save(tf, tmp_path / "prev" / "model", lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS))
+    return {"ckpt": str(tmp_path / "prev"), "prefix": prefix,
+            "old": _vocab_file(tmp_path, "old_vocab.txt", OLD_FRUITS),
+            "new": _vocab_file(tmp_path, "new_vocab.txt", NEW_FRUITS)}
+
+
+def _ws(ckpt_path, **kw):
+    """TF's side: tf.compat.v1.train.warm_start with ``kw`` (callables get the built variables)."""
+    def warm(tf, built):
+        tf.compat.v1.train.warm_start(ckpt_path, **{k: v(built) if callable(v) else v for k, v in kw.items()})
+    return warm
+
+
+def _vocab_info(tf, f, **kw):
+    kw.setdefault("new_vocab_size", len(NEW_FRUITS))
+    kw.setdefault("num_oov_buckets", 0)
+    return tf.compat.v1.train.VocabInfo(new_vocab=f["new"], old_vocab=f["old"], **kw)
+
+
+def _fruit_weights(rows, partitioned=False, name="fruit_weights", cols=1):
+    def build(tf):
+        part = tf.compat.v1.fixed_size_partitioner(2) if partitioned else None
+        return _get(tf, name, [rows, cols], initializer=tf.compat.v1.zeros_initializer(), partitioner=part)
+    return build
+
+
+def test_warm_start_var(tf, fruits):
+    _parity(tf, _fruit_weights(4), _ws(fruits["ckpt"], vars_to_warm_start="fruit_weights"),
+            lambda b: [cm.Source(fruits["ckpt"], include="fruit_weights")], allow_missing=())
+
+
+def test_warm_start_var_from_a_checkpoint_prefix(tf, fruits):
+    _parity(tf, _fruit_weights(4), _ws(fruits["prefix"]), lambda b: [cm.Source(fruits["prefix"])],
+            allow_missing=())
+
+
+def test_warm_start_var_current_var_partitioned(tf, fruits):
+    _parity(tf, _fruit_weights(4, partitioned=True), _ws(fruits["ckpt"]),
+            lambda b: [cm.Source(fruits["ckpt"])], allow_missing=())
+
+
+def test_warm_start_var_prev_var_partitioned(tf, tmp_path):
+    prefix = _save(tf, tmp_path / "model", lambda tf: _get(
+        tf, "fruit_weights", [4, 1],
+        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
+    _parity(tf, _fruit_weights(4), _ws(prefix), lambda b: [cm.Source(prefix)], allow_missing=())
+
+
+def test_warm_start_var_both_vars_partitioned_with_a_prev_var_name(tf, tmp_path):
+    prefix = _save(tf, tmp_path / "model", lambda tf: _get(
+        tf, "old_scope/fruit_weights", [4, 1],
+        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
+    names = {"new_scope/fruit_weights": "old_scope/fruit_weights"}
+    _parity(tf, _fruit_weights(4, partitioned=True, name="new_scope/fruit_weights"),
+            _ws(prefix, var_name_to_prev_var_name=names),
+            lambda b: [cm.Source(prefix, map={"old_scope/fruit_weights": "new_scope/fruit_weights"})],
+            allow_missing=())
+
+
+def _two_scopes(tf):
+    with tf.compat.v1.variable_scope("sc_a"):
+        _get(tf, "w", [2, 3])
+        _get(tf, "b", [3])
+    with tf.compat.v1.variable_scope("sc_b"):
+        _get(tf, "w", [3, 1])
+
+
+@pytest.fixture
+def two_scopes(tf, tmp_path):
+    return _save(tf, tmp_path / "model", _two_scopes)
+
+
+def test_warm_start_vars_to_warm_start_regex_is_an_include_glob(tf, two_scopes):
+    _parity(tf, _two_scopes, _ws(two_scopes, vars_to_warm_start="sc_a/.*"),
+            lambda b: [cm.Source(two_scopes, include="sc_a/*")])
+
+
+def test_warm_start_vars_to_warm_start_list_of_regexes(tf, two_scopes):
+    _parity(tf, _two_scopes, _ws(two_scopes, vars_to_warm_start=["sc_a/w", "sc_b/w"]),
+            lambda b: [cm.Source(two_scopes, include=["sc_a/w", "sc_b/w"])])
+
+
+def test_warm_start_vars_to_warm_start_list_of_variables(tf, two_scopes):
+    def build(tf):
+        _two_scopes(tf)
+        return {v.op.name: v for v in tf.compat.v1.global_variables()}
+    _parity(tf, build, _ws(two_scopes, vars_to_warm_start=lambda b: [b["sc_b/w"]]),
+            lambda b: [cm.Source(two_scopes, map={"sc_b/w": b["sc_b/w"]})])
+
+
+def test_warm_start_default_warm_starts_every_trainable_variable(tf, two_scopes):
+    _parity(tf, _two_scopes, _ws(two_scopes), lambda b: [cm.Source(two_scopes)], allow_missing=())
+
+
+def test_warm_start_var_name_to_prev_var_name_is_a_map(tf, two_scopes):
+    def build(tf):
+        _get(tf, "new_a/w", [2, 3])
+        _get(tf, "sc_b/w", [3, 1])
+    _parity(tf, build, _ws(two_scopes, vars_to_warm_start=".*", var_name_to_prev_var_name={"new_a/w": "sc_a/w"}),
+            lambda b: [cm.Source(two_scopes, map={"sc_a/w": "new_a/w", "sc_b/w": "sc_b/w"})], allow_missing=())
+
+
+def test_warm_start_unused_prev_var_name_is_a_value_error_in_both(tf, two_scopes):
+    build = lambda tf: _get(tf, "sc_b/w", [3, 1])  # noqa: E731
+    with pytest.raises(ValueError):
+        _with_tf(tf, build, _ws(two_scopes, var_name_to_prev_var_name={"nope/w": "sc_a/w"}))
+    with pytest.raises(ValueError, match="names no target variable 'nope/w'"):
+        _with_cm(tf, build, lambda b: [cm.Source(two_scopes, map={"sc_a/w": "nope/w", "sc_b/w": "sc_b/w"})])
+
+
+def _vocab_parity(tf, fruits, build, info_kw, remap_kw, **ws_kw):
+    info = lambda b: {"fruit_weights": _vocab_info(tf, fruits, **info_kw)}  # noqa: E731
+    remap = cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"], **remap_kw)
+    return _parity(tf, build, _ws(fruits["ckpt"], var_name_to_vocab_info=info, **ws_kw),
+                   lambda b: [cm.Source(fruits["ckpt"], transforms=[remap])], allow_missing=())
+
+
+def test_vocab_info_moves_rows_to_their_new_index(tf, fruits):
+    got = _vocab_parity(tf, fruits, _fruit_weights(5), {}, {})
+    np.testing.assert_array_equal(got["fruit_weights"], [[2.0], [1.5], [1.0], [0.5], [0.0]])
+
+
+def test_vocab_info_with_constrained_old_vocab_size(tf, fruits):
+    got = _vocab_parity(tf, fruits, _fruit_weights(5), {"old_vocab_size": 2}, {"old_vocab_size": 2})
+    np.testing.assert_array_equal(got["fruit_weights"], [[0.0], [0.0], [1.0], [0.5], [0.0]])
+
+
+def test_vocab_info_with_constrained_new_vocab_size(tf, fruits):
+    _vocab_parity(tf, fruits, _fruit_weights(3), {"new_vocab_size": 3}, {"new_vocab_size": 3})
+
+
+def test_vocab_info_with_oov_buckets(tf, fruits):
+    got = _vocab_parity(tf, fruits, _fruit_weights(7), {"num_oov_buckets": 2}, {"num_oov_buckets": 2})
+    assert got["fruit_weights"].shape == (7, 1)
+
+
+def test_vocab_info_with_a_backup_initializer(tf, fruits):
+    # constant_initializer cannot take the symbolic shape warm_start gives it; a uniform
+    # initializer over [0.42, 0.42] is the same constant and can.
+    init = tf.compat.v1.random_uniform_initializer(0.42, 0.42)
+    _vocab_parity(tf, fruits, _fruit_weights(6), {"num_oov_buckets": 1, "backup_initializer": init},
+                  {"num_oov_buckets": 1, "init": init})
+
+
+def test_vocab_info_backup_initializer_as_a_name(tf, fruits):
+    _vocab_parity(tf, fruits, _fruit_weights(6),
+                  {"num_oov_buckets": 1, "backup_initializer": tf.compat.v1.ones_initializer()},
+                  {"num_oov_buckets": 1, "init": "ones"})
+
+
+def test_vocab_info_checkpoint_with_oov_rows(tf, tmp_path):
+    # An Estimator checkpoint: 4 vocabulary rows plus 1 OOV row; the OOV row is not carried over.
+    prefix = _save(tf, tmp_path / "prev" / "model",
+                   lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS + [[9.0]]))
+    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
+          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
+    got = _vocab_parity(tf, fr, _fruit_weights(6), {"num_oov_buckets": 1}, {"num_oov_buckets": 1})
+    assert 9.0 not in got["fruit_weights"] and prefix
+
+
+def test_vocab_info_current_var_partitioned(tf, fruits):
+    _vocab_parity(tf, fruits, _fruit_weights(5, partitioned=True), {}, {})
+
+
+def test_vocab_info_prev_var_partitioned(tf, tmp_path):
+    _save(tf, tmp_path / "prev" / "model", lambda tf: _get(
+        tf, "fruit_weights", [4, 1],
+        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
+    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
+          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
+    _vocab_parity(tf, fr, _fruit_weights(5), {}, {})
+
+
+def test_vocab_info_both_vars_partitioned_with_oov_buckets(tf, tmp_path):
+    _save(tf, tmp_path / "prev" / "model", lambda tf: _get(
+        tf, "fruit_weights", [4, 1],
+        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
+    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
+          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
+    _vocab_parity(tf, fr, _fruit_weights(6, partitioned=True), {"num_oov_buckets": 1}, {"num_oov_buckets": 1})
+
+
+def test_vocab_info_with_a_prev_var_name(tf, fruits):
+    info = lambda b: {"new_weights": _vocab_info(tf, fruits)}  # noqa: E731
+    remap = cm.VocabRemap("new_weights", fruits["old"], fruits["new"])
+    _parity(tf, _fruit_weights(5, name="new_weights"),
+            _ws(fruits["ckpt"], var_name_to_vocab_info=info,
+                var_name_to_prev_var_name={"new_weights": "fruit_weights"}),
+            lambda b: [cm.Source(fruits["ckpt"], map={"fruit_weights": "new_weights"}, transforms=[remap])],
+            allow_missing=())
+
+
+def test_vocab_info_on_columns_of_an_output_layer(tf, tmp_path):
+    prev = [[0.5, 0.3, 0.0, 1.0], [0.8, 0.0, 1.0, 2.0]]  # 2 x 4: columns are OLD_FRUITS
+    _save(tf, tmp_path / "prev" / "model", lambda tf: _get(tf, "fruit_output_layer", initializer=prev))
+    old, new = _vocab_file(tmp_path, "old.txt", OLD_FRUITS), _vocab_file(tmp_path, "new.txt", NEW_FRUITS)
+    info = {"fruit_output_layer": tf.compat.v1.train.VocabInfo(new, 5, 1, old, axis=1)}
+    remap = cm.VocabRemap("fruit_output_layer", old, new, axis=1, new_vocab_size=5, num_oov_buckets=1)
+    _parity(tf, _fruit_weights(2, name="fruit_output_layer", cols=6),
+            _ws(str(tmp_path / "prev"), var_name_to_vocab_info=info),
+            lambda b: [cm.Source(str(tmp_path / "prev"), transforms=[remap])], allow_missing=())
+
+
+def test_vocab_info_only_with_vars_to_warm_start_none(tf, fruits, tmp_path):
+    def build(tf):
+        _fruit_weights(5)(tf)
+        _get(tf, "other", [2])
+    remap = cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"])
+    info = lambda b: {"fruit_weights": _vocab_info(tf, fruits)}  # noqa: E731
+    _parity(tf, build, _ws(fruits["ckpt"], vars_to_warm_start=None, var_name_to_vocab_info=info),
+            lambda b: [cm.Source(fruits["ckpt"], include="fruit_weights", transforms=[remap])],
+            allow_missing=["other"])
+
+
+def test_vocab_info_with_a_bad_axis_is_a_value_error_in_both(tf, fruits):
+    with pytest.raises(ValueError):
+        tf.compat.v1.train.VocabInfo(fruits["new"], 5, 0, fruits["old"], axis=2)
+    with pytest.raises(ValueError, match="axis"):
+        cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"], axis=-1)

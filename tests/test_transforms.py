@@ -188,21 +188,22 @@ def test_vocab_spec_wrong_type():
         VocabRemap("embed", OLD, 3)
 
 
-def test_vocab_size_mismatch_names_both_numbers():
+def test_vocab_checkpoint_with_fewer_rows_than_the_old_vocab_names_both_numbers():
     t = VocabRemap("embed", OLD, NEW)
     with pytest.raises(TransformError) as e:
-        t.apply(np.zeros((10_001, 2)), None)
+        t.apply(np.zeros((3, 2)), None)
     assert str(e.value) == (
-        "vocab remap of 'embed': the checkpoint tensor has 10,001 rows along axis 0 (shape "
-        "(10001, 2)) but the old vocabulary (a list) has 4 tokens; they must be equal (is "
-        "old_vocab the vocabulary this checkpoint was trained with?).")
+        "vocab remap of 'embed': the checkpoint tensor has 3 rows along axis 0 (shape "
+        "(3, 2)) but the old vocabulary (a list) has 4 tokens; it must have at least one per "
+        "token (is old_vocab the vocabulary this checkpoint was trained with? old_vocab_size=N "
+        "uses its first N tokens).")
     assert e.value.target == "embed"
 
 
 def test_vocab_size_mismatch_names_the_file(tmp_path):
     p = write(tmp_path / "v1.txt", "a\nb\n")
     with pytest.raises(TransformError, match=f"old vocabulary '{p}' has 2 tokens"):
-        VocabRemap("embed", p, NEW).output_shape((3,))
+        VocabRemap("embed", p, NEW).output_shape((1,))
 
 
 def test_vocab_axis_out_of_range():
@@ -223,7 +224,8 @@ def test_vocab_keep_current_value_of_wrong_shape():
 def test_vocab_bad_init_suggests():
     with pytest.raises(TransformError) as e:
         VocabRemap("embed", OLD, NEW, init="zero")
-    assert str(e.value) == ("vocab remap of 'embed': init must be 'zeros' or 'keep', received "
+    assert str(e.value) == ("vocab remap of 'embed': init must be 'zeros', 'keep' or 'ones' (or a callable "
+                            "backup initializer), received "
                             "'zero'. Did you mean 'zeros'?")
 
 
@@ -453,3 +455,65 @@ def test_numpy_dtype_names():
     assert numpy_dtype("string") == np.dtype(object)
     assert dtype_name(numpy_dtype("bfloat16")) == "bfloat16"
     assert dtype_name(np.dtype("S3")) == "string"
+
+
+# -- VocabInfo semantics: OOV rows, vocabulary sizes, OOV buckets, backup initializers --------
+
+
+def test_vocab_checkpoint_with_more_rows_than_the_old_vocab_is_legal():
+    with_oov_row = np.vstack([ROWS, [[99, 99]]])  # an Estimator checkpoint's OOV row
+    out = VocabRemap("embed", OLD, NEW).apply(with_oov_row, None)
+    np.testing.assert_array_equal(out, VocabRemap("embed", OLD, NEW).apply(ROWS, None))
+
+
+def test_vocab_old_vocab_size_uses_the_first_tokens_only():
+    out = VocabRemap("embed", OLD, NEW, old_vocab_size=2).apply(ROWS, None)
+    # only a and b are old tokens now: d and c count as new
+    np.testing.assert_array_equal(out, [[0, 0], [0, 0], [0, 1], [0, 0], [0, 0]])
+
+
+def test_vocab_new_vocab_size_and_oov_buckets_give_the_output_size():
+    t = VocabRemap("embed", OLD, NEW, new_vocab_size=3, num_oov_buckets=2, init="ones")
+    assert t.output_shape((4, 2)) == (5, 2)
+    np.testing.assert_array_equal(t.apply(ROWS, None), [[6, 7], [1, 1], [0, 1], [1, 1], [1, 1]])
+    assert t.describe() == ("vocab remap axis 0: 2 of 4 old tokens kept, 1 new token, 2 OOV buckets "
+                            "(ones), 2 dropped")
+
+
+def test_vocab_callable_backup_initializer_fills_new_rows_and_oov_buckets():
+    seen = []
+
+    def backup(shape, dtype):
+        seen.append((shape, dtype))
+        return np.full(shape, 0.5)
+    out = VocabRemap("embed", OLD, NEW, init=backup, num_oov_buckets=1).apply(ROWS.astype(np.float32), None)
+    assert seen == [((6, 2), "float32")] and out.dtype == np.float32
+    np.testing.assert_array_equal(out[[1, 4, 5]], np.full((3, 2), 0.5))
+    np.testing.assert_array_equal(out[[0, 2, 3]], [[6, 7], [0, 1], [4, 5]])
+
+
+def test_vocab_backup_initializer_of_the_wrong_shape_is_an_error():
+    t = VocabRemap("embed", OLD, NEW, init=lambda shape, dtype: np.zeros(3))
+    with pytest.raises(TransformError, match=r"backup initializer gave shape \(3,\), expected \(5, 2\)"):
+        t.apply(ROWS, None)
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("old_vocab_size", 5, "old_vocab_size must be -1 \\(all\\), or an integer from 1 to the vocabulary's 4 tokens"),
+    ("old_vocab_size", 0, "old_vocab_size must be"),
+    ("new_vocab_size", 6, "new_vocab_size must be an integer from 1 to the vocabulary's 5 tokens"),
+    ("num_oov_buckets", -1, "num_oov_buckets must be an integer >= 0"),
+])
+def test_vocab_bad_sizes_are_errors(option, value, message):
+    with pytest.raises(TransformError, match=message):
+        VocabRemap("embed", OLD, NEW, **{option: value})
+
+
+def test_vocab_old_vocab_size_minus_one_means_all():
+    assert VocabRemap("embed", OLD, NEW, old_vocab_size=-1).old_tokens == tuple(OLD)
+
+
+def test_vocab_sizes_round_trip_through_to_dict():
+    t = VocabRemap("embed", OLD, NEW, old_vocab_size=3, new_vocab_size=4, num_oov_buckets=1)
+    d = t.to_dict()
+    assert (d["old_vocab_size"], d["new_vocab_size"], d["num_oov_buckets"]) == (3, 4, 1)
