@@ -53,8 +53,11 @@ class Binding:
         """True when value transforms (vocab remap, slicing) apply to this assignment."""
         return bool(self._transforms(assignment))
 
-    def transform(self, assignment: Any, value: Any) -> Any:
-        """Cast if the plan says so, then apply the assignment's transforms, in order."""
+    def transform(self, assignment: Any, value: Any, current: Optional[np.ndarray] = None) -> Any:
+        """Cast if the plan says so, then apply the assignment's transforms, in order.
+
+        ``current`` is the target's current value when the caller has it (else it is read when a
+        transform needs it)."""
         if assignment.cast:
             value = cast_value(value, assignment.target_spec.dtype)
         transforms = self._transforms(assignment)
@@ -63,7 +66,8 @@ class Binding:
         from .transforms import chain_apply
 
         needs = any(getattr(t, "needs_current", True) for t in transforms)
-        current = self.current_value(assignment.target) if needs else None
+        if needs and current is None:
+            current = self.current_value(assignment.target)
         if self.targets.mode == "graph" and any(callable(getattr(t, "init", None)) for t in transforms):
             # A TF backup initializer builds graph tensors here: evaluate them in our session.
             with self.targets.graph.as_default(), self.session.as_default():

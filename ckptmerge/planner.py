@@ -538,6 +538,37 @@ class Plan:
 
         return run_plan(self, session=session, strict=strict, progress=progress)
 
+    def set_initializers(self, *, strict: bool = True) -> List[str]:
+        """Make each assigned variable's initializer read its value from the sources (graph mode).
+
+        As ``tf.compat.v1.train.init_from_checkpoint`` does: afterwards
+        ``tf.compat.v1.global_variables_initializer()``, a ``Scaffold``, a
+        ``MonitoredTrainingSession`` or an Estimator warm-start the variables with no call of
+        ours, and ``variable.initialized_value()`` holds the checkpoint value. TF tensor bundles
+        read as stored go through TF's own ``RestoreV2``; casts, transforms and other formats
+        through ckptmerge's reader, inside the initializer. Values are read when the initializer
+        runs, one variable at a time: unlike :meth:`restore`, this path is not atomic.
+
+        Args:
+            strict: as for :meth:`restore`; findings are checked now.
+
+        Returns:
+            The target names whose initializers now read from the sources, sorted.
+
+        Raises:
+            PlanError: see ``strict``.
+            CkptMergeError: not graph mode, or the graph is finalized.
+
+        Example:
+            >>> cm.plan(None, [cm.Source("runs/A")]).set_initializers()   # doctest: +SKIP
+            >>> with tf.compat.v1.train.MonitoredTrainingSession() as sess:   # doctest: +SKIP
+            ...     sess.run(train_op)
+        """
+        from .backends.graph import set_initializers
+
+        self.check(strict=strict, action="restore")
+        return set_initializers(self, self._binding)
+
     def savers(self) -> Dict[str, Any]:
         """One ``tf.compat.v1.train.Saver`` per checkpoint source, built once per plan (graph mode).
 

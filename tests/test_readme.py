@@ -65,6 +65,21 @@ def test_graph_example(tf, runs_ab):
             np.testing.assert_array_equal(sess.run(x1), runs_ab["a1"])
 
 
+def test_initializers_example(tf, runs_ab, tmp_path):
+    import ckptmerge as cm
+
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        with tf.compat.v1.variable_scope("model"):
+            a1 = tf.compat.v1.get_variable("a1", shape=(3, 4))
+            tf.compat.v1.get_variable("a2", shape=(4,))
+            tf.compat.v1.get_variable("a3", shape=(2, 2))
+        code = _block("initializers").replace("...", "result = sess.run(a1)")
+        ns = {"cm": cm, "tf": tf, "out": str(tmp_path / "train"), "a1": a1}
+        exec(code, ns)
+    np.testing.assert_array_equal(ns["result"], runs_ab["a1"])
+
+
 def test_eager_example(tf, runs_ab):
     import ckptmerge as cm
 

@@ -618,3 +618,99 @@ def test_vocab_info_with_a_bad_axis_is_a_value_error_in_both(tf, fruits):
         tf.compat.v1.train.VocabInfo(fruits["new"], 5, 0, fruits["old"], axis=2)
     with pytest.raises(ValueError, match="axis"):
         cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"], axis=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# initializer mode: plan.set_initializers() replaces initializers, as init_from_checkpoint does
+
+
+def _with_cm_initializers(tf, build, sources, **options):
+    """Build the graph, let ckptmerge replace the initializers, then run TF's initializer only."""
+    options.setdefault("allow_missing", "*")
+    with tf.Graph().as_default() as g:
+        tf.compat.v1.set_random_seed(1)
+        built = build(tf)
+        plan = cm.plan(None, sources(built), **options)
+        plan.set_initializers()
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            return _values(tf, sess)
+
+
+def test_set_initializers_gives_init_from_checkpoint_values(tf, ckpt):
+    maps = [{"var1": "some_scope/my1",
+             "useful_scope/": "some_scope/some_other_scope/other_useful_scope/"},
+            lambda b: {"var2": "some_scope/some_other_scope/my2", "var3": b["my3"]}]
+    expected = _with_tf(tf, _some_scope_model, _init(ckpt, *maps))
+    got = _with_cm_initializers(tf, _some_scope_model, lambda b: [cm.Source(ckpt, map={**maps[0], **maps[1](b)})],
+                                allow_missing=())
+    _assert_same(expected, got)
+
+
+def test_set_initializers_into_partitioned_variables(tf, part_ckpt):
+    amap = {"var1": "some_scope/my1"}
+    expected = _with_tf(tf, _partitioned_target, _init(part_ckpt, amap))
+    _assert_same(expected, _with_cm_initializers(tf, _partitioned_target, lambda b: [cm.Source(part_ckpt, map=amap)]))
+
+
+def test_set_initializers_with_a_vocab_remap_gives_warm_start_values(tf, fruits):
+    info = lambda b: {"fruit_weights": _vocab_info(tf, fruits, num_oov_buckets=1)}  # noqa: E731
+    remap = cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"], num_oov_buckets=1)
+    expected = _with_tf(tf, _fruit_weights(6), _ws(fruits["ckpt"], var_name_to_vocab_info=info))
+    got = _with_cm_initializers(tf, _fruit_weights(6), lambda b: [cm.Source(fruits["ckpt"], transforms=[remap])])
+    _assert_same(expected, got)
+
+
+def test_set_initializers_keep_init_keeps_the_original_initial_value(tf, fruits):
+    remap = cm.VocabRemap("fruit_weights", fruits["old"], fruits["new"], init="keep")
+
+    def build(tf):
+        _get(tf, "fruit_weights", initializer=np.full((5, 1), 7.0, np.float32))
+    got = _with_cm_initializers(tf, build, lambda b: [cm.Source(fruits["ckpt"], transforms=[remap])])
+    np.testing.assert_array_equal(got["fruit_weights"], [[2.0], [1.5], [1.0], [0.5], [7.0]])
+
+
+def test_initial_value_comes_from_checkpoint(tf, ckpt):
+    expected = tf.train.load_variable(ckpt, "var1")
+    with tf.Graph().as_default() as g:
+        my1 = _get(tf, "my1", [1, 10])
+        cm.plan(None, [cm.Source(ckpt, map={"var1": "my1"})]).set_initializers()
+        with tf.compat.v1.Session(graph=g) as sess:
+            assert sess.run(my1.initialized_value()).tobytes() == expected.tobytes()
+            assert sess.run(my1.initial_value).tobytes() == expected.tobytes()
+
+
+def test_monitored_training_session_warm_starts_with_no_session_call_of_ours(tf, ckpt, tmp_path):
+    expected = tf.train.load_variable(ckpt, "useful_scope/var4")
+    with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        w = _get(tf, "model/var4", [9, 9])
+        train = tf.compat.v1.assign_add(step, 1)
+        cm.plan(None, [cm.Source(ckpt, map={"useful_scope/": "model/"})], allow_missing=["global_step"]).set_initializers()
+        with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=str(tmp_path / "train")) as sess:
+            assert sess.run(w).tobytes() == expected.tobytes()
+            sess.run(train)
+        # The session saved a checkpoint: the warm-started value went through training as usual.
+    assert tf.train.load_variable(str(tmp_path / "train"), "model/var4").tobytes() == expected.tobytes()
+
+
+def test_set_initializers_after_the_graph_is_finalized_is_an_error(tf, ckpt):
+    with tf.Graph().as_default() as g:
+        _get(tf, "var1", [1, 10])
+        plan = cm.plan(None, [cm.Source(ckpt, include="var1")])
+        g.finalize()
+        with pytest.raises(cm.CkptMergeError, match="before creating the MonitoredTrainingSession"):
+            plan.set_initializers()
+
+
+def test_set_initializers_in_eager_mode_is_an_error(tf, ckpt):
+    plan = cm.plan({"var1": tf.Variable(np.zeros((1, 10), np.float32))}, [cm.Source(ckpt, include="var1")])
+    with pytest.raises(cm.CkptMergeError, match="in eager mode call plan.restore"):
+        plan.set_initializers()
+
+
+def test_set_initializers_checks_the_plan_first(tf, ckpt):
+    with tf.Graph().as_default():
+        _get(tf, "my1", [1, 10])
+        with pytest.raises(cm.PlanError):
+            cm.plan(None, [cm.Source(ckpt, map={"var_1": "my1"})]).set_initializers()

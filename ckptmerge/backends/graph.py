@@ -28,7 +28,7 @@ from ..text import quote_name
 from . import Progress, make_report
 from .eager import prepare_values, read_sources
 
-__all__ = ["GraphOps", "restore_graph", "build_savers"]
+__all__ = ["GraphOps", "restore_graph", "build_savers", "set_initializers"]
 
 
 class GraphOps:
@@ -125,3 +125,70 @@ def build_savers(plan: Any, binding: Any) -> Dict[str, Any]:
         binding.savers = {label: tf.compat.v1.train.Saver(var_list=vl, name=f"ckptmerge_saver_{i}")
                           for i, (label, vl) in enumerate(sorted(var_lists.items()))}
     return binding.savers
+
+
+def _tf_reads_it(binding: Any, assignment: Any) -> bool:
+    """Whether TF's own ``RestoreV2`` can give this assignment's value as it is stored (a TF
+    tensor bundle, no cast, no transform), as ``init_from_checkpoint`` reads it."""
+    from ..formats.bundle import BundleReader
+
+    handle = next(h for h in binding.handles if h.label == assignment.source)
+    return (isinstance(getattr(handle, "reader", None), BundleReader) and not assignment.cast
+            and not binding.has_transform(assignment))
+
+
+def set_initializers(plan: Any, binding: Any) -> List[str]:
+    """Make each assigned variable's initializer read its value from the plan's sources.
+
+    As ``tf.compat.v1.train.init_from_checkpoint`` does, each variable (each part of a
+    partitioned one) gets a new ``_initializer_op`` and ``_initial_value``: a ``RestoreV2`` of its
+    checkpoint key (and slice) for TF tensor bundles read as stored; otherwise a
+    ``tf.numpy_function`` that reads with ckptmerge's reader and applies the cast and transforms
+    (their "current value" is the variable's original initial value). Nothing is read now.
+
+    Returns:
+        The target names whose initializers were replaced, sorted.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import io_ops
+
+    if binding is None or binding.targets.mode != "graph":
+        raise CkptMergeError("plan.set_initializers() is for graph-mode plans (tf.compat.v1 graphs, "
+                             "where variables have initializers); in eager mode call plan.restore().")
+    graph = binding.targets.graph
+    if graph.finalized:
+        raise CkptMergeError(
+            "The graph is finalized, so ckptmerge cannot replace initializers. Call "
+            "plan.set_initializers() before creating the MonitoredTrainingSession or Scaffold.")
+    handles = {h.label: h for h in binding.handles}
+    with graph.as_default():
+        for a in plan.assignments.values():
+            target = binding.targets.variables[a.target]
+            tf_reads = _tf_reads_it(binding, a)
+            originals = [var._initial_value for var, _ in target.parts]
+            for var, spec in target.parts:
+                dtype = var.dtype.base_dtype
+                # As init_from_checkpoint: on the variable's device, but on its CPU (RestoreV2 and
+                # Python run there), so the variable is not forced onto the CPU.
+                with tf.device(var.device), tf.device("/cpu:0"), tf.name_scope("ckptmerge_init"):
+                    if tf_reads:
+                        value = io_ops.restore_v2(handles[a.source].path, [a.key], [spec or ""], [dtype])[0]
+                    else:
+                        read = _reader_of(binding, handles[a.source], a, target, spec)
+                        value = tf.numpy_function(read, originals, dtype, stateful=True)
+                value.set_shape(var.shape)
+                var._initializer_op = _assign(tf, var, value)  # noqa: SLF001 - as TF itself does
+                var._initial_value = value  # noqa: SLF001
+    return sorted(plan.assignments)
+
+
+def _reader_of(binding: Any, handle: Any, assignment: Any, target: Any, spec: Optional[str]) -> Any:
+    """The Python function a ``numpy_function`` initializer runs: read, cast, transform, slice."""
+    from .tensors import join_parts, part_value, to_numpy
+
+    def read(*original_parts: np.ndarray) -> np.ndarray:
+        raw = handle.read([assignment.name])[assignment.name]
+        current = join_parts(target, list(original_parts))
+        value = binding.transform(assignment, raw, current)
+        return to_numpy(part_value(np.asarray(value), spec), owned=False)
+    return read
