@@ -170,15 +170,13 @@ class SourceConfig:
 
 
 def _vocab_to_dict(v: VocabRemap) -> Dict[str, Any]:
-    def spec(s: Union[str, Tuple[str, ...]]) -> Union[str, List[str]]:
-        return _escape(s) if isinstance(s, str) else list(s)
-    out = {"name": v.target, "old_vocab": spec(v.old_vocab), "new_vocab": spec(v.new_vocab),
-           "axis": v.axis, "init": v.init}
-    for key in ("old_vocab_size", "new_vocab_size"):
-        if getattr(v, key) is not None:
-            out[key] = getattr(v, key)
-    if v.num_oov_buckets:
-        out["num_oov_buckets"] = v.num_oov_buckets
+    data = v.to_dict()
+    out: Dict[str, Any] = {"name": data.pop("target")}
+    data.pop("kind")
+    for key in ("old_vocab", "new_vocab"):  # paths are written back with $ escaped
+        if isinstance(data[key], str):
+            data[key] = _escape(data[key])
+    out.update(data)
     return out
 
 

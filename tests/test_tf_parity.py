@@ -274,39 +274,17 @@ def test_init_from_checkpoint_keeps_every_dtype(tf, tmp_path, dtype):
     assert got["w"].tolist() == value.tolist()
 
 
-def test_missing_tensor_is_a_value_error_in_both(tf, ckpt):
-    amap = {"no_scope/var1": "my1"}
-    build = lambda tf: _get(tf, "my1", [1, 10])  # noqa: E731
+@pytest.mark.parametrize("amap,target,shape,message", [
+    ({"no_scope/var1": "my1"}, "my1", [1, 10], "'no_scope/var1'"),  # tensor not in the checkpoint
+    ({"var2": "my1"}, "my1", [1, 10], "shape mismatch"),
+    ({"useless_scope/": "some_scope/"}, "some_scope/var4", [9, 9], "useless_scope"),  # no such scope
+    ({"var1": "some_scope/no_such_var"}, "my1", [1, 10], "names no target variable 'some_scope/no_such_var'"),
+], ids=["missing-tensor", "shape-mismatch", "unknown-scope", "unknown-variable"])
+def test_init_from_checkpoint_errors_are_value_errors_in_both(tf, ckpt, amap, target, shape, message):
+    build = lambda tf: _get(tf, target, shape)  # noqa: E731
     with pytest.raises(ValueError):
         _with_tf(tf, build, _init(ckpt, amap))
-    with pytest.raises(ValueError, match="'no_scope/var1'"):
-        _with_cm(tf, build, lambda b: [cm.Source(ckpt, map=amap)], allow_missing=())
-
-
-def test_shape_mismatch_is_a_value_error_in_both(tf, ckpt):
-    amap = {"var2": "my1"}
-    build = lambda tf: _get(tf, "my1", [1, 10])  # noqa: E731
-    with pytest.raises(ValueError):
-        _with_tf(tf, build, _init(ckpt, amap))
-    with pytest.raises(ValueError, match="shape mismatch"):
-        _with_cm(tf, build, lambda b: [cm.Source(ckpt, map=amap)], allow_missing=())
-
-
-def test_scope_with_no_checkpoint_tensors_is_a_value_error_in_both(tf, ckpt):
-    amap = {"useless_scope/": "some_scope/"}
-    build = lambda tf: _get(tf, "some_scope/var4", [9, 9])  # noqa: E731
-    with pytest.raises(ValueError):
-        _with_tf(tf, build, _init(ckpt, amap))
-    with pytest.raises(ValueError, match="useless_scope"):
-        _with_cm(tf, build, lambda b: [cm.Source(ckpt, map=amap)], allow_missing=())
-
-
-def test_variable_name_not_in_graph_is_a_value_error_in_both(tf, ckpt):
-    amap = {"var1": "some_scope/no_such_var"}
-    build = lambda tf: _get(tf, "my1", [1, 10])  # noqa: E731
-    with pytest.raises(ValueError):
-        _with_tf(tf, build, _init(ckpt, amap))
-    with pytest.raises(ValueError, match="names no target variable 'some_scope/no_such_var'"):
+    with pytest.raises(ValueError, match=message):
         _with_cm(tf, build, lambda b: [cm.Source(ckpt, map=amap)], allow_missing=())
 
 
@@ -396,13 +374,25 @@ def _vocab_file(tmp_path, name, tokens):
     return str(path)
 
 
-@pytest.fixture
-def fruits(tf, tmp_path):
-    """A previous run's checkpoint of fruit_weights (4 x 1) and both vocabulary files."""
-    prefix = _save(tf, tmp_path / "prev" / "model", lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS))
+def _prev_run(tf, tmp_path, build):
+    """A previous run's checkpoint (in ``prev/``) and both vocabulary files."""
+    prefix = _save(tf, tmp_path / "prev" / "model", build)
     return {"ckpt": str(tmp_path / "prev"), "prefix": prefix,
             "old": _vocab_file(tmp_path, "old_vocab.txt", OLD_FRUITS),
             "new": _vocab_file(tmp_path, "new_vocab.txt", NEW_FRUITS)}
+
+
+@pytest.fixture
+def fruits(tf, tmp_path):
+    """fruit_weights (4 x 1) = PREV_WEIGHTS, row i for OLD_FRUITS[i]."""
+    return _prev_run(tf, tmp_path, lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS))
+
+
+@pytest.fixture
+def part_fruits(tf, tmp_path):
+    """fruit_weights (4 x 1), random, saved as 2 slices."""
+    return _prev_run(tf, tmp_path, lambda tf: _get(tf, "fruit_weights", [4, 1],
+                                                   partitioner=tf.compat.v1.fixed_size_partitioner(2)))
 
 
 def _ws(ckpt_path, **kw):
@@ -551,34 +541,22 @@ def test_vocab_info_backup_initializer_as_a_name(tf, fruits):
 
 def test_vocab_info_checkpoint_with_oov_rows(tf, tmp_path):
     # An Estimator checkpoint: 4 vocabulary rows plus 1 OOV row; the OOV row is not carried over.
-    prefix = _save(tf, tmp_path / "prev" / "model",
-                   lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS + [[9.0]]))
-    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
-          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
+    fr = _prev_run(tf, tmp_path, lambda tf: _get(tf, "fruit_weights", initializer=PREV_WEIGHTS + [[9.0]]))
     got = _vocab_parity(tf, fr, _fruit_weights(6), {"num_oov_buckets": 1}, {"num_oov_buckets": 1})
-    assert 9.0 not in got["fruit_weights"] and prefix
+    assert 9.0 not in got["fruit_weights"]
 
 
 def test_vocab_info_current_var_partitioned(tf, fruits):
     _vocab_parity(tf, fruits, _fruit_weights(5, partitioned=True), {}, {})
 
 
-def test_vocab_info_prev_var_partitioned(tf, tmp_path):
-    _save(tf, tmp_path / "prev" / "model", lambda tf: _get(
-        tf, "fruit_weights", [4, 1],
-        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
-    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
-          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
-    _vocab_parity(tf, fr, _fruit_weights(5), {}, {})
+def test_vocab_info_prev_var_partitioned(tf, part_fruits):
+    _vocab_parity(tf, part_fruits, _fruit_weights(5), {}, {})
 
 
-def test_vocab_info_both_vars_partitioned_with_oov_buckets(tf, tmp_path):
-    _save(tf, tmp_path / "prev" / "model", lambda tf: _get(
-        tf, "fruit_weights", [4, 1],
-        partitioner=tf.compat.v1.fixed_size_partitioner(2)))
-    fr = {"ckpt": str(tmp_path / "prev"), "old": _vocab_file(tmp_path, "old.txt", OLD_FRUITS),
-          "new": _vocab_file(tmp_path, "new.txt", NEW_FRUITS)}
-    _vocab_parity(tf, fr, _fruit_weights(6, partitioned=True), {"num_oov_buckets": 1}, {"num_oov_buckets": 1})
+def test_vocab_info_both_vars_partitioned_with_oov_buckets(tf, part_fruits):
+    _vocab_parity(tf, part_fruits, _fruit_weights(6, partitioned=True), {"num_oov_buckets": 1},
+                  {"num_oov_buckets": 1})
 
 
 def test_vocab_info_with_a_prev_var_name(tf, fruits):
@@ -673,11 +651,13 @@ def test_set_initializers_keep_init_keeps_the_original_initial_value(tf, fruits)
 def test_initial_value_comes_from_checkpoint(tf, ckpt):
     expected = tf.train.load_variable(ckpt, "var1")
     with tf.Graph().as_default() as g:
-        my1 = _get(tf, "my1", [1, 10])
-        cm.plan(None, [cm.Source(ckpt, map={"var1": "my1"})]).set_initializers()
+        my1 = _get(tf, "my1", [1, 10], use_resource=False)  # TF 2's resource variables have no initialized_value()
+        my2 = _get(tf, "my2", [1, 10])
+        cm.plan(None, [cm.Source(ckpt, map={"var1": ["my1", "my2"]})]).set_initializers()
         with tf.compat.v1.Session(graph=g) as sess:
+            assert sess.run(my2.initial_value).tobytes() == expected.tobytes()  # before initialising
+            sess.run(tf.compat.v1.global_variables_initializer())
             assert sess.run(my1.initialized_value()).tobytes() == expected.tobytes()
-            assert sess.run(my1.initial_value).tobytes() == expected.tobytes()
 
 
 def test_monitored_training_session_warm_starts_with_no_session_call_of_ours(tf, ckpt, tmp_path):
