@@ -73,6 +73,9 @@ class Source:
         step: take the checkpoint of this global step from the directory (error if absent).
         map: ``{checkpoint_name: target_name_or_variable}``; keys and values ending in ``/``
             map a scope to a scope (``{"a/": "c/encoder/"}``; ``{"/": "c/"}`` for the root).
+            As with ``init_from_checkpoint``'s ``assignment_map``, every entry that covers a
+            name applies; a value may be a list of targets, a ``PartitionedVariable`` or a list
+            of its partitions, and the map may be a list of ``(name, target)`` pairs.
         regex: list of ``(pattern, replacement)`` over checkpoint names (``re.fullmatch``,
             backreferences allowed); a ``None`` replacement drops the name.
         include: glob pattern(s) a checkpoint name must match to be used.

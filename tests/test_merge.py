@@ -762,3 +762,11 @@ def test_merge_does_not_import_tensorflow(ab):
     """, ab["A"], ab["B"], ab["root"] / "out" / "m")
     assert res is False
     assert files(ab["root"] / "out") == ["checkpoint", "m.data-00000-of-00001", "m.index"]
+
+
+def test_one_checkpoint_name_mapped_to_two_targets_writes_both(tmp_path):
+    prefix = save_tf1(tmp_path / "m", {"a1": np.arange(4, dtype=np.float32)})
+    cm.merge([cm.Source(prefix, map={"a1": ["x", "y"]})], str(tmp_path / "out"))
+    out = cm.load(str(tmp_path / "out"))
+    assert sorted(out) == ["x", "y"]
+    assert out["x"].tobytes() == out["y"].tobytes() == np.arange(4, dtype=np.float32).tobytes()

@@ -215,3 +215,12 @@ def test_savers_refuse_a_plan_that_casts(tf, tmp_path):
         plan = cm.plan(None, [prefix], cast=True)
         with pytest.raises(cm.CkptMergeError, match="use plan.restore"):
             plan.savers()
+
+
+def test_savers_refuse_a_checkpoint_key_that_feeds_two_variables(tf, ab_checkpoints):
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("y1", shape=(4,))
+        tf.compat.v1.get_variable("y2", shape=(4,))
+        plan = cm.plan(None, [cm.Source(ab_checkpoints["B"], map={"b1": ["y1", "y2"]}, name="B")])
+        with pytest.raises(cm.CkptMergeError, match="'b1' of source 'B' feeds several targets"):
+            plan.savers()
