@@ -62,6 +62,25 @@ def _map_values(value: Any) -> List[Any]:
     return [value]
 
 
+def _check_whole_partitions(key: str, label: str, values: List[Any]) -> None:
+    """Partitions given as map values must cover their variable: ckptmerge restores a partitioned
+    variable whole (TF would restore only the partitions listed)."""
+    covered: Dict[str, List[int]] = {}
+    for v in values:
+        info = getattr(v, "_save_slice_info", None)
+        if info is None or isinstance(v, str):
+            continue
+        full = covered.setdefault(normalize_name(info.full_name), [0, int(np.prod(info.full_shape))])
+        full[0] += int(np.prod(info.var_shape))
+    for name, (got, total) in sorted(covered.items()):
+        if got != total:
+            raise RuleError(
+                f"map value for {quote_name(key)} in source {quote_name(label)} lists partitions of "
+                f"{quote_name(name)} that hold {got:,} of its {total:,} values; ckptmerge restores a "
+                "partitioned variable whole. Pass all of its partitions (v._get_variable_list()), the "
+                "PartitionedVariable itself or its name.")
+
+
 class Source:
     """One source of values for a plan: a checkpoint (or in-memory values) plus rules.
 
@@ -236,6 +255,7 @@ class Source:
                             )
                     if name not in names:  # the partitions of one variable name it once
                         names.append(name)
+                _check_whole_partitions(k, self.label, _map_values(value))
                 mapping.append((k, names))
         return Rules.from_options(map=mapping, regex=self.regex, include=self.include, exclude=self.exclude)
 

@@ -306,6 +306,13 @@ def test_a_list_of_partitions_of_one_variable_is_one_target(tf, part_ckpt):
     assert list(plan.assignments) == ["some_scope/my1"]
 
 
+def test_a_list_of_some_partitions_only_is_a_rule_error(tf, part_ckpt):
+    with tf.Graph().as_default():
+        parts = list(_partitioned_target(tf)["my1"])
+        with pytest.raises(cm.RuleError, match=r"partitions of 'some_scope/my1' that hold 2,000 of its 10,000"):
+            cm.plan(None, [cm.Source(part_ckpt, map={"var1": parts[:1]})])
+
+
 # --------------------------------------------------------------------------------------------
 # load_variable and list_variables
 
