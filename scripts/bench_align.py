@@ -54,29 +54,24 @@ def v(name: str, *shape: int) -> VariableInfo:
     return VariableInfo(name, tuple(shape), "float32")
 
 
-def estimator_dnn() -> Pair:
-    sizes = [100, 256, 128, 64, 10]
+def mlp_pair(sizes: List[int], old: List[str], new: List[str]) -> Pair:
+    """Dense layers ``old[i]`` (checkpoint) -> ``new[i]`` (a Keras ``Sequential`` named ``sequential``)."""
     src, tgt, truth = {}, [], {}
-    for i in range(4):
-        old = f"dnn/hiddenlayer_{i}" if i < 3 else "dnn/logits"
-        new = "sequential/dense" + (f"_{i}" if i else "")
+    for i, (o, n) in enumerate(zip(old, new)):
         for leaf, shape in (("kernel", (sizes[i], sizes[i + 1])), ("bias", (sizes[i + 1],))):
-            src[f"{old}/{leaf}"] = v(f"{old}/{leaf}", *shape)
-            tgt.append(v(f"{new}/{leaf}", *shape))
-            truth[f"{new}/{leaf}"] = f"{old}/{leaf}"
+            src[f"{o}/{leaf}"] = v(f"{o}/{leaf}", *shape)
+            tgt.append(v(f"sequential/{n}/{leaf}", *shape))
+            truth[f"sequential/{n}/{leaf}"] = f"{o}/{leaf}"
     return tgt, src, truth, [t.name for t in tgt], "sequential"
+
+
+def estimator_dnn() -> Pair:
+    return mlp_pair([100, 256, 128, 64, 10], ["dnn/hiddenlayer_0", "dnn/hiddenlayer_1", "dnn/hiddenlayer_2", "dnn/logits"],
+                    ["dense", "dense_1", "dense_2", "dense_3"])
 
 
 def keras2_to_keras3() -> Pair:
-    sizes = [19, 90, 30, 10, 1]
-    src, tgt, truth = {}, [], {}
-    for i, layer in enumerate("abcd"):
-        old = "dense" + (f"_{i}" if i else "")
-        for leaf, shape in (("kernel", (sizes[i], sizes[i + 1])), ("bias", (sizes[i + 1],))):
-            src[f"{old}/{leaf}"] = v(f"{old}/{leaf}", *shape)
-            tgt.append(v(f"sequential/{layer}/{leaf}", *shape))
-            truth[f"sequential/{layer}/{leaf}"] = f"{old}/{leaf}"
-    return tgt, src, truth, [t.name for t in tgt], "sequential"
+    return mlp_pair([19, 90, 30, 10, 1], ["dense", "dense_1", "dense_2", "dense_3"], ["a", "b", "c", "d"])
 
 
 def auto_name_shift() -> Pair:

@@ -25,6 +25,18 @@ def f32(name, *shape):
     return V(name, tuple(shape), "float32")
 
 
+MLP_PY = """
+import keras
+
+
+def build():
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(8, name="h0")(inp)
+    h = keras.layers.Dense(8, name="h1")(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="out")(h))
+"""
+
+
 # -- pure ---------------------------------------------------------------------------------------
 
 def test_tokens_fold_case_separators_and_synonyms():
@@ -126,12 +138,9 @@ def _estimator_dnn(tmp_path):
 
 
 def _mlp():
-    import keras
-
-    inp = keras.Input((4,))
-    h = keras.layers.Dense(8, name="h0")(inp)
-    h = keras.layers.Dense(8, name="h1")(h)
-    return keras.Model(inp, keras.layers.Dense(3, name="out")(h))
+    ns: dict = {}
+    exec(MLP_PY, ns)  # the same builder the CLI test imports from a file
+    return ns["build"]()
 
 
 def test_estimator_dnn_names_restore_into_a_keras_mlp_by_structure(tmp_path, tf):
@@ -314,18 +323,6 @@ def test_bert_tf1_names_restore_into_model_garden_names_in_graph_mode(tmp_path, 
             got = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
     for new, old in garden.items():
         np.testing.assert_array_equal(got[new], values[old])
-
-
-MLP_PY = """
-import keras
-
-
-def build():
-    inp = keras.Input((4,))
-    h = keras.layers.Dense(8, name="h0")(inp)
-    h = keras.layers.Dense(8, name="h1")(h)
-    return keras.Model(inp, keras.layers.Dense(3, name="out")(h))
-"""
 
 
 def test_ckptmerge_suggest_with_a_model_function(tmp_path, tf):
