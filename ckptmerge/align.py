@@ -50,6 +50,7 @@ MIN_SCORE = 0.25
 _SPLIT = re.compile(r"[/_\-.:\s]+")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")
 _DIGITS = re.compile(r"\d+")
+_DIGIT_SPLIT = re.compile(r"(\d+)")
 #: Tokens that mean the same thing in the naming schemes of TF1, Keras 2/3 and Model Garden.
 _SYNONYMS = {
     "weights": "kernel", "weight": "kernel", "w": "kernel", "kernel": "kernel",
@@ -168,13 +169,22 @@ class Alignment:
 @functools.lru_cache(maxsize=1 << 17)
 def _features(name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[int, ...], Optional[str]]:
     """Leaf tokens, scope tokens, scope numbers and numbered-series stem of a name (computed once
-    per name and :func:`align` call)."""
+    per name and :func:`align` call; one regex split)."""
     cut = name.rfind("/") + 1
-    digits = _DIGITS.findall(name, 0, cut)
-    template = _DIGITS.sub("0", name) if digits or _DIGITS.search(name, cut) else name
+    parts = _DIGIT_SPLIT.split(name)
+    if len(parts) == 1:
+        return _template_tokens(name[cut:]), _template_tokens(name[:cut]), (), None
+    numbers = []
+    pos = 0
+    for i in range(0, len(parts) - 1, 2):  # the digit runs that start in the scope
+        pos += len(parts[i])
+        if pos < cut:
+            numbers.append(int(parts[i + 1]))
+        pos += len(parts[i + 1])
+    template = "0".join(parts[0::2])
     tcut = template.rfind("/") + 1
-    return (_template_tokens(template[tcut:]), _template_tokens(template[:tcut]),
-            tuple(int(x) for x in digits), template if digits else None)
+    return (_template_tokens(template[tcut:]), _template_tokens(template[:tcut]), tuple(numbers),
+            template if numbers else None)
 
 
 def _numbers(name: str) -> Tuple[int, ...]:
@@ -491,18 +501,20 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
+    src_count = collections.Counter(map(_scope, source_names))
+    tgt_count = collections.Counter(map(_scope, target_names))
     by_scope: Dict[str, List[Match]] = {}
     for m in matches:
         by_scope.setdefault(_scope(m.name), []).append(m)
-    src_count = collections.Counter(map(_scope, source_names))
-    tgt_count = collections.Counter(map(_scope, target_names))
     entries: List[Entry] = []
     for scope, ms in by_scope.items():
-        tscopes = {_scope(m.target) for m in ms}
-        whole = (scope and len(tscopes) == 1 and len(ms) == src_count.get(scope, 0)
-                 and all(_leaf(m.name) == _leaf(m.target) for m in ms))
-        tscope = next(iter(tscopes))
-        if whole and tscope and len(ms) == tgt_count.get(tscope, 0) and len(ms) > 1:
+        first = ms[0].target
+        tcut = first.rfind("/") + 1
+        tscope, k = first[:tcut], len(scope)
+        whole = (scope and tscope and 1 < len(ms) == src_count[scope] == tgt_count[tscope]
+                 and all(m.target.rfind("/") + 1 == tcut and m.target.startswith(tscope)
+                         and m.name[k:] == m.target[tcut:] for m in ms))
+        if whole:
             evidence = sorted({e for m in ms for e in m.evidence[1:]})[:4]
             entries.append(Entry(scope, tscope, min(m.confidence for m in ms),
                                  tuple(["shapes of all " + plural(len(ms), "variable")] + evidence), len(ms)))

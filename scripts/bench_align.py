@@ -22,7 +22,8 @@ aligned, % aligned (target >= 90%) and wrong assignments (target: 0).
 
 Part 2, speed. A BERT-like model with 10,000 variables (625 layers, tiny shapes) renamed
 wholesale: ``cm.plan(specs, [source])`` vs ``cm.suggest(specs, [source])`` on the same inputs (an
-in-memory source, a spec-list target: no TensorFlow), medians of ``--rounds``. Target: suggest
+in-memory source, a spec-list target: no TensorFlow), medians of ``--rounds``, as wall time and
+as this process's CPU time (steadier on a machine shared with other jobs). Target: suggest
 < 2x plan.
 
 Run: python scripts/bench_align.py [--rounds 5] [--n 10000]
@@ -170,6 +171,8 @@ def aligned_plan(targets, src, order, root):
 
 
 def coverage() -> bool:
+    import scipy.optimize  # noqa: F401 - imported once before timing, as in a long-lived process
+
     print("Part 1: align='structure' on renamed pairs (targets with a counterpart)")
     print(f"{'pair':18} {'targets':>8} {'aligned':>8} {'%':>7} {'wrong':>6} {'missing':>8}  time")
     ok = True
@@ -199,24 +202,27 @@ def speed(n: int, rounds: int) -> bool:
     print(f"\nPart 2: cm.suggest vs cm.plan, {len(targets)} targets renamed wholesale, "
           f"{len(values)} source variables, medians of {rounds}")
 
-    def timed(fn):
+    def timed(fn, clock):
         out = []
         for _ in range(rounds):
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            out.append(time.perf_counter() - t0)
+            out.append(clock() - t0)
         return statistics.median(out)
 
     source = cm.Source.from_values(values, name="bert")
-    cm.plan(targets, [source])  # warm-up (imports)
-    t_plan = timed(lambda: cm.plan(targets, [source]))
-    sug = cm.suggest(targets, [source])
-    t_suggest = timed(lambda: cm.suggest(targets, [source]))
-    ratio = t_suggest / t_plan
-    print(f"  cm.plan    {t_plan:.3f} s ({len(cm.plan(targets, [source]).missing)} missing)")
-    print(f"  cm.suggest {t_suggest:.3f} s ({sug.n_proposed} proposed, {len(sug.missing)} still missing)")
-    print(f"  ratio {ratio:.2f} (target < 2)")
-    return ratio < 2.0
+    sug = cm.suggest(targets, [source])  # warm-up (imports)
+    ok = True
+    # Wall time, and this process's CPU time (steadier on a machine shared with other jobs).
+    for label, clock in (("wall", time.perf_counter), ("cpu", time.process_time)):
+        t_plan = timed(lambda: cm.plan(targets, [source]), clock)
+        t_suggest = timed(lambda: cm.suggest(targets, [source]), clock)
+        ratio = t_suggest / t_plan
+        print(f"  {label:4}: cm.plan {t_plan:.3f} s, cm.suggest {t_suggest:.3f} s: ratio {ratio:.2f} (target < 2)")
+        ok &= ratio < 2.0
+    print(f"  suggest: {sug.n_proposed} proposed, {len(sug.missing)} still missing, "
+          f"{sum(len(s.entries) for s in sug.sources)} map entries")
+    return ok
 
 
 def main() -> None:
