@@ -169,6 +169,7 @@ def test_a_keras_archive_holding_a_file_that_points_outside_is_refused(tmp_path)
     with pytest.raises(UnsafeCheckpointError) as err:
         open_checkpoint(str(archive))
     assert err.value.problems == [f"'{KEY}' {problem}"]
+    assert_one_line_error(run("show", archive, KEY), f"'{KEY}' {problem}")
 
 
 # ============================================================================================
@@ -250,6 +251,7 @@ def test_a_keras_archive_zip_bomb_is_refused_before_decompressing(tmp_path):
                  "unzip m.keras model.weights.h5"):
         assert part in str(err.value)
     assert err.value.key == "model.weights.h5"
+    assert_one_line_error(run("ls", archive), f"Refusing to read Keras archive '{archive}'")
 
 
 def test_a_compressed_keras_member_is_streamed_not_held_in_memory(tmp_path):
