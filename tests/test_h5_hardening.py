@@ -10,6 +10,7 @@ and never read outside the named file.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -271,6 +272,41 @@ def test_a_compressed_keras_member_is_streamed_not_held_in_memory(tmp_path):
     with reader:
         assert peak < 4 << 20, f"opening the archive held {peak} bytes: the member is in memory"
         np.testing.assert_array_equal(reader.get(KEY), values)
+
+
+def _tiny_weights() -> bytes:
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        f[KEY] = np.arange(3, dtype=np.float32)
+    return buf.getvalue()
+
+
+def test_a_keras_archive_config_bomb_is_ignored_not_inflated(tmp_path, caplog):
+    archive = tmp_path / "m.keras"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("config.json", b" " * (32 << 20) + b"{}")  # 32 MiB of JSON in ~32 KiB
+        z.writestr("model.weights.h5", _tiny_weights())
+    tracemalloc.start()
+    try:
+        reader = open_checkpoint(str(archive))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    with reader:
+        assert peak < 4 << 20, f"opening the archive held {peak} bytes: config.json was inflated"
+        assert reader.names() == [KEY]  # raw keys, as for an archive without config.json
+    assert f"Ignoring config.json of {archive}: it declares 32.0 MiB" in caplog.text
+
+
+def test_a_deeply_nested_keras_config_is_ignored_not_a_traceback(tmp_path, caplog):
+    archive = tmp_path / "m.keras"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("config.json", "[" * 100_000 + "]" * 100_000)
+        z.writestr("model.weights.h5", _tiny_weights())
+    r = run("ls", archive)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-2:] == [f"{KEY}  float32  (3,)   12 B", "1 variable, 12 B"]
+    assert "nested too deeply to parse" in caplog.text
 
 
 _OOM_DRIVER = """

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import os
 import shutil
@@ -51,6 +52,8 @@ from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normali
 from ckptmerge.text import human_bytes, plural
 
 __all__ = ["H5Reader", "HDF5_SIGNATURE", "MAX_EXPANSION", "is_hdf5", "is_keras_archive"]
+
+logger = logging.getLogger(__name__)
 
 #: The 8 bytes every HDF5 superblock starts with.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -148,6 +151,12 @@ class _Window(io.RawIOBase):
         super().close()
 
 
+def _expands_too_much(info: zipfile.ZipInfo) -> bool:
+    """True for a compressed zip member declaring more than :data:`MAX_EXPANSION` x its size."""
+    return (info.compress_type != zipfile.ZIP_STORED
+            and info.file_size > max(info.compress_size * MAX_EXPANSION, _SMALL))
+
+
 def _open_keras_member(path: str) -> Tuple[Any, int]:
     """A file object on ``model.weights.h5`` inside a ``.keras`` zip, and its size in bytes.
 
@@ -158,7 +167,7 @@ def _open_keras_member(path: str) -> Tuple[Any, int]:
     with zipfile.ZipFile(path) as z:
         info = z.getinfo(_KERAS_WEIGHTS_MEMBER)
         if info.compress_type != zipfile.ZIP_STORED:
-            if info.file_size > max(info.compress_size * MAX_EXPANSION, _SMALL):
+            if _expands_too_much(info):
                 raise UnsafeCheckpointError(
                     f"Refusing to read Keras archive {path!r}: its member {_KERAS_WEIGHTS_MEMBER!r} "
                     f"declares {human_bytes(info.file_size)} compressed into "
@@ -186,13 +195,26 @@ def _open_keras_member(path: str) -> Tuple[Any, int]:
 
 
 def _archive_config(path: str) -> Any:
-    """The parsed ``config.json`` of a ``.keras`` archive, or ``None`` if absent or malformed."""
+    """The parsed ``config.json`` of a ``.keras`` archive, or ``None`` if absent or malformed.
+
+    Untrusted like the rest: one larger than ``_CONFIG_LIMIT``, compressed more than
+    :data:`MAX_EXPANSION` times, or nested too deeply to parse is ignored (with a warning), and
+    the entries keep their raw keys.
+    """
     try:
         with zipfile.ZipFile(path) as z:
-            if z.getinfo("config.json").file_size > _CONFIG_LIMIT:
+            info = z.getinfo("config.json")
+            if info.file_size > _CONFIG_LIMIT or _expands_too_much(info):
+                logger.warning("Ignoring config.json of %s: it declares %s (%s compressed); entries keep "
+                               "their raw keys.", path, human_bytes(info.file_size),
+                               human_bytes(info.compress_size))
                 return None
-            with z.open("config.json") as f:
+            with z.open(info) as f:
                 return json.loads(f.read(_CONFIG_LIMIT + 1))
+    except RecursionError:
+        logger.warning("Ignoring config.json of %s: nested too deeply to parse; entries keep their "
+                       "raw keys.", path)
+        return None
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, UnicodeDecodeError):
         return None
 
