@@ -30,7 +30,13 @@ setup(
         "tomli>=1.1; python_version < '3.11'",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4"],
+        # Object storage (README "Remote checkpoints"): fsspec and each store's own filesystem.
+        "s3": ["fsspec>=2023.1", "s3fs>=2023.1"],
+        "gcs": ["fsspec>=2023.1", "gcsfs>=2023.1"],
+        "azure": ["fsspec>=2023.1", "adlfs>=2023.1"],
+        "remote": ["fsspec[http]>=2023.1", "s3fs>=2023.1", "gcsfs>=2023.1", "adlfs>=2023.1"],
+        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4",
+                 "fsspec>=2023.1", "s3fs>=2023.1", "moto[server]>=5.0"],
     },
     entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
     classifiers=[

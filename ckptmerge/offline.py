@@ -455,8 +455,9 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
     raws: Dict[str, Optional[_RawFiles]] = {}
     for h in handles:
         reader = getattr(h, "reader", None) if isinstance(h, CheckpointHandle) else None
-        raws[h.label] = _RawFiles(reader) if isinstance(reader, BundleReader) else None
-    t_raw = _RawFiles(template) if isinstance(template, BundleReader) else None
+        local = isinstance(reader, BundleReader) and not reader.remote  # remote: ranged reads, decoded path
+        raws[h.label] = _RawFiles(reader) if local else None
+    t_raw = _RawFiles(template) if isinstance(template, BundleReader) and not template.remote else None
     views = {v.label: v for v in plan.sources}
 
     jobs: List[_Job] = []

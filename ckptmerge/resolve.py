@@ -27,6 +27,7 @@ from .errors import (
     did_you_mean,
     format_list,
 )
+from .formats.storage import is_url
 
 __all__ = [
     "open_resolved",
@@ -575,6 +576,10 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
         ['ckpt-1', 'ckpt-9', 'ckpt-10']
     """
     given = _fspath(directory, "directory")
+    if is_url(given):
+        from .resolve_remote import checkpoints_url
+
+        return checkpoints_url(given)
     if not os.path.isdir(given) and os.path.isfile(given + ".index"):
         parent = os.path.dirname(given) or "."
         raise ArgumentError(
@@ -920,6 +925,10 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
     """
     given = _fspath(path)
     step = _check_step(step)
+    if is_url(given):  # object storage and other fsspec filesystems
+        from .resolve_remote import resolve_url
+
+        return resolve_url(given, step)
     abs_path = os.path.abspath(given)
     resolved: Optional[ResolvedCheckpoint] = None
 

@@ -19,7 +19,12 @@ from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.bundle import BundleReader, is_leveldb_table
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.numpy_files import NumpyReader, is_npz
-from ckptmerge.formats.safetensors import INDEX_SUFFIX, SafetensorsReader, is_safetensors
+from ckptmerge.formats.safetensors import (
+    INDEX_SUFFIX,
+    SafetensorsReader,
+    is_safetensors,
+)
+from ckptmerge.formats.storage import is_url
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -69,6 +74,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         ['dense/bias', 'dense/kernel']
     """
     path = os.fspath(path)
+    if is_url(path):  # object storage: TF checkpoints, read with ranged requests
+        return BundleReader(path, verify=verify)
     if os.path.isfile(path + ".index"):
         return BundleReader(path, verify=verify)
     if os.path.isfile(path):

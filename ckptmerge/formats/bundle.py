@@ -34,11 +34,37 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
-from ckptmerge.formats.objectgraph import (OBJECT_GRAPH_KEY, ObjectGraph, name_based_kind,
-                                           parse_object_graph)
-from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError,
-                                         iter_fields, read_varint, to_signed64)
-from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, first_overlap, intersect, volume
+from ckptmerge.formats.fileio import pread_into
+from ckptmerge.formats.objectgraph import (
+    OBJECT_GRAPH_KEY,
+    ObjectGraph,
+    name_based_kind,
+    parse_object_graph,
+)
+from ckptmerge.formats.protowire import (
+    WIRE_BYTES,
+    WIRE_FIXED32,
+    WIRE_VARINT,
+    DecodeError,
+    iter_fields,
+    read_varint,
+    to_signed64,
+)
+from ckptmerge.formats.regions import (
+    Box,
+    c_order_blocks,
+    contiguous_span,
+    first_overlap,
+    intersect,
+    volume,
+)
+from ckptmerge.formats.storage import (
+    REMOTE_CONCURRENCY,
+    RemoteFile,
+    is_url,
+    read_small,
+    remote_size,
+)
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -584,10 +610,16 @@ class BundleReader(CheckpointReader):
         self._fds: Dict[int, int] = {}
         self._file_locks: Dict[int, threading.Lock] = {}
         self._index_name = os.path.basename(self.index_path)
+        #: True when the checkpoint is a URL (object storage through fsspec): ranged reads.
+        self.remote = is_url(self.path)
+        self._remote_files: Dict[int, RemoteFile] = {}
         try:
-            with open(self.index_path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+            if self.remote:
+                data = read_small(self.index_path)
+            else:
+                with open(self.index_path, "rb") as f:
+                    data = f.read()
+        except (FileNotFoundError, CheckpointNotFoundError):
             raise CheckpointNotFoundError(
                 f"Checkpoint index file {self.index_path!r} does not exist. Pass the checkpoint "
                 f"prefix (the path without '.index'), e.g. 'model.ckpt-1000'. Received: "
@@ -669,8 +701,8 @@ class BundleReader(CheckpointReader):
             size = self._shard_sizes.get(e.shard_id)
             if size is None:
                 try:
-                    size = os.stat(path).st_size
-                except FileNotFoundError:
+                    size = remote_size(path) if self.remote else os.stat(path).st_size
+                except (FileNotFoundError, CheckpointNotFoundError):
                     raise CheckpointFormatError(
                         f"Checkpoint data file {os.path.basename(path)} (shard {e.shard_id + 1} "
                         f"of {self.num_shards}) is missing; it holds tensor {e.key!r}. Copy all "
@@ -735,6 +767,9 @@ class BundleReader(CheckpointReader):
         return self._fd(shard)
 
     def _fd(self, shard: int) -> int:
+        if self.remote:  # callers that copy raw bytes by descriptor (merge) check .remote first
+            raise CheckpointFormatError(f"{self._shard_path(shard)!r} is remote: it has no file descriptor.",
+                                        path=self._shard_path(shard))
         fd = self._fds.get(shard)
         if fd is None:
             with self._lock:
@@ -764,35 +799,29 @@ class BundleReader(CheckpointReader):
                    label: Optional[str] = None) -> None:
         """Fill ``buf`` (a writable byte view) with the shard's bytes at ``offset``."""
         shown = key if label is None else label
-        fd = self._fd(shard)
         n = len(buf)
-        done = 0
-        try:
-            if hasattr(os, "preadv"):
-                while done < n:
-                    got = os.preadv(fd, [buf[done:]], offset + done)
-                    if got <= 0:
-                        break
-                    done += got
-            else:  # pragma: no cover - Windows
-                with self._file_locks[shard]:
-                    os.lseek(fd, offset, os.SEEK_SET)
-                    while done < n:
-                        chunk = os.read(fd, n - done)
-                        if not chunk:
-                            break
-                        buf[done:done + len(chunk)] = chunk
-                        done += len(chunk)
-        except OSError as e:
-            path = self._shard_path(shard)
-            raise CheckpointFormatError(f"Cannot read tensor {shown!r} from {path!r}: {e}",
-                                        path=path, key=key) from None
+        if self.remote:
+            done = self._remote_file(shard).readinto(offset, buf, key=key)
+        else:
+            try:
+                done = pread_into(self._fd(shard), offset, buf, self._file_locks.get(shard))
+            except OSError as e:
+                path = self._shard_path(shard)
+                raise CheckpointFormatError(f"Cannot read tensor {shown!r} from {path!r}: {e}",
+                                            path=path, key=key) from None
         if done < n:
             path = self._shard_path(shard)
             raise CheckpointFormatError(
                 f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
                 f"{shown!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
                 f"the checkpoint was opened. (File: {path})", path=path, key=key)
+
+    def _remote_file(self, shard: int) -> RemoteFile:
+        f = self._remote_files.get(shard)
+        if f is None:
+            with self._lock:
+                f = self._remote_files.setdefault(shard, RemoteFile(self._shard_path(shard)))
+        return f
 
     def _label(self, e: BundleEntry, label: Optional[str] = None) -> str:
         """The tensor as users know it: its name, or ``name (slice ...)``."""
@@ -847,6 +876,9 @@ class BundleReader(CheckpointReader):
     def _read_crc(self, shard: int, offset: int, view: memoryview, key: str, verify: bool, crc: int = 0) -> int:
         """Fill ``view`` from the shard in cache-sized pieces; return the CRC32C continued from
         ``crc`` (0 unless ``verify``): each piece is checksummed while still in the CPU cache."""
+        if self.remote:  # one ranged request, then the checksum: requests cost more than cache misses
+            self._read_into(shard, offset, view, key)
+            return crc32c(view, crc) if verify else crc
         for pos in range(0, len(view), _PIECE):
             piece = view[pos:pos + _PIECE]
             self._read_into(shard, offset + pos, piece, key)
@@ -1070,7 +1102,7 @@ class BundleReader(CheckpointReader):
             else:  # one segment of a big tensor
                 crcs[j] = [self._read_crc(e0.shard_id, unit.offset, unit.views[0], e0.key, verify)]
 
-        workers = max_workers or min(8, 2 * (os.cpu_count() or 1))
+        workers = max_workers or (REMOTE_CONCURRENCY if self.remote else min(8, 2 * (os.cpu_count() or 1)))
         if workers <= 1 or len(units) <= 1:
             for j in range(len(units)):
                 run(j)
@@ -1158,7 +1190,16 @@ class BundleReader(CheckpointReader):
 
     def _scatter_read(self, shard: int, offset: int, views: List[memoryview], key: str) -> None:
         """Fill ``views`` from consecutive bytes of the shard starting at ``offset``."""
-        if hasattr(os, "preadv") and len(views) > 1:
+        if self.remote and len(views) > 1:  # one ranged request for the run, split into the views
+            total = sum(len(v) for v in views)
+            buf = memoryview(bytearray(total))
+            self._read_into(shard, offset, buf, key)
+            pos = 0
+            for v in views:
+                v[:] = buf[pos:pos + len(v)]
+                pos += len(v)
+            return
+        if hasattr(os, "preadv") and len(views) > 1 and not self.remote:
             total = sum(len(v) for v in views)
             try:
                 got = os.preadv(self._fd(shard), views, offset)

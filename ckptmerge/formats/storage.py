@@ -1,0 +1,226 @@
+"""Where checkpoint bytes live: local files, or object storage through fsspec.
+
+Local paths keep ckptmerge's fast path (``preadv`` into aligned buffers, ``copy_file_range``
+for merges) and never touch this module's remote half. A URL (``s3://``, ``gs://``, ``az://``,
+``abfs://``, ``hdfs://``, ``memory://``, ``file://``, ``https://``) is served by the fsspec
+filesystem made for that store (``s3fs``, ``gcsfs``, ``adlfs``; optional extras, see the README
+"Remote checkpoints"): small files (an index, a state file) are fetched once and whole, tensors
+with ranged reads (``fs.cat_file(path, start, end)``) that the readers issue from their thread
+pools, several in flight at once. Credentials are each library's own business: ckptmerge passes
+none and reads none. Remote errors become :class:`~ckptmerge.errors.CheckpointFormatError` /
+:class:`~ckptmerge.errors.CheckpointNotFoundError` naming the URL; transient ones (throttling,
+a reset connection, a 5xx) are retried a bounded number of times with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+
+__all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
+           "remote_listdir", "remote_size", "join", "basename", "dirname", "RETRIES",
+           "REMOTE_CONCURRENCY"]
+
+logger = logging.getLogger(__name__)
+
+_URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
+#: Which pip extra brings the filesystem package of each scheme.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
+           "abfss": "azure", "adl": "azure", "http": "remote", "https": "remote", "hdfs": "remote"}
+#: Attempts of one remote request before giving up (transient errors only).
+RETRIES = int(os.environ.get("CKPTMERGE_REMOTE_RETRIES", "4"))
+#: Ranged reads in flight at once per reader (``CKPTMERGE_REMOTE_CONCURRENCY``, default 16).
+REMOTE_CONCURRENCY = max(1, int(os.environ.get("CKPTMERGE_REMOTE_CONCURRENCY", "16")))
+#: Largest small file (index, state file, JSON) fetched whole.
+MAX_SMALL = 1 << 31
+
+T = TypeVar("T")
+
+
+def is_url(path: object) -> bool:
+    """True for ``scheme://...`` paths (object storage and other fsspec filesystems).
+
+    Example:
+        >>> is_url("s3://bucket/run/ckpt-10"), is_url("runs/A")
+        (True, False)
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def join(base: str, name: str) -> str:
+    """``base/name`` for URLs and local paths alike.
+
+    Example:
+        >>> join("s3://b/run", "checkpoint")
+        's3://b/run/checkpoint'
+    """
+    return base.rstrip("/") + "/" + name if is_url(base) else os.path.join(base, name)
+
+
+def basename(path: str) -> str:
+    """The last component of a URL or path (``s3://b/run/ckpt-1`` -> ``ckpt-1``)."""
+    return path.rstrip("/").rsplit("/", 1)[-1] if is_url(path) else os.path.basename(path)
+
+
+def dirname(path: str) -> str:
+    """The parent of a URL or path (``s3://b/run/ckpt-1`` -> ``s3://b/run``)."""
+    if is_url(path):
+        head, _, _ = path.rstrip("/").rpartition("/")
+        return head if "://" in head else path
+    return os.path.dirname(path)
+
+
+_FS_LOCK = threading.Lock()
+
+
+def filesystem(url: str) -> Tuple[Any, str]:
+    """``(fsspec filesystem, path within it)`` for a URL, with a clear error for a missing extra.
+
+    Raises:
+        CkptMergeError: fsspec or the scheme's filesystem package is not installed.
+
+    Example:
+        >>> fs, path = filesystem("memory://run/ckpt")  # doctest: +SKIP
+    """
+    scheme = _URL.match(url).group(1).lower() if is_url(url) else "file"
+    extra = _EXTRAS.get(scheme, "remote")
+    try:
+        import fsspec
+        from fsspec.core import url_to_fs
+    except ImportError:
+        raise CkptMergeError(f"Reading {url!r} needs fsspec: pip install \"ckptmerge[{extra}]\"") from None
+    try:
+        with _FS_LOCK:
+            fs, path = url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise CkptMergeError(f"Cannot open {url!r}: the filesystem for '{scheme}://' is not installed "
+                             f"({e}). Install it with: pip install \"ckptmerge[{extra}]\"") from None
+    del fsspec
+    return fs, path
+
+
+_TRANSIENT_ERRNOS = {getattr(errno, n) for n in ("EREMOTEIO", "ECONNRESET", "ETIMEDOUT", "EPIPE", "ECONNABORTED",
+                                                   "EAGAIN", "EBUSY") if hasattr(errno, n)}
+
+
+def _transient(e: BaseException) -> bool:
+    """Throttling, resets, timeouts and 5xx answers are worth another try; the rest are not."""
+    if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:  # s3fs: a 5xx is EREMOTEIO
+        return True
+    text = f"{type(e).__name__} {e}".lower()
+    return isinstance(e, (ConnectionError, TimeoutError)) or any(
+        w in text for w in ("throttl", "slowdown", "slow down", "reset", "timeout", "timed out", "500",
+                            "502", "503", "504", "internalerror", "serviceunavailable", "connection",
+                            "broken pipe", "incomplete", "server disconnected"))
+
+
+def _with_retries(what: str, url: str, fn: Callable[[], T], *, key: Optional[str] = None) -> T:
+    delay = 0.05
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"{url!r} does not exist (while {what}).", path=url) from None
+        except PermissionError as e:
+            raise CheckpointFormatError(f"Access denied to {url!r} while {what}: {e}. Check the credentials "
+                                        "your storage library uses (ckptmerge passes none).", path=url,
+                                        key=key) from None
+        except CkptMergeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every library raises its own types
+            if not _transient(e) or attempt == RETRIES:
+                tail = f" after {attempt} attempts" if attempt > 1 else ""
+                raise CheckpointFormatError(f"Remote error while {what} from {url!r}{tail}: "
+                                            f"{type(e).__name__}: {e}", path=url, key=key) from None
+            logger.info("retrying %s from %s after %s: %s (attempt %d of %d)", what, url, type(e).__name__,
+                        e, attempt, RETRIES)
+            time.sleep(delay)
+            delay *= 4
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def read_small(url: str, limit: int = MAX_SMALL) -> bytes:
+    """Fetch a whole small file (an index, a state file), at most ``limit`` bytes.
+
+    Example:
+        >>> data = read_small("s3://bucket/run/ckpt-10.index")  # doctest: +SKIP
+    """
+    fs, path = filesystem(url)
+    size = remote_size(url)
+    if size > limit:
+        raise CheckpointFormatError(f"{url!r} has {size} bytes, more than the {limit}-byte limit for this file.",
+                                    path=url)
+    return _with_retries("fetching", url, lambda: fs.cat_file(path))
+
+
+def remote_size(url: str) -> int:
+    """The size in bytes of a remote file."""
+    fs, path = filesystem(url)
+    info = _with_retries("looking up", url, lambda: fs.info(path))
+    if info.get("type") == "directory":
+        raise CheckpointFormatError(f"{url!r} is a directory, not a file.", path=url)
+    return int(info.get("size") or 0)
+
+
+def remote_exists(url: str) -> bool:
+    """Whether a remote file exists (a directory does not count)."""
+    fs, path = filesystem(url)
+    try:
+        return bool(_with_retries("looking up", url, lambda: fs.isfile(path)))
+    except CheckpointNotFoundError:
+        return False
+
+
+def remote_isdir(url: str) -> bool:
+    """Whether a remote path is a directory (a prefix with objects below it)."""
+    fs, path = filesystem(url)
+    return bool(_with_retries("looking up", url, lambda: fs.isdir(path)))
+
+
+def remote_listdir(url: str) -> List[Dict[str, Any]]:
+    """``[{"name": basename, "size": int, "type": "file"|"directory", "mtime": float|None}]``."""
+    fs, path = filesystem(url)
+    entries = _with_retries("listing", url, lambda: fs.ls(path, detail=True))
+    out = []
+    for e in entries:
+        name = str(e.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+        mtime = e.get("mtime") or e.get("LastModified") or e.get("created")
+        if hasattr(mtime, "timestamp"):
+            mtime = mtime.timestamp()
+        out.append({"name": name, "size": int(e.get("size") or 0), "type": e.get("type", "file"),
+                    "mtime": float(mtime) if isinstance(mtime, (int, float)) else None})
+    return out
+
+
+class RemoteFile:
+    """One remote data file, read by ranges (thread-safe: each read is its own request).
+
+    Example:
+        >>> f = RemoteFile("s3://bucket/run/ckpt-10.data-00000-of-00001")  # doctest: +SKIP
+        >>> f.readinto(4096, memoryview(bytearray(1024)))                     # doctest: +SKIP
+        1024
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.fs, self.path = filesystem(url)
+
+    def readinto(self, offset: int, view: memoryview, *, key: Optional[str] = None) -> int:
+        """Fill ``view`` with the bytes at ``offset``; return how many arrived (fewer: the file ended)."""
+        n = len(view)
+        if n == 0:
+            return 0
+        data = _with_retries(f"reading {n} bytes at offset {offset}" + (f" of tensor {key!r}" if key else ""),
+                             self.url, lambda: self.fs.cat_file(self.path, start=offset, end=offset + n), key=key)
+        got = min(len(data), n)
+        view[:got] = data[:got]
+        return got

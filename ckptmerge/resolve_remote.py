@@ -1,0 +1,144 @@
+"""Find the checkpoint a URL means: prefixes, directories, steps and state files in object storage.
+
+The same rules as :mod:`ckptmerge.resolve` for local paths, over fsspec listings: a URL is a
+checkpoint prefix (``s3://b/run/ckpt-10``, its ``.index`` beside it), one of its files, or a
+directory: its ``checkpoint`` state file names the latest, ``step=N`` picks a step, and without a
+state file the only checkpoint or the highest step is taken. A state file written on another
+machine names absolute local paths (``/home/me/run/ckpt-10``): as TensorFlow does, the checkpoint
+is looked up by base name in the directory the state file is in. Each directory is listed once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional
+
+from .errors import ArgumentError, CheckpointNotFoundError
+from .formats.storage import (
+    basename,
+    dirname,
+    join,
+    read_small,
+    remote_exists,
+    remote_isdir,
+    remote_listdir,
+)
+
+__all__ = ["resolve_url", "checkpoints_url"]
+
+_INDEX = ".index"
+_DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
+_STEP_RE = re.compile(r"-(\d+)$")
+_STATE = "checkpoint"
+
+
+def _step_of(prefix: str) -> Optional[int]:
+    m = _STEP_RE.search(prefix)
+    return int(m.group(1)) if m else None
+
+
+def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
+    """The base name the directory's state file names as latest, if there is a state file."""
+    if _STATE not in names:
+        return None
+    from .resolve import _parse_state_text
+
+    url = join(directory, _STATE)
+    fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "replace"), url)
+    latest = fields.get("model_checkpoint_path") or []
+    return basename(str(latest[-1]).replace("\\", "/")) if latest else None
+
+
+def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noqa: F821 - resolve's class
+    """Resolve a URL (and optional step) to one checkpoint; see the module docstring.
+
+    Example:
+        >>> resolve_url("s3://bucket/run", 200).prefix  # doctest: +SKIP
+        's3://bucket/run/ckpt-200'
+    """
+    from .resolve import FORMAT_TF_BUNDLE, ResolvedCheckpoint
+
+    url = given.rstrip("/")
+    if url.endswith(_INDEX):
+        url = url[: -len(_INDEX)]
+    elif _DATA_RE.search(url):
+        url = url[: _DATA_RE.search(url).start()]
+    if remote_exists(url + _INDEX):
+        s = _step_of(url)
+        if step is not None and s != step:
+            raise ArgumentError(f"step={step} was given, but checkpoint '{given}' is "
+                                f"{'step ' + str(s) if s is not None else 'not of a step'}. Pass the directory "
+                                "with the step, or drop the step.")
+        return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, s, f"checkpoint prefix {given}")
+    if not remote_isdir(url):
+        raise CheckpointNotFoundError(
+            f"Checkpoint '{given}' does not exist: no object '{url}{_INDEX}' and no directory there. Check "
+            f"the URL, or run 'ckptmerge checkpoints {dirname(url)}' to list the checkpoints of its parent.",
+            path=given)
+    names = {e["name"]: e for e in remote_listdir(url)}
+    prefixes = sorted(n[: -len(_INDEX)] for n in names if n.endswith(_INDEX) and len(n) > len(_INDEX))
+    steps = sorted({s for s in map(_step_of, prefixes) if s is not None})
+    shown_steps = ", ".join(map(str, steps)) or "none"
+    if step is not None:
+        match = [p for p in prefixes if _step_of(p) == step]
+        if len(match) != 1:
+            raise CheckpointNotFoundError(
+                f"no checkpoint of step {step} in {given}; steps there: {shown_steps}. Run 'ckptmerge checkpoints "
+                f"{given}' to list them." if not match else
+                f"several checkpoints of step {step} in {given}: {', '.join(match)}; pass one as a prefix.",
+                path=given)
+        return ResolvedCheckpoint(join(url, match[0]), FORMAT_TF_BUNDLE, step, f"step {step} of {given}")
+    latest = _latest_name(url, names)
+    if latest is not None:
+        if latest not in prefixes:
+            raise CheckpointNotFoundError(
+                f"'{join(url, _STATE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{_INDEX}' "
+                f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
+                path=given)
+        s = _step_of(latest)
+        return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
+                                  f"latest checkpoint per {join(given.rstrip('/'), _STATE)} "
+                                  f"({'step ' + str(s) if s is not None else latest})")
+    if len(prefixes) == 1:
+        return ResolvedCheckpoint(join(url, prefixes[0]), FORMAT_TF_BUNDLE, _step_of(prefixes[0]),
+                                  f"only checkpoint in {given} (no 'checkpoint' state file)")
+    if steps:
+        top = [p for p in prefixes if _step_of(p) == steps[-1]]
+        if len(top) == 1:
+            return ResolvedCheckpoint(join(url, top[0]), FORMAT_TF_BUNDLE, steps[-1],
+                                      f"no 'checkpoint' state file in {given}; took the highest step {steps[-1]} "
+                                      f"of {len(prefixes)} checkpoints")
+    if prefixes:
+        raise ArgumentError(f"'{given}' holds {len(prefixes)} checkpoints and no 'checkpoint' state file; pass "
+                            "one of them as a prefix, or a step.")
+    raise CheckpointNotFoundError(f"No checkpoint in '{given}': no '*.index' object and no 'checkpoint' state "
+                                  "file there.", path=given)
+
+
+def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - resolve's class
+    """The checkpoints of a remote directory, sorted by step: one listing for all of them.
+
+    Example:
+        >>> [c.step for c in checkpoints_url("s3://bucket/run")]  # doctest: +SKIP
+        [100, 200]
+    """
+    from .resolve import CheckpointInfo
+
+    url = directory.rstrip("/")
+    if not remote_isdir(url):
+        raise CheckpointNotFoundError(f"'{directory}' is not a directory (no objects below it).", path=directory)
+    names = {e["name"]: e for e in remote_listdir(url)}
+    latest = _latest_name(url, names)
+    data: Dict[str, int] = {}  # prefix -> bytes of its data shards, in one pass (linear in the listing)
+    for n, e in names.items():
+        m = _DATA_RE.search(n)
+        if m:
+            data[n[: m.start()]] = data.get(n[: m.start()], 0) + e["size"]
+    out = []
+    for n, e in names.items():
+        if not n.endswith(_INDEX) or len(n) == len(_INDEX):
+            continue
+        prefix = n[: -len(_INDEX)]
+        size = e["size"] + data.get(prefix, 0)
+        out.append(CheckpointInfo(join(url, prefix), _step_of(prefix), e["mtime"] or 0.0, size, prefix == latest))
+    return sorted(out, key=lambda c: (c.step is None, c.step or 0, c.path))

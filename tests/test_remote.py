@@ -1,0 +1,274 @@
+"""Checkpoints in object storage: a real S3 API on localhost (moto's server), and memory://.
+
+The S3 tests start ``moto.server.ThreadedMotoServer`` on a free loopback port and point s3fs at
+it (``AWS_ENDPOINT_URL`` for child processes, fsspec's config in this one): the same HTTP API a
+bucket speaks, no mocks of ckptmerge. A small HTTP proxy in front of it injects faults (HTTP 500
+and dropped connections on ranged reads) for the retry and atomicity tests.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptmerge as cm
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, RestoreError
+
+REPO = Path(__file__).resolve().parents[1]
+W = np.arange(12, dtype=np.float32).reshape(3, 4)
+BIG = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_run(directory: Path) -> None:
+    """A CheckpointManager directory: steps 100 and 200 (w doubled), a big tensor, a state file."""
+    import tensorflow as tf
+
+    m = tf.Module()
+    m.w = tf.Variable(W, name="w")
+    m.big = tf.Variable(BIG, name="big")
+    mgr = tf.train.CheckpointManager(tf.train.Checkpoint(model=m), str(directory), max_to_keep=5)
+    mgr.save(100)
+    m.w.assign(W * 2)
+    mgr.save(200)
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    _write_run(d)
+    return d
+
+
+def _upload(fs, local: Path, url: str) -> None:
+    for f in sorted(local.iterdir()):
+        fs.pipe(f"{url}/{f.name}", f.read_bytes())
+
+
+# -- memory:// (fast) -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_run(local_run):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://runs-{os.getpid()}-{id(local_run)}"
+    _upload(fs, local_run, url)
+    yield url
+    fs.rm(url, recursive=True)
+
+
+def test_memory_url_resolves_latest_step_and_lists_checkpoints(memory_run):
+    assert [c.step for c in cm.checkpoints(memory_run)] == [100, 200]
+    assert [c.latest for c in cm.checkpoints(memory_run)] == [False, True]
+    np.testing.assert_array_equal(cm.load(memory_run, ["w"])["w"], W * 2)
+    np.testing.assert_array_equal(cm.load(memory_run, ["w"], step=100)["w"], W)
+    np.testing.assert_array_equal(cm.load(memory_run + "/ckpt-100.index", ["big"])["big"], BIG)
+
+
+def test_state_file_with_absolute_paths_from_another_machine_resolves_by_basename(memory_run):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"{memory_run}/checkpoint", b'model_checkpoint_path: "/home/other/run/ckpt-100"\n'
+                                        b'all_model_checkpoint_paths: "/home/other/run/ckpt-100"\n')
+    resolved = cm.Source(memory_run).resolve()
+    assert resolved.prefix == f"{memory_run}/ckpt-100" and resolved.step == 100
+
+
+def test_missing_remote_checkpoint_and_step_are_clear_errors(memory_run):
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint of step 7 .* steps there: 100, 200"):
+        cm.Source(memory_run, step=7).resolve()
+    with pytest.raises(CheckpointNotFoundError, match="does not exist"):
+        cm.Source(memory_run + "-nope/ckpt-1").resolve()
+
+
+def test_restore_from_memory_url_and_merge_to_local(tmp_path, memory_run):
+    import tensorflow as tf
+
+    w = tf.Variable(np.zeros((3, 4), np.float32))
+    cm.restore({"w": w}, [cm.Source(memory_run, step=100)])
+    np.testing.assert_array_equal(w.numpy(), W)
+    cm.merge([cm.Source(memory_run)], str(tmp_path / "out" / "merged"))
+    merged = tf.train.load_checkpoint(str(tmp_path / "out" / "merged"))
+    np.testing.assert_array_equal(merged.get_tensor("big"), BIG)
+
+
+# -- S3 on localhost --------------------------------------------------------------------------
+
+
+class _FaultyProxy:
+    """Forwards HTTP to the S3 server; ``fail_ranged`` ranged GETs answer 500 or drop the connection."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = upstream_port
+        self.fail_ranged = 0
+        self.mode = "500"
+        self.ranged_gets = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "GET" and "Range" in self.headers:
+                    proxy.ranged_gets += 1
+                    if proxy.fail_ranged > 0:
+                        proxy.fail_ranged -= 1
+                        if proxy.mode == "drop":
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
+                        msg = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
+                        self.send_response(500)
+                        self.send_header("Content-Length", str(len(msg)))
+                        self.end_headers()
+                        self.wfile.write(msg)
+                        return
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream, timeout=30)
+                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                head = self.command == "HEAD"  # keep the upstream's Content-Length: the object's size
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection") and (head or k.lower() != "content-length"):
+                        self.send_header(k, v)
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def s3(local_run):
+    """A moto S3 server on localhost (behind a fault-injecting proxy) holding bucket 'ckpts'."""
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    proxy = _FaultyProxy(port)
+    endpoint = f"http://127.0.0.1:{proxy.port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    fsspec.config.conf["s3"] = {"client_kwargs": {"endpoint_url": endpoint}, "skip_instance_cache": True}
+    fs = fsspec.filesystem("s3")
+    fs.mkdir("ckpts")
+    _upload(fs, local_run, "s3://ckpts/run")
+    yield {"proxy": proxy, "env": env, "url": "s3://ckpts/run"}
+    fsspec.config.conf.pop("s3", None)
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    proxy.close()
+    server.stop()
+
+
+def _cli(s3, *args):
+    env = dict(os.environ, PYTHONPATH=str(REPO), **s3["env"])
+    out = subprocess.run([sys.executable, "-m", "ckptmerge", *map(str, args)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    return out.returncode, out.stdout, out.stderr
+
+
+def test_cli_over_s3_ls_show_diff_checkpoints_plan_merge(s3, tmp_path):
+    url = s3["url"]
+    code, out, err = _cli(s3, "checkpoints", url)
+    assert code == 0, err
+    assert "ckpt-100" in out and "ckpt-200" in out
+    code, out, err = _cli(s3, "ls", url)
+    assert code == 0 and "big" in out and "(512, 1024)" in out, err
+    code, out, err = _cli(s3, "show", url, "w", "--json")
+    assert code == 0, err
+    assert np.array_equal(np.float32(json.loads(out)["value"]), W * 2)
+    code, out, err = _cli(s3, "diff", f"{url}/ckpt-100", f"{url}/ckpt-200", "--values")
+    assert code == 1 and "w" in out, err
+    config = tmp_path / "warm.yaml"
+    config.write_text(f"sources:\n  - path: {url}\n    step: 100\n    include: ['w']\n")
+    code, out, err = _cli(s3, "plan", config, "--target", f"{url}/ckpt-200")
+    assert code in (0, 1) and "w <-" in out, err
+    code, out, err = _cli(s3, "merge", config, "-o", tmp_path / "merged" / "out", "-q")
+    assert code == 0, err
+    np.testing.assert_array_equal(cm.load(str(tmp_path / "merged" / "out"))["w"], W)
+
+
+def test_restore_over_s3_reads_ranges_several_in_flight(s3):
+    import tensorflow as tf
+
+    big = tf.Variable(np.zeros_like(BIG))
+    w = tf.Variable(np.zeros_like(W))
+    before = s3["proxy"].ranged_gets
+    report = cm.restore({"big": big, "w": w}, [cm.Source(s3["url"], step=100)])
+    assert report.restored == ["big", "w"]
+    np.testing.assert_array_equal(big.numpy(), BIG)
+    np.testing.assert_array_equal(w.numpy(), W)
+    assert s3["proxy"].ranged_gets > before  # tensors came by ranged reads, not whole-file downloads
+
+
+@pytest.mark.parametrize("mode", ["500", "drop"])
+def test_transient_s3_faults_mid_read_are_retried(s3, mode):
+    s3["proxy"].mode, s3["proxy"].fail_ranged = mode, 2
+    np.testing.assert_array_equal(cm.load(s3["url"], ["big"], step=100)["big"], BIG)
+    assert s3["proxy"].fail_ranged == 0
+
+
+def test_persistent_s3_failure_is_a_clear_error_and_restores_nothing(s3, monkeypatch):
+    import tensorflow as tf
+
+    import ckptmerge.formats.storage as storage
+
+    monkeypatch.setattr(storage, "RETRIES", 2)  # bounded either way; fewer waits in the test
+
+    big = tf.Variable(np.full_like(BIG, 7.0))
+    w = tf.Variable(np.full_like(W, 7.0))
+    plan = cm.plan({"big": big, "w": w}, [cm.Source(s3["url"], step=100)])  # opened: index read
+    s3["proxy"].mode, s3["proxy"].fail_ranged = "500", 10_000
+    try:
+        with pytest.raises(RestoreError) as info:
+            plan.restore()
+    finally:
+        s3["proxy"].fail_ranged = 0
+    assert "s3://ckpts/run/ckpt-100.data-00000-of-00001" in str(info.value)
+    assert (big.numpy() == 7).all() and (w.numpy() == 7).all()
+
+
+def test_missing_bucket_is_a_clear_error(s3):
+    with pytest.raises((CheckpointNotFoundError, CheckpointFormatError), match="s3://no-such-bucket"):
+        cm.load("s3://no-such-bucket/run")
