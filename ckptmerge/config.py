@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .align import ALIGN_MODES
+from .layouts import LAYOUTS
 from .errors import ConfigError, RuleError, did_you_mean
 from .rules import MapRule
 from .text import escape_name
@@ -47,7 +48,7 @@ TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch"
                   "strict", "target", "output")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
-               "align", "vocab", "slice")
+               "align", "layout", "vocab", "slice")
 #: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.transforms.VocabRemap`).
 VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
               "num_oov_buckets")
@@ -112,6 +113,7 @@ class SourceConfig:
     vocab: Tuple[VocabRemap, ...] = ()
     slice: Tuple[Slice, ...] = ()
     align: Optional[str] = None
+    layout: Optional[str] = None
 
     @property
     def transforms(self) -> List[Union[VocabRemap, Slice]]:
@@ -123,8 +125,8 @@ class SourceConfig:
 
         Example:
             >>> sorted(SourceConfig(path="/runs/A").source_kwargs())  # doctest: +NORMALIZE_WHITESPACE
-            ['align', 'cast', 'exclude', 'include', 'map', 'name', 'optimizer', 'path', 'regex',
-             'step', 'transforms']
+            ['align', 'cast', 'exclude', 'include', 'layout', 'map', 'name', 'optimizer', 'path',
+             'regex', 'step', 'transforms']
         """
         return {
             "path": self.path,
@@ -138,6 +140,7 @@ class SourceConfig:
             "cast": self.cast,
             "transforms": self.transforms,
             "align": self.align,
+            "layout": self.layout,
         }
 
     def to_dict(self) -> Dict[str, Any]:
@@ -162,6 +165,8 @@ class SourceConfig:
             out["cast"] = self.cast
         if self.align is not None:
             out["align"] = self.align
+        if self.layout is not None:
+            out["layout"] = self.layout
         if self.vocab:
             out["vocab"] = [_vocab_to_dict(v) for v in self.vocab]
         if self.slice:
@@ -1048,6 +1053,7 @@ def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
         optimizer=_get_bool(entry, "optimizer", path, ctx, False),
         cast=_get_bool(entry, "cast", path, ctx, None),
         align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, ALIGN_MODES, None),
+        layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, LAYOUTS, None),
         vocab=_get_vocab(entry, path, ctx),
         slice=_get_slices(entry, path, ctx),
     )

@@ -230,7 +230,7 @@ def test_source_kwargs_are_the_source_arguments(project):
     assert enc == {"path": str(project / "runs" / "bert-base"), "step": 200000,
                    "map": {"bert/encoder/": "model/encoder/"}, "regex": None, "include": None,
                    "exclude": ["*/adam_*"], "optimizer": False, "name": "encoder", "cast": None,
-                   "transforms": [], "align": None}
+                   "transforms": [], "align": None, "layout": None}
     assert head["regex"] == [("^head/(.*)$", "model/head/\\1"), ("^opt/.*", None)]
     assert head["cast"] is True
     assert head["transforms"] == [cfg.sources[1].vocab[0], cfg.sources[1].slice[0]]
@@ -481,7 +481,7 @@ def test_unknown_key_with_did_you_mean(project):
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     assert one_problem({"sources": [{"path": ".", "colour": "red"}]}) == (
         "sources[0]: unknown key 'colour'. Valid keys: name, path, step, map, regex, include, "
-        "exclude, optimizer, cast, align, vocab, slice")
+        "exclude, optimizer, cast, align, layout, vocab, slice")
     assert one_problem({"sources": [{"path": ".", "vocab": [{"name": "e", "old_vocab": ["a"],
                                                               "new_vocab": ["a"], "colour": 3}]}]}) == (
         "sources[0].vocab[0]: unknown key 'colour'. Valid keys: name, old_vocab, new_vocab, axis, init, "
@@ -1067,3 +1067,10 @@ def test_vocab_info_names_are_suggested_as_ckptmerge_keys():
     problem = one_problem({"sources": [{"path": ".", "vocab": [{
         "name": "e", "old_vocab": ["a"], "new_vocab": ["a"], "backup_initializer": "zeros"}]}]})
     assert "unknown key 'backup_initializer'" in problem and "'init'" in problem
+
+
+def test_layout_key_reaches_the_source_and_bad_values_are_config_errors():
+    cfg = load_config({"sources": [{"path": ".", "layout": "torch"}]})
+    assert cfg.sources[0].layout == "torch" and cfg.make_sources()[0].layout == "torch"
+    with pytest.raises(ConfigError, match="layout"):
+        load_config({"sources": [{"path": ".", "layout": "pytorch"}]})
