@@ -209,3 +209,13 @@ def test_undecided_weight_is_a_finding_settled_by_an_explicit_transpose(tmp_path
     cm.restore(model, [settled])  # strict: the Transpose settles the finding
     x = _f32(2, 6)
     np.testing.assert_allclose(np.asarray(model(x)), x @ state["proj_a.weight"].T, rtol=1e-5)
+
+
+def test_pytorch_model_restores_into_keras_with_layout_and_structural_alignment(torch_model):
+    """The cross-framework promise: PyTorch names and shapes in, a Keras model out, no map at all."""
+    path, state = torch_model
+    model = _keras_twin()
+    report = cm.restore(model, [cm.Source(str(path), layout="torch", align="structure")])
+    assert len(report.restored) == 9
+    assert "matched by structure" in report.plan.report()
+    _check_outputs(model, state)
