@@ -8,6 +8,8 @@ specs to the pure engine (``plan.make_plan``) and attaches the live objects to t
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -262,7 +264,9 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
 
     p = plan(target, sources, **plan_options)
     try:
-        return make_suggestion(p, target_order=creation_order(target, p._binding.targets))
+        found = make_suggestion(p, target_order=creation_order(target, p._binding.targets))
+        layouts = {h.label: h.source.layout for h in p._binding.handles if getattr(h.source, "layout", None)}
+        return dataclasses.replace(found, layouts=layouts) if layouts else found
     finally:
         p._binding.close()
 

@@ -58,6 +58,10 @@ def _received(value: Any) -> str:
     return f"{text} (type {type(value).__name__})"
 
 
+#: What ends a scope in a map entry: ``/`` in TF and Keras names, ``.`` in PyTorch/safetensors names.
+_SCOPE_ENDS = ("/", ".")
+
+
 def _scopes_of(names: Sequence[str]) -> List[str]:
     """Every scope prefix (``"a/"``, ``"a/b/"``) of the names, sorted."""
     scopes = set()
@@ -78,7 +82,9 @@ class MapRule:
     """One ``assignment_map`` entry: an exact rename or a scope rename.
 
     Both names are normalised (a ``:0`` suffix and a leading ``/`` are removed). A scope entry
-    has both sides ending with ``"/"``; ``"/"`` alone is the root (every name).
+    has both sides ending with a scope separator: ``"/"`` (TF, Keras) or ``"."`` (PyTorch and
+    safetensors names), so ``{"encoder.": "encoder/"}`` maps ``encoder.layer.0.weight`` to
+    ``encoder/layer.0.weight``; ``"/"`` alone is the root (every name).
 
     Attributes:
         source: the checkpoint name (exact) or scope (``"a/"``, ``"/"``).
@@ -108,12 +114,12 @@ class MapRule:
             raise RuleError(
                 f"map entry {_q(self.source)} -> {_q(self.target)} has an empty name; "
                 "use '/' for the root scope.")
-        if source.endswith("/") != target.endswith("/"):
-            fixed_s = source if source.endswith("/") else source + "/"
-            fixed_t = target if target.endswith("/") else target + "/"
+        if source.endswith(_SCOPE_ENDS) != target.endswith(_SCOPE_ENDS):
+            fixed_s = source if source.endswith(_SCOPE_ENDS) else source + "/"
+            fixed_t = target if target.endswith(_SCOPE_ENDS) else target + "/"
             raise RuleError(
                 f"map entry {_q(source)} -> {_q(target)} mixes a scope and a variable name: "
-                "a scope entry needs both sides to end with '/' (and an exact entry neither). "
+                "a scope entry needs both sides to end with '/' or '.' (and an exact entry neither). "
                 f"Write {_q(fixed_s)} -> {_q(fixed_t)} to map a scope, or drop the '/' to map "
                 "one variable.")
         object.__setattr__(self, "source", source)
@@ -121,8 +127,8 @@ class MapRule:
 
     @property
     def is_scope(self) -> bool:
-        """True for a scope entry (both sides end with ``"/"``)."""
-        return self.source.endswith("/")
+        """True for a scope entry (both sides end with ``"/"`` or ``"."``)."""
+        return self.source.endswith(_SCOPE_ENDS)
 
     @property
     def _source_prefix(self) -> str:

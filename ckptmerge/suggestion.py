@@ -89,6 +89,8 @@ class Suggestion:
     plan: Plan
     sources: List[SourceSuggestion]
     missing: List[str]
+    #: ``{source label: layout}`` of sources read through a layout (kept in :meth:`to_config`).
+    layouts: Dict[str, str] = field(default_factory=dict)
 
     @property
     def n_proposed(self) -> int:
@@ -135,6 +137,8 @@ class Suggestion:
             if s.path == "<memory>":
                 continue
             entry: Dict[str, Any] = {"name": s.label, "path": s.path}
+            if s.label in self.layouts:  # the proposed names are the layout's: keep reading through it
+                entry["layout"] = self.layouts[s.label]
             mapping = s.map()
             if mapping:
                 entry["map"] = mapping

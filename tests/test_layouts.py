@@ -219,3 +219,14 @@ def test_pytorch_model_restores_into_keras_with_layout_and_structural_alignment(
     assert len(report.restored) == 9
     assert "matched by structure" in report.plan.report()
     _check_outputs(model, state)
+
+
+def test_suggest_for_a_pytorch_model_writes_a_config_that_keeps_the_layout(torch_model, tmp_path):
+    path, state = torch_model
+    model = _keras_twin()
+    suggestion = cm.suggest(model, [cm.Source(str(path), layout="torch")])
+    config = suggestion.to_config()
+    assert config["sources"][0]["layout"] == "torch" and config["sources"][0]["map"]
+    suggestion.write(tmp_path / "warm.yaml")
+    cm.warm_start(model, str(tmp_path / "warm.yaml"))
+    _check_outputs(model, state)

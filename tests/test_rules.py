@@ -468,3 +468,24 @@ def test_apply_on_a_large_checkpoint_is_fast():
     res = rules.apply(names)
     assert time.perf_counter() - t0 < 2.0  # ~0.05 s; generous for slow CI machines
     assert len(res.mapping) == 2000
+
+
+def test_dot_scopes_map_pytorch_names_like_slash_scopes():
+    from ckptmerge.rules import MapRule
+
+    rule = MapRule("encoder.", "encoder/")
+    assert rule.is_scope and rule.rename("encoder.layer.0.weight") == "encoder/layer.0.weight"
+    assert not rule.matches("decoder.layer.0.weight")
+    with pytest.raises(RuleError, match="'/' or '.'"):
+        MapRule("encoder.", "encoder")
+
+
+def test_dot_scope_map_in_a_plan_of_safetensors_names():
+    from ckptmerge.planner import SourceView, make_plan
+    from ckptmerge.specs import VariableInfo
+
+    src = [VariableInfo("encoder.layer.0.weight", (2, 2), "float32"), VariableInfo("head.bias", (2,), "float32")]
+    view = SourceView(label="st", path="st", note="", variables={v.name: v for v in src},
+                      rules=Rules.from_options(map={"encoder.": "model/encoder/"}))
+    plan = make_plan([VariableInfo("model/encoder/layer.0.weight", (2, 2), "float32")], [view])
+    assert plan.assignments["model/encoder/layer.0.weight"].name == "encoder.layer.0.weight"
