@@ -554,7 +554,7 @@ def test_map_value_may_be_a_list_of_targets():
 def test_map_entry_mixing_a_scope_and_a_name():
     assert one_problem({"sources": [{"path": ".", "map": {"bert/encoder/": "model/encoder"}}]}) == (
         "sources[0].map['bert/encoder/']: map entry 'bert/encoder/' -> 'model/encoder' mixes a scope "
-        "and a variable name: a scope entry needs both sides to end with '/' (and an exact entry "
+        "and a variable name: a scope entry needs both sides to end with '/' or '.' (and an exact entry "
         "neither). Write 'bert/encoder/' -> 'model/encoder/' to map a scope, or drop the '/' to map "
         "one variable")
 
@@ -961,7 +961,7 @@ def test_toml_lines_follow_tables_and_inline_values(project):
         """)
     assert problems(path) == [
         "warm.toml:7 sources[1].map['a/']: map entry 'a/' -> 'b' mixes a scope and a variable name: "
-        "a scope entry needs both sides to end with '/' (and an exact entry neither). Write 'a/' -> "
+        "a scope entry needs both sides to end with '/' or '.' (and an exact entry neither). Write 'a/' -> "
         "'b/' to map a scope, or drop the '/' to map one variable",
         "warm.toml:9 sources[1]: unknown key 'vocab_'. Did you mean 'vocab'?",
         "warm.toml:14 sources[1].slice[0].axis: expected an axis (an integer >= 0), received string '1'",
