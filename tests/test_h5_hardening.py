@@ -233,6 +233,48 @@ def test_compressed_weights_within_the_ratio_are_read_into_one_buffer(tmp_path):
         assert big_endian.dtype == np.dtype("<f4") and np.array_equal(big_endian, values)
 
 
+def test_iter_chunks_reads_hyperslabs_that_concatenate_to_the_tensor(tmp_path):
+    import ml_dtypes
+
+    rng = np.random.default_rng(2)
+    path = tmp_path / "m.weights.h5"
+    with h5py.File(path, "w") as f:
+        f["f32"] = rng.standard_normal((5, 7, 3)).astype(np.float32)
+        f["f64be"] = rng.standard_normal((4, 6)).astype(">f8")
+        f["bool"] = rng.integers(0, 2, 9).astype(bool)
+        f.create_dataset("enum", data=np.array([[0, 1], [1, 1]], "i1"), dtype=h5py.enum_dtype({"A": 0, "B": 1}, "i1"))
+        f.create_dataset("bf16", data=rng.standard_normal((3, 4)).astype(ml_dtypes.bfloat16).view("V2"))
+        f["bf16"].attrs["dtype"] = "bfloat16"
+        f["scalar"] = np.float32(3)
+        f["empty"] = np.zeros((0, 4), np.float32)
+    with open_checkpoint(str(path)) as reader:
+        for v in reader.variables():
+            whole = reader.get(v.name).reshape(-1)
+            for n in (1, 2, 5, 7, 20, 21, 22, 104, 105, 1000):
+                pieces = list(reader.iter_chunks(v.name, n))
+                assert all(0 < p.size <= n for p in pieces), (v.name, n)
+                got = np.concatenate(pieces) if pieces else whole[:0]
+                assert got.dtype == whole.dtype and got.tobytes() == whole.tobytes(), (v.name, n)
+
+
+def test_ls_stats_reads_a_big_dataset_in_pieces(tmp_path):
+    values = np.arange(1 << 24, dtype=np.float32)  # 64 MiB, stored in full
+    path = tmp_path / "m.weights.h5"
+    with h5py.File(path, "w") as f:
+        f[KEY] = values
+    tracemalloc.start()
+    try:
+        r = run("ls", path, "--stats", "--json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 0, r.output
+    stats = json.loads(r.stdout)[0]["stats"]
+    assert (stats["min"], stats["max"], stats["mean"]) == (0.0, float((1 << 24) - 1), ((1 << 24) - 1) / 2)
+    # pieces of 2**20 elements (4 MiB, 8 MiB as float64): far below the 64 MiB of the whole
+    assert peak < values.nbytes * 3 // 4, f"ls --stats held {peak} bytes for a {values.nbytes}-byte dataset"
+
+
 def _keras_zip(path, member_bytes_chunks, compression):
     with zipfile.ZipFile(path, "w", compression=compression) as z:
         with z.open("model.weights.h5", "w", force_zip64=True) as member:

@@ -157,7 +157,8 @@ class CheckpointReader:
         Their concatenation is ``get(name).reshape(-1)``. The TF bundle reader reads each piece
         from the file as it is asked for (checksums are checked as the pieces go by, the last
         one before the last piece is yielded), so statistics and comparisons of any tensor
-        need memory for a piece, not for the tensor; other formats read the whole tensor once.
+        need memory for a piece, not for the tensor; so does the Keras h5 reader (one hyperslab
+        per piece); other formats read the whole tensor once.
         Name and size problems are raised by this call, before any piece is read.
 
         Raises:

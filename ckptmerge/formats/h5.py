@@ -23,7 +23,9 @@ is imported only when a file is opened; TensorFlow never.
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import json
 import logging
 import math
@@ -33,7 +35,7 @@ import struct
 import tempfile
 import threading
 import zipfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -451,8 +453,8 @@ class H5Reader(CheckpointReader):
                 f"Refusing to read Keras weights file {self.path!r}: {problem}. {fix}",
                 path=self.path, key=info.raw_key, problems=[problem])
 
-    def _read(self, info: VariableInfo) -> np.ndarray:
-        f = self._open()
+    def _checked(self, info: VariableInfo) -> None:
+        """Raise unless dataset ``info`` holds tensor values the file justifies (nothing is read)."""
         key = info.raw_key
         why = self._not_tensors.get(key)
         if why is not None:
@@ -460,29 +462,65 @@ class H5Reader(CheckpointReader):
                 f"Cannot read dataset {key!r} of Keras weights file {self.path!r}: {why}. ckptmerge "
                 f"lists it (dtype {info.dtype!r}) but cannot show, compare or merge its values; "
                 "leave it out of merges and restores.", path=self.path, key=key)
+        f = self._open()
+        with self._h5_errors(key), self._lock:
+            self._check_size(f[key], info)
+
+    def _load(self, info: VariableInfo, sel: Tuple[Any, ...] = ()) -> np.ndarray:
+        """Read dataset ``info`` (or the part ``sel`` selects) once, into the array returned."""
+        f = self._open()
+        with self._h5_errors(info.raw_key), self._lock:
+            return self._values(f[info.raw_key], sel)
+
+    @contextlib.contextmanager
+    def _h5_errors(self, key: str) -> Iterator[None]:
         try:
-            with self._lock:
-                ds = f[key]
-                self._check_size(ds, info)
-                return self._values(ds)
+            yield
         except CkptMergeError:
             raise
         except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
             raise self._error(f"cannot read dataset {key!r} ({e})", key) from None
 
-    def _values(self, ds: Any) -> np.ndarray:
-        """The dataset as a fresh C-contiguous array, read once into its final buffer."""
+    def _read(self, info: VariableInfo) -> np.ndarray:
+        self._checked(info)
+        return self._load(info)
+
+    def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        """Pieces read one hyperslab at a time: memory for one piece, whatever the dataset's size."""
+        self._checked(info)
+        if info.size <= max_elements or info.dtype == "string":
+            return super()._iter_chunks(info, max_elements)
+        return self._pieces(info, max_elements)
+
+    def _pieces(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        shape = info.shape
+        axis, inner = len(shape) - 1, 1  # trailing axes after `axis` fit whole in one piece
+        while axis > 0 and inner * shape[axis] <= max_elements:
+            inner *= shape[axis]
+            axis -= 1
+        rows = max(1, max_elements // inner)  # blocks of `rows` along `axis`; earlier axes one by one
+        for prefix in itertools.product(*(range(d) for d in shape[:axis])):
+            for start in range(0, shape[axis], rows):
+                yield self._load(info, prefix + (slice(start, min(start + rows, shape[axis])),)).reshape(-1)
+
+    def _values(self, ds: Any, sel: Tuple[Any, ...] = ()) -> np.ndarray:
+        """Dataset ``ds`` (or the part ``sel`` selects: indices, then one slice) as a fresh
+        C-contiguous array, read once into its final buffer."""
         raw, dt = ds.dtype, self._dtype(ds)
         if raw.kind in "OSU":  # strings -> object array of bytes, like TF
-            arr = np.asarray(ds[()])
+            arr = np.asarray(ds[sel] if sel else ds[()])
             if arr.dtype.kind in "SU":
                 flat = [x if isinstance(x, bytes) else str(x).encode("utf-8") for x in arr.reshape(-1).tolist()]
                 arr = np.array(flat + [None], dtype=object)[:-1].reshape(arr.shape)
             return arr
+        shape = ds.shape
+        if sel:
+            last = sel[-1]
+            shape = (last.stop - last.start,) + tuple(shape[len(sel):])
         # native byte order: HDF5 converts big-endian data while reading, no second copy
-        out = aligned_empty(ds.shape, raw if raw.kind == "V" else raw.newbyteorder("="))
+        out = aligned_empty(shape, raw if raw.kind == "V" else raw.newbyteorder("="))
         if out.size:
-            ds.read_direct(out)
+            ds.read_direct(out, sel or None)
         if out.dtype.metadata:  # h5py's enum (and bool) marker: plain integers from here on
             out = out.view(np.dtype(out.dtype.str))
         return out.view(dt) if dt.kind == "V" else out
