@@ -26,8 +26,10 @@ as raw bytes from the source's ``.data`` file to the writer in 4 MiB pieces, nev
 CRC32C checked on the way (so peak memory stays a few MiB whatever the size); casts stream in the
 same pieces; only vocabulary remaps, slices, strings, partitioned variables and Keras ``.h5``
 sources read a whole tensor. The writer streams into hidden temporary files and renames them into
-place only when complete (index last): a merge that fails or is killed leaves no file at the
-output prefix. Nothing here imports TensorFlow.
+place only when complete: a merge that fails or is killed leaves the output prefix as it was,
+and with ``overwrite`` the prefix reads as exactly the old or exactly the new checkpoint at every
+instant. Merges to one prefix publish one at a time (see :mod:`ckptmerge.formats.writer`).
+Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
-from .formats.writer import _DATA_RE, BundleWriter, existing_checkpoint_files
+from .formats.writer import _DATA_RE, BundleWriter, check_no_output
 from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
@@ -83,6 +85,7 @@ TemplateArg = Union[None, str, "os.PathLike[str]", Sequence[VariableInfo]]
 
 _PIECE = 4 << 20  # raw copies and streamed casts move this many bytes at a time
 _TEMPLATE_LABEL = "(template)"
+_REPLACE_HINT = "pass overwrite=True (ckptmerge merge --force)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,12 +647,6 @@ def _check_format(format: Any, given: str) -> str:
     return format
 
 
-def _existing_outputs(out_abs: str, fmt: str) -> List[str]:
-    if fmt == FORMAT_SAFETENSORS:
-        return [out_abs] if os.path.lexists(out_abs) else []
-    return existing_checkpoint_files(out_abs)
-
-
 def _open_writer(fmt: str, given: str, jobs: Sequence["_Job"], handles: Sequence[SourceHandle], plan: Plan, *,
                  overwrite: bool, durable: bool) -> Any:
     """The writer for the output format; both take the jobs' tensors the same way."""
@@ -708,7 +705,9 @@ def merge(
         cast: convert dtypes to the template's (e.g. float16 -> float32).
         strict: raise :class:`~ckptmerge.PlanError` for any finding other than ``unused``, before
             anything is written. ``False`` writes what matches and reports the rest.
-        overwrite: replace an existing checkpoint at ``out_prefix``.
+        overwrite: replace an existing checkpoint at ``out_prefix``. At every instant, even if
+            the merge is killed, the prefix reads as exactly the old or exactly the new
+            checkpoint; of several merges racing to one prefix, the last to finish wins.
         dry_run: plan and report, write nothing.
         update_state: also write the output directory's ``checkpoint`` state file, naming the
             new checkpoint as the latest (earlier entries are kept), so ``tf.train.latest_checkpoint``
@@ -718,7 +717,7 @@ def merge(
         verify: check every CRC32C while reading (``False`` copies corrupt tensors as they are).
         durable: fsync every output file before it is renamed into place, so the checkpoint also
             survives a power loss (slower: it waits for the disk). Without it the output is still
-            all-or-nothing for the process: a merge killed half-way leaves nothing at the prefix.
+            all-or-nothing for the process: a merge killed half-way leaves the prefix as it was.
         format: ``"tf"`` (a TF checkpoint) or ``"safetensors"`` (one ``.safetensors`` file whose
             metadata records the sources and the plan); default: ``"safetensors"`` when
             ``out_prefix`` ends with ``.safetensors``, else ``"tf"``.
@@ -728,8 +727,10 @@ def merge(
         ``restored`` lists the written names, ``skipped`` the names left out and why.
 
     Raises:
-        OutputExistsError: a checkpoint exists at ``out_prefix`` and ``overwrite`` is False
-            (raised before any checkpoint is read).
+        OutputExistsError: a checkpoint (or leftover data files) exists at ``out_prefix`` and
+            ``overwrite`` is False: raised before any checkpoint is read, or after writing when
+            another run published there first (of racing merges without ``overwrite``, exactly
+            one publishes).
         ArgumentError: ``out_prefix`` is a directory, ends with ``.index``, or is an input's prefix.
         PlanError: ``strict`` and the plan has findings (``e.plan`` has them all); nothing written.
         TransformError: a transform cannot run in this merge (a slice without a template, or
@@ -773,15 +774,12 @@ def merge(
         template_prefix = resolve_checkpoint(tvalue).prefix
         inputs.append((f"the template '{tvalue}'", template_prefix))
     _check_not_an_input(out_abs, given, inputs)
-    if not overwrite:
-        found = _existing_outputs(out_abs, fmt)
-        if found:
-            shown = os.path.join(os.path.dirname(given), os.path.basename(found[0]))
-            raise OutputExistsError(
-                f"A checkpoint already exists at '{given}' ('{shown}'"
-                + (f" and {len(found) - 1} more file(s)" if len(found) > 1 else "")
-                + "). Choose another output prefix, or pass overwrite=True (ckptmerge merge --force) "
-                "to replace it.", path=shown)
+    if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock
+        if fmt == FORMAT_TF:
+            check_no_output(out_abs, given, _REPLACE_HINT)
+        elif os.path.lexists(out_abs):
+            raise OutputExistsError(f"A file already exists at {quote_name(given)}. Choose another output, or "
+                                    f"{_REPLACE_HINT} to replace it.", path=given)
     state = None
     if update_state and os.path.isdir(os.path.dirname(out_abs)):
         state = read_state_file(os.path.dirname(out_abs))  # a broken state file fails before writing
@@ -829,10 +827,17 @@ def merge(
                     if progress is not None:
                         progress(done, total)
                 writer.finish()
+            except OutputExistsError as e:
+                if fmt != FORMAT_TF:
+                    raise
+                raise OutputExistsError(  # another run published first (checked under the lock)
+                    f"A checkpoint appeared at {quote_name(given)} ({quote_name(e.path)}) while this merge was "
+                    "writing: another run wrote it first, and it was kept. Nothing was written. Choose another "
+                    f"output prefix, or {_REPLACE_HINT} to replace it.", path=e.path) from None
             except BaseException:
                 writer.abort()
                 raise
-            bytes_written = sum(os.path.getsize(p) for p in _existing_outputs(out_abs, fmt))
+            bytes_written = writer.bytes_written if fmt == FORMAT_TF else os.path.getsize(out_abs)
             if update_state:
                 state_path = _write_state(out_abs, given, state)
             logger.info("merged %d tensors from %d source(s) into %s (%d bytes)", len(jobs), len(handles),

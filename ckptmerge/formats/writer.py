@@ -8,11 +8,35 @@ under the empty key. :class:`BundleWriter` writes the same bytes TensorFlow's ow
 ``tf.train.load_checkpoint``, ``tf.compat.v1.train.Saver`` and ckptmerge's reader all read it.
 
 The write is atomic: tensors stream into hidden temporary files in the output directory, and
-only :meth:`BundleWriter.finish` moves them into place, data shards first and the index last.
-A reader therefore sees either no checkpoint or a complete one, even if the process is killed
-mid-write; on any error the temporary files are removed. With ``durable=True`` every file (and the
-directory) is also fsynced before its rename, so the checkpoint survives a power loss too; that
-waits for the disk, which TensorFlow's own writer (and ``cp``) do not, so it is off by default.
+only :meth:`BundleWriter.finish` moves them into place. A reader therefore sees either no
+checkpoint or a complete one, even if the process is killed mid-write; on any error the temporary
+files are removed. With ``durable=True`` every file (and the directory) is also fsynced before its
+rename, so the checkpoint survives a power loss too; that waits for the disk, which TensorFlow's
+own writer (and ``cp``) do not, so it is off by default.
+
+Replacing a checkpoint (``overwrite=True``) is atomic too: at every instant the prefix reads as
+exactly the old checkpoint or exactly the new one, for any reader (TensorFlow included), even if
+the writer is killed between two steps. The index names no data file (the prefix and the shard
+count in its header do), so the new data shards must never take the old ones' names while the
+old index is in place. The publish (:meth:`BundleWriter.finish`) therefore runs these steps, each
+of which leaves a valid checkpoint at the prefix:
+
+1. choose a shard count no data file at the prefix uses (the natural count, else one more, with
+   empty trailing shards), and rename the new shards in under those unused names: the old index
+   still reads the old shards;
+2. ``os.replace`` the new index over the old one: the one atomic switch from old to new;
+3. remove the data files the new index does not name (the old shards, leftovers of killed runs);
+4. if shards were padded, hard-link the shards to their natural names, switch to an index with
+   the natural count, and remove the padded names: the result is the same files a fresh write
+   gives (where hard links are unsupported, the padded layout, as valid, is kept).
+
+A kill at any step leaves only unreferenced data files, which the next ``overwrite`` removes;
+without ``overwrite`` the next writer refuses, naming them. Publishes to one prefix are
+serialised by an exclusive ``flock`` on ``.<name>.ckptmerge-lock`` beside it (removed when
+released), held from the final existence check through the last step: two writers never
+interleave, and without ``overwrite`` exactly one of two racing writers publishes (the other
+raises :class:`~ckptmerge.errors.OutputExistsError`). A writer waits for the lock; it is held
+only for the renames, not while tensors are written.
 """
 
 from __future__ import annotations
@@ -77,7 +101,8 @@ _TF_BUNDLE_VERSION = 1
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _TMP_MARK = ".ckptmerge-tmp-"
-_DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
+_LOCK_MARK = ".ckptmerge-lock"
+_DATA_RE = re.compile(r"\.data-\d{5}-of-(\d{5})$")
 # Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
 def _host_name() -> str:
     """This machine's name, without importing ``socket`` (start-up time matters for the CLI)."""
@@ -278,7 +303,7 @@ class BundleWriter:
 
     Tensors are streamed to hidden temporary files in the output directory as they are
     added, so memory stays bounded by one tensor (or one chunk, with :meth:`add_raw`).
-    :meth:`finish` writes the index and moves everything into place (data first, index last);
+    :meth:`finish` writes the index and publishes the checkpoint (see the module docstring);
     until then no file appears at ``prefix``. Used as a context manager, it finishes on normal
     exit and aborts (removing the temporary files) on an exception.
 
@@ -286,8 +311,8 @@ class BundleWriter:
         prefix: the checkpoint prefix to write, e.g. ``"out/merged"`` writes
             ``out/merged.index`` and ``out/merged.data-00000-of-00001``. Missing parent
             directories are created.
-        overwrite: replace an existing checkpoint at ``prefix`` (its index is removed first,
-            and its stale data shards after the new ones are in place).
+        overwrite: replace an existing checkpoint at ``prefix``; at every instant the prefix
+            reads as exactly the old or exactly the new checkpoint (see the module docstring).
         max_shard_bytes: start a new data shard when the current one would exceed this many
             bytes (a tensor never spans shards); ``None`` writes one shard.
         block_size: index block size; the default is TensorFlow's, which makes the index
@@ -344,8 +369,11 @@ class BundleWriter:
         self._file: Optional[BinaryIO] = None  # the open current shard
         self._entries: Dict[bytes, bytes] = {}
         self._state = "open"                   # open -> finished | aborted
+        #: Bytes of the published ``.index`` and ``.data-*`` files (set by :meth:`finish`).
+        self.bytes_written = 0
 
-        self._check_existing()
+        if not self._overwrite:
+            check_no_output(self._abs, given)
         try:
             os.makedirs(self._dir, exist_ok=True)
         except OSError as e:
@@ -376,19 +404,6 @@ class BundleWriter:
 
     def _existing_outputs(self) -> List[str]:
         return existing_checkpoint_files(self._abs)
-
-    def _check_existing(self) -> None:
-        if self._overwrite:
-            return
-        found = self._existing_outputs()
-        if found:
-            shown = os.path.join(os.path.dirname(self.prefix), os.path.basename(found[0]))
-            raise OutputExistsError(
-                f"A checkpoint already exists at {quote_name(self.prefix)} ({quote_name(shown)}"
-                + (f" and {len(found) - 1} more file(s)" if len(found) > 1 else "")
-                + "). Choose another output prefix, or pass overwrite=True to replace it.",
-                path=shown,
-            )
 
     def _remove_stale_temps(self) -> None:
         """Remove temp files of this prefix left by writers whose process no longer exists."""
@@ -715,7 +730,11 @@ class BundleWriter:
             raise self._fail(e, self._shards[-1], "truncate the temporary data file") from e
 
     def finish(self) -> None:
-        """Write the index and move the checkpoint into place (data shards first, index last).
+        """Write the index and publish the checkpoint at the prefix (see the module docstring).
+
+        Waits while another writer publishes to the same prefix. With ``overwrite`` the prefix
+        reads as exactly the old or exactly the new checkpoint at every instant, whatever the
+        data file names.
 
         Raises:
             OutputExistsError: a checkpoint appeared at ``prefix`` meanwhile (without overwrite).
@@ -729,8 +748,23 @@ class BundleWriter:
             self._close_current()
         except OSError as e:
             raise self._fail(e, self._shards[-1], "write the temporary data file") from e
-        num = len(self._shards)
-        tmp_index = f"{self._tmp_stem}.index"
+        natural = len(self._shards)
+        try:
+            with _OutputLock(self._dir, self._base, self.prefix):
+                if not self._overwrite:
+                    _refuse_existing(self._abs, self.prefix, "pass overwrite=True")
+                num = self._publish(natural)
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "finished"
+        logger.info("wrote checkpoint %s (%d tensors, %d shard(s), %d bytes)", self.prefix,
+                    len(self._entries), num, self.bytes_written)
+
+    def _write_index(self, num: int) -> Tuple[str, int]:
+        """Write the index (header saying ``num`` shards) to a temp file; return its path and size."""
+        tmp_index = f"{self._tmp_stem}.index-{num}"
+        self._shards.append(tmp_index)  # so abort() removes it
         try:
             with open(tmp_index, "xb") as f:
                 table = _TableWriter(f, self._block_size)
@@ -742,41 +776,83 @@ class BundleWriter:
                 if self._durable:
                     os.fsync(f.fileno())
         except OSError as e:
-            self._shards.append(tmp_index)  # so abort() removes it
             raise self._fail(e, tmp_index, "write the temporary index file") from e
-        self._shards.append(tmp_index)
+        return tmp_index, table.offset
 
-        try:
-            self._check_existing()
-        except OutputExistsError:
-            self.abort()
-            raise
-        final_data = [data_file_name(self._abs, i, num) for i in range(num)]
-        stale = [p for p in self._existing_outputs() if p not in final_data and not p.endswith(".index")]
+    def _publish(self, natural: int) -> int:
+        """Move the ``natural`` temp shards and the index into place (the lock is held).
+
+        Returns the shard count published (``natural`` unless hard links are unsupported).
+        """
+        index = self._abs + ".index"
+        used = {_shard_count(p) for p in self._existing_outputs() if p != index}
+        num = natural
+        while num in used:  # the new shards' names must not be any existing file's
+            num += 1
+        for i in range(natural, num):  # empty trailing shards; no tensor is in them
+            path = f"{self._tmp_stem}.data-{i}"
+            self._shards.insert(i, path)
+            try:
+                open(path, "xb").close()
+            except OSError as e:
+                raise self._fail(e, path, "create the temporary data file") from e
+        tmp_index, size = self._write_index(num)
+        natural_index, natural_size = self._write_index(natural) if num != natural else ("", size)
+        final = [data_file_name(self._abs, i, num) for i in range(num)]
+        moved: List[str] = []
         target = ""
         try:
-            if self._overwrite and os.path.lexists(self._abs + ".index"):
-                # Hide the old checkpoint first, so no reader pairs its index with new data.
-                target = self._abs + ".index"
-                os.remove(target)
-            for tmp, final in zip(self._shards[:num], final_data):
-                target = final
-                os.replace(tmp, final)
+            for tmp, dst in zip(self._shards[:num], final):
+                target = dst
+                os.replace(tmp, dst)  # a name no index refers to
+                moved.append(dst)
             self._fsync_dir()
-            target = self._abs + ".index"
-            os.replace(tmp_index, target)
-            self._fsync_dir()
+            target = index
+            os.replace(tmp_index, index)  # the switch from the old checkpoint to the new one
         except OSError as e:
-            # Remove what was moved too: without its index it is not a checkpoint anyway.
-            for p in final_data:
+            for p in moved:  # unreferenced: the old checkpoint (if any) is intact
                 _remove_quietly(p)
             raise self._fail(e, target, "move the checkpoint into place at") from e
+        self._shards = self._shards[num + 1:]  # the natural index, if written
+        self._fsync_dir()
+        self._remove_unreferenced(num)
+        if num != natural and self._unpad(num, natural, natural_index):
+            num, size = natural, natural_size
+        self.bytes_written = sum(self._shard_sizes) + size
+        return num
+
+    def _remove_unreferenced(self, num: int) -> None:
+        """Remove the prefix's data files that the published index (``num`` shards) does not name."""
+        for p in self._existing_outputs():
+            if not p.endswith(".index") and _shard_count(p) != num:
+                _remove_quietly(p)
+
+    def _unpad(self, padded: int, natural: int, natural_index: str) -> bool:
+        """Give a padded checkpoint its natural shard names, staying valid at every step.
+
+        The data shards get their natural names as hard links (names no index uses now), the
+        index with the natural count replaces the padded one, then the padded names go.
+        Returns whether it did (where hard links are unsupported, the padded layout stays).
+        """
+        linked: List[str] = []
+        try:
+            for i in range(natural):
+                dst = data_file_name(self._abs, i, natural)
+                os.link(data_file_name(self._abs, i, padded), dst)
+                linked.append(dst)
+            self._fsync_dir()
+            os.replace(natural_index, self._abs + ".index")
+        except OSError as e:
+            logger.info("kept checkpoint %s with %d data shards (%d of them empty): %s", self.prefix,
+                        padded, padded - natural, e)
+            for p in linked + [natural_index]:
+                _remove_quietly(p)
+            self._shards = []
+            return False
         self._shards = []
-        self._state = "finished"
-        for p in stale:
-            _remove_quietly(p)
-        logger.info("wrote checkpoint %s (%d tensors, %d shard(s), %d bytes)", self.prefix,
-                    len(self._entries), num, sum(self._shard_sizes))
+        self._fsync_dir()
+        self._remove_unreferenced(natural)
+        return True
 
     def _fsync_dir(self) -> None:
         if not self._durable:
@@ -896,6 +972,110 @@ def existing_checkpoint_files(abs_prefix: str) -> List[str]:
         names = []
     return found + [os.path.join(directory, n) for n in names
                     if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
+
+
+def check_no_output(abs_prefix: str, prefix: str, how_to_replace: str = "pass overwrite=True") -> None:
+    """Raise :class:`OutputExistsError` when any file of a checkpoint exists at ``abs_prefix``.
+
+    Looks under the prefix's publish lock (waiting while a writer publishes there), so a publish
+    in progress is never mistaken for anything but what it becomes. Data files without an index
+    are named as what they are: not a readable checkpoint, but the leftover of an interrupted
+    write, with how to get rid of them.
+
+    Args:
+        abs_prefix: the absolute output prefix.
+        prefix: the prefix as the user gave it (shown in the message).
+        how_to_replace: the words that tell the caller's user how to replace it.
+
+    Example:
+        >>> check_no_output("/nowhere/model", "model")
+    """
+    directory, base = os.path.split(abs_prefix)
+    if not os.path.isdir(directory):
+        return
+    with _OutputLock(directory, base, prefix, required=False):
+        _refuse_existing(abs_prefix, prefix, how_to_replace)
+
+
+def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
+    """:func:`check_no_output` for a caller that holds the publish lock."""
+    found = existing_checkpoint_files(abs_prefix)
+    if not found:
+        return
+    shown = [os.path.join(os.path.dirname(prefix), os.path.basename(p)) for p in found]
+    more = f" and {len(found) - 1} more file(s)" if len(found) > 1 else ""
+    if found[0].endswith(".index"):
+        raise OutputExistsError(
+            f"A checkpoint already exists at {quote_name(prefix)} ({quote_name(shown[0])}{more}). Choose "
+            f"another output prefix, or {how_to_replace} to replace it.", path=shown[0])
+    listed = ", ".join(map(quote_name, shown[:3])) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
+    raise OutputExistsError(
+        f"The output prefix {quote_name(prefix)} has data files but no index ({listed}): they are not a readable "
+        "checkpoint, most likely the leftover of a write that was killed. Delete them, choose another "
+        f"output prefix, or {how_to_replace} to replace them.", path=shown[0])
+
+
+def _shard_count(path: str) -> int:
+    """The ``N`` of a ``.data-NNNNN-of-N`` file name (one :func:`existing_checkpoint_files` lists)."""
+    m = _DATA_RE.search(path)
+    assert m is not None
+    return int(m.group(1))
+
+
+class _OutputLock:
+    """An exclusive ``flock`` on ``.<base>.ckptmerge-lock`` beside a checkpoint prefix.
+
+    It serialises publishes to one prefix across processes (and across writers in one process:
+    each holds its own open file). The lock file is removed on release while still locked; a
+    waiter that then gets a lock on the removed file notices (the path names another inode, or
+    none) and locks again, so two holders never coexist. A killed holder's lock is released by the
+    kernel; the file it leaves is reused. With ``required=False`` a lock file that cannot be
+    created (a read-only directory: no writer can publish there either) means no lock.
+    """
+
+    def __init__(self, directory: str, base: str, prefix: str, *, required: bool = True) -> None:
+        self.path = os.path.join(directory, f".{base}{_LOCK_MARK}")
+        self.prefix = prefix
+        self.required = required
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "_OutputLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no flock; publishes are not serialised
+            return self
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except OSError as e:
+                if not self.required:
+                    return self
+                raise CheckpointWriteError(_io_message(e, self.path, "create the lock file", self.prefix),
+                                           path=self.path, errno_=e.errno) from e
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    logger.info("waiting for another writer of %s to finish moving it into place", self.prefix)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                try:
+                    now = os.stat(self.path)
+                except FileNotFoundError:
+                    now = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                self.fd = fd
+                return self
+            os.close(fd)  # the holder we waited for removed this file: lock the current one
+
+    def __exit__(self, *exc: Any) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _remove_quietly(self.path)  # while still locked (see the class docstring)
+            os.close(fd)
 
 
 def _remove_quietly(path: str) -> None:
