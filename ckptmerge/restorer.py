@@ -10,8 +10,10 @@ restoring a snapshot is a buffer hand-over, not a copy.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar
 
 import numpy as np
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Restorer", "snapshot"]
 
 log = logging.getLogger(__name__)
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Source:
@@ -77,8 +80,27 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
     return Source(None, name=name, _values=values)
 
 
+def _serialised(method: _F) -> _F:
+    """Run a :class:`Restorer` method under the restorer's lock (one call at a time, whole)."""
+
+    @functools.wraps(method)
+    def locked(self: "Restorer", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
+
+
 class Restorer:
     """Plan once, then restore as often as needed.
+
+    A restorer may be shared by threads. Its :meth:`switch`, :meth:`restore` and :meth:`close`
+    run one at a time, each whole, under :attr:`lock`: ``restore(step=N)`` switches and restores
+    in one go, so when it returns every target holds step N's values, never a mix of two
+    checkpoints, and a switch made by another thread cannot close a reader a restore is using.
+    Other threads' calls wait meanwhile. Hold :attr:`lock` (``with restorer.lock: ...``) to read
+    the targets with no restore from another thread in between; variables read without it while a
+    restore runs may show that restore half-done, as with any assignment.
 
     Args:
         target: as for :func:`ckptmerge.plan`.
@@ -105,6 +127,7 @@ class Restorer:
         self.strict = strict
         self.session = session
         self.count = 0
+        self._lock = threading.RLock()
         binding = self.plan._binding
         # Each checkpoint source's path as first given (a directory, typically): switching by
         # step resolves against it even after a switch by path.
@@ -113,6 +136,17 @@ class Restorer:
             from .backends.graph import GraphOps
 
             binding.graph_ops = GraphOps(self.plan, binding)
+
+    @property
+    def lock(self) -> "threading.RLock":
+        """The re-entrant lock that :meth:`switch`, :meth:`restore` and :meth:`close` hold.
+
+        Example:
+            >>> with restorer.lock:                          # doctest: +SKIP
+            ...     restorer.restore(step=2000)
+            ...     weights = [v.numpy() for v in model.weights]   # all of step 2000
+        """
+        return self._lock
 
     @property
     def binding(self) -> Binding:
@@ -135,6 +169,7 @@ class Restorer:
             )
         return disk[0]
 
+    @_serialised
     def switch(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None) -> SourceHandle:
         """Point one source at another checkpoint of the same layout (validated, not re-planned).
 
@@ -193,6 +228,7 @@ class Restorer:
         old.close()
         return handle
 
+    @_serialised
     def restore(self, *, step: Optional[int] = None, path: Any = None, source: Optional[str] = None,
                 progress: Any = None) -> "Report":
         """Restore now; with ``step`` or ``path`` first switch a source to that checkpoint.
@@ -219,8 +255,9 @@ class Restorer:
         self.count += 1
         return report
 
+    @_serialised
     def close(self) -> None:
-        """Close the readers."""
+        """Close the readers (after the restore another thread may be running)."""
         self.binding.close()
 
     def __enter__(self) -> "Restorer":

@@ -238,3 +238,73 @@ def test_switch_by_step_of_a_source_given_as_a_prefix_says_what_to_pass(tf, ab_c
     r = cm.Restorer(v, [cm.Source(ab_checkpoints["B"], map={"b1": "c/y1"})])
     with pytest.raises(cm.CkptMergeError, match="pass path=..."):
         r.restore(step=5)
+
+
+# --------------------------------------------------------------------------------------------
+# one restorer shared by threads
+
+STEPS = (1, 2, 3, 4)
+
+
+@pytest.fixture
+def steps_dir(tf, tmp_path):
+    """A training directory with checkpoints at steps 1-4; every value of step s is s."""
+    for s in STEPS:
+        save_tf1(tmp_path / "run" / "model", {f"v{i}": np.full((128, 128), s, np.float32) for i in range(6)}, step=s)
+    return tmp_path / "run"
+
+
+def run_threads(n_threads, work):
+    """Run ``work(thread_index)`` on real threads started together; re-raise the first error."""
+    import threading
+
+    errors = []
+    barrier = threading.Barrier(n_threads)
+
+    def body(t):
+        try:
+            barrier.wait()
+            work(t)
+        except BaseException as e:  # collected and re-raised in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
+def test_eight_threads_restoring_steps_through_one_restorer_each_get_their_step(tf, steps_dir):
+    v = {f"v{i}": tf.Variable(np.zeros((128, 128), np.float32)) for i in range(6)}
+    r = cm.Restorer(v, [cm.Source(steps_dir)])
+    rng = np.random.default_rng(0)
+    plan = rng.choice(STEPS, size=(8, 12))
+
+    def work(t):
+        for s in plan[t]:
+            report = r.restore(step=int(s))
+            assert report.sources[0]["path"].endswith(f"model-{s}"), report.sources[0]["path"]
+
+    run_threads(8, work)
+    assert r.count == 8 * 12
+    last = v["v0"].numpy()[0, 0]  # whichever restore ran last: all of one checkpoint
+    assert last in STEPS and all(np.all(x.numpy() == last) for x in v.values())
+
+
+def test_values_read_under_the_restorer_lock_are_all_from_the_step_restored(tf, steps_dir):
+    v = {f"v{i}": tf.Variable(np.zeros((128, 128), np.float32)) for i in range(6)}
+    r = cm.Restorer(v, [cm.Source(steps_dir)])
+
+    def work(t):
+        for k in range(10):
+            s = STEPS[(t + k) % len(STEPS)]
+            with r.lock:
+                r.restore(step=s)
+                for name, x in v.items():
+                    assert np.all(x.numpy() == s), (name, s)
+
+    run_threads(8, work)
+    r.close()
