@@ -815,9 +815,10 @@ def merge(
         state_path = None
         if not dry_run:
             _check_space(out_abs, given, sum(_out_nbytes(j.target, j.nbytes) for j in jobs))
-            writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable)
+            writer = None
             buf = memoryview(bytearray(_PIECE))
             try:
+                writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable)
                 done = 0
                 if progress is not None:
                     progress(0, total)
@@ -832,10 +833,11 @@ def merge(
                     raise
                 raise OutputExistsError(  # another run published first (checked under the lock)
                     f"A checkpoint appeared at {quote_name(given)} ({quote_name(e.path)}) while this merge was "
-                    "writing: another run wrote it first, and it was kept. Nothing was written. Choose another "
+                    "running: another run wrote it first, and it was kept. Nothing was written. Choose another "
                     f"output prefix, or {_REPLACE_HINT} to replace it.", path=e.path) from None
             except BaseException:
-                writer.abort()
+                if writer is not None:
+                    writer.abort()
                 raise
             bytes_written = writer.bytes_written if fmt == FORMAT_TF else os.path.getsize(out_abs)
             if update_state:

@@ -206,6 +206,35 @@ def test_data_files_without_an_index_are_named_with_the_fix(sources, tmp_path):
     assert files(out.parent) == CLEAN
 
 
+@pytest.mark.parametrize("when", ["before the writer opens", "while tensors are written"])
+def test_a_checkpoint_another_run_publishes_meanwhile_is_kept_with_the_merge_hint(tf, sources, tmp_path,
+                                                                                 monkeypatch, when):
+    import ckptmerge.offline as offline
+
+    out = tmp_path / "out" / "m"
+    published = []
+
+    def other_run_publishes(*args):
+        if not published:
+            published.append(True)
+            merge([sources["B"][0]], out)  # the other run wins the race here
+
+    if when == "before the writer opens":  # after merge's own early check, before the writer's
+        real = offline._check_space
+        monkeypatch.setattr(offline, "_check_space", lambda *a: (other_run_publishes(), real(*a))[1])
+        progress = None
+    else:
+        progress = other_run_publishes
+    with pytest.raises(OutputExistsError) as err:
+        merge([sources["A"][0]], out, progress=progress)
+    assert str(err.value) == (
+        f"A checkpoint appeared at '{out}' ('{out}.index') while this merge was running: another run wrote it "
+        "first, and it was kept. Nothing was written. Choose another output prefix, or pass overwrite=True "
+        "(ckptmerge merge --force) to replace it.")
+    assert read_state(tf, out, {"B": sources["B"][1]}) == "B"
+    assert files(out.parent) == CLEAN
+
+
 # --------------------------------------------------------------------------------------------
 # concurrent merges to one prefix
 
