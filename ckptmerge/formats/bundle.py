@@ -9,7 +9,8 @@ and masked CRC32C. Numeric tensors are stored as raw little-endian bytes; string
 lengths, a masked checksum of the lengths, then the bytes. A partitioned variable has one entry
 without data listing its ``slices``, each slice stored under a key made with TF's
 ``EncodeTensorNameSlice`` (OrderedCode). Layouts follow TensorFlow's
-``core/util/tensor_bundle`` and ``core/lib/io`` (``format.cc``, ``block.cc``, ``table.cc``).
+``core/util/tensor_bundle``; the table itself is read by :mod:`ckptmerge.formats.table`, slice
+keys and the check that slices tile their tensor are :mod:`ckptmerge.formats.slices`.
 
 Every problem in a file (truncation, bad checksum, bad varint, out-of-range offset) raises
 :class:`~ckptmerge.errors.CheckpointFormatError` naming the file; sizes are always checked
@@ -19,7 +20,6 @@ its slices tile it exactly (see :mod:`ckptmerge.formats.regions`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import struct
@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-import crc32c as _crc32c
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
@@ -48,16 +47,9 @@ from ckptmerge.formats.protowire import (
     DecodeError,
     iter_fields,
     read_varint,
-    to_signed64,
 )
-from ckptmerge.formats.regions import (
-    Box,
-    c_order_blocks,
-    contiguous_span,
-    first_overlap,
-    intersect,
-    volume,
-)
+from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, intersect
+from ckptmerge.formats.slices import SliceError, encode_tensor_name_slice, numel, slice_boxes
 from ckptmerge.formats.storage import (
     REMOTE_CONCURRENCY,
     RemoteFile,
@@ -65,6 +57,17 @@ from ckptmerge.formats.storage import (
     read_small,
     remote_size,
 )
+from ckptmerge.formats.table import (
+    TABLE_MAGIC,
+    Table,
+    TableError,
+    crc32c,
+    is_leveldb_table,
+    mask_crc,
+    read_table,
+    unmask_crc,
+)
+from ckptmerge.formats.tfproto import int64_field, parse_shape, parse_slice
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -83,12 +86,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The magic number ending every LevelDB-format table (TF's ``kTableMagicNumber``).
-TABLE_MAGIC = 0xDB4775248B80FB57
-_MAGIC_BYTES = struct.pack("<Q", TABLE_MAGIC)
-_FOOTER_SIZE = 48  # two block handles padded to 40 bytes + 8 bytes of magic
-_TRAILER_SIZE = 5  # 1 byte compression type + 4 bytes masked crc32c
-_MASK_DELTA = 0xA282EAD8
 _U32 = struct.Struct("<I")
 _SUPPORTED_MIN_CONSUMER = 1  # TF's kTensorBundleVersion
 _SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of this size
@@ -98,8 +95,6 @@ _ARENA = 64 << 20  # size of those shared buffers
 _ALIGN = ALIGN  # alignment of each tensor in a shared buffer
 _GROUP = 8 << 20  # at most this many bytes per scatter read
 _MAX_IOV = 512  # at most this many buffers per scatter read (IOV_MAX is 1024 on Linux)
-
-crc32c = _crc32c.crc32c
 
 
 def string_lengths_crc(lengths: Iterable[int], crc: int = 0) -> int:
@@ -113,28 +108,6 @@ def string_lengths_crc(lengths: Iterable[int], crc: int = 0) -> int:
     for x in lengths:
         crc = crc32c(struct.pack("<I", x) if x <= 0xFFFFFFFF else struct.pack("<Q", x), crc)
     return crc
-
-
-def mask_crc(crc: int) -> int:
-    """Mask a CRC32C the way LevelDB and TF store them (rotate right 15, add a constant).
-
-    Example:
-        >>> unmask_crc(mask_crc(123456789))
-        123456789
-    """
-    crc &= 0xFFFFFFFF
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def unmask_crc(masked: int) -> int:
-    """Invert :func:`mask_crc`.
-
-    Example:
-        >>> unmask_crc(mask_crc(0))
-        0
-    """
-    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
-    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
 _CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
@@ -197,204 +170,6 @@ def data_file_name(prefix: str, shard: int, num_shards: int) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
-def is_leveldb_table(path: str) -> bool:
-    """True if ``path`` is a file at least a footer long ending with the LevelDB table magic.
-
-    Example:
-        >>> is_leveldb_table("/nonexistent")
-        False
-    """
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() < _FOOTER_SIZE:
-                return False
-            f.seek(-8, os.SEEK_END)
-            return f.read(8) == _MAGIC_BYTES
-    except OSError:
-        return False
-
-
-# --------------------------------------------------------------------------------------------
-# OrderedCode keys of tensor slices (tensorflow/core/lib/strings/ordered_code.cc)
-# --------------------------------------------------------------------------------------------
-_LENGTH_TO_HEADER_BITS = ((0, 0), (0x80, 0), (0xC0, 0), (0xE0, 0), (0xF0, 0), (0xF8, 0),
-                          (0xFC, 0), (0xFE, 0), (0xFF, 0), (0xFF, 0x80), (0xFF, 0xC0))
-
-
-def _num_increasing(value: int) -> bytes:
-    body = value.to_bytes((value.bit_length() + 7) // 8, "big") if value else b""
-    return bytes([len(body)]) + body
-
-
-def _signed_num_increasing(value: int) -> bytes:
-    x = ~value if value < 0 else value
-    if x < 64:
-        return bytes([(0x80 ^ value) & 0xFF])
-    n = x.bit_length() // 7 + 1
-    buf = bytearray((value & ((1 << 80) - 1)).to_bytes(10, "big"))[10 - n:]
-    buf[0] ^= _LENGTH_TO_HEADER_BITS[n][0]
-    buf[1] ^= _LENGTH_TO_HEADER_BITS[n][1]
-    return bytes(buf)
-
-
-def _ordered_string(value: bytes) -> bytes:
-    return value.replace(b"\xff", b"\xff\x00").replace(b"\x00", b"\x00\xff") + b"\x00\x01"
-
-
-def encode_tensor_name_slice(name: str, extents: Sequence[Tuple[int, int]]) -> bytes:
-    """Return TF's key for one slice of a partitioned tensor (``EncodeTensorNameSlice``).
-
-    Args:
-        name: the full tensor's key.
-        extents: ``(start, length)`` per dimension; ``length == -1`` for a full dimension.
-
-    Example:
-        >>> encode_tensor_name_slice("w", [(0, -1)])
-        b'\\x00w\\x00\\x01\\x01\\x01\\x80\\x7f'
-    """
-    out = [_num_increasing(0), _ordered_string(name.encode("utf-8")), _num_increasing(len(extents))]
-    for start, length in extents:
-        out.append(_signed_num_increasing(start))
-        out.append(_signed_num_increasing(length))
-    return b"".join(out)
-
-
-# --------------------------------------------------------------------------------------------
-# The LevelDB table of the .index file
-# --------------------------------------------------------------------------------------------
-class _TableError(Exception):
-    """Internal: a problem in the table; BundleReader adds the file name."""
-
-
-def _parse_block(block: bytes, what: str) -> List[Tuple[bytes, bytes]]:
-    n = len(block)
-    if n < 4:
-        raise _TableError(f"{what} is only {n} bytes long")
-    num_restarts = _U32.unpack_from(block, n - 4)[0]
-    if num_restarts > (n - 4) // 4:
-        raise _TableError(f"{what} claims {num_restarts} restart points but is only {n} bytes")
-    limit = n - 4 - 4 * num_restarts
-    out: List[Tuple[bytes, bytes]] = []
-    prev = b""
-    pos = 0
-    try:
-        while pos < limit:
-            shared, pos = read_varint(block, pos, limit)
-            non_shared, pos = read_varint(block, pos, limit)
-            value_len, pos = read_varint(block, pos, limit)
-            if shared > len(prev) or non_shared + value_len > limit - pos:
-                raise _TableError(f"{what} has an entry running past its end (at byte {pos})")
-            key = prev[:shared] + block[pos:pos + non_shared]
-            pos += non_shared
-            out.append((key, block[pos:pos + value_len]))
-            pos += value_len
-            prev = key
-    except DecodeError as e:
-        raise _TableError(f"{what} has a bad entry header: {e}") from None
-    return out
-
-
-def _snappy_decompress(data: bytes, what: str) -> bytes:
-    try:
-        import cramjam
-    except ImportError:  # pragma: no cover - cramjam is a dependency
-        raise _TableError(
-            f"{what} is Snappy-compressed and the 'cramjam' package is not installed; "
-            "install it with: pip install cramjam") from None
-    try:
-        expected, _ = read_varint(data, 0)
-    except DecodeError:
-        raise _TableError(f"{what}: corrupt Snappy header") from None
-    # Snappy cannot expand more than ~22x; a bigger claimed size is corruption, and refusing it
-    # keeps a corrupt header from allocating gigabytes.
-    if expected > 32 * len(data) + 64:
-        raise _TableError(f"{what}: corrupt Snappy header (claims {expected} bytes "
-                          f"from {len(data)} compressed bytes)")
-    try:
-        out = bytes(cramjam.snappy.decompress_raw(data))
-    except Exception as e:  # cramjam raises its own DecompressionError
-        raise _TableError(f"{what}: Snappy decompression failed ({e})") from None
-    if len(out) != expected:
-        raise _TableError(f"{what}: Snappy data decompressed to {len(out)} bytes, expected {expected}")
-    return out
-
-
-def _read_block(data: bytes, handle: bytes, what: str, verify: bool) -> bytes:
-    try:
-        offset, pos = read_varint(handle, 0)
-        size, pos = read_varint(handle, pos)
-    except DecodeError as e:
-        raise _TableError(f"bad block handle for {what}: {e}") from None
-    if offset + size + _TRAILER_SIZE > len(data) - _FOOTER_SIZE:
-        raise _TableError(
-            f"{what} (offset {offset}, {size} bytes) runs past the end of the table "
-            f"({len(data)} bytes); the file is truncated or corrupt")
-    end = offset + size
-    contents = data[offset:end]
-    ctype = data[end]
-    if verify:
-        stored = unmask_crc(_U32.unpack_from(data, end + 1)[0])
-        actual = crc32c(data[end:end + 1], crc32c(contents))
-        if stored != actual:
-            raise _TableError(f"block checksum mismatch in {what} at offset {offset} "
-                              f"(expected 0x{stored:08x}, got 0x{actual:08x})")
-    if ctype == 0:
-        return contents
-    if ctype == 1:
-        return _snappy_decompress(contents, what)
-    raise _TableError(f"{what} has unknown compression type {ctype} (0 = none and 1 = Snappy "
-                      "are the only ones TensorFlow writes)")
-
-
-def read_table(data: bytes, *, verify: bool = True) -> List[Tuple[bytes, bytes]]:
-    """Parse a whole LevelDB-format table held in memory; returns sorted ``(key, value)`` pairs.
-
-    Raises:
-        CheckpointFormatError: on any malformation (without a path: callers add it).
-
-    Example:
-        >>> read_table(b"short")
-        Traceback (most recent call last):
-        ...
-        ckptmerge.errors.CheckpointFormatError: file is 5 bytes long, shorter than a table footer (48 bytes)
-    """
-    try:
-        return _read_table(data, verify)
-    except _TableError as e:
-        raise CheckpointFormatError(str(e)) from None
-
-
-def _read_table(data: bytes, verify: bool) -> List[Tuple[bytes, bytes]]:
-    if len(data) < _FOOTER_SIZE:
-        raise _TableError(f"file is {len(data)} bytes long, shorter than a table footer ({_FOOTER_SIZE} bytes)")
-    footer = data[-_FOOTER_SIZE:]
-    if footer[-8:] != _MAGIC_BYTES:
-        raise _TableError(f"bad table magic number 0x{struct.unpack('<Q', footer[-8:])[0]:016x} "
-                          f"(expected 0x{TABLE_MAGIC:016x}); not a checkpoint index, or truncated")
-    try:
-        _, pos = read_varint(footer, 0, 40)  # metaindex offset
-        _, pos = read_varint(footer, pos, 40)  # metaindex size
-        start = pos
-        _, pos = read_varint(footer, pos, 40)
-        _, pos = read_varint(footer, pos, 40)
-    except DecodeError as e:
-        raise _TableError(f"bad table footer: {e}") from None
-    index = _parse_block(_read_block(data, footer[start:pos], "index block", verify), "index block")
-    out: List[Tuple[bytes, bytes]] = []
-    for i, (_, handle) in enumerate(index):
-        what = f"data block {i}"
-        block = _read_block(data, handle, what, verify)
-        entries = _parse_block(block, what)
-        if entries and out and entries[0][0] <= out[-1][0]:
-            raise _TableError(f"{what} is out of order (key {entries[0][0]!r} after {out[-1][0]!r})")
-        out.extend(entries)
-    for (a, _), (b, _) in zip(out, out[1:]):
-        if a >= b:
-            raise _TableError(f"keys out of order: {b!r} after {a!r}")
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # Bundle entries
 # --------------------------------------------------------------------------------------------
@@ -421,47 +196,6 @@ class BundleEntry:
     slices: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
 
 
-def _int64(value: object, what: str) -> int:
-    if not isinstance(value, int):
-        raise DecodeError(f"{what} has the wrong wire type")
-    return to_signed64(value)
-
-
-@functools.lru_cache(maxsize=4096)  # checkpoints repeat shapes a lot; parsing is pure
-def _parse_shape(buf: bytes) -> Tuple[int, ...]:
-    dims: List[int] = []
-    for no, wire, value in iter_fields(buf):
-        if no == 2:
-            if wire != WIRE_BYTES:
-                raise DecodeError("TensorShapeProto.dim has the wrong wire type")
-            size = 0
-            for dno, _, dval in iter_fields(value):  # type: ignore[arg-type]
-                if dno == 1:
-                    size = _int64(dval, "dimension size")
-            if size < 0:
-                raise DecodeError(f"negative dimension size {size}")
-            dims.append(size)
-        elif no == 3 and value:
-            raise DecodeError("tensor of unknown rank")
-    return tuple(dims)
-
-
-def _parse_slice(buf: bytes) -> Tuple[Tuple[int, int], ...]:
-    extents: List[Tuple[int, int]] = []
-    for no, wire, value in iter_fields(buf):
-        if no == 1:
-            if wire != WIRE_BYTES:
-                raise DecodeError("TensorSliceProto.extent has the wrong wire type")
-            start, length = 0, -1
-            for eno, _, eval_ in iter_fields(value):  # type: ignore[arg-type]
-                if eno == 1:
-                    start = _int64(eval_, "slice start")
-                elif eno == 2:
-                    length = _int64(eval_, "slice length")
-            extents.append((start, length))
-    return tuple(extents)
-
-
 def _parse_entry(key: str, buf: bytes) -> BundleEntry:
     """Decode a ``BundleEntryProto``: a fast path for the usual well-formed entry (one pass, no
     generator), falling back to :func:`_parse_entry_checked` for anything else, which then gives
@@ -479,7 +213,7 @@ def _parse_entry(key: str, buf: bytes) -> BundleEntry:
                 pos += 1
                 if length >= 0x80 or pos + length > n:
                     return _parse_entry_checked(key, buf)
-                shape = _parse_shape(buf[pos:pos + length])
+                shape = parse_shape(buf[pos:pos + length])
                 pos += length
             elif tag == 0x35:  # 6: crc32c (fixed32)
                 if pos + 4 > n:
@@ -518,17 +252,17 @@ def _parse_entry_checked(key: str, buf: bytes) -> BundleEntry:
         if no == 1 and wire == WIRE_VARINT:
             dtype = value  # type: ignore[assignment]
         elif no == 2 and wire == WIRE_BYTES:
-            shape = _parse_shape(value)  # type: ignore[arg-type]
+            shape = parse_shape(value)  # type: ignore[arg-type]
         elif no == 3 and wire == WIRE_VARINT:
-            shard = _int64(value, "shard_id")
+            shard = int64_field(value, "shard_id")
         elif no == 4 and wire == WIRE_VARINT:
-            offset = _int64(value, "offset")
+            offset = int64_field(value, "offset")
         elif no == 5 and wire == WIRE_VARINT:
-            size = _int64(value, "size")
+            size = int64_field(value, "size")
         elif no == 6 and wire == WIRE_FIXED32:
             crc = value  # type: ignore[assignment]
         elif no == 7 and wire == WIRE_BYTES:
-            slices.append(_parse_slice(value))  # type: ignore[arg-type]
+            slices.append(parse_slice(value))  # type: ignore[arg-type]
         elif no <= 7:
             raise DecodeError(f"BundleEntryProto field {no} has wire type {wire}")
     if shard < 0 or offset < 0 or size < 0:
@@ -540,15 +274,15 @@ def _parse_header(buf: bytes) -> Tuple[int, int, int, List[int]]:
     num_shards, endianness, min_consumer, bad = 0, 0, 0, []
     for no, wire, value in iter_fields(buf):
         if no == 1 and wire == WIRE_VARINT:
-            num_shards = _int64(value, "num_shards")
+            num_shards = int64_field(value, "num_shards")
         elif no == 2 and wire == WIRE_VARINT:
             endianness = value  # type: ignore[assignment]
         elif no == 3 and wire == WIRE_BYTES:
             for vno, vwire, vval in iter_fields(value):  # type: ignore[arg-type]
                 if vno == 2 and vwire == WIRE_VARINT:
-                    min_consumer = _int64(vval, "min_consumer")
+                    min_consumer = int64_field(vval, "min_consumer")
                 elif vno == 3 and vwire == WIRE_VARINT:
-                    bad.append(_int64(vval, "bad_consumers"))
+                    bad.append(int64_field(vval, "bad_consumers"))
     return num_shards, endianness, min_consumer, bad
 
 
@@ -568,13 +302,6 @@ class _Part(NamedTuple):
     box: Box
     entry: BundleEntry
     label: Optional[str]
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 # --------------------------------------------------------------------------------------------
@@ -642,8 +369,9 @@ class BundleReader(CheckpointReader):
 
     def _load_index(self, data: bytes) -> None:
         try:
-            table = _read_table(data, self.verify)
-        except _TableError as e:
+            table = Table(len(data), lambda offset, size: data[offset:offset + size],
+                          verify=self.verify).items()
+        except TableError as e:
             raise self._index_error(str(e)) from None
         if not table or table[0][0] != b"":
             raise self._index_error("no bundle header entry (empty key)")
@@ -751,7 +479,7 @@ class BundleReader(CheckpointReader):
             if e.dtype == DT_STRING or dt is None:
                 nbytes = e.size if not e.slices else 0
             else:
-                nbytes = _numel(e.shape) * dt.itemsize
+                nbytes = numel(e.shape) * dt.itemsize
             infos.append(VariableInfo(name, e.shape, tf_dtype_name(e.dtype), e.key, kind, nbytes))
         return infos
 
@@ -857,7 +585,7 @@ class BundleReader(CheckpointReader):
         dt = TF_TO_NUMPY.get(e.dtype)
         if dt is None or e.dtype == DT_STRING:
             raise self._unreadable(e)
-        expected = _numel(e.shape) * dt.itemsize
+        expected = numel(e.shape) * dt.itemsize
         if e.size != expected:
             raise self._data_error(e, f"index says {e.size} bytes but shape {e.shape} of "
                                       f"{tf_dtype_name(e.dtype)} needs {expected}", label)
@@ -865,7 +593,7 @@ class BundleReader(CheckpointReader):
 
     def _check_strings(self, e: BundleEntry, label: Optional[str] = None) -> None:
         """Validate a string entry's element count against its size."""
-        n = _numel(e.shape)
+        n = numel(e.shape)
         if n > e.size:  # every element needs at least a 1-byte length
             raise self._data_error(e, f"{n} strings cannot fit in {e.size} bytes", label)
 
@@ -901,7 +629,7 @@ class BundleReader(CheckpointReader):
 
     def _read_strings(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         self._check_strings(e, label)
-        n = _numel(e.shape)
+        n = numel(e.shape)
         raw = bytearray(e.size)
         if e.size:
             self._read_into(e.shard_id, e.offset, memoryview(raw), e.key)
@@ -936,21 +664,15 @@ class BundleReader(CheckpointReader):
 
     def _slice_plan(self, e: BundleEntry) -> List[_Part]:
         """The slices of a partitioned entry as parts of the full tensor, checked before
-        anything is allocated: each slice's entry agrees with its box, dtype and byte size, the
-        slices tile the tensor exactly (no element twice, none left out: anything else would
-        leave uninitialised memory in the result), and their bytes fit in the data files."""
+        anything is allocated: the slices tile the tensor exactly (no element twice, none left
+        out: anything else would leave uninitialised memory in the result), each slice's entry
+        agrees with its box, dtype and byte size, and their bytes fit in the data files."""
+        try:
+            boxes = slice_boxes(e.key, e.shape, e.slices)
+        except SliceError as err:
+            raise self._index_error(str(err), e.key) from None
         parts: List[_Part] = []
-        for extents in e.slices:
-            if len(extents) != len(e.shape):
-                raise self._index_error(f"tensor {e.key!r} of rank {len(e.shape)} has a slice "
-                                        f"of rank {len(extents)}", e.key)
-            box = []
-            for (start, length), dim in zip(extents, e.shape):
-                stop = dim if length == -1 else start + length
-                if start < 0 or length < -1 or stop > dim or (length == -1 and start != 0):
-                    raise self._index_error(f"tensor {e.key!r} has slice {extents} outside its "
-                                            f"shape {e.shape}", e.key)
-                box.append((start, stop))
+        for extents, box in zip(e.slices, boxes):
             shape = tuple(stop - start for start, stop in box)
             part = self._raw_entries.get(encode_tensor_name_slice(e.key, extents))
             if part is None:
@@ -963,16 +685,7 @@ class BundleReader(CheckpointReader):
                 self._check_strings(part, label)
             else:
                 self._check_numeric(part, label)
-            parts.append(_Part(tuple(box), part, label))
-        pair = first_overlap([p.box for p in parts])
-        if pair is not None:
-            a, b = (list(e.slices[i]) for i in pair)
-            raise self._index_error(f"slices {a} and {b} of tensor {e.key!r} overlap (each element "
-                                    "must be stored in exactly one slice)", e.key)
-        covered = sum(volume(p.box) for p in parts)
-        if covered != _numel(e.shape):
-            raise self._index_error(f"the slices of tensor {e.key!r} cover {covered} of its "
-                                    f"{_numel(e.shape)} elements", e.key)
+            parts.append(_Part(box, part, label))
         claimed: Dict[int, int] = {}
         for p in parts:
             claimed[p.entry.shard_id] = claimed.get(p.entry.shard_id, 0) + p.entry.size

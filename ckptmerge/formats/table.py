@@ -1,0 +1,283 @@
+"""LevelDB-format tables as TensorFlow writes them, read without TensorFlow.
+
+TF stores two things in this format (``tensorflow/core/lib/io``: ``format.cc``, ``block.cc``,
+``table.cc``): the ``.index`` file of a V2 tensor bundle and the whole of a V1 checkpoint. A table
+is a run of prefix-compressed blocks of sorted ``(key, value)`` pairs, each block followed by a
+compression byte and a masked CRC32C, then an index block (one ``(separator key, block handle)``
+per data block) and a 48-byte footer ending in a magic number.
+
+:class:`Table` reads lazily through a ``read_at(offset, size)`` function: the footer and index
+block first, then data blocks on demand, so a V1 checkpoint of gigabytes is never held in memory
+at once. Every size is checked against the file length before anything is read or allocated,
+and every problem raises :class:`TableError`, which readers turn into a
+:class:`~ckptmerge.errors.CheckpointFormatError` naming their file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from typing import Callable, Dict, List, Optional, Tuple
+
+import crc32c as _crc32c
+
+from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.formats.protowire import DecodeError, read_varint
+
+__all__ = [
+    "Table",
+    "TableError",
+    "TABLE_MAGIC",
+    "FOOTER_SIZE",
+    "read_table",
+    "is_leveldb_table",
+    "crc32c",
+    "mask_crc",
+    "unmask_crc",
+]
+
+#: The magic number ending every LevelDB-format table (TF's ``kTableMagicNumber``).
+TABLE_MAGIC = 0xDB4775248B80FB57
+_MAGIC_BYTES = struct.pack("<Q", TABLE_MAGIC)
+#: Two block handles padded to 40 bytes, then 8 bytes of magic.
+FOOTER_SIZE = 48
+_TRAILER_SIZE = 5  # 1 byte compression type + 4 bytes masked crc32c
+_MASK_DELTA = 0xA282EAD8
+_U32 = struct.Struct("<I")
+
+crc32c = _crc32c.crc32c
+
+
+class TableError(Exception):
+    """A problem in a table; the reader that hit it adds its file name."""
+
+
+def mask_crc(crc: int) -> int:
+    """Mask a CRC32C the way LevelDB and TF store them (rotate right 15, add a constant).
+
+    Example:
+        >>> unmask_crc(mask_crc(123456789))
+        123456789
+    """
+    crc &= 0xFFFFFFFF
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def unmask_crc(masked: int) -> int:
+    """Invert :func:`mask_crc`.
+
+    Example:
+        >>> unmask_crc(mask_crc(0))
+        0
+    """
+    rot = (masked - _MASK_DELTA) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+def is_leveldb_table(path: str) -> bool:
+    """True if ``path`` is a file at least a footer long ending with the LevelDB table magic.
+
+    Example:
+        >>> is_leveldb_table("/nonexistent")
+        False
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < FOOTER_SIZE:
+                return False
+            f.seek(-8, os.SEEK_END)
+            return f.read(8) == _MAGIC_BYTES
+    except OSError:
+        return False
+
+
+def _parse_block(block: bytes, what: str) -> List[Tuple[bytes, bytes]]:
+    n = len(block)
+    if n < 4:
+        raise TableError(f"{what} is only {n} bytes long")
+    num_restarts = _U32.unpack_from(block, n - 4)[0]
+    if num_restarts > (n - 4) // 4:
+        raise TableError(f"{what} claims {num_restarts} restart points but is only {n} bytes")
+    limit = n - 4 - 4 * num_restarts
+    out: List[Tuple[bytes, bytes]] = []
+    prev = b""
+    pos = 0
+    try:
+        while pos < limit:
+            shared, pos = read_varint(block, pos, limit)
+            non_shared, pos = read_varint(block, pos, limit)
+            value_len, pos = read_varint(block, pos, limit)
+            if shared > len(prev) or non_shared + value_len > limit - pos:
+                raise TableError(f"{what} has an entry running past its end (at byte {pos})")
+            key = prev[:shared] + block[pos:pos + non_shared]
+            pos += non_shared
+            out.append((key, block[pos:pos + value_len]))
+            pos += value_len
+            prev = key
+    except DecodeError as e:
+        raise TableError(f"{what} has a bad entry header: {e}") from None
+    return out
+
+
+def _snappy_decompress(data: bytes, what: str) -> bytes:
+    try:
+        import cramjam
+    except ImportError:  # pragma: no cover - cramjam is a dependency
+        raise TableError(
+            f"{what} is Snappy-compressed and the 'cramjam' package is not installed; "
+            "install it with: pip install cramjam") from None
+    try:
+        expected, _ = read_varint(data, 0)
+    except DecodeError:
+        raise TableError(f"{what}: corrupt Snappy header") from None
+    # Snappy cannot expand more than ~22x; a bigger claimed size is corruption, and refusing it
+    # keeps a corrupt header from allocating gigabytes.
+    if expected > 32 * len(data) + 64:
+        raise TableError(f"{what}: corrupt Snappy header (claims {expected} bytes "
+                         f"from {len(data)} compressed bytes)")
+    try:
+        out = bytes(cramjam.snappy.decompress_raw(data))
+    except Exception as e:  # cramjam raises its own DecompressionError
+        raise TableError(f"{what}: Snappy decompression failed ({e})") from None
+    if len(out) != expected:
+        raise TableError(f"{what}: Snappy data decompressed to {len(out)} bytes, expected {expected}")
+    return out
+
+
+def _ordered(keys: List[bytes], what: str) -> None:
+    for a, b in zip(keys, keys[1:]):
+        if a >= b:
+            raise TableError(f"{what}: keys out of order ({b!r} after {a!r})")
+
+
+class Table:
+    """A LevelDB-format table read lazily through ``read_at(offset, size) -> bytes``.
+
+    Args:
+        size: the length of the table file in bytes.
+        read_at: returns exactly ``size`` bytes at ``offset`` (only ever called for ranges
+            inside the file), or raises.
+        verify: check the CRC32C of every block read.
+
+    Raises:
+        TableError: the footer or index block is malformed.
+
+    Example:
+        >>> data = open("model.ckpt", "rb").read()  # doctest: +SKIP
+        >>> Table(len(data), lambda o, n: data[o:o + n]).get(b"")  # doctest: +SKIP
+    """
+
+    def __init__(self, size: int, read_at: Callable[[int, int], bytes], *, verify: bool = True) -> None:
+        self.size = size
+        self._read_at = read_at
+        self.verify = verify
+        if size < FOOTER_SIZE:
+            raise TableError(f"file is {size} bytes long, shorter than a table footer ({FOOTER_SIZE} bytes)")
+        footer = read_at(size - FOOTER_SIZE, FOOTER_SIZE)
+        if footer[-8:] != _MAGIC_BYTES:
+            raise TableError(f"bad table magic number 0x{struct.unpack('<Q', footer[-8:])[0]:016x} "
+                             f"(expected 0x{TABLE_MAGIC:016x}); not a checkpoint table, or truncated")
+        try:
+            _, pos = read_varint(footer, 0, 40)  # metaindex offset
+            _, pos = read_varint(footer, pos, 40)  # metaindex size
+            start = pos
+            _, pos = read_varint(footer, pos, 40)
+            _, pos = read_varint(footer, pos, 40)
+        except DecodeError as e:
+            raise TableError(f"bad table footer: {e}") from None
+        #: ``(separator key, block handle)`` per data block, in order.
+        self.index = _parse_block(self._block(footer[start:pos], "index block"), "index block")
+        self._index_keys = [k for k, _ in self.index]
+        _ordered(self._index_keys, "index block")
+        self._cached: Tuple[int, Optional[Dict[bytes, bytes]]] = (-1, None)
+
+    def _block(self, handle: bytes, what: str) -> bytes:
+        try:
+            offset, pos = read_varint(handle, 0)
+            size, pos = read_varint(handle, pos)
+        except DecodeError as e:
+            raise TableError(f"bad block handle for {what}: {e}") from None
+        if offset + size + _TRAILER_SIZE > self.size - FOOTER_SIZE:
+            raise TableError(
+                f"{what} (offset {offset}, {size} bytes) runs past the end of the table "
+                f"({self.size} bytes); the file is truncated or corrupt")
+        raw = self._read_at(offset, size + _TRAILER_SIZE)
+        contents = raw[:size]
+        ctype = raw[size]
+        if self.verify:
+            stored = unmask_crc(_U32.unpack_from(raw, size + 1)[0])
+            actual = crc32c(raw[size:size + 1], crc32c(contents))
+            if stored != actual:
+                raise TableError(f"block checksum mismatch in {what} at offset {offset} "
+                                 f"(expected 0x{stored:08x}, got 0x{actual:08x})")
+        if ctype == 0:
+            return contents
+        if ctype == 1:
+            return _snappy_decompress(contents, what)
+        raise TableError(f"{what} has unknown compression type {ctype} (0 = none and 1 = Snappy "
+                         "are the only ones TensorFlow writes)")
+
+    def block(self, i: int) -> List[Tuple[bytes, bytes]]:
+        """The sorted ``(key, value)`` pairs of data block ``i``.
+
+        Example:
+            >>> table.block(0)[0][0]  # doctest: +SKIP
+            b''
+        """
+        what = f"data block {i}"
+        entries = _parse_block(self._block(self.index[i][1], what), what)
+        _ordered([k for k, _ in entries], what)
+        if entries and entries[-1][0] > self._index_keys[i]:
+            raise TableError(f"{what} holds key {entries[-1][0]!r}, past its index key "
+                             f"{self._index_keys[i]!r}")
+        return entries
+
+    def get(self, key: bytes) -> Optional[bytes]:
+        """The value of ``key``, or ``None``; reads (and keeps) only the block that holds it.
+
+        Example:
+            >>> table.get(b"")  # doctest: +SKIP
+        """
+        i = bisect.bisect_left(self._index_keys, key)
+        if i >= len(self.index):
+            return None
+        cached_i, cached = self._cached
+        if cached_i != i or cached is None:
+            cached = dict(self.block(i))
+            self._cached = (i, cached)
+        return cached.get(key)
+
+    def items(self) -> List[Tuple[bytes, bytes]]:
+        """Every ``(key, value)`` pair of the table, in key order.
+
+        Example:
+            >>> [k for k, _ in table.items()][:1]  # doctest: +SKIP
+            [b'']
+        """
+        out: List[Tuple[bytes, bytes]] = []
+        for i in range(len(self.index)):
+            entries = self.block(i)
+            if entries and out and entries[0][0] <= out[-1][0]:
+                raise TableError(f"data block {i} is out of order (key {entries[0][0]!r} after {out[-1][0]!r})")
+            out.extend(entries)
+        return out
+
+
+def read_table(data: bytes, *, verify: bool = True) -> List[Tuple[bytes, bytes]]:
+    """Parse a whole LevelDB-format table held in memory; returns sorted ``(key, value)`` pairs.
+
+    Raises:
+        CheckpointFormatError: on any malformation (without a path: callers add it).
+
+    Example:
+        >>> read_table(b"short")
+        Traceback (most recent call last):
+        ...
+        ckptmerge.errors.CheckpointFormatError: file is 5 bytes long, shorter than a table footer (48 bytes)
+    """
+    try:
+        return Table(len(data), lambda offset, size: data[offset:offset + size], verify=verify).items()
+    except TableError as e:
+        raise CheckpointFormatError(str(e)) from None
