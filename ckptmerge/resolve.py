@@ -2,8 +2,9 @@
 
 Users point ckptmerge at whatever they have at hand: a checkpoint prefix (``runs/A/ckpt-10``),
 one of its files (``ckpt-10.index``, ``ckpt-10.data-00000-of-00001``), a training directory
-with TensorFlow's ``checkpoint`` state file, a directory plus a step, a SavedModel directory or
-a Keras ``.h5`` weights file. :func:`resolve_checkpoint` turns any of these into one absolute
+with TensorFlow's ``checkpoint`` state file, a directory plus a step, a SavedModel directory, a
+V1 checkpoint (a single file, or a sharded set given as ``model.ckpt-?????-of-00002``, as one of
+its shards or by its prefix) or a Keras ``.h5`` weights file. :func:`resolve_checkpoint` turns any of these into one absolute
 prefix (a :class:`ResolvedCheckpoint`) and says in ``note`` how it was chosen, so reports can
 show it. :func:`checkpoints` lists the checkpoints of a directory and :func:`read_state_file`
 parses the ``checkpoint`` state file (a text-format ``CheckpointState`` proto) without
@@ -43,6 +44,7 @@ __all__ = [
     "FORMAT_KERAS_H5",
     "FORMAT_SAFETENSORS",
     "FORMAT_NUMPY",
+    "FORMAT_TF_V1",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ FORMAT_KERAS_H5 = "keras-h5"
 FORMAT_SAFETENSORS = "safetensors"
 #: A ``.npz`` archive or a folder of ``.npy`` files.
 FORMAT_NUMPY = "numpy"
+#: A TensorFlow V1 checkpoint: one table file, or the pattern ``prefix-?????-of-NNNNN`` of a set.
+FORMAT_TF_V1 = "tf-v1"
 
 STATE_FILE = "checkpoint"
 _INDEX = ".index"
@@ -101,8 +105,9 @@ class ResolvedCheckpoint:
     """The checkpoint a path (and optional step) refers to.
 
     Attributes:
-        prefix: absolute checkpoint prefix, or absolute ``.h5`` path.
-        format: ``"tf-bundle"`` or ``"keras-h5"``.
+        prefix: absolute checkpoint prefix, absolute V1 file or ``-?????-of-NNNNN`` pattern,
+            or absolute ``.h5`` path.
+        format: ``"tf-bundle"``, ``"tf-v1"`` or ``"keras-h5"``.
         step: the step of the checkpoint (trailing ``-N`` of its name), or ``None``.
         note: how it was chosen, for reports, e.g.
             ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
@@ -200,6 +205,7 @@ def _check_step(step: object) -> Optional[int]:
 def _step_of(prefix: str) -> Optional[int]:
     """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
     base = os.path.basename(prefix.rstrip(os.sep))
+    base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
     for suffix in _H5_SUFFIXES:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
@@ -245,6 +251,31 @@ def _is_table(path: str) -> bool:
 
 
 _V1_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}$")
+_V1_SET_RE = re.compile(r"-(?:\d{5}|\?{5})-of-\d{5}$")  # a shard or the pattern of the set
+# Files that are never a V1 checkpoint, so directory scans need not open them.
+_NOT_V1 = (_INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hdf5", ".keras",
+           ".safetensors", ".npz", ".npy")
+
+
+def _v1_pattern_of(shard: str) -> str:
+    """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
+    return shard[:-len("00000-of-00000")] + "?????" + shard[-len("-of-00000"):]
+
+
+def _v1_pattern_exists(pattern: str) -> bool:
+    """True if ``pattern`` is ``prefix-?????-of-NNNNN`` and its first shard is a table file."""
+    if not re.search(r"-\?{5}-of-\d{5}$", pattern):
+        return False
+    return _is_table(pattern[:-len("?????-of-00000")] + "00000" + pattern[-len("-of-00000"):])
+
+
+def _v1_format(path: str) -> Optional[str]:
+    """The V1 checkpoint ``path`` names, as ckptmerge opens it (a file, or a set's pattern)."""
+    if _v1_pattern_exists(path):
+        return path
+    if os.path.isfile(path) and not path.endswith(_INDEX) and _is_table(path):
+        return _v1_pattern_of(path) if _V1_SHARD_RE.search(path) else path
+    return None
 
 
 def _v1_shard(prefix: str) -> Optional[str]:
@@ -267,8 +298,8 @@ def _index_exists(prefix: str) -> bool:
 
 
 def _prefix_exists(prefix: str) -> bool:
-    """A V2 prefix (``.index`` exists) or a single-file checkpoint (V1 or ``.h5``)."""
-    return _index_exists(prefix) or os.path.isfile(prefix)
+    """A V2 prefix (``.index`` exists), a single-file checkpoint (V1 or ``.h5``) or a V1 set."""
+    return _index_exists(prefix) or os.path.isfile(prefix) or _v1_pattern_exists(prefix)
 
 
 def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
@@ -292,11 +323,22 @@ def _data_files(prefix: str) -> List[str]:
     return _data_files_by_base(directory).get(base, [])
 
 
+def _v1_files(prefix: str) -> List[str]:
+    """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
+    m = re.search(r"-\?{5}-of-(\d{5})$", prefix)
+    if m is None:
+        return [prefix]
+    n = int(m.group(1))
+    return [f"{prefix[:m.start()]}-{i:05d}-of-{n:05d}" for i in range(n)]
+
+
 def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
     """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
     (``data_files`` when the caller listed the directory already)."""
     if fmt == FORMAT_KERAS_H5:
         return os.path.getsize(prefix)
+    if fmt == FORMAT_TF_V1:
+        return sum(os.path.getsize(f) for f in _v1_files(prefix))
     total = os.path.getsize(prefix + _INDEX)
     for f in _data_files(prefix) if data_files is None else data_files:
         total += os.path.getsize(f)
@@ -500,7 +542,7 @@ class _Candidate:
 
 
 def _scan(directory: str) -> List[_Candidate]:
-    """Checkpoints directly in ``directory``: ``*.index`` prefixes and Keras ``.h5`` files."""
+    """Checkpoints directly in ``directory``: ``*.index`` prefixes, V1 files and sets, ``.h5`` files."""
     abs_dir = os.path.abspath(directory)
     out = []
     try:
@@ -514,6 +556,11 @@ def _scan(directory: str) -> List[_Candidate]:
             out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, _step_of(prefix)))
         elif _is_h5_name(name) and os.path.isfile(full):
             out.append(_Candidate(full, FORMAT_KERAS_H5, _step_of(full)))
+        elif not name.startswith(".") and name != STATE_FILE and not name.endswith(_NOT_V1) \
+                and _DATA_RE.search(name) is None:
+            v1 = _v1_format(full)
+            if v1 is not None and all(c.prefix != v1 for c in out):
+                out.append(_Candidate(v1, FORMAT_TF_V1, _step_of(v1)))
     return out
 
 
@@ -537,6 +584,9 @@ def _candidates_with_state(directory: str, state: Optional[CheckpointState]) -> 
                 found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, _step_of(p)))
             elif os.path.isfile(p) and _is_h5_name(p):
                 found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, _step_of(p)))
+            elif _v1_format(p) is not None:
+                v1 = _v1_format(p) or p
+                found.setdefault(v1, _Candidate(v1, FORMAT_TF_V1, _step_of(v1)))
             else:
                 logger.debug("state file lists %s but it does not exist", p)
     for c in _scan(directory):
@@ -597,17 +647,13 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     sm = _saved_model_prefix(given)
     if sm is not None and _index_exists(sm) and all(c.prefix != sm for c in cands):
         cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
-    if not cands:  # nothing readable: say so if what is there is the old V1 format
-        for name in sorted(os.listdir(given)):
-            full = os.path.join(given, name)
-            if os.path.isfile(full) and not name.endswith(_INDEX) and _is_table(full):
-                raise _v1_error(full)
     latest = state.model_checkpoint_path if state is not None else None
     infos = []
     shards: Dict[str, Dict[str, List[str]]] = {}  # directory -> its data files by base: one listing each
     for c in sorted(cands, key=_sort_key):
         ts = state.timestamp_of(c.prefix) if state is not None else None
-        stat_path = c.prefix if c.format == FORMAT_KERAS_H5 else c.prefix + _INDEX
+        stat_path = {FORMAT_KERAS_H5: c.prefix, FORMAT_TF_V1: _v1_files(c.prefix)[0]}.get(
+            c.format, c.prefix + _INDEX)
         directory, base = os.path.split(c.prefix)
         if directory not in shards:
             shards[directory] = _data_files_by_base(directory)
@@ -667,18 +713,6 @@ def _not_found(given: str) -> CheckpointNotFoundError:
     )
 
 
-def _v1_error(given: str) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"'{given}' is a TensorFlow V1 checkpoint (the single-file table format written by "
-        "TensorFlow 0.11 and older), which ckptmerge does not read: it reads V2 checkpoints "
-        "(a '.index' file plus '.data-*' shards). Convert it once with TensorFlow: read it with "
-        f"tf.train.load_checkpoint('{given}'), create a tf.compat.v1.Variable per tensor in a "
-        "tf.compat.v1 graph, and save them with tf.compat.v1.train.Saver(var_list).save(sess, "
-        f"'{given}-v2'), which writes the V2 format.",
-        path=given,
-    )
-
-
 def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     """A regular file that is not a V2 prefix: Keras HDF5, V1 table, safetensors, NumPy, or
     not a checkpoint."""
@@ -700,8 +734,11 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
             "save the model again with model.save('model.keras').",
             path=given,
         )
-    if _is_table(abs_path):
-        raise _v1_error(given)
+    v1 = _v1_format(abs_path)
+    if v1 is not None:
+        if v1 != abs_path:
+            note = note or f"all shards of V1 checkpoint {given}"
+        return ResolvedCheckpoint(v1, FORMAT_TF_V1, _step_of(v1), note or f"V1 checkpoint {given}")
     hint = ""
     for ext in (".meta", ".pb", ".pbtxt", ".json"):
         if abs_path.endswith(ext) and _prefix_exists(abs_path[: -len(ext)]):
@@ -710,7 +747,8 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     raise CheckpointFormatError(
         f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF "
         "checkpoint prefix (with a '.index' file beside it), one of its '.index'/'.data-*' "
-        f"files, a checkpoint or SavedModel directory, or a Keras '.h5' weights file.{hint}",
+        "files, a V1 checkpoint file, a checkpoint or SavedModel directory, or a Keras '.h5' "
+        f"weights file.{hint}",
         path=given,
     )
 
@@ -745,22 +783,18 @@ def _array_dir_format(directory: str) -> str:
 
 
 def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,
-                      recorded: str, what: str) -> Tuple[str, str]:
-    """Check that a checkpoint named by the state file exists; return (format, relocation note)."""
+                      recorded: str, what: str) -> Tuple[str, str, str]:
+    """Check that a checkpoint named by the state file exists; return (prefix, format,
+    relocation note)."""
     shown_state = _display(given_dir, STATE_FILE)
+    located = prefix
+    fmt = ""
     if _index_exists(prefix):
         fmt = FORMAT_TF_BUNDLE
-    elif os.path.isfile(prefix):
-        if _is_h5_name(prefix) or _is_hdf5(prefix):
-            fmt = FORMAT_KERAS_H5
-        elif _is_table(prefix):
-            raise _v1_error(_shown(prefix, abs_dir, given_dir))
-        else:
-            fmt = ""
-    else:
-        fmt = ""
-    if not fmt and _v1_shard(prefix):
-        raise _v1_error(_shown(_v1_shard(prefix) or prefix, abs_dir, given_dir))
+    elif os.path.isfile(prefix) and (_is_h5_name(prefix) or _is_hdf5(prefix)):
+        fmt = FORMAT_KERAS_H5
+    elif _v1_format(prefix) is not None or _v1_shard(prefix):
+        prefix, fmt = _v1_format(prefix) or _v1_pattern_of(_v1_shard(prefix) or ""), FORMAT_TF_V1
     if not fmt:
         shown_index = _shown(prefix, abs_dir, given_dir) + _INDEX
         also = ""
@@ -777,9 +811,9 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
             path=given_dir,
         )
     reloc = ""
-    if os.path.isabs(recorded) and os.path.normpath(recorded) != prefix:
+    if os.path.isabs(recorded) and os.path.normpath(recorded) != located:
         reloc = f"; recorded as '{recorded}', found in {given_dir}"
-    return fmt, reloc
+    return prefix, fmt, reloc
 
 
 def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
@@ -824,7 +858,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
 
     if state is not None and state.model_checkpoint_path:
         prefix = state.model_checkpoint_path
-        fmt, reloc = _resolve_recorded(given, abs_dir, state, prefix,
+        prefix, fmt, reloc = _resolve_recorded(given, abs_dir, state, prefix,
                                        state.recorded_model_checkpoint_path or "",
                                        "latest checkpoint")
         s = _step_of(prefix)
@@ -836,7 +870,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
                        shown_state)
 
     cands = _scan(given)
-    bundles = [c for c in cands if c.format == FORMAT_TF_BUNDLE]
+    bundles = [c for c in cands if c.format in (FORMAT_TF_BUNDLE, FORMAT_TF_V1)]
     pool = bundles or cands  # prefer TF checkpoints over stray .h5 files
     why = "no 'checkpoint' state file" if state is None else f"{shown_state} names no latest checkpoint"
     if len(pool) == 1:
@@ -862,13 +896,6 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
             f"(run 'ckptmerge checkpoints {given}' to list them)."
         )
 
-    # A V1 checkpoint (single table file) is not a candidate, but say so rather than "nothing".
-    v1 = [n for n in sorted(os.listdir(given))
-          if not n.startswith(".") and os.path.isfile(os.path.join(given, n))
-          and not n.endswith((".meta", ".pb", ".json", ".txt", ".md")) and _is_table(os.path.join(given, n))]
-    if v1:
-        raise _v1_error(_display(given, v1[0]))
-
     fmt = _array_dir_format(given)
     if fmt:
         return ResolvedCheckpoint(abs_dir, fmt, None, f"{fmt} files in {given}")
@@ -886,8 +913,8 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         sub_hint = f" Its subdirectories {format_list(holding)} hold checkpoints; pass one of them."
     raise CheckpointNotFoundError(
         f"No checkpoint in directory '{given}': looked for a '{STATE_FILE}' state file, "
-        "'*.index' files of TF checkpoints, a SavedModel ('saved_model.pb' with "
-        f"'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
+        "'*.index' files of TF checkpoints, V1 checkpoint files, a SavedModel ('saved_model.pb' "
+        f"with 'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
         path=given,
     )
 
@@ -901,8 +928,9 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
     Args:
         path: a checkpoint prefix (``runs/A/ckpt-10``), its ``.index`` or ``.data-*`` file, a
             directory (the latest checkpoint per its ``checkpoint`` state file; without one,
-            the only checkpoint or the highest step), a SavedModel directory, or a Keras
-            ``.h5`` / ``.weights.h5`` file.
+            the only checkpoint or the highest step), a SavedModel directory, a V1 checkpoint
+            (a file, or a sharded set as its ``-?????-of-NNNNN`` pattern, one of its shards or
+            its prefix), or a Keras ``.h5`` / ``.weights.h5`` file.
         step: the checkpoint of this step in a directory; with a prefix it must match the
             prefix's step. Never falls back to another step.
 
@@ -913,8 +941,8 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
     Raises:
         CheckpointNotFoundError: nothing exists at ``path``, the step is not there, or the state
             file names a checkpoint whose files are missing.
-        CheckpointFormatError: ``path`` is a V1 checkpoint, another kind of file, or the state
-            file cannot be parsed.
+        CheckpointFormatError: ``path`` is another kind of file, or the state file cannot be
+            parsed.
         ArgumentError: ``step`` is negative or contradicts the prefix, or the directory holds
             several checkpoints and no way to choose. ``ArgumentTypeError`` for wrong types.
 
@@ -955,8 +983,12 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         return _resolve_dir(os.path.dirname(given) or ".", step)
     elif os.path.isfile(abs_path):
         resolved = _resolve_file(given, abs_path, "")
+    elif _v1_pattern_exists(abs_path):
+        resolved = ResolvedCheckpoint(abs_path, FORMAT_TF_V1, _step_of(abs_path), f"V1 checkpoint {given}")
     elif _v1_shard(abs_path):
-        raise _v1_error(os.path.join(os.path.dirname(given), os.path.basename(_v1_shard(abs_path) or "")))
+        pattern = _v1_pattern_of(_v1_shard(abs_path) or "")
+        resolved = ResolvedCheckpoint(pattern, FORMAT_TF_V1, _step_of(pattern),
+                                      f"all shards of V1 checkpoint {given}")
     else:
         raise _not_found(given)
 

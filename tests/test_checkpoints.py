@@ -136,46 +136,27 @@ def test_step_matching_the_prefix_is_accepted(in_corpus):
     assert resolve_checkpoint(f"{COMP}/ckpt-9", step=9).step == 9
 
 
-def test_v1_file_is_a_format_error_that_explains_how_to_convert(in_corpus):
-    with pytest.raises(CheckpointFormatError) as err:
-        resolve_checkpoint(f"{V1}/model.ckpt")
-    msg = str(err.value)
-    assert err.value.path == f"{V1}/model.ckpt"
-    assert "TensorFlow V1 checkpoint" in msg and "does not read" in msg
-    assert f"tf.train.load_checkpoint('{V1}/model.ckpt')" in msg
-    assert "tf.compat.v1.train.Saver" in msg and "V2" in msg
+def test_v1_file_resolves_to_itself(in_corpus):
+    r = resolve_checkpoint(f"{V1}/model.ckpt")
+    assert (r.prefix, r.format, r.step) == (str(corpus() / V1 / "model.ckpt"), "tf-v1", None)
+    assert r.note == f"V1 checkpoint {V1}/model.ckpt"
 
 
-def test_v1_directory_is_the_same_format_error(in_corpus):
-    with pytest.raises(CheckpointFormatError, match="TensorFlow V1 checkpoint") as err:
-        resolve_checkpoint(V1)
-    assert err.value.path == f"{V1}/model.ckpt"
+def test_v1_directory_resolves_to_its_only_checkpoint(in_corpus):
+    r = resolve_checkpoint(V1)
+    assert (r.prefix, r.format) == (str(corpus() / V1 / "model.ckpt"), "tf-v1")
+    assert [c.path for c in checkpoints(V1)] == [str(corpus() / V1 / "model.ckpt")]
 
 
-def test_v1_sharded_checkpoint_named_by_a_state_file_is_the_same_format_error(tmp_path):
+def test_v1_sharded_checkpoint_named_by_its_prefix_in_a_state_file_resolves_to_the_set(tmp_path):
     # TF 0.x with Saver(sharded=True) wrote model.ckpt-100-00000-of-00001 and named
     # model.ckpt-100 in the state file.
     shutil.copy(corpus() / V1 / "model.ckpt", tmp_path / "model.ckpt-100-00000-of-00001")
     (tmp_path / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-100"\n')
-    for path in (tmp_path, tmp_path / "model.ckpt-100"):
-        with pytest.raises(CheckpointFormatError, match="TensorFlow V1 checkpoint") as err:
-            resolve_checkpoint(path)
-        assert err.value.path == f"{tmp_path}/model.ckpt-100-00000-of-00001"
-
-
-def test_v1_conversion_recipe_from_the_message_works(tf, tmp_path):
-    """The recipe in the V1 error, followed literally, gives a checkpoint ckptmerge resolves."""
-    src = str(corpus() / V1 / "model.ckpt")
-    out = str(tmp_path / "model.ckpt-v2")
-    reader = tf.train.load_checkpoint(src)
-    with tf.Graph().as_default():
-        var_list = {k: tf.compat.v1.Variable(reader.get_tensor(k)) for k in reader.get_variable_to_shape_map()}
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            tf.compat.v1.train.Saver(var_list).save(sess, out)
-    r = resolve_checkpoint(out)
-    assert r.format == "tf-bundle" and r.prefix == out
-    np.testing.assert_array_equal(tf.train.load_checkpoint(out).get_tensor("mweight"), reader.get_tensor("mweight"))
+    pattern = f"{tmp_path}/model.ckpt-100-?????-of-00001"
+    for path in (tmp_path, tmp_path / "model.ckpt-100", tmp_path / "model.ckpt-100-00000-of-00001", pattern):
+        r = resolve_checkpoint(path)
+        assert (r.prefix, r.format, r.step) == (pattern, "tf-v1", 100), path
 
 
 @pytest.mark.parametrize("folder", ["keras2-tfweights-cp-charity", "tf012-saver-lenet", EST, COMP])

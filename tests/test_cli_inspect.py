@@ -209,9 +209,12 @@ def test_ls_missing_path_is_a_one_line_error(tmp_path):
     assert_one_line_error(run("ls", tmp_path / "nope" / "model"), f"'{tmp_path / 'nope' / 'model'}' does not exist")
 
 
-def test_ls_v1_checkpoint_is_a_one_line_error():
-    assert_one_line_error(run("ls", corpus() / "tf0x-v1format-nxt" / "model.ckpt"), "V1 checkpoint",
-                          "tf0x-v1format-nxt/model.ckpt")
+def test_ls_v1_checkpoint_lists_its_variables():
+    r = run("ls", corpus() / "tf0x-v1format-nxt" / "model.ckpt")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == (f"Checkpoint: {corpus() / 'tf0x-v1format-nxt' / 'model.ckpt'} "
+                                        f"(V1 checkpoint {corpus() / 'tf0x-v1format-nxt' / 'model.ckpt'})")
+    assert "mweight   float32  (4, 10)" in r.stdout
 
 
 def test_ls_corrupt_index_is_a_one_line_error(ck, tmp_path):
@@ -566,8 +569,10 @@ def test_demo_refuses_a_folder_that_is_not_empty(tmp_path):
     assert_one_line_error(run("demo", "--dir", tmp_path), "is not empty", "Pass another --dir")
 
 
-def test_checkpoints_of_a_folder_with_only_a_v1_checkpoint_explains_v1():
-    assert_one_line_error(run("checkpoints", corpus() / "tf0x-v1format-nxt"), "V1 checkpoint")
+def test_checkpoints_of_a_folder_with_only_a_v1_checkpoint_lists_it():
+    r = run("checkpoints", corpus() / "tf0x-v1format-nxt")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[1].endswith("1.9 KiB  model.ckpt")
 
 
 def test_checkpoints_says_when_the_state_file_names_a_missing_latest(tmp_path, tf):

@@ -1,7 +1,7 @@
 """The reader against real checkpoints written by other people (TF 0.12 to 2.x, Keras 3).
 
 Each corpus folder has a reference.json written with TensorFlow 2.21; names (raw keys), shapes,
-dtypes and sha256 of every value must match it exactly.
+dtypes and sha256 of every value must match it exactly, the 2016 V1-format checkpoint included.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 
 from _corpus import corpus, corpus_folders
 from _reader_util import digest
-from ckptmerge.errors import CheckpointFormatError
 from ckptmerge.formats import BundleReader, open_checkpoint
 from ckptmerge.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE
 
-READABLE = [f for f in corpus_folders() if f != "tf0x-v1format-nxt"]
-BUNDLES = [f for f in READABLE if not f.startswith("keras3-")]  # keras3-*: one .weights.h5 file
+READABLE = corpus_folders()
+# keras3-*: one .weights.h5 file; tf0x-v1format-*: one V1 table file
+BUNDLES = [f for f in READABLE if not f.startswith(("keras3-", "tf0x-v1format-"))]
 
 
 def prefixes(folder):
@@ -62,14 +62,12 @@ def test_corpus_index_entries_match_reference(folder):
                     want["shard_id"], want["offset"], want["size"], want["crc32c"], want["shape"]), (prefix, want["key"])
 
 
-def test_v1_format_checkpoint_is_refused_with_conversion_hint():
-    path = corpus() / "tf0x-v1format-nxt" / "model.ckpt"
-    with pytest.raises(CheckpointFormatError) as err:
-        open_checkpoint(str(path))
-    msg = str(err.value)
-    assert "V1" in msg and "TensorFlow <= 0.11" in msg
-    assert ".index" in msg and ".weights.h5" in msg and "tf.compat.v1.train.Saver" in msg
-    assert err.value.path == str(path)
+def test_v1_format_checkpoint_of_2016_is_read_by_the_v1_reader():
+    with open_checkpoint(str(corpus() / "tf0x-v1format-nxt" / "model.ckpt")) as reader:
+        assert reader.format == "tf-v1"
+        assert reader.info("mweight").shape == (4, 10)
+        assert reader.info("mweight/Adam").kind == KIND_OPTIMIZER
+        assert reader.info("mbias").kind == KIND_VARIABLE
 
 
 def test_snappy_compressed_index_block_reads():

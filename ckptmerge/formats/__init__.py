@@ -3,8 +3,10 @@
 :func:`open_checkpoint` turns a resolved checkpoint path into a :class:`CheckpointReader`:
 TF V2 tensor bundles (``<prefix>.index`` + ``<prefix>.data-*``, everything TF 0.12 to 2.x and
 SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.bundle.BundleReader`,
-and Keras weights files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive)
-through :class:`~ckptmerge.formats.h5.H5Reader`.
+TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format of TF 0.x and
+``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.v1.V1Reader`, and Keras weights
+files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
+:class:`~ckptmerge.formats.h5.H5Reader`.
 Nothing here imports TensorFlow. Path resolution (directories, ``checkpoint`` state files,
 "latest") is :mod:`ckptmerge.resolve`' job; this module expects a prefix or a file.
 """
@@ -16,7 +18,7 @@ from typing import List
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
-from ckptmerge.formats.bundle import BundleReader, is_leveldb_table
+from ckptmerge.formats.bundle import BundleReader
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.numpy_files import NumpyReader, is_npz
 from ckptmerge.formats.safetensors import (
@@ -25,6 +27,8 @@ from ckptmerge.formats.safetensors import (
     is_safetensors,
 )
 from ckptmerge.formats.storage import is_url
+from ckptmerge.formats.table import is_leveldb_table
+from ckptmerge.formats.v1 import V1_PATTERN_RE, V1Reader
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -35,29 +39,21 @@ __all__ = [
     "H5Reader",
     "NumpyReader",
     "SafetensorsReader",
+    "V1Reader",
     "UnknownTensorError",
 ]
 
 _H5_SUFFIXES = (".h5", ".hdf5")
 
 
-def _v1_error(path: str) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"{path!r} is a checkpoint in the old V1 Saver format (a single file, written by "
-        "TensorFlow <= 0.11 or with write_version=V1). ckptmerge reads V2 checkpoints "
-        "(<prefix>.index + <prefix>.data-*) and Keras .weights.h5 files only. To convert it, "
-        "restore it with TF 1.x or 2.x (tf.compat.v1.train.Saver().restore(sess, path) in a "
-        "graph that defines its variables) and save it again with tf.compat.v1.train.Saver(), "
-        "which writes the V2 format.", path=path)
-
-
 def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
-    """Open a checkpoint prefix or a Keras weights file for reading.
+    """Open a checkpoint prefix, a V1 checkpoint or a Keras weights file for reading.
 
     Args:
         path: a resolved checkpoint prefix (``runs/base/model.ckpt-1000``, for which
-            ``model.ckpt-1000.index`` exists), a ``.weights.h5``/``.h5`` file or a Keras 3
-            ``.keras`` archive.
+            ``model.ckpt-1000.index`` exists), a V1 checkpoint file or the pattern of a sharded
+            V1 set (``model.ckpt-1000-?????-of-00002``), a ``.weights.h5``/``.h5`` file or a
+            Keras 3 ``.keras`` archive.
         verify: check CRC32C checksums while reading (``False`` to salvage corrupt files).
 
     Returns:
@@ -65,8 +61,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
 
     Raises:
         CheckpointNotFoundError: if neither ``path + ".index"`` nor the file exists.
-        CheckpointFormatError: for a corrupt file or a format ckptmerge does not read (for
-            example the 2016 V1 Saver format).
+        CheckpointFormatError: for a corrupt file or a format ckptmerge does not read.
 
     Example:
         >>> with open_checkpoint("runs/base/model.ckpt-1000") as r:  # doctest: +SKIP
@@ -78,6 +73,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         return BundleReader(path, verify=verify)
     if os.path.isfile(path + ".index"):
         return BundleReader(path, verify=verify)
+    if V1_PATTERN_RE.search(path) and not os.path.exists(path):
+        return V1Reader(path, verify=verify)
     if os.path.isfile(path):
         if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
@@ -90,7 +87,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
                 f"{path!r} is an index file; pass the checkpoint prefix without '.index': "
                 f"{path[:-len('.index')]!r}.", path=path)
         if is_leveldb_table(path):
-            raise _v1_error(path)
+            return V1Reader(path, verify=verify)
         if path.lower().endswith(_H5_SUFFIXES):
             raise CheckpointFormatError(
                 f"{path!r} is not an HDF5 file (no HDF5 signature); it is corrupt or was saved in "
@@ -98,7 +95,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
                 "model.save_weights('model.weights.h5').", path=path)
         raise CheckpointFormatError(
             f"{path!r} is not a checkpoint ckptmerge can read: it is neither a TF checkpoint "
-            "prefix (with a '.index' file next to it) nor a Keras .weights.h5 file. If it is a "
+            "prefix (with a '.index' file next to it), a V1 checkpoint nor a Keras .weights.h5 "
+            "file. If it is a "
             "data shard, pass the prefix (the part before '.data-').", path=path)
     if os.path.isdir(path):
         names = os.listdir(path)
