@@ -93,7 +93,8 @@ def _partition_initializer(full: np.ndarray):
     return init
 
 
-def write_saver_checkpoint(prefix: str, variables: Sequence[dict], *, sharded: bool = False) -> str:
+def write_saver_checkpoint(prefix: str, variables: Sequence[dict], *, sharded: bool = False,
+                           v1: bool = False) -> str:
     """Write a TF1 name-based checkpoint with ``tf.compat.v1.train.Saver`` (graph mode).
 
     Args:
@@ -101,9 +102,10 @@ def write_saver_checkpoint(prefix: str, variables: Sequence[dict], *, sharded: b
         variables: dicts with ``name``, ``value`` (numpy array), ``dtype`` (ckptmerge name),
             optional ``partitions`` (int, fixed_size_partitioner) and ``device`` (0 or 1).
         sharded: ``Saver(sharded=True)``: one data shard per device used.
+        v1: ``Saver(write_version=SaverDef.V1)``: the V1 table format.
 
     Returns:
-        The saved prefix.
+        The saved prefix (for a sharded V1 checkpoint, its ``-?????-of-NNNNN`` pattern).
     """
     t = tf()
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
@@ -118,7 +120,8 @@ def write_saver_checkpoint(prefix: str, variables: Sequence[dict], *, sharded: b
                     initializer=_partition_initializer(value),
                     partitioner=t.compat.v1.fixed_size_partitioner(parts) if parts > 1 else None,
                     use_resource=True)
-        saver = t.compat.v1.train.Saver(sharded=sharded)
+        version = t.compat.v1.train.SaverDef.V1 if v1 else t.compat.v1.train.SaverDef.V2
+        saver = t.compat.v1.train.Saver(sharded=sharded, write_version=version)
         config = t.compat.v1.ConfigProto(device_count={"CPU": 2})
         with t.compat.v1.Session(graph=graph, config=config) as sess:
             sess.run(t.compat.v1.global_variables_initializer())

@@ -2,9 +2,10 @@
 
 Thousands of byte flips, truncations, insertions and deletions are applied to small real
 checkpoints written by TF (one name-based with a partitioned and a string tensor, one
-object-based with its object graph). Half of the mutated index files get their block checksums
-recomputed, so the table, entry and object-graph parsers see the damage instead of the CRC
-check stopping it. Each example runs under a timer, so a hang fails the test.
+object-based with its object graph, one in the V1 table format). Half of the mutated index (and V1)
+files get their block checksums recomputed, so the table, entry, object-graph and TensorProto
+parsers see the damage instead of the CRC check stopping it. Each example runs under a timer, so a
+hang fails the test.
 """
 
 from __future__ import annotations
@@ -81,7 +82,14 @@ def sources(tmp_path_factory):
     module.w = t.Variable(np.ones((2, 3), np.float32), name="dense/kernel")
     module.b = t.Variable(np.zeros(3, np.float32))
     t.train.Checkpoint(model=module).write(str(object_based / "m"))
-    return {"name-based": name_based, "object-based": object_based}
+    v1 = tmp_path_factory.mktemp("fuzz_v1format")
+    write_saver_checkpoint(str(v1 / "m"), [
+        {"name": "a/kernel", "dtype": "float32", "value": random_value(rng, "float32", (3, 2))},
+        {"name": "emb", "dtype": "int32", "partitions": 2, "value": random_value(rng, "int32", (4, 2))},
+        {"name": "half", "dtype": "float16", "value": random_value(rng, "float16", (3,))},
+        {"name": "vocab", "dtype": "string", "value": random_value(rng, "string", (3,))},
+        {"name": "global_step", "dtype": "int64", "value": np.array(7, np.int64)}], v1=True)
+    return {"name-based": name_based, "object-based": object_based, "v1": v1}
 
 
 _MUTATION = st.one_of(
@@ -149,6 +157,21 @@ def test_object_graph_parser_gives_only_format_errors(blob):
     except CheckpointFormatError:
         return
     graph.name_keys(["x/.ATTRIBUTES/VARIABLE_VALUE", "_CHECKPOINTABLE_OBJECT_GRAPH"])
+
+
+@settings(max_examples=600, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(mutations=st.lists(_MUTATION, min_size=1, max_size=4), fix_checksums=st.booleans(), verify=st.booleans())
+def test_mutated_v1_file_gives_only_format_errors(sources, tmp_path_factory, mutations, fix_checksums, verify):
+    folder = sources["v1"]
+    work = _workdir(tmp_path_factory, folder)
+    original = (folder / "m").read_bytes()
+    data = _mutate(original, mutations)
+    if fix_checksums:
+        rechecksum(data, block_spans(original))
+    (work / "m").write_bytes(bytes(data))
+    with _time_limit(5.0):
+        _read_everything(str(work / "m"), verify)
 
 
 _WORKDIRS: dict = {}
