@@ -317,3 +317,4 @@ def test_masked_crc_layout_matches_leveldb():
     raw = crc32c(b"foo")
     assert mask_crc(raw) == ((((raw >> 15) | (raw << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
     assert struct.pack("<I", mask_crc(raw)) != struct.pack("<I", raw)
+

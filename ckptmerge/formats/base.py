@@ -15,10 +15,13 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from ckptmerge.errors import ArgumentError, ArgumentTypeError, UnknownTensorError, did_you_mean
+from ckptmerge.errors import (ArgumentError, ArgumentTypeError, UnknownTensorError, UnreadableTensorError,
+                              did_you_mean)
+from ckptmerge.formats.dtypes import tf_dtype_name
 from ckptmerge.specs import VariableInfo
 
-__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "ALIGN", "CHUNK_ELEMENTS"]
+__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "unreadable_dtype_error", "ALIGN",
+           "CHUNK_ELEMENTS"]
 
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
@@ -42,6 +45,20 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     off = (-buf.ctypes.data) % ALIGN
     return buf[off:off + n].view(dt).reshape(shape)
 
+
+def unreadable_dtype_error(checkpoint: str, key: str, dtype_enum: int, path: str) -> UnreadableTensorError:
+    """The error for a tensor whose dtype holds no plain data (``resource``, ``variant``, ...):
+    an :class:`~ckptmerge.errors.UnreadableTensorError`, which ``diff --values`` lists as not
+    compared.
+
+    Example:
+        >>> str(unreadable_dtype_error("m", "h", 20, "m"))[:40]
+        "Tensor 'h' of checkpoint m has dtype 're"
+    """
+    return UnreadableTensorError(
+        f"Tensor {key!r} of checkpoint {os.path.basename(checkpoint)} has dtype "
+        f"{tf_dtype_name(dtype_enum)!r}, which ckptmerge cannot read (only numeric, bool and "
+        "string tensors are plain data). Exclude it from the restore.", path=path, key=key)
 
 
 class CheckpointReader:

@@ -31,7 +31,7 @@ from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequenc
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty
+from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty, unreadable_dtype_error
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.fileio import pread_into
 from ckptmerge.formats.objectgraph import (
@@ -573,11 +573,7 @@ class BundleReader(CheckpointReader):
             path=path, key=e.key)
 
     def _unreadable(self, e: BundleEntry) -> CheckpointFormatError:
-        return CheckpointFormatError(
-            f"Tensor {e.key!r} of checkpoint {os.path.basename(self.path)} has dtype "
-            f"{tf_dtype_name(e.dtype)!r}, which ckptmerge cannot read (only numeric, bool and "
-            "string tensors are plain data). Exclude it from the restore.",
-            path=self.path, key=e.key)
+        return unreadable_dtype_error(self.path, e.key, e.dtype, self.path)
 
     # -- reading tensors -------------------------------------------------------------------
     def _check_numeric(self, e: BundleEntry, label: Optional[str] = None) -> np.dtype:

@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader
+from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import name_based_kind
 from ckptmerge.formats.protowire import WIRE_BYTES, WIRE_VARINT, DecodeError, iter_fields
@@ -323,11 +323,7 @@ class V1Reader(CheckpointReader):
         dt = TF_TO_NUMPY.get(m.dtype)
         first_file = self.files[m.slices[0][1]] if m.slices else self.files[0]
         if dt is None:
-            raise CheckpointFormatError(
-                f"Tensor {m.name!r} of V1 checkpoint {os.path.basename(self.path)} has dtype "
-                f"{tf_dtype_name(m.dtype)!r}, which ckptmerge cannot read (only numeric, bool and "
-                "string tensors are plain data). Exclude it from the restore.",
-                path=first_file, key=m.name)
+            raise unreadable_dtype_error(self.path, m.name, m.dtype, first_file)
         try:
             regions = slice_regions(m.name, m.shape, [extents for extents, _ in m.slices])
         except SliceError as e:
