@@ -318,3 +318,18 @@ def test_masked_crc_layout_matches_leveldb():
     assert mask_crc(raw) == ((((raw >> 15) | (raw << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
     assert struct.pack("<I", mask_crc(raw)) != struct.pack("<I", raw)
 
+
+def test_a_shape_too_large_for_numpy_is_a_format_error(tmp_path):
+    """Regression: an empty tensor of shape (0, 2**62) passed every size check, then numpy
+    refused the array with a bare ValueError (a traceback from 'ckptmerge show')."""
+    from _reader_util import entry_proto
+    from ckptmerge.formats.bundle import mask_crc
+
+    (tmp_path / "m.index").write_bytes(table_bytes([(b"", header_proto()),
+                                                    (b"w", entry_proto(1, (0, 2**62), 0, 0, mask_crc(0)))]))
+    (tmp_path / "m.data-00000-of-00001").write_bytes(b"")
+    with open_checkpoint(str(tmp_path / "m")) as reader:
+        with pytest.raises(CheckpointFormatError, match=r"shape \(0, 4611686018427387904\) is too large"):
+            reader.get("w")
+        with pytest.raises(CheckpointFormatError, match="too large"):
+            reader.read_many(["w"])

@@ -334,6 +334,7 @@ def test_tensor_content_instead_of_a_typed_field_reads(tmp_path):
     ("outside", "tensor 'w' has slice ((3, 2),) outside its shape (4,)"),
     ("dtype", "bad data for tensor 'w': values are of dtype 'int32', the tensor is 'float32'"),
     ("huge", "bad data for tensor 'w': 2 values stored, the slice has 1000000000000 elements"),
+    ("unrepresentable", "tensor 'w' has shape (0, 4611686018427387904), too large for any array"),
 ])
 def test_inconsistent_entries_are_format_errors_naming_file_and_tensor(tmp_path, case, message):
     full = ((0, -1),)
@@ -346,6 +347,7 @@ def test_inconsistent_entries_are_format_errors_naming_file_and_tensor(tmp_path,
         "outside": (_meta(("w", (4,), 1, [((3, 2),)])), [("w", ((3, 2),), _floats(1, 2))]),
         "dtype": (_meta(("w", (2,), 1, [full])), [("w", full, pw.field_varint(1, 3) + _floats(1, 2))]),
         "huge": (_meta(("w", (10**12,), 1, [full])), [("w", full, _floats(1, 2))]),
+        "unrepresentable": (_meta(("w", (0, 2**62), 1, [full + full])), [("w", full + full, _floats())]),
     }[case]
     path = _write(tmp_path / "m", meta, *data)
     with open_checkpoint(path) as reader:

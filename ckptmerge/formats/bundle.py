@@ -49,7 +49,13 @@ from ckptmerge.formats.protowire import (
     read_varint,
 )
 from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, intersect
-from ckptmerge.formats.slices import SliceError, encode_tensor_name_slice, numel, slice_boxes
+from ckptmerge.formats.slices import (
+    SliceError,
+    encode_tensor_name_slice,
+    numel,
+    slice_boxes,
+    too_large_for_numpy,
+)
 from ckptmerge.formats.storage import (
     REMOTE_CONCURRENCY,
     RemoteFile,
@@ -581,6 +587,7 @@ class BundleReader(CheckpointReader):
         dt = TF_TO_NUMPY.get(e.dtype)
         if dt is None or e.dtype == DT_STRING:
             raise self._unreadable(e)
+        self._check_shape(e, dt, label)
         expected = numel(e.shape) * dt.itemsize
         if e.size != expected:
             raise self._data_error(e, f"index says {e.size} bytes but shape {e.shape} of "
@@ -589,6 +596,7 @@ class BundleReader(CheckpointReader):
 
     def _check_strings(self, e: BundleEntry, label: Optional[str] = None) -> None:
         """Validate a string entry's element count against its size."""
+        self._check_shape(e, np.dtype(object), label)
         n = numel(e.shape)
         if n > e.size:  # every element needs at least a 1-byte length
             raise self._data_error(e, f"{n} strings cannot fit in {e.size} bytes", label)
@@ -622,6 +630,10 @@ class BundleReader(CheckpointReader):
         elif self.verify and e.crc32c != mask_crc(0):
             raise self._crc_error(e, 0, label)
         return arr
+
+    def _check_shape(self, e: BundleEntry, dt: np.dtype, label: Optional[str] = None) -> None:
+        if too_large_for_numpy(e.shape, dt.itemsize):
+            raise self._data_error(e, f"shape {e.shape} is too large for any array", label)
 
     def _read_strings(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         self._check_strings(e, label)
@@ -697,6 +709,7 @@ class BundleReader(CheckpointReader):
         dt = TF_TO_NUMPY.get(e.dtype)
         if dt is None:
             raise self._unreadable(e)
+        self._check_shape(e, dt)
         parts = self._slice_plan(e)
         out = np.empty(e.shape, dtype=dt) if np.dtype(dt).hasobject else aligned_empty(e.shape, dt)
         for p in parts:

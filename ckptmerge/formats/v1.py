@@ -31,7 +31,8 @@ from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import name_based_kind
 from ckptmerge.formats.protowire import WIRE_BYTES, WIRE_VARINT, DecodeError, iter_fields
-from ckptmerge.formats.slices import Extents, SliceError, encode_tensor_name_slice, numel, slice_regions
+from ckptmerge.formats.slices import (Extents, SliceError, encode_tensor_name_slice, numel, slice_regions,
+                                      too_large_for_numpy)
 from ckptmerge.formats.table import Table, TableError
 from ckptmerge.formats.tfproto import decode_tensor_values, int64_field, parse_shape, parse_slice
 from ckptmerge.specs import VariableInfo
@@ -324,6 +325,9 @@ class V1Reader(CheckpointReader):
         first_file = self.files[m.slices[0][1]] if m.slices else self.files[0]
         if dt is None:
             raise unreadable_dtype_error(self.path, m.name, m.dtype, first_file)
+        if too_large_for_numpy(m.shape, dt.itemsize):
+            raise self._error(first_file, f"tensor {m.name!r} has shape {m.shape}, too large for any "
+                                          "array", m.name)
         try:
             regions = slice_regions(m.name, m.shape, [extents for extents, _ in m.slices])
         except SliceError as e:
