@@ -101,7 +101,8 @@ def iter_fields(buf: Buffer) -> Iterator[Tuple[int, int, FieldValue]]:
     """Yield ``(field_no, wire_type, value)`` for every field of a serialized message.
 
     ``value`` is an ``int`` for varint, fixed32 and fixed64 fields (unsigned) and ``bytes`` for
-    length-delimited ones (sub-messages, strings, packed repeated fields).
+    length-delimited ones (sub-messages, strings, packed repeated fields); a ``memoryview``
+    message gives ``memoryview`` slices instead, without copying.
 
     Raises:
         DecodeError: on a truncated field, a bad tag, field number 0, or group wire types.
@@ -112,6 +113,7 @@ def iter_fields(buf: Buffer) -> Iterator[Tuple[int, int, FieldValue]]:
     """
     n = len(buf)
     pos = 0
+    view = isinstance(buf, memoryview)
     while pos < n:
         tag = buf[pos]
         if tag < 0x80:  # fast path: one-byte tag (field numbers 1-15)
@@ -129,7 +131,7 @@ def iter_fields(buf: Buffer) -> Iterator[Tuple[int, int, FieldValue]]:
             if size > n - pos:
                 raise DecodeError(f"protobuf field {field_no} of {size} bytes runs past the "
                                   f"end of the message ({n - pos} bytes left)")
-            yield field_no, wire, bytes(buf[pos:pos + size])
+            yield field_no, wire, buf[pos:pos + size] if view else bytes(buf[pos:pos + size])
             pos += size
         elif wire == WIRE_FIXED32:
             if pos + 4 > n:

@@ -45,6 +45,7 @@ FOOTER_SIZE = 48
 _TRAILER_SIZE = 5  # 1 byte compression type + 4 bytes masked crc32c
 _MASK_DELTA = 0xA282EAD8
 _U32 = struct.Struct("<I")
+_CACHE_LIMIT = 4 << 20  # Table.get keeps the last block it read when it is at most this big
 
 crc32c = _crc32c.crc32c
 
@@ -219,6 +220,13 @@ class Table:
         raise TableError(f"{what} has unknown compression type {ctype} (0 = none and 1 = Snappy "
                          "are the only ones TensorFlow writes)")
 
+    def _block_size(self, i: int) -> int:
+        try:
+            _, pos = read_varint(self.index[i][1], 0)
+            return read_varint(self.index[i][1], pos)[0]
+        except DecodeError:
+            return 0  # block() reports it
+
     def block(self, i: int) -> List[Tuple[bytes, bytes]]:
         """The sorted ``(key, value)`` pairs of data block ``i``.
 
@@ -235,7 +243,8 @@ class Table:
         return entries
 
     def get(self, key: bytes) -> Optional[bytes]:
-        """The value of ``key``, or ``None``; reads (and keeps) only the block that holds it.
+        """The value of ``key``, or ``None``; reads only the block that holds it (and keeps it
+        for the next call when it is small: neighbouring keys usually share a block).
 
         Example:
             >>> table.get(b"")  # doctest: +SKIP
@@ -246,7 +255,7 @@ class Table:
         cached_i, cached = self._cached
         if cached_i != i or cached is None:
             cached = dict(self.block(i))
-            self._cached = (i, cached)
+            self._cached = (i, cached) if self._block_size(i) <= _CACHE_LIMIT else (-1, None)
         return cached.get(key)
 
     def items(self) -> List[Tuple[bytes, bytes]]:

@@ -105,13 +105,19 @@ def decode_packed_varints(buf: bytes) -> np.ndarray:
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    if lengths.max() > 10:
+    longest = int(lengths.max())
+    if longest > 10:
         raise DecodeError("varint longer than 10 bytes in a packed field")
     if (b[ends[lengths == 10]] > 1).any():
         raise DecodeError("varint does not fit in 64 bits in a packed field")
-    shift = (np.arange(len(b)) - np.repeat(starts, lengths)).astype(np.uint64) * np.uint64(7)
-    values = (b & 0x7F).astype(np.uint64) << shift  # bits of one varint never overlap: sum == or
-    return np.add.reduceat(values, starts)
+    # One pass per byte position (at most 10), each over all varints at once.
+    padded = np.concatenate([b, np.zeros(longest, np.uint8)])
+    out = np.zeros(len(starts), np.uint64)
+    for k in range(longest):
+        group = (padded[starts + k] & 0x7F).astype(np.uint64)
+        group[lengths <= k] = 0
+        out |= group << np.uint64(7 * k)
+    return out
 
 
 # TensorProto field holding each dtype's values, as TF's SaveTypeTraits pick them
@@ -130,13 +136,15 @@ _FIXED = {_FLOAT: ("<f4", WIRE_FIXED32), _DOUBLE: ("<f8", WIRE_FIXED64),
 
 def _fixed_values(chunks: List[Tuple[int, object]], dtype: str, wire: int, field: int) -> np.ndarray:
     item = np.dtype(dtype)
+    if len(chunks) == 1 and chunks[0][0] == WIRE_BYTES and not len(chunks[0][1]) % item.itemsize:  # type: ignore[arg-type]
+        return np.frombuffer(chunks[0][1], item)  # type: ignore[call-overload]  # the usual packed field
     parts = []
     for w, value in chunks:
         if w == WIRE_BYTES:
             if len(value) % item.itemsize:  # type: ignore[arg-type]
                 raise DecodeError(f"packed TensorProto field {field} of {len(value)} bytes is not "  # type: ignore[arg-type]
                                   f"a whole number of {item.itemsize}-byte values")
-            parts.append(value)
+            parts.append(bytes(value))  # type: ignore[call-overload]
         elif w == wire:
             parts.append(int(value).to_bytes(item.itemsize, "little"))  # type: ignore[call-overload]
         else:
@@ -175,7 +183,7 @@ def decode_tensor_values(buf: bytes, dtype_enum: int, count: int) -> np.ndarray:
     ``bytes``.
 
     Args:
-        buf: the serialized ``TensorProto``.
+        buf: the serialized ``TensorProto`` (a ``memoryview`` avoids copying its values).
         dtype_enum: the tensor's ``DataType`` (the proto's own ``dtype`` may be unset).
         count: the number of elements expected.
 
@@ -207,7 +215,7 @@ def decode_tensor_values(buf: bytes, dtype_enum: int, count: int) -> np.ndarray:
         if any(w != WIRE_BYTES for w, _ in chunks):
             raise DecodeError("TensorProto.string_val has the wrong wire type")
         values = np.empty(len(chunks), dtype=object)
-        values[:] = [v for _, v in chunks]
+        values[:] = [bytes(v) for _, v in chunks]  # type: ignore[call-overload]
     elif chunks and field in _FIXED:
         values = _fixed_values(chunks, _FIXED[field][0], _FIXED[field][1], field)
         if field in (_SCOMPLEX, _DCOMPLEX):
@@ -221,7 +229,7 @@ def decode_tensor_values(buf: bytes, dtype_enum: int, count: int) -> np.ndarray:
         if len(content) != count * target.itemsize:
             raise DecodeError(f"tensor_content has {len(content)} bytes, {count} values of "
                               f"{tf_dtype_name(dtype_enum)} need {count * target.itemsize}")
-        values = np.frombuffer(content, target).copy()
+        values = np.frombuffer(content, target).copy()  # type: ignore[call-overload]
     else:
         values = np.zeros(0, target)
     if len(values) != count:

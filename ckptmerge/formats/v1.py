@@ -127,15 +127,16 @@ def _parse_meta(buf: bytes) -> Tuple[List[Tuple[str, Tuple[int, ...], int, List[
     return tensors, min_consumer, bad
 
 
-def _parse_saved_slice(buf: bytes) -> Tuple[bytes, Extents, bytes]:
-    """Decode a data entry's ``SavedTensorSlices.data`` (a ``SavedSlice``): name, slice, values."""
+def _parse_saved_slice(buf: memoryview) -> Tuple[memoryview, Extents, memoryview]:
+    """Decode a data entry's ``SavedTensorSlices.data`` (a ``SavedSlice``): name, slice, values
+    (views into ``buf``: a tensor's values are not copied until they are decoded)."""
     data = None
     for no, wire, value in iter_fields(buf):
         if no == 2 and wire == WIRE_BYTES:
             data = value
     if data is None:
         raise DecodeError("the entry holds no SavedSlice")
-    name, extents, values = b"", (), b""
+    name, extents, values = memoryview(b""), (), memoryview(b"")
     for no, wire, value in iter_fields(data):  # type: ignore[arg-type]
         if wire != WIRE_BYTES:
             raise DecodeError(f"SavedSlice field {no} has the wrong wire type")
@@ -312,7 +313,7 @@ class V1Reader(CheckpointReader):
         if raw is None:
             raise self._error(file_path, f"the data of tensor {label!r} is missing", m.name)
         try:
-            name, stored_extents, values = _parse_saved_slice(raw)
+            name, stored_extents, values = _parse_saved_slice(memoryview(raw))
             if name != m.name.encode("utf-8") or stored_extents != tuple(extents):
                 raise DecodeError(f"its entry holds {name!r} slice {stored_extents}")
             return decode_tensor_values(values, m.dtype, count)
