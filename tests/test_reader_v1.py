@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import ckptmerge as cm
 from _cli_util import run
-from _reader_util import CORPUS, random_value, same_value, table_bytes, tf, write_saver_checkpoint
+from _corpus import corpus
+from _reader_util import random_value, same_value, table_bytes, tf, write_saver_checkpoint
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats import protowire as pw
@@ -138,7 +139,7 @@ def test_any_slice_layout_written_by_save_slices_reads_as_tf(tmp_path_factory, d
 
 
 def test_the_2016_corpus_checkpoint_reads_as_tensorflow_reads_it():
-    assert_reads_as_tf(str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt"))
+    assert_reads_as_tf(str(corpus() / "tf0x-v1format-nxt" / "model.ckpt"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def test_merge_converts_v1_to_v2_that_tensorflow_reads(sharded, tmp_path):
 
 
 def test_merge_of_the_2016_corpus_checkpoint_is_read_by_tensorflow(tmp_path):
-    src = str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt")
+    src = str(corpus() / "tf0x-v1format-nxt" / "model.ckpt")
     out = str(tmp_path / "nxt-v2")
     cm.merge([cm.Source(src, optimizer=True)], out)
     theirs, ours = tf().train.load_checkpoint(src), tf().train.load_checkpoint(out)
@@ -275,7 +276,7 @@ def test_plan_and_restore_into_a_graph_from_a_v1_source(sharded):
 
 def test_restore_eagerly_from_the_2016_corpus_checkpoint():
     t = tf()
-    src = str(CORPUS / "tf0x-v1format-nxt" / "model.ckpt")
+    src = str(corpus() / "tf0x-v1format-nxt" / "model.ckpt")
     w = t.Variable(np.zeros((4, 10), np.float32), name="mweight")
     cm.restore([w], [cm.Source(src, include="mweight")])
     assert same_value(w.numpy(), t.train.load_checkpoint(src).get_tensor("mweight"))
