@@ -259,14 +259,22 @@ _NOT_V1 = (_INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hd
 
 def _v1_pattern_of(shard: str) -> str:
     """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
-    return shard[:-len("00000-of-00000")] + "?????" + shard[-len("-of-00000"):]
+    from .formats.v1 import v1_pattern
+
+    return v1_pattern(shard) or shard
+
+
+def _v1_files(prefix: str) -> List[str]:
+    """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
+    from .formats.v1 import v1_shard_files
+
+    return v1_shard_files(prefix)
 
 
 def _v1_pattern_exists(pattern: str) -> bool:
     """True if ``pattern`` is ``prefix-?????-of-NNNNN`` and its first shard is a table file."""
-    if not re.search(r"-\?{5}-of-\d{5}$", pattern):
-        return False
-    return _is_table(pattern[:-len("?????-of-00000")] + "00000" + pattern[-len("-of-00000"):])
+    files = _v1_files(pattern)
+    return bool(files) and files[0] != pattern and _is_table(files[0])
 
 
 def _v1_format(path: str) -> Optional[str]:
@@ -321,15 +329,6 @@ def _data_files(prefix: str) -> List[str]:
     """The ``prefix.data-NNNNN-of-NNNNN`` files that exist, sorted."""
     directory, base = os.path.split(prefix)
     return _data_files_by_base(directory).get(base, [])
-
-
-def _v1_files(prefix: str) -> List[str]:
-    """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
-    m = re.search(r"-\?{5}-of-(\d{5})$", prefix)
-    if m is None:
-        return [prefix]
-    n = int(m.group(1))
-    return [f"{prefix[:m.start()]}-{i:05d}-of-{n:05d}" for i in range(n)]
 
 
 def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:

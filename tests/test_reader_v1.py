@@ -395,3 +395,8 @@ def test_a_file_that_is_not_a_table_is_refused(tmp_path):
     (tmp_path / "model.ckpt").write_bytes(b"\x00" * 100)
     r = run("ls", tmp_path / "model.ckpt")
     assert r.exit_code == 2 and "is a file but not a checkpoint ckptmerge can read" in r.stderr
+
+
+def test_a_pattern_of_zero_shards_is_not_found(tmp_path):
+    with pytest.raises(CheckpointNotFoundError):
+        open_checkpoint(str(tmp_path / "m-?????-of-00000"))

@@ -230,10 +230,10 @@ class V1Reader(CheckpointReader):
         self.verify = verify
         self.files = v1_shard_files(self.path)
         missing = [f for f in self.files if not os.path.isfile(f)]
-        if missing and len(missing) == len(self.files):
+        if len(missing) == len(self.files):  # also a pattern of 0 shards
             raise CheckpointNotFoundError(
-                f"V1 checkpoint {self.path!r} does not exist (no file "
-                f"{os.path.basename(missing[0])!r}).", path=self.path)
+                f"V1 checkpoint {self.path!r} does not exist"
+                + (f" (no file {os.path.basename(missing[0])!r})." if missing else "."), path=self.path)
         if missing:
             raise CheckpointFormatError(
                 f"V1 checkpoint {os.path.basename(self.path)} is incomplete: shard "
