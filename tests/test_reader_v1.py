@@ -330,7 +330,7 @@ def test_tensor_content_instead_of_a_typed_field_reads(tmp_path):
 @pytest.mark.parametrize("case,message", [
     ("count", "bad data for tensor 'w': 1 values stored, the slice has 2 elements"),
     ("missing", "the data of tensor 'w' is missing"),
-    ("overlap", "tensor 'w' has overlapping slices"),
+    ("overlap", "slices [(0, 2)] and [(1, 2)] of tensor 'w' overlap"),
     ("gap", "the slices of tensor 'w' cover 2 of its 4 elements"),
     ("outside", "tensor 'w' has slice ((3, 2),) outside its shape (4,)"),
     ("dtype", "bad data for tensor 'w': values are of dtype 'int32', the tensor is 'float32'"),
@@ -400,3 +400,17 @@ def test_a_file_that_is_not_a_table_is_refused(tmp_path):
 def test_a_pattern_of_zero_shards_is_not_found(tmp_path):
     with pytest.raises(CheckpointNotFoundError):
         open_checkpoint(str(tmp_path / "m-?????-of-00000"))
+
+
+def test_a_resource_tensor_is_listed_but_unreadable_and_diff_does_not_compare_it(tmp_path):
+    from ckptmerge.errors import UnreadableTensorError
+
+    meta = _meta(("h", (), 20, [()]), ("w", (2,), 1, [((0, -1),)]))
+    paths = [_write(tmp_path / name, meta, ("w", ((0, -1),), _floats(1, 2))) for name in ("a", "b")]
+    with open_checkpoint(paths[0]) as reader:
+        assert reader.info("h").dtype == "resource"
+        with pytest.raises(UnreadableTensorError, match="has dtype 'resource', which ckptmerge cannot read"):
+            reader.get("h")
+    r = run("diff", *paths, "--values", "--all")
+    assert r.exit_code == 0, r.output
+    assert "Values not readable, not compared (1):\n  h: resource\n" in r.stdout

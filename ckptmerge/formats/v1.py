@@ -31,7 +31,8 @@ from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import name_based_kind
 from ckptmerge.formats.protowire import WIRE_BYTES, WIRE_VARINT, DecodeError, iter_fields
-from ckptmerge.formats.slices import (Extents, SliceError, encode_tensor_name_slice, numel, slice_regions,
+from ckptmerge.formats.regions import volume
+from ckptmerge.formats.slices import (Extents, SliceError, encode_tensor_name_slice, numel, slice_boxes,
                                       too_large_for_numpy)
 from ckptmerge.formats.table import Table, TableError
 from ckptmerge.formats.tfproto import decode_tensor_values, int64_field, parse_shape, parse_slice
@@ -315,7 +316,7 @@ class V1Reader(CheckpointReader):
         try:
             name, stored_extents, values = _parse_saved_slice(memoryview(raw))
             if name != m.name.encode("utf-8") or stored_extents != tuple(extents):
-                raise DecodeError(f"its entry holds {name!r} slice {stored_extents}")
+                raise DecodeError(f"its entry holds {bytes(name)!r} slice {stored_extents}")
             return decode_tensor_values(values, m.dtype, count)
         except DecodeError as e:
             raise self._error(file_path, f"bad data for tensor {label!r}: {e}", m.name) from None
@@ -330,18 +331,18 @@ class V1Reader(CheckpointReader):
             raise self._error(first_file, f"tensor {m.name!r} has shape {m.shape}, too large for any "
                                           "array", m.name)
         try:
-            regions = slice_regions(m.name, m.shape, [extents for extents, _ in m.slices])
+            boxes = slice_boxes(m.name, m.shape, [extents for extents, _ in m.slices])
         except SliceError as e:
             raise self._error(first_file, str(e), m.name) from None
         # Decode every slice before allocating the full tensor: the metadata's shape is only
         # trusted once the data it describes has been read.
-        parts = [self._read_slice(m, extents, number, numel(shape))
-                 for (extents, number), (_, shape) in zip(m.slices, regions)]
+        parts = [self._read_slice(m, extents, number, volume(box))
+                 for (extents, number), box in zip(m.slices, boxes)]
         if len(parts) == 1:
             return parts[0].reshape(m.shape)
         out = np.empty(m.shape, dtype=dt)
-        for (region, shape), part in zip(regions, parts):
-            out[region] = part.reshape(shape)
+        for box, part in zip(boxes, parts):
+            out[tuple(slice(a, b) for a, b in box)] = part.reshape(tuple(b - a for a, b in box))
         return out
 
     def close(self) -> None:
