@@ -414,3 +414,20 @@ def test_a_resource_tensor_is_listed_but_unreadable_and_diff_does_not_compare_it
     r = run("diff", *paths, "--values", "--all")
     assert r.exit_code == 0, r.output
     assert "Values not readable, not compared (1):\n  h: resource\n" in r.stdout
+
+
+def test_cli_merge_from_a_config_with_a_v1_source_writes_v2_that_tensorflow_reads(sharded, tmp_path):
+    from _cli_util import write_config
+
+    folder, _, values = sharded
+    write_config(tmp_path / "convert.yaml", f"""
+        sources:
+          - {{name: old, path: "{folder}", map: {{"emb": "model/emb"}}}}
+    """)
+    out = tmp_path / "out" / "v2"
+    r = run("merge", tmp_path / "convert.yaml", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("wrote 1 variable from 1 source to ") and f"'{out}'" in r.stdout.splitlines()[0]
+    reader = tf().train.load_checkpoint(str(out))
+    assert list(reader.get_variable_to_shape_map()) == ["model/emb"]
+    assert same_value(reader.get_tensor("model/emb"), values["emb"])
