@@ -1,0 +1,109 @@
+"""Scale benchmark: planning 10k and 100k variables, side by side with TF's C++ checkpoint reader.
+
+Workload (issue "Beyond one disk and one process"): a source checkpoint and a target checkpoint
+with N variables each (``layer_i/dense/kernel`` and ``bias``, small float32 tensors, written by
+ckptmerge's TF-free writer), and a realistic warm-start config: a scope map (``src/`` ->
+``model/``) plus an exclude. Measured, each as a whole fresh process, median of ROUNDS:
+
+- ``ckptmerge plan CONFIG --target T`` (TF-free): wall time and peak RSS;
+- ``ckptmerge ls``, ``diff`` and ``merge --dry-run`` on the same checkpoints;
+- baseline: ``tf.train.list_variables`` of both checkpoints in a process that already imported
+  TensorFlow (only the two calls are timed).
+
+Targets: plan <= 1.0x the baseline; 100k / 10k time <= 11; peak RSS <= 4x the two index files +
+100 MB. Run: python scripts/bench_scale.py [--sizes 10000 100000] [--rounds 3] [--dir /tmp/ckptmerge-scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_pair(root: str, n: int) -> tuple:
+    """The source and target checkpoints of ``n`` variables (written once, reused), and the config."""
+    sys.path.insert(0, REPO)
+    from ckptmerge.formats.writer import BundleWriter
+
+    out = []
+    for side, scope in (("source", "src"), ("target", "model")):
+        prefix = os.path.join(root, f"{n}", side, "ckpt")
+        if not os.path.exists(prefix + ".index"):
+            os.makedirs(os.path.dirname(prefix), exist_ok=True)
+            with BundleWriter(prefix) as w:
+                for i in range(n // 2):
+                    w.add(f"{scope}/layer_{i}/dense/kernel", np.zeros((4, 4), np.float32))
+                    w.add(f"{scope}/layer_{i}/dense/bias", np.zeros((4,), np.float32))
+                if side == "source":
+                    w.add("src/global_step", np.array(1, np.int64))
+        out.append(prefix)
+    config = os.path.join(root, f"{n}", "warm.yaml")
+    with open(config, "w") as f:
+        f.write(f"sources:\n  - path: {out[0]}\n    map: {{'src/': 'model/'}}\n    exclude: ['*/global_step']\n")
+    return out[0], out[1], config
+
+
+def run_process(args: list) -> tuple:
+    """Wall time, peak RSS (bytes) and exit code of one fresh ``python -m ckptmerge ARGS``."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "ckptmerge", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+
+
+def tf_listing(prefixes: list, rounds: int) -> float:
+    """Median time of ``tf.train.list_variables`` on both checkpoints, TF already imported."""
+    code = ("import sys, time, statistics, os\nos.environ['TF_CPP_MIN_LOG_LEVEL']='3'\nimport tensorflow as tf\n"
+            "ts=[]\nfor _ in range(int(sys.argv[1])):\n    t0=time.perf_counter()\n"
+            "    for p in sys.argv[2:]: tf.train.list_variables(p)\n    ts.append(time.perf_counter()-t0)\n"
+            "print(statistics.median(ts))")
+    out = subprocess.run([sys.executable, "-c", code, str(rounds), *prefixes], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default="/tmp/ckptmerge-scale")
+    args = ap.parse_args(argv)
+    plan_times = {}
+    for n in args.sizes:
+        src, tgt, config = write_pair(args.dir, n)
+        index_bytes = os.path.getsize(src + ".index") + os.path.getsize(tgt + ".index")
+        commands = (("plan", ["plan", config, "--target", tgt]), ("ls", ["ls", src]), ("diff", ["diff", src, tgt]),
+                    ("merge --dry-run", ["merge", config, "-o", os.path.join(args.dir, f"{n}", "out", "m"),
+                                         "--dry-run", "-q"]))
+        rows = {}
+        for name, cmd in commands:
+            runs = [run_process(cmd) for _ in range(args.rounds)]
+            rows[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[0][2])
+        base = tf_listing([src, tgt], args.rounds)
+        plan_times[n] = rows["plan"][0]
+        print(f"{n:,} variables per checkpoint (index files {index_bytes / 2**20:.1f} MiB):")
+        print(f"  TF list_variables x2 (TF imported): {base:.3f} s")
+        for name, (wall, rss, code) in rows.items():
+            print(f"  ckptmerge {name:<16} {wall:6.3f} s  peak RSS {rss / 2**20:6.1f} MiB  exit {code}  "
+                  f"time/TF {wall / base:5.2f}")
+        bound = 4 * index_bytes + 100 * 2**20
+        print(f"  plan RSS bound (4x index + 100 MB): {bound / 2**20:.1f} MiB -> "
+              f"{'ok' if rows['plan'][1] <= bound else 'OVER'}")
+    if len(plan_times) >= 2:
+        small, big = min(plan_times), max(plan_times)
+        print(f"plan {big:,} / {small:,} time ratio: {plan_times[big] / plan_times[small]:.1f} (target <= 11)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
