@@ -193,6 +193,18 @@ def test_iter_chunks_of_a_tensorflow_partitioned_variable(tmp_path):
         assert np.concatenate(list(reader.iter_chunks("emb", 4))).tobytes() == value.tobytes()
 
 
+def test_get_reads_slices_of_whole_rows_straight_into_the_result(tmp_path):
+    """Peak memory of reading a tensor partitioned by rows is the tensor, not tensor + a slice."""
+    value = np.random.default_rng(2).standard_normal((1024, 512)).astype(np.float32)  # 2 MiB
+    prefix = write_partitioned_bundle(str(tmp_path / "m"), "w", value.shape, [
+        ([(0, 512), (0, -1)], value[:512]), ([(512, 512), (0, -1)], value[512:])])
+    got = []
+    with open_checkpoint(prefix) as reader:
+        peak = _peak_while(lambda: got.append(reader.get("w")))
+    assert got[0].tobytes() == value.tobytes()
+    assert peak < value.nbytes * 1.25, peak
+
+
 def test_iter_chunks_checks_the_checksum_of_each_slice(tmp_path):
     prefix = write_partitioned_bundle(str(tmp_path / "m"), "w", (4, 3), [_rows(0, 2), _rows(2, 4)])
     data = Path(prefix + ".data-00000-of-00001")

@@ -622,18 +622,18 @@ class BundleReader(CheckpointReader):
         if e.dtype == DT_STRING:
             return self._read_strings(e, label)
         arr = self._alloc(e, label)
-        if e.size:
-            actual = self._read_crc(e.shard_id, e.offset, memoryview(arr.reshape(-1).view(np.uint8)),
-                                    e.key, self.verify)
-            if self.verify and actual != unmask_crc(e.crc32c):
-                raise self._crc_error(e, actual, label)
-        elif self.verify and e.crc32c != mask_crc(0):
-            raise self._crc_error(e, 0, label)
+        self._fill(e, memoryview(arr.reshape(-1).view(np.uint8)), label)
         return arr
 
     def _check_shape(self, e: BundleEntry, dt: np.dtype, label: Optional[str] = None) -> None:
         if too_large_for_numpy(e.shape, dt.itemsize):
             raise self._data_error(e, f"shape {e.shape} is too large for any array", label)
+
+    def _fill(self, e: BundleEntry, view: memoryview, label: Optional[str] = None) -> None:
+        """Read a checked numeric entry's bytes into ``view`` (exactly its size); verify its CRC."""
+        actual = self._read_crc(e.shard_id, e.offset, view, e.key, self.verify) if e.size else 0
+        if self.verify and actual != unmask_crc(e.crc32c):
+            raise self._crc_error(e, actual, label)
 
     def _read_strings(self, e: BundleEntry, label: Optional[str] = None) -> np.ndarray:
         self._check_strings(e, label)
@@ -711,9 +711,20 @@ class BundleReader(CheckpointReader):
             raise self._unreadable(e)
         self._check_shape(e, dt)
         parts = self._slice_plan(e)
-        out = np.empty(e.shape, dtype=dt) if np.dtype(dt).hasobject else aligned_empty(e.shape, dt)
+        if e.dtype == DT_STRING:
+            out = np.empty(e.shape, dtype=dt)
+            for p in parts:
+                out[tuple(slice(start, stop) for start, stop in p.box)] = self._read_strings(p.entry, p.label)
+            return out
+        out = aligned_empty(e.shape, dt)
+        raw = memoryview(out.reshape(-1).view(np.uint8))
         for p in parts:
-            out[tuple(slice(start, stop) for start, stop in p.box)] = self._read_entry(p.entry, p.label)
+            try:  # a slice of whole rows (TF's usual partitioning) is read straight into place
+                first, count = contiguous_span(e.shape, p.box)
+            except ValueError:
+                out[tuple(slice(start, stop) for start, stop in p.box)] = self._read_entry(p.entry, p.label)
+                continue
+            self._fill(p.entry, raw[first * dt.itemsize:(first + count) * dt.itemsize], p.label)
         return out
 
     def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
