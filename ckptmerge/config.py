@@ -3,9 +3,12 @@
 :func:`load_config` reads a YAML, TOML or JSON file (or an already-parsed dict) with the schema
 documented in ``docs/config.md`` and returns a :class:`Config`. Validation happens here, before
 any checkpoint is opened: unknown keys (with "did you mean"), wrong types, bad enum values,
-regexes that do not compile, backreferences to missing groups, unset environment variables,
-missing paths, duplicate source names and syntax errors are all collected and raised as one
-:class:`ckptmerge.ConfigError`, each problem on its own line as ``FILE:LINE KEYPATH: message``.
+regexes that do not compile, backreferences to missing
+groups, unset environment variables, missing paths, duplicate source names and syntax errors are
+all collected and raised as one :class:`ckptmerge.ConfigError`, each problem on its own line as
+``FILE:LINE KEYPATH: message``. Files are untrusted: only regular files up to
+:data:`MAX_CONFIG_BYTES` are read, nesting is limited to :data:`MAX_NESTING` levels, and YAML
+aliases may not expand a file beyond a size proportional to it.
 
 A :class:`Config` maps one to one onto the Python API: :meth:`Config.source_kwargs` gives the
 keyword arguments of each ``ckptmerge.Source`` and :attr:`Config.plan_options` those of
@@ -17,16 +20,20 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import functools
+import itertools
 import json
 import logging
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .align import ALIGN_MODES
 from .layouts import LAYOUTS
 from .errors import ConfigError, RuleError, did_you_mean
+from .localfile import NotARegularFileError, read_regular_file
 from .rules import MapRule
 from .text import escape_name
 from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
@@ -39,6 +46,8 @@ __all__ = [
     "SOURCE_KEYS",
     "VOCAB_KEYS",
     "SLICE_KEYS",
+    "MAX_CONFIG_BYTES",
+    "MAX_NESTING",
 ]
 
 logger = logging.getLogger(__name__)
@@ -54,6 +63,18 @@ VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size"
               "num_oov_buckets")
 #: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.transforms.Slice`).
 SLICE_KEYS = ("name", "axis", "init")
+
+#: The largest config file read (16 MiB): a config is a few hundred lines; anything larger, or
+#: a device such as ``/dev/zero``, is refused before it can fill memory.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: The deepest nesting of lists and mappings accepted (a valid config needs 5 levels). Deeper
+#: documents are refused before parsing them recursively could exhaust Python's stack.
+MAX_NESTING = 100
+#: YAML aliases may repeat parts of a document, but expanded it may hold at most this many values
+#: per byte of the file (and at least ``_YAML_MIN_VALUES``): a 1 KB "billion laughs" would
+#: otherwise expand to 10**9 values.
+_YAML_VALUES_PER_BYTE = 10
+_YAML_MIN_VALUES = 100_000
 
 ON_CONFLICT = ("error", "first", "last")
 ON_SHAPE_MISMATCH = ("error", "skip")
@@ -348,18 +369,60 @@ def _fail(file: Optional[str], problem: str) -> ConfigError:
 # ============================================================================================
 
 
-def _parse_yaml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tuple[KeyPath, str, int, int]]]:
+class _Refused(Exception):
+    """A document refused before it is fully parsed (too deep, or aliases expanding too much)."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+        self.message = message
+
+
+def _too_deep(line: int) -> _Refused:
+    return _Refused(line, f"lists and mappings nested more than {MAX_NESTING} levels deep, the most "
+                          "accepted (a config needs fewer than 10)")
+
+
+@functools.lru_cache(maxsize=None)
+def _yaml_loader() -> Any:
     import yaml  # PyYAML: a dependency of ckptmerge, imported only when a YAML file is read
 
-    loader = yaml.SafeLoader(text)
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader, refusing nesting deeper than :data:`MAX_NESTING`.
+
+        PyYAML composes nodes recursively (a few Python frames per level): a 5,000-deep
+        ``[[[...]]]`` would end in a RecursionError.
+        """
+
+        _depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self._depth += 1
+            try:
+                if self._depth > MAX_NESTING:
+                    raise _too_deep(self.peek_event().start_mark.line + 1)
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+    return Loader
+
+
+def _parse_yaml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tuple[KeyPath, str, int, int]]]:
+    import yaml
+
+    loader = _yaml_loader()(text)
     try:
         node = loader.get_single_node()
         values: Dict[KeyPath, int] = {}
         keys: Dict[KeyPath, int] = {}
         dups: List[Tuple[KeyPath, str, int, int]] = []
         if node is not None:
-            _walk_yaml(node, (), values, keys, dups, set())
+            _check_yaml_expansion(node, max(_YAML_MIN_VALUES, _YAML_VALUES_PER_BYTE * len(text)))
+            _walk_yaml(node, values, keys, dups)
         data = loader.construct_document(node) if node is not None else None
+    except _Refused as e:
+        raise _fail(file, f"{label}:{e.line}: {e.message}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark is not None else label
@@ -374,35 +437,108 @@ def _parse_yaml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tu
     return data, _map_locator(values, keys), dups
 
 
-def _walk_yaml(node: Any, path: KeyPath, values: Dict[KeyPath, int], keys: Dict[KeyPath, int],
-               dups: List[Tuple[KeyPath, str, int, int]], stack: set) -> None:
+def _check_yaml_expansion(root: Any, limit: int) -> None:
+    """Refuse a document whose aliases expand it too much or nest it too deeply.
+
+    An alias is the very node object of its anchor, so the composed document is a graph with one
+    node per value written in the file. Its expanded size ("billion laughs": a 1 KB file with
+    10**9 values) and depth (a chain of anchors, each aliasing the last) are computed once per
+    node, never by expanding it; merge keys (``<<: *a``) count the merged mapping in full.
+    """
+    measured: Dict[int, Tuple[int, int]] = {}  # id(node) -> (expanded size, height)
+
+    def measure(node: Any, depth: int) -> Tuple[int, int]:
+        known = measured.get(id(node))
+        if known is None:
+            if depth > MAX_NESTING:
+                raise _too_deep(node.start_mark.line + 1)
+            measured[id(node)] = (1, 1)  # a recursive alias back to this node counts once
+            n, h = 1, 1
+            if isinstance(node.value, list):
+                children = [c for pair in node.value for c in (pair if isinstance(pair, tuple) else (pair,))]
+                for child in children:
+                    cn, ch = measure(child, depth + 1)
+                    n += cn
+                    h = max(h, ch + 1)
+                if n > limit:
+                    raise _Refused(node.start_mark.line + 1,
+                                   f"YAML aliases expand this value to more than {limit:,} values, "
+                                   "the most accepted for a file of this size (an alias bomb?); "
+                                   "repeat fewer parts with aliases")
+            known = measured[id(node)] = (n, h)
+        if depth + known[1] - 1 > MAX_NESTING:
+            raise _too_deep(node.start_mark.line + 1)
+        return known
+
+    measure(root, 1)
+
+
+def _walk_yaml(root: Any, values: Dict[KeyPath, int], keys: Dict[KeyPath, int],
+               dups: List[Tuple[KeyPath, str, int, int]]) -> None:
+    """Record the line of every key and value, and duplicate keys, visiting each node once.
+
+    A path through an alias gets the line of the anchored value; what is inside it is not walked
+    again (the lines found the first time stand for every use), so the work is one visit per
+    node of the file however often aliases repeat it.
+    """
     import yaml
 
-    values.setdefault(path, node.start_mark.line + 1)
-    if id(node) in stack:  # a recursive alias
-        return
-    stack.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        seen: Dict[str, int] = {}
-        for key_node, value_node in node.value:
-            k = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            if k in seen and k != "<<":
-                dups.append((path, k, line, seen[k]))
-            seen.setdefault(k, line)
-            keys.setdefault(path + (k,), line)
-            _walk_yaml(value_node, path + (k,), values, keys, dups, stack)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk_yaml(item, path + (i,), values, keys, dups, stack)
-    stack.discard(id(node))
+    seen: set = set()
+
+    def walk(node: Any, path: KeyPath) -> None:
+        values.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            found: Dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    continue  # a list or mapping as a key: construction reports it
+                k = str(key_node.value)
+                line = key_node.start_mark.line + 1
+                if k in found and k != "<<":
+                    dups.append((path, k, line, found[k]))
+                found.setdefault(k, line)
+                keys.setdefault(path + (k,), line)
+                walk(value_node, path + (k,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    walk(root, ())
 
 
 _JSON_WS = re.compile(r"[ \t\n\r]*")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
+# Brackets outside strings and comments, for JSON and TOML (JSON's strings are TOML's basic
+# strings; TOML adds multi-line and literal strings and comments). Each alternative consumes what
+# it matches, so one pass is linear in the text.
+_NESTING_TOKENS = re.compile(r'"""(?:[^\\]|\\.)*?"""|' r"'''.*?'''|" r'"(?:[^"\\\n]|\\.)*"|'
+                             r"'[^'\n]*'|#[^\n]*|[\[\]{}]", re.S)
+
+
+def _check_nesting(text: str, label: str, file: str) -> None:
+    """Refuse JSON or TOML nested deeper than :data:`MAX_NESTING`, before a recursive parser sees it.
+
+    ``json`` and ``tomllib`` recurse once per level: 5,000 nested lists end in a RecursionError.
+    """
+    depth = 0
+    for m in _NESTING_TOKENS.finditer(text):
+        c = m.group()
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > MAX_NESTING:
+                e = _too_deep(text.count("\n", 0, m.start()) + 1)
+                raise _fail(file, f"{label}:{e.line}: {e.message}")
+        elif c == "]" or c == "}":
+            depth = max(0, depth - 1)
+
+
 def _parse_json(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tuple[KeyPath, str, int, int]]]:
+    _check_nesting(text, label, file)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -476,6 +612,7 @@ def _json_positions(text: str) -> Tuple[Dict[KeyPath, int], Dict[KeyPath, int], 
 def _parse_toml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tuple[KeyPath, str, int, int]]]:
     import tomllib
 
+    _check_nesting(text, label, file)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -597,6 +734,27 @@ def _type_name(v: Any) -> str:
     return type(v).__name__
 
 
+# repr() of a value from an untrusted file must stay short: a list may hold itself (YAML
+# aliases), nest thousands deep or share parts a billion times over.
+class _ShortRepr(reprlib.Repr):
+    """:mod:`reprlib` with bounded size and depth, keeping a mapping's keys in file order."""
+
+    def repr_dict(self, x: Any, level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                 for k, v in itertools.islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(items + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+
+_SHORT_REPR = _ShortRepr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = 10
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
+
+
 def _show(v: Any) -> str:
     """``string '200k'``, ``boolean true``, ``list ['a', 1]``, ``null``."""
     kind = _type_name(v)
@@ -604,7 +762,7 @@ def _show(v: Any) -> str:
         return "null"
     if isinstance(v, bool):
         return f"{kind} {'true' if v else 'false'}"
-    text = f"'{v}'" if isinstance(v, str) else repr(v)
+    text = f"'{v}'" if isinstance(v, str) else _SHORT_REPR.repr(v)
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{kind} {text}"
@@ -1179,12 +1337,11 @@ def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], 
             raise _fail(file, f"{label}: unsupported config file extension {_q(ext or '(none)')}; "
                               "expected .yaml, .yml, .toml or .json")
         try:
-            with open(file, "rb") as f:
-                raw = f.read()
+            raw = read_regular_file(file, limit=MAX_CONFIG_BYTES)
         except FileNotFoundError:
             raise _fail(file, f"{label}: config file not found: {_q(os.path.abspath(file))}") from None
-        except IsADirectoryError:
-            raise _fail(file, f"{label}: is a directory; expected a .yaml, .yml, .toml or .json file") from None
+        except NotARegularFileError as e:
+            raise _fail(file, f"{label}: {e.reason}; expected a .yaml, .yml, .toml or .json file") from None
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as e:

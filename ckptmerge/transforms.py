@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 
 from .errors import RuleError, did_you_mean
+from .localfile import NotARegularFileError, read_regular_file
 
 __all__ = [
     "TransformError",
@@ -109,7 +110,8 @@ def read_vocab(path: Union[str, "os.PathLike[str]"]) -> Tuple[str, ...]:
         The tokens, in file order (the index of a token is its row).
 
     Raises:
-        TransformError: the file does not exist, is not UTF-8, is empty, or has a duplicate token
+        TransformError: the file does not exist or is not a regular file (a FIFO, a device), is
+            not UTF-8, is empty, or has a duplicate token
             (the message names the file and both lines).
 
     Example:
@@ -121,12 +123,11 @@ def read_vocab(path: Union[str, "os.PathLike[str]"]) -> Tuple[str, ...]:
     """
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular_file(path)
     except FileNotFoundError:
         raise TransformError(f"vocab file '{path}' does not exist.", path=path) from None
-    except IsADirectoryError:
-        raise TransformError(f"vocab file '{path}' is a directory; expected a text file with one "
+    except NotARegularFileError as e:
+        raise TransformError(f"vocab file '{path}' {e.reason}; expected a text file with one "
                              "token per line.", path=path) from None
     try:
         text = data.decode("utf-8-sig")

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from click.testing import CliRunner, Result
 
@@ -77,17 +77,20 @@ with open(out, "w") as f:
 """
 
 
-def run_subprocess(args: Sequence[Any], tmp_path: Path) -> Dict[str, Any]:
-    """Run ``python -m ckptmerge ARGS`` in a fresh interpreter.
+def run_subprocess(args: Sequence[Any], tmp_path: Path, *, timeout: float = 120,
+                   preexec_fn: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
+    """Run ``python -m ckptmerge ARGS`` in a fresh interpreter, in ``tmp_path``.
 
     Returns ``{"code": exit code, "tf_modules": [TF/Keras modules imported, first 5],
-    "stdout": ..., "stderr": ...}``.
+    "stdout": ..., "stderr": ...}``. Raises ``subprocess.TimeoutExpired`` after ``timeout``
+    seconds; ``preexec_fn`` runs in the child first (e.g. to limit its memory).
     """
     out = tmp_path / "driver-result.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run([sys.executable, "-c", _DRIVER, str(out), *[str(a) for a in args]],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout,
+                          preexec_fn=preexec_fn, check=False)
     assert out.exists(), proc.stderr
     result = json.loads(out.read_text())
     result.update(stdout=proc.stdout, stderr=proc.stderr)

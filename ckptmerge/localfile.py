@@ -1,0 +1,140 @@
+"""Reading small local files the user names (config files, vocabularies) without surprises.
+
+A path is untrusted: it may be a FIFO (reading blocks forever), a device such as ``/dev/zero``
+(reading never ends), a directory or a symbolic link to any of them. :func:`read_regular_file`
+looks at what the path is before opening it, opens it without blocking, checks again on the open
+file (the path may have changed in between) and reads at most a given number of bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Optional, Union
+
+from .errors import CkptMergeError
+from .text import human_bytes
+
+__all__ = ["NotARegularFileError", "read_regular_file", "describe_kind"]
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotARegularFileError(CkptMergeError, OSError):
+    """A path that should be a regular file is something else, is too large, or cannot be read.
+
+    Attributes:
+        path: the path as given.
+        reason: what the path is, completing the sentence ``"<path> <reason>"``, e.g.
+            ``"is a FIFO (named pipe), not a regular file"``.
+        is_directory: whether the path is (or links to) a directory.
+    """
+
+    def __init__(self, path: str, reason: str, *, is_directory: bool = False) -> None:
+        super().__init__(f"'{path}' {reason}.")
+        self.path = path
+        self.reason = reason
+        self.is_directory = is_directory
+
+    def __str__(self) -> str:  # OSError would otherwise format errno/filename
+        return str(self.args[0]) if self.args else ""
+
+
+def describe_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, with an article: ``"a directory"``, ``"a socket"``.
+
+    Example:
+        >>> import stat
+        >>> describe_kind(stat.S_IFIFO | 0o644)
+        'a FIFO (named pipe)'
+    """
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+def _require_regular(path: str, st: os.stat_result) -> None:
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = describe_kind(st.st_mode)
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if os.path.islink(path):
+        what = f"is a symbolic link to '{os.path.realpath(path)}', which is {kind}, not a regular file"
+    else:
+        what = f"is {kind}" if is_dir else f"is {kind}, not a regular file"
+    raise NotARegularFileError(path, what, is_directory=is_dir)
+
+
+def _too_large(path: str, size: str, limit: int) -> NotARegularFileError:
+    return NotARegularFileError(path, f"is {size}, larger than the {human_bytes(limit)} "
+                                      f"({limit:,} bytes) accepted for this kind of file")
+
+
+def read_regular_file(path: Union[str, "os.PathLike[str]"], *, limit: Optional[int] = None) -> bytes:
+    """The bytes of a regular file, refusing anything else and anything larger than ``limit``.
+
+    Symbolic links are followed, but what they point to must be a regular file too. FIFOs are
+    never opened in a blocking way, and nothing is read from devices.
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes (``None``: no limit).
+
+    Returns:
+        The file's content.
+
+    Raises:
+        FileNotFoundError: nothing exists at ``path`` (and it is not a dangling link).
+        NotARegularFileError: ``path`` is a directory, FIFO, device, socket or a dangling link,
+            is larger than ``limit``, or cannot be read (``e.reason`` says which).
+
+    Example:
+        >>> import tempfile, os
+        >>> p = os.path.join(tempfile.mkdtemp(), "a.txt")
+        >>> _ = open(p, "w").write("hi")
+        >>> read_regular_file(p, limit=16)
+        b'hi'
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise NotARegularFileError(
+                path, f"is a symbolic link to '{os.readlink(path)}', which does not exist") from None
+        raise
+    except OSError as e:
+        raise NotARegularFileError(path, f"cannot be read: {e.strerror or e}") from None
+    _require_regular(path, st)
+    if limit is not None and st.st_size > limit:
+        raise _too_large(path, f"{st.st_size:,} bytes", limit)
+    # O_NONBLOCK: if the path was swapped for a FIFO since the stat above, open must not wait for
+    # a writer (fstat below then refuses it). It changes nothing for regular files.
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise NotARegularFileError(path, f"cannot be read: {e.strerror or e}") from None
+    try:
+        _require_regular(path, os.fstat(fd))
+        want = (limit + 1) if limit is not None else None
+        chunks = []
+        got = 0
+        while want is None or got < want:
+            chunk = os.read(fd, 1 << 20 if want is None else min(1 << 20, want - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    if limit is not None and got > limit:  # the file grew after the stat
+        raise _too_large(path, f"more than {limit:,} bytes", limit)
+    return b"".join(chunks)
