@@ -28,6 +28,8 @@ setup(
         "h5py>=3.0",
         "scipy>=1.6",  # structural alignment: linear_sum_assignment
         "tomli>=1.1; python_version < '3.11'",
+        # User patterns run in linear time (README "Dependencies").
+        "google-re2>=1.1",
     ],
     extras_require={
         # Object storage (README "Remote checkpoints"): fsspec and each store's own filesystem.

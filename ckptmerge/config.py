@@ -3,7 +3,7 @@
 :func:`load_config` reads a YAML, TOML or JSON file (or an already-parsed dict) with the schema
 documented in ``docs/config.md`` and returns a :class:`Config`. Validation happens here, before
 any checkpoint is opened: unknown keys (with "did you mean"), wrong types, bad enum values,
-regexes that do not compile, backreferences to missing
+regexes that do not compile or use constructs RE2 does not run, backreferences to missing
 groups, unset environment variables, missing paths, duplicate source names and syntax errors are
 all collected and raised as one :class:`ckptmerge.ConfigError`, each problem on its own line as
 ``FILE:LINE KEYPATH: message``. Files are untrusted: only regular files up to
@@ -34,6 +34,7 @@ from .align import ALIGN_MODES
 from .layouts import LAYOUTS
 from .errors import ConfigError, RuleError, did_you_mean
 from .localfile import NotARegularFileError, read_regular_file
+from .patterns import PatternError, UserPattern, compile_pattern
 from .rules import MapRule
 from .text import escape_name
 from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
@@ -1019,16 +1020,7 @@ def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, Union[s
     return out
 
 
-def _regex_problem(pattern: str, e: "re.error") -> str:
-    msg = e.msg
-    if msg.startswith("missing ), unterminated subpattern") or msg == "unbalanced parenthesis":
-        return f"unbalanced parenthesis in {_q(pattern)}"
-    if e.pos is not None:
-        return f"{msg} at position {e.pos} in {_q(pattern)}"
-    return f"{msg} in {_q(pattern)}"
-
-
-def _template_problem(pattern: str, repl: str, compiled: "re.Pattern[str]", e: Exception) -> str:
+def _template_problem(pattern: str, repl: str, compiled: UserPattern, e: Exception) -> str:
     groups = compiled.groups
     have = f"{groups} group{'s' if groups != 1 else ''}"
     text = getattr(e, "msg", None) or str(e)
@@ -1079,13 +1071,13 @@ def _get_regex(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[List[Tuple[str,
                        "(false in TOML).")
             continue
         try:
-            compiled = re.compile(pattern)
-        except re.error as e:
-            ctx.add(q, _regex_problem(pattern, e))
+            compiled = compile_pattern(pattern)
+        except PatternError as e:
+            ctx.add(q, e.problem)
             continue
         if repl is not None:
             try:
-                compiled.sub(repl, "")  # parses the template (group references, escapes) first
+                compiled.template(repl)
             except (re.error, IndexError) as e:
                 ctx.add(q, _template_problem(pattern, repl, compiled, e))
                 continue

@@ -11,8 +11,9 @@ in, a :class:`RuleResult` out, no files and no TensorFlow. A source's :class:`Ru
   name under ``a/``, ``"/"`` stands for the root. As in TF, every entry that covers a name
   applies: an exact entry and a covering scope entry both do, so one checkpoint name may feed
   several targets (a list of targets as a map value, or a list of pairs, does the same);
-* ``regex`` rules (:class:`RegexRule`): :func:`re.fullmatch` over checkpoint names and
-  ``match.expand(replacement)``; a ``None`` replacement drops the name.
+* ``regex`` rules (:class:`RegexRule`): a full match over checkpoint names and
+  ``match.expand(replacement)``; a ``None`` replacement drops the name. Patterns run on RE2
+  (:mod:`ckptmerge.patterns`), in time linear in the name's length.
 
 Without ``map`` and ``regex`` every selected name keeps its name (identity). With them, a name
 no rule covers is dropped. Rules that match nothing come back as :class:`UnmatchedRule`, and a
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
+from .patterns import Template, UserPattern, compile_pattern
 from .specs import normalize_name
 from .text import escape_name, quote_name
 
@@ -157,18 +159,21 @@ class MapRule:
 
 @dataclass(frozen=True)
 class RegexRule:
-    """A regex rename: ``re.fullmatch(pattern, name)`` then ``match.expand(replacement)``.
+    """A regex rename: a full match of ``pattern`` against a name, then ``match.expand(replacement)``.
 
-    The pattern is compiled once; the replacement is checked at construction, so a
-    backreference to a group the pattern does not have fails here, not mid-restore.
+    The pattern is compiled once, by RE2 (:func:`ckptmerge.patterns.compile_pattern`: linear
+    time, so no pattern can hang a plan); the replacement is checked at construction, so a
+    reference to a group the pattern does not have fails here, not mid-restore.
 
     Attributes:
-        pattern: a Python regular expression matched against whole checkpoint names.
+        pattern: a regular expression in RE2 syntax (Python's without backreferences and
+            lookarounds), matched against whole checkpoint names.
         replacement: a :meth:`re.Match.expand` template (``\\1``, ``\\g<name>``), or ``None``
             to drop the matching names.
 
     Raises:
-        RuleError: the pattern is not a valid regex, the replacement is not a valid template
+        RuleError: the pattern is not a valid regex or uses a construct RE2 does not run
+            (:class:`ckptmerge.patterns.PatternError`), the replacement is not a valid template
             for it, or either has the wrong type.
 
     Example:
@@ -180,7 +185,8 @@ class RegexRule:
 
     pattern: str
     replacement: Optional[str]
-    _regex: "re.Pattern[str]" = field(init=False, repr=False, compare=False)
+    _regex: UserPattern = field(init=False, repr=False, compare=False)
+    _template: Optional[Template] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pattern, str):
@@ -189,15 +195,12 @@ class RegexRule:
             raise RuleError(
                 f"regex replacement for {_q(self.pattern)} must be a str or None (drop); "
                 f"received {_received(self.replacement)}.")
-        try:
-            compiled = re.compile(self.pattern)
-        except re.error as e:
-            raise RuleError(f"invalid regex {_q(self.pattern)}: {e}") from None
+        compiled = compile_pattern(self.pattern)  # PatternError is a RuleError
+        template = None
         if self.replacement is not None:
             try:
-                # sub() parses the template before matching, so this checks group references
-                # and escapes without needing a name that matches.
-                compiled.sub(self.replacement, "")
+                # Checks group references and escapes without needing a name that matches.
+                template = compiled.template(self.replacement)
             except (re.error, IndexError) as e:
                 groups = compiled.groups
                 names = sorted(compiled.groupindex)
@@ -208,6 +211,7 @@ class RegexRule:
                     f"invalid replacement {_q(self.replacement)} for regex {_q(self.pattern)}: "
                     f"{e}; the pattern has {have}.") from None
         object.__setattr__(self, "_regex", compiled)
+        object.__setattr__(self, "_template", template)
 
     def matches(self, name: str) -> bool:
         """Whether the pattern matches the whole ``name``."""
@@ -225,9 +229,9 @@ class RegexRule:
         m = self._regex.fullmatch(name)
         return (False, None) if m is None else (True, self.expand(m))
 
-    def expand(self, match: "re.Match[str]") -> Optional[str]:
+    def expand(self, match: Any) -> Optional[str]:
         """The replacement for a match of this pattern (``None``: drop)."""
-        return None if self.replacement is None else match.expand(self.replacement)
+        return None if self._template is None else self._template.expand(match)
 
     def search(self, name: str) -> bool:
         """Whether the pattern matches some part of ``name`` (used for hints)."""

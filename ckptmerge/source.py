@@ -95,8 +95,9 @@ class Source:
             As with ``init_from_checkpoint``'s ``assignment_map``, every entry that covers a
             name applies; a value may be a list of targets, a ``PartitionedVariable`` or a list
             of its partitions, and the map may be a list of ``(name, target)`` pairs.
-        regex: list of ``(pattern, replacement)`` over checkpoint names (``re.fullmatch``,
-            backreferences allowed); a ``None`` replacement drops the name.
+        regex: list of ``(pattern, replacement)`` over checkpoint names (a full match in RE2
+            syntax; ``\\1``-style references in the replacement); a ``None`` replacement drops
+            the name.
         include: glob pattern(s) a checkpoint name must match to be used.
         exclude: glob pattern(s) that drop checkpoint names.
         optimizer: also use optimizer state and bookkeeping (``global_step``, slots, ...).

@@ -6,7 +6,6 @@ import datetime
 import fnmatch
 import math
 import os
-import re
 from typing import (
     Any,
     Callable,
@@ -22,6 +21,7 @@ from typing import (
 import click
 
 from ..errors import UnreadableTensorError, did_you_mean
+from ..patterns import PatternError, UserPattern, compile_pattern
 from ..specs import KIND_VARIABLE, VariableInfo
 from ..text import escape_name, human_bytes, plural
 from ._common import (
@@ -46,7 +46,7 @@ from ._common import (
 # ============================================================================================
 
 
-def _filter(infos: Iterable[VariableInfo], globs: Sequence[str], regex: Optional["re.Pattern[str]"]) -> List[VariableInfo]:
+def _filter(infos: Iterable[VariableInfo], globs: Sequence[str], regex: Optional[UserPattern]) -> List[VariableInfo]:
     out = []
     for v in infos:
         names = (v.name, v.raw_key) if v.raw_key != v.name else (v.name,)
@@ -58,14 +58,14 @@ def _filter(infos: Iterable[VariableInfo], globs: Sequence[str], regex: Optional
     return out
 
 
-def _compile_regex(pattern: Optional[str]) -> Optional["re.Pattern[str]"]:
+def _compile_regex(pattern: Optional[str]) -> Optional[UserPattern]:
     if pattern is None:
         return None
     try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise CliError(f"invalid --regex {pattern!r}: {e}. Use a Python regular expression, "
-                       "e.g. --regex 'enc.*/kernel$' (it is searched anywhere in the name).") from None
+        return compile_pattern(pattern)
+    except PatternError as e:
+        raise CliError(f"invalid --regex {pattern!r}: {e.detail}. Use a regular expression in RE2 "
+                       "syntax, e.g. --regex 'enc.*/kernel$' (it is searched anywhere in the name).") from None
 
 
 def _numeric_kind(dtype: str) -> Optional[str]:
@@ -204,7 +204,7 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
 @_STEP
 @click.option("--match", "globs", multiple=True, metavar="GLOB",
               help="Only names (or raw keys) matching this glob, e.g. 'enc*/kernel'. Repeatable.")
-@click.option("--regex", metavar="RE", help="Only names (or raw keys) in which this Python regex is found.")
+@click.option("--regex", metavar="RE", help="Only names (or raw keys) in which this regex (RE2 syntax: linear time) is found.")
 @click.option("--tree", is_flag=True, help="Group by scope, with each scope's size and count.")
 @click.option("--all", "show_all", is_flag=True,
               help="Also list optimizer state and bookkeeping, with each tensor's kind and raw key.")

@@ -1,0 +1,231 @@
+"""User-supplied regular expressions, matched by RE2 in time linear in the name's length.
+
+Patterns come from users (``regex`` rules in the API and in config files, ``ckptmerge ls
+--regex``), and names come from checkpoints: both are untrusted. Python's :mod:`re` backtracks, so
+``(a+)+$`` against a 41-character name runs for minutes. Every user pattern is therefore compiled
+here, by :func:`compile_pattern`, with RE2 (the ``google-re2`` package), which matches in time
+linear in the length of the name whatever the pattern.
+
+RE2's syntax is Python's minus the constructs that need backtracking: backreferences (``\\1``,
+``(?P=name)``), lookahead and lookbehind, atomic groups, possessive quantifiers, conditionals.
+A pattern using one is refused with a :class:`PatternError` that says so. ``\\d``, ``\\w``,
+``\\s`` and ``\\b`` are ASCII-only, ``{,n}`` is literal text (write ``{0,n}``) and ``\\Z`` is
+written ``\\z``. Replacement templates keep Python's :meth:`re.Match.expand` syntax and meaning
+(``\\1``, ``\\g<name>``, escapes): :meth:`UserPattern.template` has Python's own template parser
+read them.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+from .errors import RuleError
+
+__all__ = ["PatternError", "UserPattern", "Template", "compile_pattern"]
+
+# Why some Python constructs are refused: said in every such error.
+_WHY = ("user patterns are matched with RE2, in time linear in the name's length, so that no "
+        "pattern can hang a plan; RE2 has no constructs that need backtracking")
+
+# RE2's complaint about a pattern that Python's re accepts -> what the construct is called.
+_UNSUPPORTED = (
+    (re.compile(r"invalid escape sequence: \\[0-9]"), "a backreference"),
+    (re.compile(r"invalid perl operator: \(\?P$"), "a named backreference"),
+    (re.compile(r"invalid perl operator: \(\?[=!]$"), "a lookahead"),
+    (re.compile(r"invalid perl operator: \(\?<[=!]$"), "a lookbehind"),
+    (re.compile(r"invalid perl operator: \(\?>$"), "an atomic group"),
+    (re.compile(r"invalid perl operator: \(\?\($"), "a conditional group"),
+    (re.compile(r"invalid perl operator: \(\?#$"), "a comment group"),
+    (re.compile(r"bad repetition operator"), "a possessive quantifier"),
+    (re.compile(r"invalid repetition size"), "a repetition count above 1000"),
+    (re.compile(r"invalid escape sequence: \\Z$"), "'\\Z' (write '\\z' for the end of the name)"),
+)
+
+
+def _q(s: str) -> str:
+    """Quote for messages without doubling backslashes (``'\\1'`` reads as typed)."""
+    return f"'{s}'"
+
+
+class PatternError(RuleError):
+    """A user pattern that cannot be used: bad syntax, or a construct RE2 does not run.
+
+    ``str(e)`` reads ``"invalid regex '<pattern>': <detail>"``.
+
+    Attributes:
+        pattern: the pattern as given.
+        detail: what is wrong, e.g. ``"missing ), unterminated subpattern at position 6"``.
+        problem: the same as one diagnostic line naming the pattern, e.g.
+            ``"unbalanced parenthesis in '^head/(.*'"`` (config files list problems this way).
+    """
+
+    def __init__(self, pattern: str, detail: str, problem: str) -> None:
+        super().__init__(f"invalid regex {_q(pattern)}: {detail}")
+        self.pattern = pattern
+        self.detail = detail
+        self.problem = problem
+
+
+def _syntax_error(pattern: str, e: "re.error") -> PatternError:
+    msg = e.msg
+    if msg.startswith("missing ), unterminated subpattern") or msg == "unbalanced parenthesis":
+        problem = f"unbalanced parenthesis in {_q(pattern)}"
+    elif e.pos is not None:
+        problem = f"{msg} at position {e.pos} in {_q(pattern)}"
+    else:
+        problem = f"{msg} in {_q(pattern)}"
+    return PatternError(pattern, str(e), problem)
+
+
+def _unsupported(pattern: str, re2_message: str) -> PatternError:
+    what = next((name for test, name in _UNSUPPORTED if test.search(re2_message)),
+                f"a construct RE2 does not support ({re2_message})")
+    detail = f"it uses {what}, which ckptmerge does not support: {_WHY}; rewrite it without"
+    return PatternError(pattern, detail, f"{_q(pattern)} uses {what}, which ckptmerge does not support: "
+                                         f"{_WHY}; rewrite it without")
+
+
+class Template:
+    """A replacement template read with Python's rules, expanded with the groups of an RE2 match.
+
+    Build with :meth:`UserPattern.template`.
+
+    Example:
+        >>> p = compile_pattern(r"^head/(?P<leaf>.*)$")
+        >>> p.template(r"new/\\g<leaf>\\n").expand(p.fullmatch("head/kernel"))
+        'new/kernel\\n'
+    """
+
+    __slots__ = ("text", "_pieces")
+
+    def __init__(self, text: str, pieces: List[Union[str, int]]) -> None:
+        self.text = text
+        self._pieces = pieces  # literal text, or the number of a group
+
+    def expand(self, match: Any) -> str:
+        """The template with each group reference replaced by what the group matched ("" if none)."""
+        return "".join(p if isinstance(p, str) else (match.group(p) or "") for p in self._pieces)
+
+
+class UserPattern:
+    """A user's regular expression, compiled by RE2; see :func:`compile_pattern`.
+
+    Attributes:
+        pattern: the pattern as given.
+        groups: the number of capturing groups.
+        groupindex: group name -> group number.
+
+    Example:
+        >>> p = compile_pattern(r"(a+)+$")
+        >>> p.fullmatch("a" * 40 + "!") is None  # at once; Python's re takes minutes
+        True
+    """
+
+    __slots__ = ("pattern", "_re2")
+
+    def __init__(self, pattern: str, compiled: Any) -> None:
+        self.pattern = pattern
+        self._re2 = compiled
+
+    @property
+    def groups(self) -> int:
+        return self._re2.groups
+
+    @property
+    def groupindex(self) -> Mapping[str, int]:
+        return self._re2.groupindex
+
+    def fullmatch(self, name: str) -> Any:
+        """The match of the pattern against the whole ``name`` (with ``.group(i)``), or ``None``."""
+        return self._re2.fullmatch(name)
+
+    def search(self, name: str) -> bool:
+        """Whether the pattern matches some part of ``name``."""
+        return self._re2.search(name) is not None
+
+    def template(self, replacement: str) -> Template:
+        """Read a :meth:`re.Match.expand` template (``\\1``, ``\\g<name>``, escapes) for this pattern.
+
+        Python's own parser reads it, on a stand-in pattern with the same groups, so the syntax,
+        the escapes and the errors are exactly Python's.
+
+        Raises:
+            re.error: the template is invalid or refers to a group the pattern does not have
+                (``IndexError`` on some Python versions for unknown group names).
+        """
+        names: Dict[int, str] = {i: n for n, i in self.groupindex.items() if n.isidentifier()}
+
+        def stand_in(before: str, captures: List[str]) -> "re.Pattern[str]":
+            return re.compile(re.escape(before) + "".join(
+                f"(?P<{names[i]}>{re.escape(c)})" if i in names else f"({re.escape(c)})"
+                for i, c in enumerate(captures, 1)))
+
+        # First with every group empty: this checks the template and gives its literal text.
+        literal = stand_in("", [""] * self.groups).sub(replacement, "", count=1)
+        # Then with each group capturing one character the literal text does not contain, after
+        # one more such character for the whole match: where those characters land in the
+        # result is where the template refers to a group (or, for the first one, to \g<0>).
+        unused = (chr(c) for c in range(0xE000, 0x110000) if chr(c) not in literal)  # private use first
+        whole = next(unused)
+        marks = {next(unused): i for i in range(1, self.groups + 1)}
+        subject = whole + "".join(marks)
+        marked = stand_in(whole, list(marks)).sub(replacement, subject, count=1)
+        pieces: List[Union[str, int]] = []
+        run: List[str] = []
+        i = 0
+        while i < len(marked):
+            ch = marked[i]
+            group = 0 if ch == whole else marks.get(ch)
+            i += 1 + (len(marks) if group == 0 else 0)  # \g<0> brought every group's mark along
+            if group is None:
+                run.append(ch)
+                continue
+            if run:
+                pieces.append("".join(run))
+                run = []
+            pieces.append(group)
+        if run:
+            pieces.append("".join(run))
+        return Template(replacement, pieces)
+
+
+def compile_pattern(pattern: str) -> UserPattern:
+    """Compile a user's regular expression with RE2: the one place that does.
+
+    Args:
+        pattern: a regular expression in RE2 syntax (Python's, without backreferences,
+            lookarounds and other backtracking constructs).
+
+    Returns:
+        A :class:`UserPattern`.
+
+    Raises:
+        PatternError: the pattern is invalid, or uses a construct RE2 does not run (the message
+            names it and says why it is not supported).
+
+    Example:
+        >>> compile_pattern(r"^enc/(.*)$").search("enc/kernel")
+        True
+        >>> compile_pattern(r"(a)\\1")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ckptmerge.patterns.PatternError: invalid regex '(a)\\1': it uses a backreference, ...
+    """
+    import re2  # google-re2: imported on first use
+
+    options = re2.Options()
+    options.log_errors = False  # RE2 would also print every error to stderr
+    try:
+        return UserPattern(pattern, re2.compile(pattern, options))
+    except re2.error as e:
+        reason = e.args[0] if e.args else ""
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    try:
+        with warnings.catch_warnings():  # e.g. "possible nested set": RE2 has refused it anyway
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
+    except re.error as e:  # invalid for Python too: Python's message, with its position
+        raise _syntax_error(pattern, e) from None
+    raise _unsupported(pattern, reason)
