@@ -87,6 +87,20 @@ def _unsupported(pattern: str, re2_message: str) -> PatternError:
                                          f"{_WHY}; rewrite it without")
 
 
+class _AsciiMatch:
+    """The groups of a match of an ASCII name (byte offsets are character offsets)."""
+
+    __slots__ = ("_name", "_spans")
+
+    def __init__(self, name: str, spans: List[Any]) -> None:
+        self._name = name
+        self._spans = spans
+
+    def group(self, i: int = 0) -> Optional[str]:
+        start, end = self._spans[i]
+        return None if start < 0 else self._name[start:end]
+
+
 class Template:
     """A replacement template read with Python's rules, expanded with the groups of an RE2 match.
 
@@ -123,11 +137,17 @@ class UserPattern:
         True
     """
 
-    __slots__ = ("pattern", "_re2")
+    __slots__ = ("pattern", "_re2", "_raw")
 
     def __init__(self, pattern: str, compiled: Any) -> None:
         self.pattern = pattern
         self._re2 = compiled
+        # The RE2 object under google-re2's re-like wrapper. The wrapper maps UTF-8 byte offsets
+        # back to str offsets on every call (about 5x the cost of the match for a short name);
+        # an ASCII name needs no mapping, so it is matched here directly. Without that binding
+        # (another google-re2 version), the wrapper does everything.
+        raw = getattr(compiled, "_regexp", None)
+        self._raw = raw if _ANCHOR is not None and hasattr(raw, "Match") else None
 
     @property
     def groups(self) -> int:
@@ -137,13 +157,26 @@ class UserPattern:
     def groupindex(self) -> Mapping[str, int]:
         return self._re2.groupindex
 
+    def _spans(self, name: str, anchor: str) -> Optional[List[Any]]:
+        """Group spans of an ASCII name matched by the RE2 binding, or ``None`` if it cannot."""
+        if self._raw is None or not name.isascii():
+            return None
+        data = name.encode("ascii")
+        return self._raw.Match(_ANCHOR[anchor], data, 0, len(data))  # type: ignore[index]
+
     def fullmatch(self, name: str) -> Any:
         """The match of the pattern against the whole ``name`` (with ``.group(i)``), or ``None``."""
-        return self._re2.fullmatch(name)
+        spans = self._spans(name, "ANCHOR_BOTH")
+        if spans is None:
+            return self._re2.fullmatch(name)
+        return _AsciiMatch(name, spans) if spans[0][0] >= 0 else None
 
     def search(self, name: str) -> bool:
         """Whether the pattern matches some part of ``name``."""
-        return self._re2.search(name) is not None
+        spans = self._spans(name, "UNANCHORED")
+        if spans is None:
+            return self._re2.search(name) is not None
+        return spans[0][0] >= 0
 
     def template(self, replacement: str) -> Template:
         """Read a :meth:`re.Match.expand` template (``\\1``, ``\\g<name>``, escapes) for this pattern.
@@ -191,6 +224,18 @@ class UserPattern:
         return Template(replacement, pieces)
 
 
+def _anchors() -> Optional[Dict[str, Any]]:
+    try:
+        from re2 import _re2
+
+        return {a: getattr(_re2.RE2.Anchor, a) for a in ("ANCHOR_BOTH", "UNANCHORED")}
+    except (ImportError, AttributeError):  # pragma: no cover - another google-re2 layout
+        return None
+
+
+_ANCHOR: Optional[Dict[str, Any]] = None
+
+
 def compile_pattern(pattern: str) -> UserPattern:
     """Compile a user's regular expression with RE2: the one place that does.
 
@@ -215,6 +260,9 @@ def compile_pattern(pattern: str) -> UserPattern:
     """
     import re2  # google-re2: imported on first use
 
+    global _ANCHOR
+    if _ANCHOR is None:
+        _ANCHOR = _anchors()
     options = re2.Options()
     options.log_errors = False  # RE2 would also print every error to stderr
     try:

@@ -122,6 +122,15 @@ def test_syntax_errors_keep_pythons_message():
     assert e.value.problem == "unbalanced parenthesis in '^head/(.*'"
 
 
+@pytest.mark.parametrize("name", ["enc/kernel", "énc/kernel", "enc/ker\u202enel"])
+def test_ascii_and_other_names_match_alike(name):
+    p = compile_pattern(r"(?P<scope>[^/]+)/(ker)(.*)")
+    m = p.fullmatch(name)
+    assert [m.group(i) for i in range(4)] == list(re.fullmatch(p.pattern, name).group(0, 1, 2, 3))
+    assert p.search(name) and compile_pattern("ker").search(name) and not compile_pattern("^ker").search(name)
+    assert p.fullmatch(name + "/") is not None and compile_pattern("enc").fullmatch(name) is None
+
+
 def test_re2_only_syntax_is_accepted():
     assert compile_pattern(r"\pL+/kernel\z").fullmatch("dense/kernel")
     assert compile_pattern(r"(?P<layer>\w+)/kernel").groupindex == {"layer": 1}
