@@ -609,14 +609,11 @@ def test_law_plan_dict_is_json_serialisable_and_lists_are_sorted(setup):
     assert set(plan.blocking(strict=False)) <= set(plan.blocking(strict=True))
 
 
-def test_plan_of_a_large_model_is_fast():
-    import time
-
+def test_plan_of_a_large_model_assigns_every_target():
+    # Speed is measured in scripts/bench_scale.py, not here: a timed test fails on a busy machine.
     names = [f"layer_{i}/dense/{w}" for i in range(3000) for w in ("kernel", "bias")]
     targets = [VariableInfo("c/" + n, (4, 4), "float32") for n in names]
     variables = {n: VariableInfo(n, (4, 4), "float32") for n in names}
-    t0 = time.perf_counter()
     plan = make_plan(targets, [SourceView("A", "<memory>", "", variables,
                                           Rules.from_options(map={"/": "c/"}))])
-    assert time.perf_counter() - t0 < 3.0  # ~0.1 s; generous for slow CI machines
     assert len(plan.assignments) == 6000 and plan.ok

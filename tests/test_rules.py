@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -459,14 +458,13 @@ def test_law_to_dict_round_trips(rules):
     assert Rules.from_options(**json.loads(json.dumps(rules.to_dict()))) == rules
 
 
-def test_apply_on_a_large_checkpoint_is_fast():
+def test_apply_on_a_large_checkpoint_maps_every_name():
+    # Speed is measured in scripts/bench_scale.py, not here: a timed test fails on a busy machine.
     names = [f"layer_{i}/dense/{v}" for i in range(2000) for v in ("kernel", "bias")]
     random.Random(0).shuffle(names)
     rules = Rules.from_options(map={"layer_1/": "l1/"}, regex=[(r"layer_(\d+)/(.*)", r"L\1/\2")],
                                exclude="*/bias")
-    t0 = time.perf_counter()
     res = rules.apply(names)
-    assert time.perf_counter() - t0 < 2.0  # ~0.05 s; generous for slow CI machines
     assert len(res.mapping) == 2000
 
 
