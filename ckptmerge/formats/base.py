@@ -215,6 +215,12 @@ class CheckpointReader:
     def close(self) -> None:
         """Close open files. Reading again reopens them."""
 
+    def __del__(self) -> None:  # a forgotten reader still releases its files
+        try:
+            self.close()
+        except Exception:  # pragma: no cover - interpreter shutdown, half-built reader
+            pass
+
     def __enter__(self) -> "CheckpointReader":
         return self
 

@@ -953,9 +953,3 @@ class BundleReader(CheckpointReader):
                 os.close(fd)
             except OSError:  # pragma: no cover
                 pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional
+from typing import Dict, Hashable, Optional
 
-__all__ = ["pread_into"]
+__all__ = ["pread_into", "Descriptors"]
 
 _SEEK_LOCK = threading.Lock()  # only for platforms without preadv (Windows)
 
@@ -49,3 +49,37 @@ def pread_into(fd: int, offset: int, buf: memoryview, lock: Optional[threading.L
             buf[done:done + len(chunk)] = chunk
             done += len(chunk)
     return done
+
+
+class Descriptors:
+    """Read-only file descriptors opened on first use, one per file, shared by every thread.
+
+    Example:
+        >>> fds = Descriptors()
+        >>> fd = fds.get("setup.py", "setup.py")  # doctest: +SKIP
+        >>> fds.close()
+    """
+
+    def __init__(self) -> None:
+        self._fds: Dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, path: str) -> int:
+        """The descriptor of ``path`` (cached under ``key``); ``OSError`` if it cannot be opened."""
+        fd = self._fds.get(key)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(key)
+                if fd is None:
+                    fd = self._fds[key] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def close(self) -> None:
+        """Close every descriptor (a later :meth:`get` opens again)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass

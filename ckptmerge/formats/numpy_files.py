@@ -26,7 +26,7 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats.fileio import pread_into
+from ckptmerge.formats.fileio import Descriptors, pread_into
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 
 __all__ = ["NumpyReader", "is_npz", "NPY_MAGIC"]
@@ -134,7 +134,7 @@ class NumpyReader(CheckpointReader):
         super().__init__(path)
         self.verify = verify
         self._lock = threading.Lock()
-        self._fds: Dict[str, int] = {}
+        self._fds = Descriptors()
         self._zip: Optional[zipfile.ZipFile] = None
         self._arrays: Dict[str, _Array] = {}
         if os.path.isdir(path):
@@ -241,13 +241,7 @@ class NumpyReader(CheckpointReader):
 
     # -- reading ---------------------------------------------------------------------------
     def _fd(self, file: str) -> int:
-        fd = self._fds.get(file)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(file)
-                if fd is None:
-                    fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        return fd
+        return self._fds.get(file, file)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
         a = self._arrays[info.raw_key]
@@ -301,18 +295,7 @@ class NumpyReader(CheckpointReader):
     def close(self) -> None:
         """Close the files (reading again reopens them)."""
         with self._lock:
-            fds, self._fds = self._fds, {}
             z, self._zip = self._zip, None
         if z is not None:
             z.close()
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover
-                pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+        self._fds.close()

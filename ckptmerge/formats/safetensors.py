@@ -29,7 +29,7 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats.fileio import pread_into
+from ckptmerge.formats.fileio import Descriptors, pread_into
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
@@ -118,7 +118,7 @@ class SafetensorsReader(CheckpointReader):
         super().__init__(path)
         self.verify = verify  # safetensors has no checksums; kept for symmetry
         self._lock = threading.Lock()
-        self._fds: Dict[int, int] = {}
+        self._fds = Descriptors()
         self.metadata: Dict[str, str] = {}
         if path.endswith(INDEX_SUFFIX):
             self.files = self._shards_from_index(path)
@@ -188,12 +188,11 @@ class SafetensorsReader(CheckpointReader):
 
     def _parse_header(self, shard: int, file: str) -> Dict[str, _Entry]:
         try:
-            fd = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            fd = self._fds.get(shard, file)
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"safetensors file {file!r} does not exist.", path=file) from None
         except OSError as e:
             raise self._error(f"cannot open it ({e.strerror or e})", file) from None
-        self._fds[shard] = fd
         size = os.fstat(fd).st_size
         head = bytearray(8)
         if pread_into(fd, 0, memoryview(head)) < 8:
@@ -329,29 +328,11 @@ class SafetensorsReader(CheckpointReader):
                               "bytes); it was truncated after it was opened", file, name)
 
     def _fd(self, shard: int) -> int:
-        fd = self._fds.get(shard)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(shard)
-                if fd is None:
-                    fd = self._fds[shard] = os.open(self.files[shard], os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        return fd
+        return self._fds.get(shard, self.files[shard])
 
     def close(self) -> None:
         """Close the files (reading again reopens them)."""
-        with self._lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover
-                pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+        self._fds.close()
 
 
 def _read_json_file(path: str, error: Any) -> Any:

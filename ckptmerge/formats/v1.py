@@ -349,9 +349,3 @@ class V1Reader(CheckpointReader):
         """Close the files (reading again reopens them)."""
         for f in self._files:
             f.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
