@@ -58,6 +58,7 @@ from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
+from .formats.storage import is_url
 from .formats.writer import _DATA_RE, BundleWriter, check_no_output
 from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
@@ -748,6 +749,13 @@ def merge(
         >>> print(report.summary())                                       # doctest: +SKIP
         wrote 6 variables from 2 sources to 'runs/C/merged' in 0.02 s
     """
+    if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
+        from .offline_remote import merge_to_url
+
+        return merge_to_url(merge, sources, out_prefix, template=template, allow_missing=allow_missing,
+                            on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch, cast=cast,
+                            strict=strict, overwrite=overwrite, dry_run=dry_run, update_state=update_state,
+                            progress=progress, verify=verify, durable=durable, format=format)
     t0 = time.perf_counter()
     given = _check_out_prefix(out_prefix)
     fmt = _check_format(format, given)

@@ -272,3 +272,60 @@ def test_persistent_s3_failure_is_a_clear_error_and_restores_nothing(s3, monkeyp
 def test_missing_bucket_is_a_clear_error(s3):
     with pytest.raises((CheckpointNotFoundError, CheckpointFormatError), match="s3://no-such-bucket"):
         cm.load("s3://no-such-bucket/run")
+
+
+# -- merge outputs in object storage ------------------------------------------------------------
+
+
+def test_merge_to_memory_url_publishes_data_then_index_and_tf_reads_it_back(tmp_path, memory_run):
+    import fsspec
+
+    out = memory_run + "-out/merged"
+    report = cm.merge([cm.Source(memory_run, step=100)], out)
+    assert report.output == out
+    fs = fsspec.filesystem("memory")
+    assert sorted(n.rsplit("/", 1)[-1] for n in fs.ls(memory_run + "-out", detail=False)) == [
+        "merged.data-00000-of-00001", "merged.index"]
+    np.testing.assert_array_equal(cm.load(out, ["big"])["big"], BIG)
+    with pytest.raises(cm.CkptMergeError, match="already exists"):
+        cm.merge([cm.Source(memory_run)], out)
+    cm.merge([cm.Source(memory_run)], out, overwrite=True)  # step 200: w doubled
+    np.testing.assert_array_equal(cm.load(out, ["w"])["w"], W * 2)
+    fs.rm(memory_run + "-out", recursive=True)
+
+
+def test_an_interrupted_upload_leaves_no_index_and_removes_its_objects(memory_run, monkeypatch):
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from ckptmerge.errors import CheckpointWriteError
+
+    real = MemoryFileSystem.put_file
+    calls = []
+
+    def failing(self, lpath, rpath, *a, **kw):
+        calls.append(rpath)
+        if rpath.endswith(".index"):
+            raise ConnectionResetError("connection reset by peer")
+        return real(self, lpath, rpath, *a, **kw)
+
+    monkeypatch.setattr(MemoryFileSystem, "put_file", failing)
+    out = memory_run + "-broken/merged"
+    with pytest.raises(CheckpointWriteError, match="objects it wrote were removed"):
+        cm.merge([cm.Source(memory_run)], out)
+    assert calls and calls[-1].endswith(".index") and calls[0].endswith(".data-00000-of-00001")
+    fs = fsspec.filesystem("memory")
+    assert not fs.exists(memory_run + "-broken/merged.index")
+    assert not fs.exists(memory_run + "-broken/merged.data-00000-of-00001")
+
+
+def test_cli_merge_to_s3(s3, tmp_path):
+    config = tmp_path / "m.yaml"
+    config.write_text(f"sources:\n  - path: {s3['url']}\n    step: 100\n")
+    code, out, err = _cli(s3, "merge", config, "-o", "s3://ckpts/release/model", "-q")
+    assert code == 0, err
+    code, out, err = _cli(s3, "show", "s3://ckpts/release/model", "w", "--json")
+    assert code == 0, err
+    assert np.array_equal(np.float32(json.loads(out)["value"]), W)
+    code, out, err = _cli(s3, "merge", config, "-o", "s3://ckpts/release/model")
+    assert code == 2 and "--force" in err
