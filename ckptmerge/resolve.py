@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -29,6 +30,7 @@ from .errors import (
     format_list,
 )
 from .formats.storage import is_url
+from .text import quote_name
 
 __all__ = [
     "open_resolved",
@@ -672,7 +674,47 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
 # resolving
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(path: str) -> Optional[str]:
+    """What ``path`` is when something is there that is not a regular file (``"a directory"``,
+    ``"a FIFO (named pipe)"``, ``"a dangling symbolic link to 'x'"``, ...), else ``None``."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    link = ""
+    if stat.S_ISLNK(mode):
+        try:
+            target = quote_name(os.readlink(path))
+        except OSError:  # pragma: no cover - removed while we looked
+            target = "?"
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return f"a dangling symbolic link to {target}"
+        link = f"a symbolic link to {target}, which is "
+    for test, kind in _KINDS:
+        if test(mode):
+            return link + kind
+    return None
+
+
 def _not_found(given: str) -> CheckpointNotFoundError:
+    # Something that is not a regular file where the checkpoint should be: say what it is (a
+    # directory named 'x.index', a FIFO, a dangling link) rather than "does not exist".
+    for path in (given + _INDEX, given):
+        kind = _not_a_file(path)
+        if kind is not None:
+            what = "" if path == given else f" cannot be read: {quote_name(path)}"
+            return CheckpointNotFoundError(
+                f"Checkpoint path {quote_name(given)}{what} is {kind}, not a "
+                "regular file. A checkpoint is a '.index' file with its '.data-*' shards, or a single "
+                "file (.weights.h5, .safetensors, .npz); replace it, or pass another path.",
+                path=given,
+            )
     parent = os.path.dirname(given.rstrip("/\\")) or "."
     shown_parent = os.path.dirname(given.rstrip("/\\"))
     if not os.path.isdir(parent):
@@ -697,7 +739,7 @@ def _not_found(given: str) -> CheckpointNotFoundError:
         if m:
             siblings.append(name[: m.start()])
     base = os.path.basename(given.rstrip("/\\"))
-    siblings = sorted(set(siblings))
+    siblings = sorted(set(siblings) - {base})  # never the path itself
     # A typo usually replaces characters ('1O' for '10'): prefer same-length names that differ
     # in at most two places, so 'model-1O' suggests 'model-10' rather than 'model-1'.
     close = [s for s in siblings

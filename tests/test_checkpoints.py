@@ -367,6 +367,49 @@ def test_misspelt_prefix_suggests_the_sibling(tmp_path, monkeypatch):
     assert err.value.path == "runs/A/model-1O"
 
 
+def _make_odd(path, kind):
+    """Put something that is not a regular file at ``path``."""
+    if kind == "a directory":
+        path.mkdir()
+    elif kind == "a FIFO (named pipe)":
+        os.mkfifo(path)
+    elif kind == "a dangling symbolic link":
+        path.symlink_to(path.parent / "gone")
+    else:  # a symbolic link to a directory
+        path.symlink_to(path.parent)
+
+
+ODD = ["a directory", "a FIFO (named pipe)", "a dangling symbolic link", "a symbolic link"]
+
+
+@pytest.mark.parametrize("kind", ODD)
+def test_index_that_is_not_a_regular_file_says_what_it_is(tmp_path, kind):
+    # Regression: "'x/model-10' does not exist. Did you mean 'x/model-10'?"
+    _make_odd(tmp_path / "model-10.index", kind)
+    with pytest.raises(CheckpointNotFoundError) as err:
+        resolve_checkpoint(tmp_path / "model-10")
+    msg = str(err.value)
+    assert f"'{tmp_path / 'model-10.index'}' is {kind}" in msg and "not a regular file" in msg, msg
+    assert "does not exist" not in msg and "Did you mean" not in msg, msg
+
+
+@pytest.mark.parametrize("kind", ["a FIFO (named pipe)", "a dangling symbolic link"])
+@pytest.mark.parametrize("name", ["model-10.index", "model.weights.h5"])
+def test_checkpoint_file_that_is_not_a_regular_file_says_what_it_is(tmp_path, kind, name):
+    _make_odd(tmp_path / name, kind)
+    with pytest.raises(CheckpointNotFoundError) as err:
+        resolve_checkpoint(tmp_path / name)
+    msg = str(err.value)
+    assert f"Checkpoint path '{tmp_path / name}' is {kind}" in msg and "Did you mean" not in msg, msg
+
+
+def test_a_misspelt_path_never_suggests_itself(tmp_path):
+    (tmp_path / "model-10.data-00000-of-00001").write_bytes(b"")  # a shard without its index
+    with pytest.raises(CheckpointNotFoundError) as err:
+        resolve_checkpoint(tmp_path / "model-10")
+    assert f"Did you mean '{tmp_path / 'model-10'}'" not in str(err.value)
+
+
 def test_path_whose_directory_is_missing_says_so(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="nor does its directory"):
         resolve_checkpoint(tmp_path / "nope" / "model-10")

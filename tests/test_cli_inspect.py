@@ -594,3 +594,9 @@ def test_a_checksum_error_names_no_verify_and_no_verify_reads_the_tensor(tmp_pat
     for args in (["show", prefix, "w"], ["ls", prefix, "--stats"], ["diff", prefix, prefix, "--values"]):
         ok = run(*args, "--no-verify")
         assert ok.exit_code == 0, (args, ok.output)
+
+
+def test_ls_of_an_index_that_is_a_directory_says_so(tmp_path):
+    (tmp_path / "model-10.index").mkdir()
+    assert_one_line_error(run("ls", tmp_path / "model-10"), f"'{tmp_path / 'model-10.index'}' is a directory, "
+                          "not a regular file")
