@@ -20,6 +20,8 @@ import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
     CheckpointFormatError,
     CheckpointNotFoundError,
     CkptMergeError,
@@ -63,6 +65,8 @@ _LAZY: Dict[str, str] = {
 }
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "CheckpointFormatError",
     "CheckpointInfo",
     "CheckpointNotFoundError",

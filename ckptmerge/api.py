@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import numpy as np
 
+from .args import check_bool, check_callable, check_names, check_options, check_spec, received
 from .backends.tensors import cast_value
-from .errors import CkptMergeError
+from .errors import ArgumentError, ArgumentTypeError, CkptMergeError
 from .planner import Plan, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
@@ -27,7 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
     from .suggestion import Suggestion
 
-__all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open", "load", "Binding"]
+__all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open", "load", "Binding", "PLAN_OPTIONS"]
+
+#: The options of :func:`plan` that :func:`restore` and :class:`~ckptmerge.Restorer` pass on.
+PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify")
 
 SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
 SourcesArg = Union[SourceArg, Sequence[SourceArg]]
@@ -103,6 +107,9 @@ def as_sources(sources: SourcesArg) -> List[Source]:
     wrapped; several dicts are labelled ``memory[i]`` by their position."""
     if isinstance(sources, (Source, str, os.PathLike, Mapping)):
         sources = [sources]
+    if not hasattr(sources, "__iter__"):
+        raise ArgumentTypeError("sources must be a ckptmerge.Source, a checkpoint path, a dict of arrays, or "
+                                f"a list of them, got {type(sources).__name__}. {received('sources', sources)}")
     sources = list(sources)
     n_dicts = sum(isinstance(s, Mapping) for s in sources)
     out = []
@@ -114,12 +121,13 @@ def as_sources(sources: SourcesArg) -> List[Source]:
         elif isinstance(s, Mapping):
             out.append(Source.from_values(s, name="memory" if n_dicts == 1 else f"memory[{i}]"))
         else:
-            raise CkptMergeError(
+            raise ArgumentTypeError(
                 "sources must be ckptmerge.Source objects, checkpoint paths or dicts of "
-                f"arrays. Received: {s!r:.80} of type {type(s).__name__}"
+                f"arrays; sources[{i}] is {s!r:.60} ({type(s).__name__}). {received('sources', sources)}"
             )
     if not out:
-        raise CkptMergeError("No sources given: pass at least one ckptmerge.Source or checkpoint path.")
+        raise ArgumentError("No sources given: pass at least one ckptmerge.Source or checkpoint path. "
+                            f"{received('sources', sources)}")
     return out
 
 
@@ -179,6 +187,9 @@ def _collect(target: Any) -> Any:
     if _is_spec_list(target):
         from .targets import TargetSet
 
+        for i, t in enumerate(target):
+            check_spec(t, f"target[{i}]")
+
         return TargetSet(variables={t.name: t for t in sorted(target, key=lambda t: t.name)}, mode="specs")
     from .targets import collect_targets
 
@@ -219,13 +230,14 @@ def plan(
     """
     srcs = as_sources(sources)
     check_unique_labels(srcs)
+    allow = check_names(allow_missing, "allow_missing", noun="glob") or []
+    check_bool(verify, "verify")
     targets = _collect(target)
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
     try:
         root = _keras_names(target, targets, handles)
         views = [h.view(r) for h, r in zip(handles, rules)]
-        allow = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
         options = dict(allow_missing=allow, on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch,
                        cast=cast, model_root=root)
         result = make_plan(targets.infos, views, **options)
@@ -262,6 +274,7 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
     from .suggestion import make_suggestion
     from .targets import creation_order
 
+    check_options(plan_options, PLAN_OPTIONS, "suggest()")
     p = plan(target, sources, **plan_options)
     try:
         found = make_suggestion(p, target_order=creation_order(target, p._binding.targets))
@@ -289,6 +302,9 @@ def restore(
         >>> cm.restore(None, [cm.Source("runs/A", map={"a1": "c/x1"})], session=sess,
         ...            allow_missing=["c/z"])                                   # doctest: +SKIP
     """
+    check_options(plan_options, PLAN_OPTIONS, "restore()")
+    check_bool(strict, "strict")
+    check_callable(progress, "progress")
     p = plan(target, sources, **plan_options)
     try:
         return p.restore(session=session, strict=strict, progress=progress)
@@ -323,6 +339,8 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
     """
     from .config import load_config
 
+    check_bool(strict, "strict", optional=True)
+    check_callable(progress, "progress")
     cfg = load_config(config)
     sources = cfg.make_sources()
     return restore(target, sources, session=session, strict=cfg.strict if strict is None else strict,
@@ -347,6 +365,7 @@ def list_variables(path: Any, *, step: Optional[int] = None, optimizer: bool = T
         >>> [v.name for v in list_variables("runs/A")]          # doctest: +SKIP
         ['a1', 'a2', 'a3']
     """
+    check_bool(optimizer, "optimizer")
     with _resolve_reader(path, step, True) as reader:
         infos = list(reader.variables())
     if not optimizer:
@@ -363,18 +382,34 @@ def open(path: Any, *, step: Optional[int] = None, verify: bool = True) -> Any: 
         >>> with open("runs/A") as r:                          # doctest: +SKIP
         ...     kernel = r.get("dense/kernel")
     """
+    check_bool(verify, "verify")
     return _resolve_reader(path, step, verify)
 
 
-def load(path: Any, names: Optional[Iterable[str]] = None, *, step: Optional[int] = None,
+def load(path: Any, names: Union[str, Iterable[str], None] = None, *, step: Optional[int] = None,
          verify: bool = True) -> Dict[str, np.ndarray]:
     """Read tensors into a dict of numpy arrays (all model variables when ``names`` is None).
+
+    Args:
+        path: anything :class:`Source` accepts (prefix, directory, SavedModel, ``.weights.h5``).
+        names: the names (or raw keys) to read: a list, or one name as a str (still a dict of
+            one entry); ``None``: every model variable.
+        step: take this step's checkpoint from a directory.
+        verify: check CRC32C checksums.
+
+    Raises:
+        ArgumentTypeError: ``names`` is neither a str nor a list of str (e.g. ``[1]``).
+        UnknownTensorError: a name is not in the checkpoint.
 
     Example:
         >>> load("runs/A", ["a1"])["a1"].shape                  # doctest: +SKIP
         (3, 4)
+        >>> load("runs/A", "a1")["a1"].shape                    # doctest: +SKIP
+        (3, 4)
     """
+    wanted = check_names(names)
+    check_bool(verify, "verify")
     with _resolve_reader(path, step, verify) as reader:
-        if names is None:
-            names = [v.name for v in reader.variables() if v.kind == KIND_VARIABLE]
-        return reader.read_many(list(names))
+        if wanted is None:
+            wanted = [v.name for v in reader.variables() if v.kind == KIND_VARIABLE]
+        return reader.read_many(wanted)

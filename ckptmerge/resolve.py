@@ -21,6 +21,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+from .args import check_path, check_step
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -176,32 +177,6 @@ class CheckpointState:
 
 # --------------------------------------------------------------------------------------------
 # small helpers
-
-
-def _fspath(path: object, what: str = "path") -> str:
-    if isinstance(path, bool) or not isinstance(path, (str, bytes, os.PathLike)):
-        raise ArgumentTypeError(
-            f"{what} must be a str or os.PathLike, got {type(path).__name__}. "
-            f"Received: {what}={path!r}"
-        )
-    p = os.fspath(path)
-    if isinstance(p, bytes):
-        p = os.fsdecode(p)
-    if not p:
-        raise ArgumentError(f"{what} is empty. Received: {what}={path!r}")
-    return p
-
-
-def _check_step(step: object) -> Optional[int]:
-    if step is None:
-        return None
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise ArgumentTypeError(
-            f"step must be an int >= 0 or None, got {type(step).__name__}. Received: step={step!r}"
-        )
-    if step < 0:
-        raise ArgumentError(f"step must be >= 0. Received: step={step!r}")
-    return int(step)
 
 
 def _step_of(prefix: str) -> Optional[int]:
@@ -523,7 +498,7 @@ def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
         >>> os.path.basename(st.model_checkpoint_path), st.all_model_checkpoint_paths[-1]  # doctest: +SKIP
         ('ckpt-1', '/home/me/runs/A/ckpt-1')
     """
-    given = _fspath(directory, "directory")
+    given = check_path(directory, "directory")
     if os.path.isfile(given) and os.path.basename(given) == STATE_FILE:
         return _read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
     if not os.path.isdir(given):
@@ -626,7 +601,7 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
         >>> [os.path.basename(c.path) for c in checkpoints("runs/A")]  # doctest: +SKIP
         ['ckpt-1', 'ckpt-9', 'ckpt-10']
     """
-    given = _fspath(directory, "directory")
+    given = check_path(directory, "directory")
     if is_url(given):
         from .resolve_remote import checkpoints_url
 
@@ -992,8 +967,8 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         >>> r.step, r.note  # doctest: +SKIP
         (10, 'step 10 of runs/A')
     """
-    given = _fspath(path)
-    step = _check_step(step)
+    given = check_path(path)
+    step = check_step(step)
     if is_url(given):  # object storage and other fsspec filesystems
         from .resolve_remote import resolve_url
 

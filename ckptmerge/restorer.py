@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar
 import numpy as np
 
 from .api import Binding, SourcesArg
+from .args import check_bool, check_callable, check_options, check_step, check_str
 from .errors import CkptMergeError, PlanError
 from .backends.tensors import join_parts
 from .source import Source, SourceHandle
@@ -50,6 +51,7 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
     """
     from .targets import collect_targets
 
+    check_str(name, "name")
     targets = collect_targets(target)
     values: Dict[str, Any] = {}
     if targets.mode == "keras":  # another Keras backend: host copies, no TensorFlow
@@ -120,8 +122,10 @@ class Restorer:
 
     def __init__(self, target: Any, sources: SourcesArg, *, session: Any = None, strict: bool = True,
                  **plan_options: Any) -> None:
-        from .api import plan as make
+        from .api import PLAN_OPTIONS, plan as make
 
+        check_options(plan_options, PLAN_OPTIONS, "Restorer()")
+        check_bool(strict, "strict")
         self.plan = make(target, sources, **plan_options)
         self.plan.check(strict=strict)
         self.strict = strict
@@ -247,6 +251,9 @@ class Restorer:
             >>> restorer.restore()             # doctest: +SKIP
             >>> restorer.restore(step=2000)    # doctest: +SKIP
         """
+        check_step(step)
+        check_str(source, "source", optional=True)
+        check_callable(progress, "progress")
         if step is not None or path is not None:
             self.switch(step=step, path=path, source=source)
         from .backends import run_plan

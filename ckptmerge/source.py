@@ -28,7 +28,8 @@ from typing import (
 import numpy as np
 
 from .align import ALIGN_MODES
-from .errors import CkptMergeError, RuleError, did_you_mean
+from .args import check_bool, check_path, check_step, check_str
+from .errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from .rules import Rules, map_pairs
 from .specs import KIND_VARIABLE, VariableInfo, normalize_name
 from .text import quote_name
@@ -136,14 +137,13 @@ class Source:
         _values: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if path is None and _values is None:
-            raise CkptMergeError("Source needs a checkpoint path. Received: path=None")
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise CkptMergeError(
-                "Source path must be a str or os.PathLike (a checkpoint prefix or directory). "
-                f"Received: path={path!r:.80} of type {type(path).__name__}"
-            )
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise CkptMergeError(f"Source step must be an int >= 0. Received: step={step!r}")
+            raise ArgumentTypeError("Source needs a checkpoint path (a prefix or a directory). Received: path=None")
+        if path is not None:
+            check_path(path)
+        check_step(step)
+        check_bool(optimizer, "optimizer")
+        check_bool(cast, "cast", optional=True)
+        check_str(name, "name", optional=True)
         pairs = map_pairs(map) if map is not None else None
         if map is not None and pairs is None:
             raise RuleError(

@@ -27,9 +27,10 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import CkptMergeError, PlanError
+from .args import received
+from .errors import ArgumentTypeError, CkptMergeError, PlanError
 from .specs import VariableInfo, normalize_name
 from .text import quote_name
 
@@ -256,7 +257,8 @@ def collect_targets(target: Any = None) -> TargetSet:
 
     Raises:
         PlanError: two variables would get the same name, or the target is empty.
-        CkptMergeError: the target is of a kind ckptmerge does not know.
+        ArgumentTypeError: the target is of a kind ckptmerge does not know, or holds values that
+            are not variables.
 
     Example:
         >>> ts = collect_targets({"c/x1": tf.Variable([1.0])})    # doctest: +SKIP
@@ -279,6 +281,7 @@ def collect_targets(target: Any = None) -> TargetSet:
             )
         pairs = [(variable_name(v, graph_mode=True), v) for v in tf.compat.v1.global_variables()]
     elif isinstance(target, dict):
+        _check_variables((f"target[{k!r}]", v) for k, v in target.items())
         pairs = [(normalize_name(str(k)), v) for k, v in target.items()]
     elif _is_keras_object(target) and not isinstance(target, (list, tuple)):
         pairs = [(v.path, v) for v in target.weights]
@@ -286,14 +289,25 @@ def collect_targets(target: Any = None) -> TargetSet:
     elif isinstance(target, tf.Module):
         pairs = _module_entries(target)
     elif isinstance(target, (list, tuple)):
+        _check_variables((f"target[{i}]", v) for i, v in enumerate(target))
         pairs = [(variable_name(v, graph_mode=graph_mode), v) for v in target]
     else:
-        raise CkptMergeError(
+        raise ArgumentTypeError(
             f"Cannot restore into a target of type {type(target).__name__}. Expected None (graph "
             "mode), a list or dict of variables, a tf.Module or a Keras model. "
             f"Received: target={target!r:.80}"
         )
     return _build_set(pairs, graph_mode, graph, hint)
+
+
+def _check_variables(items: Iterable[Tuple[str, Any]]) -> None:
+    """Refuse values that are not variables (arrays, tensors, numbers) in a list or dict target."""
+    for where, v in items:
+        if not (_is_keras_object(v) or hasattr(_tf_variable(v), "assign")):
+            raise ArgumentTypeError(
+                f"{where} is a {type(v).__module__}.{type(v).__qualname__}, not a variable: a target holds "
+                "the variables to restore into (tf.Variable, Keras variables). To restore from arrays, "
+                f"make them a source: ckptmerge.Source.from_values({{name: array}}). {received(where, v)}")
 
 
 def _build_set(pairs: List[Tuple[str, Any]], graph_mode: bool, graph: Any, hint: str) -> TargetSet:
