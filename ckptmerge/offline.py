@@ -269,8 +269,8 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
         shape = tuple(spec.shape)
         ts = select(view.transforms, tname)
         if any(isinstance(t, Slice) for t in ts):
-            slices.append(f"{view.label}: Slice for '{next(t.target for t in ts if isinstance(t, Slice))}' "
-                          f"applies to '{tname}'")
+            slices.append(f"{view.label}: Slice for {quote_name(next(t.target for t in ts if isinstance(t, Slice)))} "
+                          f"applies to {quote_name(tname)}")
             continue
         if ts:
             try:
@@ -336,7 +336,7 @@ class _RawFiles:
     def crc_error(self, e: Any, label: str, source: str) -> CheckpointFormatError:
         path = self.path(e.shard_id)
         return CheckpointFormatError(
-            f"Checksum mismatch for tensor '{label}' of {source} in {os.path.basename(path)} (expected "
+            f"Checksum mismatch for tensor {quote_name(label)} of {source} in {os.path.basename(path)} (expected "
             f"0x{unmask_crc(e.crc32c):08x}): the file is corrupt or was modified. Re-copy it, or pass "
             f"verify=False to copy it anyway. Nothing was written. (File: {path})", path=path, key=e.key)
 
@@ -386,7 +386,7 @@ class _Job:
         if e.size != numel * src_dt.itemsize:
             path = raw.path(e.shard_id)
             raise CheckpointFormatError(
-                f"Corrupt tensor '{self.name}' of {self.origin} in {os.path.basename(path)}: the index says "
+                f"Corrupt tensor {quote_name(self.name)} of {self.origin} in {os.path.basename(path)}: the index says "
                 f"{e.size} bytes but shape {e.shape} of {src_dt.name} needs {numel * src_dt.itemsize}. "
                 f"(File: {path})", path=path, key=e.key)
         key = self.target.name
@@ -424,7 +424,7 @@ class _Job:
             current = self.current() if self.current is not None else None
             value = chain_apply(self.transforms, value, current, target_shape=self.target.shape)
         if tuple(value.shape) != tuple(self.target.shape):  # pragma: no cover - the plan checked it
-            raise CkptMergeError(f"Internal error: '{self.target.name}' has shape {tuple(value.shape)} "
+            raise CkptMergeError(f"Internal error: {quote_name(self.target.name)} has shape {tuple(value.shape)} "
                                  f"after reading, the plan expected {tuple(self.target.shape)}.")
         writer.add(self.target.name, value)
 
@@ -482,7 +482,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
         current = None
         if any(getattr(t, "needs_current", False) for t in ts):
             if template is None:
-                needs_current.append(f"'{a.target}' ({'; '.join(a.transforms) or 'transform'})")
+                needs_current.append(f"{quote_name(a.target)} ({'; '.join(a.transforms) or 'transform'})")
             else:
                 current = template_value(a.target)
         raw = raws[a.source]
@@ -658,7 +658,7 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["_Job"], handles: Sequence
     specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     bad = unsupported_dtypes(specs)
     if bad:
-        names = ", ".join(f"'{n}' ({d})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        names = ", ".join(f"{quote_name(n)} ({d})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise ArgumentError(f"safetensors cannot store {plural(len(bad), 'tensor')} of this merge: {names}. "
                             "Exclude them (Source(..., exclude=[...])), or write a TF checkpoint.")
     sources = [{"label": h.label, "path": h.path, "note": h.note} for h in handles]

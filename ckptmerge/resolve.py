@@ -817,18 +817,18 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
         if os.path.isabs(recorded):
             local = _display(given_dir, os.path.basename(recorded.rstrip("/\\"))) + _INDEX
             if local != shown_index:
-                also = f" (nor does '{local}')"
+                also = f" (nor does {quote_name(local)})"
         others = [c for c in _candidates_with_state(given_dir, state)]
         raise CheckpointNotFoundError(
-            f"'{shown_state}' names '{recorded}' as the {what}, but its index file "
-            f"'{shown_index}' does not exist{also}: deleted, moved, or still being written? "
+            f"'{shown_state}' names {quote_name(recorded)} as the {what}, but its index file "
+            f"{quote_name(shown_index)} does not exist{also}: deleted, moved, or still being written? "
             f"Steps there: {_steps_text(others)}. Pass a step (e.g. step=N) or a checkpoint "
             f"prefix, or run 'ckptmerge checkpoints {given_dir}' to list them.",
             path=given_dir,
         )
     reloc = ""
     if os.path.isabs(recorded) and os.path.normpath(recorded) != located:
-        reloc = f"; recorded as '{recorded}', found in {given_dir}"
+        reloc = f"; recorded as {quote_name(recorded)}, found in {given_dir}"
     return prefix, fmt, reloc
 
 

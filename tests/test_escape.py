@@ -177,3 +177,15 @@ def test_unknown_tensor_error_escapes_the_suggestions(hostile):
         cm.load(hostile, ["dense/kernel\x1b[2J\x1b[J"])
     assert_clean(str(err.value))
     assert "Did you mean 'dense/kernel\\x1b[2J\\x1b[H'?" in str(err.value)
+
+
+def test_a_state_file_naming_a_hostile_missing_checkpoint_is_one_escaped_error_line(tmp_path, tf):
+    save_v2(tf, tmp_path / "model-1", {"v": np.zeros((1,), np.float32)})
+    tf.compat.v1.train.update_checkpoint_state(str(tmp_path), str(tmp_path / "model-2\x1b[2J\nfake"))
+    r = run("ls", tmp_path)
+    assert_one_line_error(r, "names '", "model-2\\x1b[2J\\nfake' as the latest")
+    assert_clean(r.stderr)
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.list_variables(tmp_path)
+    assert_clean(str(err.value))
+    assert len(str(err.value).splitlines()) == 1
