@@ -48,6 +48,13 @@ def test_reference_reader_reads_every_tensor_back(tmp_path):
     np.testing.assert_array_equal(ref["f64_fortran"], VALUES["f64_fortran"])
 
 
+def test_data_starts_on_a_page_boundary(tmp_path):
+    path = tmp_path / "out.safetensors"
+    _write(path, VALUES)
+    with SafetensorsReader(str(path)) as r:
+        assert r._data_start[0] % 4096 == 0
+
+
 def test_tensors_start_aligned_to_their_element_size(tmp_path):
     path = tmp_path / "out.safetensors"
     _write(path, VALUES)

@@ -39,7 +39,9 @@ __all__ = ["SafetensorsWriter", "unsupported_dtypes"]
 
 logger = logging.getLogger(__name__)
 
-_HEADER_ALIGN = 8  # the reference writer pads the JSON header with spaces to a multiple of 8
+# The JSON header is padded with spaces (as the format allows) so the data starts on a page
+# boundary: every tensor's bytes then begin page-aligned or element-aligned in the page cache.
+_HEADER_ALIGN = 4096
 BytesLike = Union[bytes, bytearray, memoryview]
 Spec = Tuple[str, str, Sequence[int]]
 
@@ -110,7 +112,7 @@ class SafetensorsWriter:
             header[name] = {"dtype": safetensors_dtype(dtype), "shape": list(dims), "data_offsets": [pos, pos + nbytes]}
             pos += nbytes
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        text += b" " * (-len(text) % _HEADER_ALIGN)
+        text += b" " * (-(len(text) + 8) % _HEADER_ALIGN)
         self._data_start = 8 + len(text)
         self._size = self._data_start + pos
         self._written: set = set()
