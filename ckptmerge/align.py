@@ -346,7 +346,6 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     matches: List[Match] = []
     tied: Dict[int, set] = {}
     blind: List[int] = []  # pairs with nothing but their shape for them
-    shape = f"shape {tuple(spec.shape)} {spec.dtype}"
     for i in range(nt):
         j = partner[i]
         if j >= ns:

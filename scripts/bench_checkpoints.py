@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = (2_500, 5_000)

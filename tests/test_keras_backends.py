@@ -118,10 +118,10 @@ def test_restorer_switches_steps_and_snapshots_restore_on_another_backend(backen
         steps[step] = {"dnn/hiddenlayer_0/kernel": rng.standard_normal((4, 3)).astype(np.float32),
                        "dnn/hiddenlayer_0/bias": rng.standard_normal(3).astype(np.float32)}
         save_tf1(tmp_path / "run" / "model.ckpt", steps[step], step=step)
-    result = run_backend(backend, f"""
+    result = run_backend(backend, """
         import sys, numpy as np, ckptmerge as cm
         kernel = model.get_layer("h0").kernel
-        r = cm.Restorer(model, [cm.Source(sys.argv[1], step=1, map={{"dnn/hiddenlayer_0/": "clf/h0/"}})],
+        r = cm.Restorer(model, [cm.Source(sys.argv[1], step=1, map={"dnn/hiddenlayer_0/": "clf/h0/"})],
                         allow_missing=["clf/logits/*"])
         r.restore()
         at1 = kernel.numpy().tolist()
@@ -134,7 +134,7 @@ def test_restorer_switches_steps_and_snapshots_restore_on_another_backend(backen
         twin = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="h0"),
                                  keras.layers.Dense(2, name="logits")], name="clf")
         cm.restore(twin, [cm.Source.from_values(model)])   # a live source: another model's weights
-        result = {{"at1": at1, "at2": at2, "back": back, "twin": twin.get_layer("h0").kernel.numpy().tolist()}}
+        result = {"at1": at1, "at2": at2, "back": back, "twin": twin.get_layer("h0").kernel.numpy().tolist()}
     """, tmp_path / "run")
     assert not result["tensorflow_imported"]
     np.testing.assert_array_equal(np.float32(result["at1"]), steps[1]["dnn/hiddenlayer_0/kernel"])
