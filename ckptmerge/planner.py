@@ -17,13 +17,37 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 from .errors import CkptMergeError, PlanError, RuleError
-from .rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule, _q,
-                    _received, _scopes_of, did_you_mean_text, suggest)
+from .rules import (
+    Ambiguity,
+    GlobFilter,
+    MapRule,
+    RegexRule,
+    Rules,
+    UnmatchedRule,
+    _q,
+    _received,
+    _scopes_of,
+    did_you_mean_text,
+    suggest,
+)
 from .specs import VariableInfo
 from .text import escape_name
 from .transforms import TransformError, cast_problem, chain_output_shape
@@ -731,6 +755,68 @@ def root_swaps(names: Sequence[str], target_names: Iterable[str],
     return out, findings
 
 
+_SERIES = re.compile(r"^([a-z][a-z0-9_]*?)(?:_(\d+))?$")
+
+
+def series_shifts(names: Sequence[str], target_names: Iterable[str], model_root: str) -> Dict[str, str]:
+    """Undo a Keras auto-name shift of a model's top-level layers (TF issue 46317).
+
+    Keras names layers ``dense``, ``dense_1``, ... per process, so a model built after another
+    one saves ``dense_3``... and a fresh rebuild has ``dense``...: names that also exist on the
+    other side would pair the wrong layers. A family of layers (one base name) is shifted only
+    when it is certain: the same number of layers on both sides, each side numbered without
+    gaps, the numbers offset by a constant, and every shifted layer holding exactly the
+    variables of the layer it lands on.
+
+    Args:
+        names: the target names identity would give the checkpoint's names (root already swapped).
+        target_names: every target name.
+        model_root: the model's root scope in its target names (``""`` if none).
+
+    Returns:
+        ``{name: shifted target}`` for the names of shifted families (only those that move).
+
+    Example:
+        >>> series_shifts(["m/dense_3/kernel", "m/dense_4/kernel"], ["m/dense/kernel", "m/dense_1/kernel"], "m")
+        {'m/dense_3/kernel': 'm/dense/kernel', 'm/dense_4/kernel': 'm/dense_1/kernel'}
+    """
+    head = f"{model_root}/" if model_root else ""
+
+    def split(name: str) -> Optional[Tuple[str, int, str]]:
+        if not name.startswith(head) or "/" not in name[len(head):]:
+            return None
+        layer, rest = name[len(head):].split("/", 1)
+        m = _SERIES.match(layer)
+        return (m.group(1), int(m.group(2) or 0), rest) if m else None
+
+    def families(items: Iterable[str]) -> Dict[str, Dict[int, set]]:
+        out: Dict[str, Dict[int, set]] = {}
+        for n in items:
+            parts = split(n)
+            if parts is not None:
+                out.setdefault(parts[0], {}).setdefault(parts[1], set()).add(parts[2])
+        return out
+
+    ckpt, tgt = families(names), families(target_names)
+    moves: Dict[str, str] = {}
+    for base, layers in ckpt.items():
+        have = tgt.get(base)
+        if not have or len(have) != len(layers) or set(have) == set(layers):
+            continue
+        c, t = sorted(layers), sorted(have)
+        if c != list(range(c[0], c[0] + len(c))) or t != list(range(t[0], t[0] + len(t))):
+            continue
+        shift = c[0] - t[0]
+        if any(layers[i] != have[i - shift] for i in c):  # every layer must hold what its twin holds
+            continue
+        for n in names:
+            parts = split(n)
+            if parts is not None and parts[0] == base:
+                j = parts[1] - shift
+                moves[n] = f"{head}{base}{'_' + str(j) if j else ''}/{parts[2]}"
+    return moves
+
+
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
@@ -764,6 +850,12 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
         for n, t in swaps.items():
             via[n] = f"model root: {_q(n)} as {_q(t)}"
+        shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
+        if shifted:  # layers numbered from where another model in the saving process left off
+            pairs = [(n, shifted.get(t, t) if rule is None else t, rule) for n, t, rule in pairs]
+            for n, t, rule in pairs:
+                if rule is None and n not in via and t != n and t in shifted.values():
+                    via[n] = f"auto-name shift: {_q(n)} as {_q(t)}"
     if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
         # (the alignment already left out what include/exclude or a None regex drop on purpose)
         landed = {n for n, t, _ in pairs if t in target_by_name}

@@ -617,3 +617,45 @@ def test_plan_of_a_large_model_assigns_every_target():
     plan = make_plan(targets, [SourceView("A", "<memory>", "", variables,
                                           Rules.from_options(map={"/": "c/"}))])
     assert len(plan.assignments) == 6000 and plan.ok
+
+
+# -- Keras auto-name shifts (TF issue 46317) ---------------------------------------------------
+
+
+def test_an_overlapping_auto_name_shift_pairs_layers_by_position_not_by_equal_names():
+    from ckptmerge.planner import series_shifts
+
+    ckpt = [f"m/dense_{i + 3}/{v}" for i in range(12) for v in ("kernel", "bias")]
+    targets = [f"m/dense{'_' + str(i) if i else ''}/{v}" for i in range(12) for v in ("kernel", "bias")]
+    moves = series_shifts(ckpt, targets, "m")
+    assert moves["m/dense_3/kernel"] == "m/dense/kernel" and moves["m/dense_14/bias"] == "m/dense_11/bias"
+    assert len(moves) == 24
+
+
+@pytest.mark.parametrize("ckpt,targets", [
+    (["m/dense_3/kernel", "m/dense_5/kernel"], ["m/dense/kernel", "m/dense_1/kernel"]),  # a gap: not a shift
+    (["m/dense_1/kernel", "m/dense_2/kernel"], ["m/dense/kernel"]),  # other counts
+    (["m/dense_1/kernel", "m/dense_2/bias"], ["m/dense/kernel", "m/dense_1/kernel"]),  # other variables
+    (["m/dense/kernel", "m/dense_1/kernel"], ["m/dense/kernel", "m/dense_1/kernel"]),  # no shift at all
+])
+def test_auto_name_shifts_apply_only_where_certain(ckpt, targets):
+    from ckptmerge.planner import series_shifts
+
+    assert series_shifts(ckpt, targets, "m") == {}
+
+
+def test_keras_model_restores_a_checkpoint_saved_after_another_model_was_built(tf):
+    import keras
+
+    import ckptmerge as cm
+
+    values = {}
+    for i in range(12):
+        values[f"sequential/dense_{i + 3}/kernel"] = np.full((4, 4), i, np.float32)
+        values[f"sequential/dense_{i + 3}/bias"] = np.full((4,), i, np.float32)
+    model = keras.Sequential([keras.Input((4,))] + [keras.layers.Dense(4) for _ in range(12)], name="sequential")
+    report = cm.restore(model, [cm.Source.from_values(values)])
+    assert len(report.restored) == 24
+    for i, layer in enumerate(model.layers):  # the i-th layer gets the i-th saved layer's values
+        assert (layer.kernel.numpy() == i).all() and (layer.bias.numpy() == i).all(), layer.name
+    assert "auto-name shift: 'sequential/dense_3/kernel' as 'sequential/dense/kernel'" in report.plan.report()
