@@ -646,6 +646,7 @@ def test_auto_name_shifts_apply_only_where_certain(ckpt, targets):
 
 def test_keras_model_restores_a_checkpoint_saved_after_another_model_was_built(tf):
     import keras
+    import numpy as np
 
     import ckptmerge as cm
 
