@@ -33,7 +33,7 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty, unreadable_dtype_error
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
-from ckptmerge.formats.fileio import pread_into
+from ckptmerge.formats.fileio import Descriptors, pread_into
 from ckptmerge.formats.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
@@ -340,8 +340,7 @@ class BundleReader(CheckpointReader):
         self.verify = verify
         self.index_path = self.path + ".index"
         self._lock = threading.Lock()
-        self._fds: Dict[int, int] = {}
-        self._file_locks: Dict[int, threading.Lock] = {}
+        self._fds = Descriptors()
         self._index_name = os.path.basename(self.index_path)
         #: True when the checkpoint is a URL (object storage through fsspec): ranged reads.
         self.remote = is_url(self.path)
@@ -504,20 +503,11 @@ class BundleReader(CheckpointReader):
         if self.remote:  # callers that copy raw bytes by descriptor (merge) check .remote first
             raise CheckpointFormatError(f"{self._shard_path(shard)!r} is remote: it has no file descriptor.",
                                         path=self._shard_path(shard))
-        fd = self._fds.get(shard)
-        if fd is None:
-            with self._lock:
-                fd = self._fds.get(shard)
-                if fd is None:
-                    path = self._shard_path(shard)
-                    try:
-                        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-                    except OSError as e:
-                        raise CheckpointFormatError(f"Cannot open checkpoint data file {path!r}: {e}",
-                                                    path=path) from None
-                    self._fds[shard] = fd
-                    self._file_locks[shard] = threading.Lock()
-        return fd
+        path = self._shard_path(shard)
+        try:
+            return self._fds.get(shard, path)
+        except OSError as e:
+            raise CheckpointFormatError(f"Cannot open checkpoint data file {path!r}: {e}", path=path) from None
 
     def read_into(self, shard: int, offset: int, buf: memoryview, key: str, label: Optional[str] = None) -> None:
         """Fill ``buf`` (a writable byte view) with the raw bytes of data shard ``shard`` at
@@ -538,7 +528,7 @@ class BundleReader(CheckpointReader):
             done = self._remote_file(shard).readinto(offset, buf, key=key)
         else:
             try:
-                done = pread_into(self._fd(shard), offset, buf, self._file_locks.get(shard))
+                done = pread_into(self._fd(shard), offset, buf)
             except OSError as e:
                 path = self._shard_path(shard)
                 raise CheckpointFormatError(f"Cannot read tensor {shown!r} from {path!r}: {e}",
@@ -946,10 +936,4 @@ class BundleReader(CheckpointReader):
 
     def close(self) -> None:
         """Close the shard files (reading again reopens them)."""
-        with self._lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover
-                pass
+        self._fds.close()

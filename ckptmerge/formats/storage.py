@@ -92,7 +92,6 @@ def filesystem(url: str) -> Tuple[Any, str]:
     scheme = _URL.match(url).group(1).lower() if is_url(url) else "file"
     extra = _EXTRAS.get(scheme, "remote")
     try:
-        import fsspec
         from fsspec.core import url_to_fs
     except ImportError:
         raise CkptMergeError(f"Reading {url!r} needs fsspec: pip install \"ckptmerge[{extra}]\"") from None
@@ -102,7 +101,6 @@ def filesystem(url: str) -> Tuple[Any, str]:
     except (ImportError, ValueError) as e:
         raise CkptMergeError(f"Cannot open {url!r}: the filesystem for '{scheme}://' is not installed "
                              f"({e}). Install it with: pip install \"ckptmerge[{extra}]\"") from None
-    del fsspec
     return fs, path
 
 
