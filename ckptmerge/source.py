@@ -485,4 +485,6 @@ def _settled(source: Source, name: str) -> bool:
         return False
     if target.rsplit("/", 1)[-1] == "embeddings":
         return True
-    return any(type(t).__name__ == "Transpose" and t.applies_to(target) for t in source.transforms)
+    from .transforms import Transpose
+
+    return any(isinstance(t, Transpose) and t.applies_to(target) for t in source.transforms)
