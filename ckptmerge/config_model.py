@@ -1,0 +1,184 @@
+"""The validated config: :class:`Config` and its :class:`SourceConfig` entries.
+
+They map one to one onto the Python API (``ckptmerge.Source`` keyword arguments and the
+options of ``ckptmerge.planner``) and back to plain data with ``to_dict``. Built by
+:func:`ckptmerge.config.load_config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .config_env import _escape
+from .transforms import Slice, VocabRemap
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One validated entry of ``sources``: the arguments of one ``ckptmerge.Source``.
+
+    Paths are absolute (environment variables expanded, relative paths resolved). ``cast=None``
+    means "as the plan's ``cast``". ``vocab`` and ``slice`` hold ready transform objects.
+
+    Example:
+        >>> SourceConfig(path="/runs/A", map={"a1": "c/x1"}).source_kwargs()["map"]
+        {'a1': 'c/x1'}
+    """
+
+    path: str
+    name: Optional[str] = None
+    step: Optional[int] = None
+    map: Optional[Dict[str, Union[str, List[str]]]] = None
+    regex: Optional[List[Tuple[str, Optional[str]]]] = None
+    include: Optional[List[str]] = None
+    exclude: Optional[List[str]] = None
+    optimizer: bool = False
+    cast: Optional[bool] = None
+    vocab: Tuple[VocabRemap, ...] = ()
+    slice: Tuple[Slice, ...] = ()
+    align: Optional[str] = None
+    layout: Optional[str] = None
+
+    @property
+    def transforms(self) -> List[Union[VocabRemap, Slice]]:
+        """The value transforms, in the order they apply: vocab remaps, then slices."""
+        return [*self.vocab, *self.slice]
+
+    def source_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments for ``ckptmerge.Source(**kwargs)`` (``path`` included).
+
+        Example:
+            >>> sorted(SourceConfig(path="/runs/A").source_kwargs())  # doctest: +NORMALIZE_WHITESPACE
+            ['align', 'cast', 'exclude', 'include', 'layout', 'map', 'name', 'optimizer', 'path',
+             'regex', 'step', 'transforms']
+        """
+        return {
+            "path": self.path,
+            "step": self.step,
+            "map": dict(self.map) if self.map is not None else None,
+            "regex": [tuple(r) for r in self.regex] if self.regex is not None else None,
+            "include": list(self.include) if self.include is not None else None,
+            "exclude": list(self.exclude) if self.exclude is not None else None,
+            "optimizer": self.optimizer,
+            "name": self.name,
+            "cast": self.cast,
+            "transforms": self.transforms,
+            "align": self.align,
+            "layout": self.layout,
+        }
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The entry as plain data (only the options that are set); see :meth:`Config.to_dict`."""
+        out: Dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        out["path"] = _escape(self.path)
+        if self.step is not None:
+            out["step"] = self.step
+        if self.map is not None:
+            out["map"] = dict(self.map)
+        if self.regex is not None:
+            out["regex"] = [[p, r] for p, r in self.regex]
+        if self.include is not None:
+            out["include"] = list(self.include)
+        if self.exclude is not None:
+            out["exclude"] = list(self.exclude)
+        if self.optimizer:
+            out["optimizer"] = True
+        if self.cast is not None:
+            out["cast"] = self.cast
+        if self.align is not None:
+            out["align"] = self.align
+        if self.layout is not None:
+            out["layout"] = self.layout
+        if self.vocab:
+            out["vocab"] = [_vocab_to_dict(v) for v in self.vocab]
+        if self.slice:
+            out["slice"] = [{"name": s.target, "axis": s.axis, "init": s.init} for s in self.slice]
+        return out
+
+
+def _vocab_to_dict(v: VocabRemap) -> Dict[str, Any]:
+    data = v.to_dict()
+    out: Dict[str, Any] = {"name": data.pop("target")}
+    data.pop("kind")
+    for key in ("old_vocab", "new_vocab"):  # paths are written back with $ escaped
+        if isinstance(data[key], str):
+            data[key] = _escape(data[key])
+    out.update(data)
+    return out
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated warm-start config.
+
+    Attributes:
+        path: the config file as given (``None`` for a dict). Not compared: the same config in
+            YAML, TOML and JSON gives equal objects.
+        sources: one :class:`SourceConfig` per entry of ``sources``, in order (= priority).
+        plan_options: keyword arguments of ``ckptmerge.planner``: ``allow_missing`` (list),
+            ``on_conflict``, ``on_shape_mismatch``, ``cast``, ``verify``.
+        strict: whether findings other than ``unused`` stop the restore (default ``True``).
+        target: a checkpoint used as the dry-run target by ``ckptmerge plan`` (absolute path).
+        output: the output prefix of an offline merge (absolute path).
+
+    Example:
+        >>> from ckptmerge.config import load_config
+        >>> cfg = load_config({"sources": [{"path": "."}], "on_conflict": "first"})
+        >>> cfg.plan_options["on_conflict"], cfg.strict
+        ('first', True)
+    """
+
+    path: Optional[str] = field(default=None, compare=False)
+    sources: List[SourceConfig] = field(default_factory=list)
+    plan_options: Dict[str, Any] = field(default_factory=dict)
+    strict: bool = True
+    target: Optional[str] = None
+    output: Optional[str] = None
+
+    def source_kwargs(self) -> List[Dict[str, Any]]:
+        """Per source, the keyword arguments of ``ckptmerge.Source(**kwargs)``.
+
+        Example:
+            >>> cfg = Config(sources=[SourceConfig(path="/runs/A", exclude=["*/Adam*"])])
+            >>> cfg.source_kwargs()[0]["exclude"]
+            ['*/Adam*']
+        """
+        return [s.source_kwargs() for s in self.sources]
+
+    def make_sources(self) -> List[Any]:
+        """The :class:`ckptmerge.Source` objects this config describes (none is opened yet).
+
+        Example:
+            >>> cfg = Config(sources=[SourceConfig(path="/runs/A", name="base")])
+            >>> [src.label for src in cfg.make_sources()]
+            ['base']
+        """
+        from .source import Source
+
+        return [Source(**kw) for kw in self.source_kwargs()]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The config as plain data: ``load_config(cfg.to_dict()) == cfg``.
+
+        Paths are absolute with any literal ``$`` written as ``$$``; a dropping regex has a
+        ``None`` replacement (write ``false`` when saving as TOML, which has no null).
+
+        Example:
+            >>> Config(sources=[SourceConfig(path="/runs/$A")]).to_dict()["sources"]
+            [{'path': '/runs/$$A'}]
+        """
+        out: Dict[str, Any] = {"sources": [s.to_dict() for s in self.sources]}
+        opts = dict(self.plan_options)
+        out["allow_missing"] = list(opts.get("allow_missing", []))
+        for k in ("on_conflict", "on_shape_mismatch", "cast", "verify"):
+            if k in opts:
+                out[k] = opts[k]
+        out["strict"] = self.strict
+        if self.target is not None:
+            out["target"] = _escape(self.target)
+        if self.output is not None:
+            out["output"] = _escape(self.output)
+        return out

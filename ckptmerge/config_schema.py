@@ -1,0 +1,503 @@
+"""Validating a parsed config against the schema of ``docs/config.md``.
+
+Every problem is collected (unknown keys with "did you mean", wrong types, bad enum values,
+regexes that do not compile or use constructs RE2 does not run, backreferences to missing
+groups, unset environment variables, missing paths, duplicate source names) so that
+:func:`ckptmerge.config.load_config` can raise them all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .align import ALIGN_MODES
+from .config_env import _expand, _is_remote, _resolve
+from .config_model import Config, SourceConfig
+from .config_problems import KeyPath, _Problems, _q, _show
+from .errors import RuleError, did_you_mean
+from .layouts import LAYOUTS
+from .patterns import PatternError, UserPattern, compile_pattern
+from .rules import MapRule
+from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
+
+#: Keys of the top-level mapping.
+TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
+                  "strict", "target", "output")
+#: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
+SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
+               "align", "layout", "vocab", "slice")
+#: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.transforms.VocabRemap`).
+VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
+              "num_oov_buckets")
+#: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.transforms.Slice`).
+SLICE_KEYS = ("name", "axis", "init")
+
+ON_CONFLICT = ("error", "first", "last")
+ON_SHAPE_MISMATCH = ("error", "skip")
+
+# Names other tools use for the same option: suggested instead of a spelling match.
+_ALIASES = {
+    "source": {"assignment_map": "map", "var_name_to_prev_var_name": "map", "rename": "map",
+               "renames": "map", "ckpt_to_initialize_from": "path", "checkpoint": "path",
+               "init_checkpoint": "path", "vars_to_warm_start": "include", "regexes": "regex",
+               "var_name_to_vocab_info": "vocab", "transforms": "vocab' or 'slice"},
+    "vocab": {"target": "name", "variable": "name", "backup_initializer": "init",
+              "previous_vocab_size": "old_vocab_size", "current_vocab_size": "new_vocab_size",
+              "current_oov_buckets": "num_oov_buckets"},
+    "slice": {"target": "name", "variable": "name"},
+    "top": {},
+}
+
+# Keys and enum values form small closed sets: a looser match than for variable names is safe
+# (it finds 'path' for 'paht' and 'keep' for 'kept').
+_KEY_CUTOFF = 0.6
+
+
+def _choices(options: Sequence[str]) -> str:
+    return ", ".join(_q(o) for o in options)
+
+
+@dataclass
+class _Ctx:
+    problems: _Problems
+    base: str
+    base_label: str
+    env: Mapping[str, str]
+
+    def add(self, path: KeyPath, message: str, **kw: Any) -> None:
+        self.problems.add(path, message, **kw)
+
+
+def _check_keys(d: Mapping, allowed: Sequence[str], path: KeyPath, ctx: _Ctx, where: str) -> set:
+    """Report unknown keys; return the allowed keys that were suggested for them."""
+    suggested: set = set()
+    for k in d:
+        if k in allowed:
+            continue
+        if not isinstance(k, str):
+            ctx.add(path, f"keys must be strings, received {_show(k)}.")
+            continue
+        alias = _ALIASES[where].get(k)
+        close = difflib.get_close_matches(k, allowed, n=1, cutoff=_KEY_CUTOFF)
+        if alias:
+            hint = f" Use '{alias}' (ckptmerge's name for '{k}')."
+            suggested.add(alias)
+        elif close:
+            hint = did_you_mean(k, allowed, n=1, cutoff=_KEY_CUTOFF)
+            suggested.add(close[0])
+        elif where == "source" and k in TOP_LEVEL_KEYS:
+            hint = " It is a top-level option: move it out of 'sources'."
+        elif where == "top" and k in SOURCE_KEYS:
+            hint = " It is an option of a source: put it inside an entry of 'sources'."
+        else:
+            hint = f" Valid keys: {', '.join(allowed)}."
+        ctx.add(path, f"unknown key '{k}'.{hint}", at=path + (k,), key=True)
+    return suggested
+
+
+def _get_bool(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, default: Any) -> Any:
+    if key not in d:
+        return default
+    v = d[key]
+    if isinstance(v, bool) or (v is None and default is None):  # null: "not set" where allowed
+        return v
+    ctx.add(path + (key,), f"expected true or false, received {_show(v)}.")
+    return default
+
+
+def _get_enum(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, choices: Sequence[str], default: str) -> str:
+    if key not in d:
+        return default
+    v = d[key]
+    if isinstance(v, str) and v in choices:
+        return v
+    hint = did_you_mean(v, choices, n=1, cutoff=_KEY_CUTOFF) if isinstance(v, str) else ""
+    ctx.add(path + (key,), f"expected one of {_choices(choices)}, received {_show(v)}.{hint}")
+    return default
+
+
+def _get_int(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, default: Any, what: str) -> Any:
+    if key not in d or d[key] is None:
+        return default
+    v = d[key]
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    ctx.add(path + (key,), f"expected {what}, received {_show(v)}.")
+    return default
+
+
+def _get_name(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, required: bool, what: str) -> Optional[str]:
+    if key not in d or (d[key] is None and not required):
+        if required:
+            ctx.add(path, f"missing required key '{key}' ({what}).")
+        return None
+    v = d[key]
+    if isinstance(v, str) and v:
+        return v
+    ctx.add(path + (key,), f"expected {what} (a non-empty string), received {_show(v)}.")
+    return None
+
+
+def _get_globs(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[List[str]]:
+    if key not in d or d[key] is None:
+        return None
+    v = d[key]
+    p = path + (key,)
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list):
+        ctx.add(p, f"expected a glob or a list of globs (e.g. ['encoder/*']), received {_show(v)}.")
+        return None
+    out = []
+    for i, g in enumerate(v):
+        if isinstance(g, str) and g:
+            out.append(g)
+        else:
+            ctx.add(p + (i,), f"expected a glob (a non-empty string), received {_show(g)}.")
+    return out
+
+
+def _get_path(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, *, kind: str,
+              required: bool = False) -> Optional[str]:
+    """Validate, expand and resolve a path; ``kind`` is "checkpoint", "file" or "output"."""
+    if key not in d or (d[key] is None and not required):
+        if required:
+            ctx.add(path, f"missing required key '{key}' (the checkpoint prefix or directory).")
+        return None
+    v = d[key]
+    p = path + (key,)
+    if not isinstance(v, str) or not v:
+        ctx.add(p, f"expected a path (a non-empty string), received {_show(v)}.")
+        return None
+    return _check_path(v, p, ctx, kind)
+
+
+def _check_path(v: str, p: KeyPath, ctx: _Ctx, kind: str) -> Optional[str]:
+    expanded, problem = _expand(v, ctx.env)
+    if problem or expanded is None:
+        ctx.add(p, problem or "")
+        return None
+    resolved = _resolve(expanded, ctx.base)
+    if _is_remote(resolved) or kind == "output":
+        return resolved
+    note = "" if os.path.isabs(os.path.expanduser(expanded)) else f" (relative to {ctx.base_label})"
+    if kind == "checkpoint":
+        if not (os.path.exists(resolved) or os.path.exists(resolved + ".index")):
+            first = "it" if v == resolved else _q(resolved)
+            ctx.add(p, f"checkpoint {_q(v)} not found: neither {first} nor {_q(resolved + '.index')} "
+                       f"exists{note}.")
+            return None
+    else:
+        if not os.path.exists(resolved):
+            if v == resolved:
+                ctx.add(p, f"vocab file {_q(v)} does not exist.")
+            else:
+                ctx.add(p, f"vocab file {_q(v)} not found: {_q(resolved)} does not exist{note}.")
+            return None
+        if os.path.isdir(resolved):
+            ctx.add(p, f"vocab file {_q(v)} is a directory; expected a text file with one token per line.")
+            return None
+    return resolved
+
+
+# -- source entries ---------------------------------------------------------------------------
+
+
+def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, Union[str, List[str]]]]:
+    if "map" not in d or d["map"] is None:
+        return None
+    v = d["map"]
+    p = path + ("map",)
+    if not isinstance(v, Mapping):
+        ctx.add(p, "expected a mapping {checkpoint_name: target_name}, e.g. "
+                   f"{{'bert/encoder/': 'model/encoder/'}}, received {_show(v)}.")
+        return None
+    out: Dict[str, Union[str, List[str]]] = {}
+    seen: Dict[str, str] = {}
+    for k, t in v.items():
+        q = p + (str(k),)
+        if not isinstance(k, str):
+            ctx.add(p, f"checkpoint names must be strings, received the key {_show(k)}.")
+            continue
+        targets = t if isinstance(t, list) and t else [t]
+        if not all(isinstance(x, str) for x in targets):
+            ctx.add(q, "expected a target name or scope (a string), or a non-empty list of them "
+                       f"(one checkpoint name feeding several targets), received {_show(t)}.")
+            continue
+        try:
+            rule = [MapRule(k, x) for x in targets][0]
+        except RuleError as e:
+            ctx.add(q, str(e))
+            continue
+        if rule.source in seen:
+            ctx.add(q, f"{_q(k)} is the same checkpoint name as {_q(seen[rule.source])} once "
+                       "normalised; keep one entry.", key=True)
+            continue
+        seen[rule.source] = k
+        out[k] = t
+    return out
+
+
+def _template_problem(pattern: str, repl: str, compiled: UserPattern, e: Exception) -> str:
+    groups = compiled.groups
+    have = f"{groups} group{'s' if groups != 1 else ''}"
+    text = getattr(e, "msg", None) or str(e)
+    m = re.match(r"invalid group reference (\d+)", text)
+    if m:
+        hint = " (add parentheses to capture)" if groups == 0 else ""
+        return (f"replacement {_q(repl)} refers to group {m.group(1)} but {_q(pattern)} has "
+                f"{have}{hint}")
+    m = re.match(r"unknown group name '(.*)'", text)
+    if m:
+        names = sorted(compiled.groupindex)
+        has = ("the named groups " + _choices(names)) if names else "no named groups"
+        return (f"replacement {_q(repl)} refers to the unknown group {_q(m.group(1))}; "
+                f"{_q(pattern)} has {has}.{did_you_mean(m.group(1), names, n=1, cutoff=_KEY_CUTOFF)}".rstrip("."))
+    pos = getattr(e, "pos", None)
+    at = f" at position {pos}" if pos is not None else ""
+    return f"invalid replacement {_q(repl)} for {_q(pattern)}: {text}{at}"
+
+
+def _get_regex(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[List[Tuple[str, Optional[str]]]]:
+    if "regex" not in d or d["regex"] is None:
+        return None
+    v = d["regex"]
+    p = path + ("regex",)
+    example = "[['^head/(.*)$', 'model/head/\\1']]"
+    if not isinstance(v, list):
+        ctx.add(p, f"expected a list of [pattern, replacement] pairs, e.g. {example}, received {_show(v)}.")
+        return None
+    out: List[Tuple[str, Optional[str]]] = []
+    for j, pair in enumerate(v):
+        q = p + (j,)
+        if not isinstance(pair, list) or len(pair) != 2:
+            hint = f" (regex is a list of pairs: {example})" if isinstance(pair, str) else ""
+            ctx.add(q, f"expected a [pattern, replacement] pair, received {_show(pair)}{hint}.")
+            continue
+        pattern, repl = pair
+        if not isinstance(pattern, str) or not pattern:
+            ctx.add(q, f"expected the pattern to be a non-empty string, received {_show(pattern)}.")
+            continue
+        if repl is False:  # TOML has no null: false drops, as null does elsewhere
+            repl = None
+        if repl is not None and not isinstance(repl, str):
+            ctx.add(q, "expected the replacement to be a string, or null (false in TOML) to drop "
+                       f"the matching names, received {_show(repl)}.")
+            continue
+        if repl == "":
+            ctx.add(q, f"empty replacement for {_q(pattern)}: to drop the matching names write null "
+                       "(false in TOML).")
+            continue
+        try:
+            compiled = compile_pattern(pattern)
+        except PatternError as e:
+            ctx.add(q, e.problem)
+            continue
+        if repl is not None:
+            try:
+                compiled.template(repl)
+            except (re.error, IndexError) as e:
+                ctx.add(q, _template_problem(pattern, repl, compiled, e))
+                continue
+        out.append((pattern, repl))
+    return out
+
+
+def _get_list_of_mappings(d: Mapping, key: str, path: KeyPath, ctx: _Ctx,
+                          example: str) -> List[Tuple[KeyPath, Mapping]]:
+    if key not in d or d[key] is None:
+        return []
+    v = d[key]
+    p = path + (key,)
+    if not isinstance(v, list):
+        hint = f" (write it as a list: {key}: [{{...}}])" if isinstance(v, Mapping) else ""
+        ctx.add(p, f"expected a list of mappings, e.g. {example}, received {_show(v)}{hint}.")
+        return []
+    out = []
+    for j, item in enumerate(v):
+        if isinstance(item, Mapping):
+            out.append((p + (j,), item))
+        else:
+            ctx.add(p + (j,), f"expected a mapping, e.g. {example}, received {_show(item)}.")
+    return out
+
+
+def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[Union[str, Tuple[str, ...]]]:
+    if key not in d or d[key] is None:
+        ctx.add(path, f"missing required key '{key}' (a vocabulary file, one token per line, or a "
+                      "list of tokens).")
+        return None
+    v = d[key]
+    p = path + (key,)
+    if isinstance(v, list):
+        if not v or not all(isinstance(t, str) for t in v):
+            ctx.add(p, f"expected a vocabulary file or a non-empty list of token strings, received {_show(v)}.")
+            return None
+        first: Dict[str, int] = {}
+        for i, tok in enumerate(v):
+            j = first.setdefault(tok, i)
+            if j != i:
+                ctx.add(p, f"duplicate token {_q(tok)} at positions {j} and {i}; every token must be unique.")
+                return None
+        return tuple(v)
+    if not isinstance(v, str) or not v:
+        ctx.add(p, f"expected a vocabulary file (a path) or a list of tokens, received {_show(v)}.")
+        return None
+    resolved = _check_path(v, p, ctx, "file")
+    if resolved is None:
+        return None
+    try:
+        read_vocab(resolved)
+    except TransformError as e:
+        ctx.add(p, str(e).rstrip("."))
+        return None
+    return resolved
+
+
+def _get_vocab(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[VocabRemap, ...]:
+    out = []
+    example = "[{name: model/embed/embeddings, old_vocab: v1.txt, new_vocab: v2.txt}]"
+    for q, item in _get_list_of_mappings(d, "vocab", path, ctx, example):
+        suggested = _check_keys(item, VOCAB_KEYS, q, ctx, "vocab")
+        name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+        # A misspelt key already said "did you mean 'old_vocab'": do not also report it missing.
+        old, new = (_get_vocab_spec(item, k, q, ctx) if k in item or k not in suggested else None
+                    for k in ("old_vocab", "new_vocab"))
+        axis = _get_int(item, "axis", q, ctx, 0, "an axis (an integer >= 0; 0: rows, 1: columns)")
+        init = _get_enum(item, "init", q, ctx, VOCAB_INITS, "zeros")
+        old_size = (-1 if item.get("old_vocab_size") == -1 else
+                    _get_int(item, "old_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1, or -1: all)"))
+        new_size = _get_int(item, "new_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1)")
+        oov = _get_int(item, "num_oov_buckets", q, ctx, 0, "a number of OOV buckets (an integer >= 0)")
+        if name is None or old is None or new is None:
+            continue
+        try:
+            out.append(VocabRemap(name, old, new, axis=axis, init=init, old_vocab_size=old_size,
+                                  new_vocab_size=new_size, num_oov_buckets=oov))
+        except TransformError as e:
+            ctx.add(q, str(e).rstrip("."))
+    return tuple(out)
+
+
+def _get_slices(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[Slice, ...]:
+    out = []
+    for q, item in _get_list_of_mappings(d, "slice", path, ctx, "[{name: model/head/kernel, axis: 1}]"):
+        suggested = _check_keys(item, SLICE_KEYS, q, ctx, "slice")
+        name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+        if "axis" not in item or item["axis"] is None:
+            if "axis" not in suggested:
+                ctx.add(q, "missing required key 'axis' (the one axis along which the shapes differ).")
+            axis = None
+        else:
+            axis = _get_int(item, "axis", q, ctx, None, "an axis (an integer >= 0)")
+        init = _get_enum(item, "init", q, ctx, SLICE_INITS, "keep")
+        if name is None or axis is None:
+            continue
+        try:
+            out.append(Slice(name, axis, init=init))
+        except TransformError as e:  # pragma: no cover - every field was checked above
+            ctx.add(q, str(e).rstrip("."))
+    return tuple(out)
+
+
+def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
+    if not isinstance(entry, Mapping):
+        ctx.add(path, f"expected a source (a mapping with at least 'path'), received {_show(entry)}.")
+        return None
+    suggested = _check_keys(entry, SOURCE_KEYS, path, ctx, "source")
+    name = _get_name(entry, "name", path, ctx, False, "a source name")
+    if "path" in entry or "path" not in suggested:
+        ckpt = _get_path(entry, "path", path, ctx, kind="checkpoint", required=True)
+    else:
+        ckpt = None
+    return SourceConfig(
+        path=ckpt,  # type: ignore[arg-type] - None only when a problem was reported
+        name=name,
+        step=_get_int(entry, "step", path, ctx, None, "a global step (an integer >= 0), or null for the latest"),
+        map=_get_map(entry, path, ctx),
+        regex=_get_regex(entry, path, ctx),
+        include=_get_globs(entry, "include", path, ctx),
+        exclude=_get_globs(entry, "exclude", path, ctx),
+        optimizer=_get_bool(entry, "optimizer", path, ctx, False),
+        cast=_get_bool(entry, "cast", path, ctx, None),
+        align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, ALIGN_MODES, None),
+        layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, LAYOUTS, None),
+        vocab=_get_vocab(entry, path, ctx),
+        slice=_get_slices(entry, path, ctx),
+    )
+
+
+def _check_labels(sources: List[Optional[SourceConfig]], ctx: _Ctx) -> None:
+    """Sources need distinct labels (name, or path when unnamed), as ``ckptmerge.planner`` does."""
+    first: Dict[str, int] = {}
+    for i, s in enumerate(sources):
+        if s is None:
+            continue
+        label = s.name or s.path
+        if label is None:
+            continue
+        if label not in first:
+            first[label] = i
+            continue
+        j = first[label]
+        if s.name:
+            ctx.add(("sources", i, "name"), f"duplicate source name {_q(s.name)} (also sources[{j}]); "
+                                            "give each source a distinct name.")
+        else:
+            ctx.add(("sources", i), f"reads the same checkpoint as sources[{j}] and neither has a "
+                                    "'name'; give each a distinct name.")
+
+
+def _build(data: Any, file: Optional[str], ctx: _Ctx) -> Optional[Config]:
+    if data is None:
+        ctx.add((), "the config is empty; expected a mapping with at least 'sources', e.g. "
+                    "sources: [{path: runs/A}].")
+        return None
+    if not isinstance(data, Mapping):
+        ctx.add((), f"expected a mapping of options (sources, allow_missing, ...) at the top level, "
+                    f"received {_show(data)}.")
+        return None
+    suggested = _check_keys(data, TOP_LEVEL_KEYS, (), ctx, "top")
+    sources: List[Optional[SourceConfig]] = []
+    if "sources" not in data:
+        if "sources" not in suggested:
+            ctx.add((), "missing required key 'sources' (a list of sources, each with at least 'path').")
+    else:
+        raw = data["sources"]
+        if not isinstance(raw, list):
+            ctx.add(("sources",), f"expected a list of sources (each a mapping with at least 'path'), "
+                                  f"received {_show(raw)}.")
+        elif not raw:
+            ctx.add(("sources",), "expected at least one source, received an empty list.")
+        else:
+            sources = [_get_source(entry, ("sources", i), ctx) for i, entry in enumerate(raw)]
+            _check_labels(sources, ctx)
+    allow = _get_globs(data, "allow_missing", (), ctx)
+    plan_options = {
+        "allow_missing": allow if allow is not None else [],
+        "on_conflict": _get_enum(data, "on_conflict", (), ctx, ON_CONFLICT, "error"),
+        "on_shape_mismatch": _get_enum(data, "on_shape_mismatch", (), ctx, ON_SHAPE_MISMATCH, "error"),
+        "cast": _get_bool(data, "cast", (), ctx, False),
+        "verify": _get_bool(data, "verify", (), ctx, True),
+    }
+    strict = _get_bool(data, "strict", (), ctx, True)
+    target = _get_path(data, "target", (), ctx, kind="checkpoint")
+    output = _get_path(data, "output", (), ctx, kind="output")
+    if ctx.problems:
+        return None
+    return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
+                  strict=strict, target=target, output=output)
+
+
+def _report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: _Ctx) -> None:
+    for path, key, line, first in dups:
+        ctx.add(path, f"duplicate key '{key}' (first at line {first}); keep one.", line=line)
+
+
+# ============================================================================================
+# The front door
+# ============================================================================================
