@@ -58,8 +58,9 @@ from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
+from .formats.output_prefix import _DATA_RE, check_no_output
 from .formats.storage import is_url
-from .formats.writer import _DATA_RE, BundleWriter, check_no_output
+from .formats.writer import BundleWriter
 from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint

@@ -30,9 +30,10 @@ from ckptmerge.errors import (
     OutputExistsError,
 )
 from ckptmerge.formats.bundle import mask_crc
+from ckptmerge.formats.bytecopy import _array_chunks, _pread_pieces
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
+from ckptmerge.formats.output_prefix import _remove_quietly
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
-from ckptmerge.formats.writer import _array_chunks, _pread_pieces, _remove_quietly
 from ckptmerge.text import quote_name
 
 __all__ = ["SafetensorsWriter", "unsupported_dtypes"]

@@ -37,22 +37,22 @@ released), held from the final existence check through the last step: two writer
 interleave, and without ``overwrite`` exactly one of two racing writers publishes (the other
 raises :class:`~ckptmerge.errors.OutputExistsError`). A writer waits for the lock; it is held
 only for the renames, not while tensors are written.
+
+The ``.index`` table itself is written by :mod:`ckptmerge.formats.table_writer`; the files at an
+output prefix and its publish lock are :mod:`ckptmerge.formats.output_prefix`; moving and
+checksumming tensor bytes is :mod:`ckptmerge.formats.bytecopy`.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
-import re
-import struct
 from typing import (
     Any,
     BinaryIO,
     Dict,
     Iterable,
-    Iterator,
     List,
     Optional,
     Sequence,
@@ -71,7 +71,21 @@ from ckptmerge.errors import (
     OutputExistsError,
 )
 from ckptmerge.formats.bundle import data_file_name, mask_crc, string_lengths_crc
+from ckptmerge.formats.bytecopy import _array_chunks, _Checksum, _kernel_copy, _pread_pieces
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
+from ckptmerge.formats.output_prefix import (
+    _DATA_RE,
+    _HOST_TAG,
+    _TMP_MARK,
+    _io_message,
+    _OutputLock,
+    _refuse_existing,
+    _remove_quietly,
+    _shard_count,
+    check_no_output,
+    existing_checkpoint_files,
+)
+from ckptmerge.formats.table_writer import _U32, TF_BLOCK_SIZE, _TableWriter
 from ckptmerge.text import quote_name
 from ckptmerge.formats.protowire import (
     encode_varint,
@@ -88,151 +102,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: TensorFlow's index block size (``table::Options::block_size``); using it makes the
-#: ``.index`` byte-identical to TensorFlow's.
-TF_BLOCK_SIZE = 262144
-_BLOCK_RESTART_INTERVAL = 16
-_TABLE_MAGIC = 0xDB4775248B80FB57
-_FOOTER_HANDLES_LEN = 40  # 2 * BlockHandle::kMaxEncodedLength
-_NO_COMPRESSION = 0
-_CHUNK_BYTES = 8 << 20  # bytes written per write() call for large tensors
 _TF_BUNDLE_VERSION = 1
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_TMP_MARK = ".ckptmerge-tmp-"
-_LOCK_MARK = ".ckptmerge-lock"
-_DATA_RE = re.compile(r"\.data-\d{5}-of-(\d{5})$")
-# Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
-def _host_name() -> str:
-    """This machine's name, without importing ``socket`` (start-up time matters for the CLI)."""
-    if hasattr(os, "uname"):
-        return os.uname().nodename
-    return os.environ.get("COMPUTERNAME", "")  # pragma: no cover - Windows
-
-
-_HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
 
 ShapeArg = Sequence[int]
 BytesLike = Union[bytes, bytearray, memoryview]
-
-
-
-
-def _common_prefix_len(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class _BlockBuilder:
-    """A LevelDB block: prefix-compressed entries with restart points, then the restart array."""
-
-    def __init__(self, restart_interval: int) -> None:
-        self.restart_interval = restart_interval
-        self.buf = bytearray()
-        self.restarts = [0]
-        self.counter = 0
-        self.last_key = b""
-        self.empty = True
-
-    def add(self, key: bytes, value: bytes) -> None:
-        shared = 0
-        if self.counter < self.restart_interval:
-            shared = _common_prefix_len(self.last_key, key)
-        else:
-            self.restarts.append(len(self.buf))
-            self.counter = 0
-        self.buf += encode_varint(shared)
-        self.buf += encode_varint(len(key) - shared)
-        self.buf += encode_varint(len(value))
-        self.buf += key[shared:]
-        self.buf += value
-        self.last_key = key
-        self.counter += 1
-        self.empty = False
-
-    def size_estimate(self) -> int:
-        return len(self.buf) + 4 * len(self.restarts) + 4
-
-    def finish(self) -> bytes:
-        out = bytes(self.buf) + b"".join(_U32.pack(r) for r in self.restarts) + _U32.pack(len(self.restarts))
-        self.buf = bytearray()
-        self.restarts = [0]
-        self.counter = 0
-        self.last_key = b""
-        self.empty = True
-        return out
-
-
-def _shortest_separator(start: bytes, limit: bytes) -> bytes:
-    """LevelDB's bytewise FindShortestSeparator: a short key k with start <= k < limit."""
-    i = _common_prefix_len(start, limit)
-    if i >= min(len(start), len(limit)):
-        return start
-    b = start[i]
-    if b < 0xFF and b + 1 < limit[i]:
-        return start[:i] + bytes([b + 1])
-    return start
-
-
-def _short_successor(key: bytes) -> bytes:
-    """LevelDB's bytewise FindShortSuccessor: a short key k >= key."""
-    for i, b in enumerate(key):
-        if b != 0xFF:
-            return key[:i] + bytes([b + 1])
-    return key
-
-
-class _TableWriter:
-    """Writes a sorted table exactly as TensorFlow's ``table::TableBuilder`` (no compression)."""
-
-    def __init__(self, f: BinaryIO, block_size: int) -> None:
-        self.f = f
-        self.block_size = block_size
-        self.offset = 0
-        self.data = _BlockBuilder(_BLOCK_RESTART_INTERVAL)
-        self.index = _BlockBuilder(1)
-        self.last_key = b""
-        self.pending_handle: Optional[bytes] = None
-
-    def _write_block(self, block: _BlockBuilder) -> bytes:
-        contents = block.finish()
-        trailer_type = bytes([_NO_COMPRESSION])
-        crc = _crc32c.crc32c(trailer_type, _crc32c.crc32c(contents))
-        self.f.write(contents)
-        self.f.write(trailer_type + _U32.pack(mask_crc(crc)))
-        handle = encode_varint(self.offset) + encode_varint(len(contents))
-        self.offset += len(contents) + 5
-        return handle
-
-    def add(self, key: bytes, value: bytes) -> None:
-        if self.pending_handle is not None:
-            self.index.add(_shortest_separator(self.last_key, key), self.pending_handle)
-            self.pending_handle = None
-        self.last_key = key
-        self.data.add(key, value)
-        if self.data.size_estimate() >= self.block_size:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self.data.empty:
-            return
-        self.pending_handle = self._write_block(self.data)
-
-    def finish(self) -> None:
-        self._flush()
-        meta_handle = self._write_block(_BlockBuilder(_BLOCK_RESTART_INTERVAL))
-        if self.pending_handle is not None:
-            self.index.add(_short_successor(self.last_key), self.pending_handle)
-            self.pending_handle = None
-        index_handle = self._write_block(self.index)
-        handles = meta_handle + index_handle
-        footer = handles + b"\0" * (_FOOTER_HANDLES_LEN - len(handles)) + _U64.pack(_TABLE_MAGIC)
-        self.f.write(footer)
-        self.offset += len(footer)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,19 +156,6 @@ def _string_elements(key: str, value: np.ndarray) -> List[bytes]:
     return out
 
 
-def _io_message(e: OSError, path: str, action: str, prefix: str) -> str:
-    reason = e.strerror or str(e)
-    if e.errno == errno.ENOSPC:
-        fix = "Free some space on that disk, or write the checkpoint elsewhere."
-    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        fix = (f"Check that you may write to the directory '{os.path.dirname(path) or '.'}', "
-               "or choose another output prefix.")
-    elif e.errno in (errno.EFBIG, errno.EDQUOT):
-        fix = "The file or disk quota limit was reached; free space or raise the limit."
-    else:
-        fix = "Check the disk and the output directory, then try again."
-    return (f"Cannot {action} {quote_name(path)} of checkpoint {quote_name(prefix)}: {reason}. {fix} "
-            "No checkpoint was written.")
 
 
 class BundleWriter:
@@ -893,215 +753,3 @@ class BundleWriter:
     def keys(self) -> List[str]:
         """The keys added so far, in sorted (index) order."""
         return [k.decode("utf-8") for k in sorted(self._entries)]
-
-
-_PIECE = 1 << 20  # read-back piece: stays in the CPU cache while its CRC is computed
-_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
-
-
-def _kernel_copy(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> Optional[int]:
-    """Copy a byte range between files inside the kernel; ``None`` where that is unsupported."""
-    copy = getattr(os, "copy_file_range", None)
-    if copy is None or nbytes == 0:
-        return None if copy is None else 0
-    done = 0
-    while done < nbytes:
-        try:
-            n = copy(src_fd, dst_fd, nbytes - done, src_offset + done, dst_offset + done)
-        except OSError as e:
-            if done == 0 and e.errno in _NO_KERNEL_COPY:
-                return None
-            raise
-        if n == 0:  # end of the source file
-            break
-        done += n
-    return done
-
-
-class _Checksum:
-    """The CRC32C of a file range, computed on a background thread; ``result()`` waits for it."""
-
-    def __init__(self, fd: int, offset: int, nbytes: int) -> None:
-        import threading
-
-        self._crc = 0
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, args=(fd, offset, nbytes), daemon=True)
-        self._thread.start()
-
-    def _run(self, fd: int, offset: int, nbytes: int) -> None:
-        try:
-            for piece in _pread_pieces(fd, offset, nbytes):
-                self._crc = _crc32c.crc32c(piece, self._crc)
-        except BaseException as e:  # re-raised in the caller's thread by result()
-            self._error = e
-
-    def result(self) -> int:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._crc
-
-
-def _pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
-    """Yield ``nbytes`` of ``fd`` from ``offset`` in pieces (one reused buffer)."""
-    buf = memoryview(bytearray(min(_PIECE, max(nbytes, 1))))
-    pos = 0
-    while pos < nbytes:
-        want = min(len(buf), nbytes - pos)
-        n = os.preadv(fd, [buf[:want]], offset + pos)
-        if n <= 0:
-            raise OSError(errno.EIO, f"unexpected end of file after {pos} of {nbytes} bytes")
-        yield buf[:n]
-        pos += n
-
-
-def existing_checkpoint_files(abs_prefix: str) -> List[str]:
-    """The files of a checkpoint at ``abs_prefix`` that exist: its index (a dangling link
-    counts) and its data shards.
-
-    Example:
-        >>> existing_checkpoint_files("/nowhere/model")
-        []
-    """
-    directory, base = os.path.split(abs_prefix)
-    found = [abs_prefix + ".index"] if os.path.lexists(abs_prefix + ".index") else []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        names = []
-    return found + [os.path.join(directory, n) for n in names
-                    if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
-
-
-def check_no_output(abs_prefix: str, prefix: str, how_to_replace: str = "pass overwrite=True") -> None:
-    """Raise :class:`OutputExistsError` when any file of a checkpoint exists at ``abs_prefix``.
-
-    Looks under the prefix's publish lock (waiting while a writer publishes there), so a publish
-    in progress is never mistaken for anything but what it becomes. Data files without an index
-    are named as what they are: not a readable checkpoint, but the leftover of an interrupted
-    write, with how to get rid of them.
-
-    Args:
-        abs_prefix: the absolute output prefix.
-        prefix: the prefix as the user gave it (shown in the message).
-        how_to_replace: the words that tell the caller's user how to replace it.
-
-    Example:
-        >>> check_no_output("/nowhere/model", "model")
-    """
-    directory, base = os.path.split(abs_prefix)
-    if not os.path.isdir(directory):
-        return
-    with _OutputLock(directory, base, prefix, required=False):
-        _refuse_existing(abs_prefix, prefix, how_to_replace)
-
-
-def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
-    """:func:`check_no_output` for a caller that holds the publish lock."""
-    found = existing_checkpoint_files(abs_prefix)
-    if not found:
-        return
-    shown = [os.path.join(os.path.dirname(prefix), os.path.basename(p)) for p in found]
-    more = f" and {len(found) - 1} more file(s)" if len(found) > 1 else ""
-    if found[0].endswith(".index"):
-        raise OutputExistsError(
-            f"A checkpoint already exists at {quote_name(prefix)} ({quote_name(shown[0])}{more}). Choose "
-            f"another output prefix, or {how_to_replace} to replace it.", path=shown[0])
-    listed = ", ".join(map(quote_name, shown[:3])) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
-    raise OutputExistsError(
-        f"The output prefix {quote_name(prefix)} has data files but no index ({listed}): they are not a readable "
-        "checkpoint, most likely the leftover of a write that was killed. Delete them, choose another "
-        f"output prefix, or {how_to_replace} to replace them.", path=shown[0])
-
-
-def _shard_count(path: str) -> int:
-    """The ``N`` of a ``.data-NNNNN-of-N`` file name (one :func:`existing_checkpoint_files` lists)."""
-    m = _DATA_RE.search(path)
-    assert m is not None
-    return int(m.group(1))
-
-
-class _OutputLock:
-    """An exclusive ``flock`` on ``.<base>.ckptmerge-lock`` beside a checkpoint prefix.
-
-    It serialises publishes to one prefix across processes (and across writers in one process:
-    each holds its own open file). The lock file is removed on release while still locked; a
-    waiter that then gets a lock on the removed file notices (the path names another inode, or
-    none) and locks again, so two holders never coexist. A killed holder's lock is released by the
-    kernel; the file it leaves is reused. With ``required=False`` a lock file that cannot be
-    created (a read-only directory: no writer can publish there either) means no lock.
-    """
-
-    def __init__(self, directory: str, base: str, prefix: str, *, required: bool = True) -> None:
-        self.path = os.path.join(directory, f".{base}{_LOCK_MARK}")
-        self.prefix = prefix
-        self.required = required
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> "_OutputLock":
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows: no flock; publishes are not serialised
-            return self
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-            except OSError as e:
-                if not self.required:
-                    return self
-                raise CheckpointWriteError(_io_message(e, self.path, "create the lock file", self.prefix),
-                                           path=self.path, errno_=e.errno) from e
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    logger.info("waiting for another writer of %s to finish moving it into place", self.prefix)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                st = os.fstat(fd)
-                try:
-                    now = os.stat(self.path)
-                except FileNotFoundError:
-                    now = None
-            except BaseException:
-                os.close(fd)
-                raise
-            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                self.fd = fd
-                return self
-            os.close(fd)  # the holder we waited for removed this file: lock the current one
-
-    def __exit__(self, *exc: Any) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            _remove_quietly(self.path)  # while still locked (see the class docstring)
-            os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-    except OSError as e:
-        logger.warning("could not remove %s: %s", path, e)
-
-
-def _array_chunks(value: np.ndarray, le_dtype: np.dtype) -> Iterable[memoryview]:
-    """Yield the array's C-order little-endian bytes in chunks, copying at most one chunk."""
-    if value.size == 0:
-        return
-    if value.flags.c_contiguous and value.dtype == le_dtype:
-        flat = value.reshape(-1).view(np.uint8)
-        for start in range(0, flat.size, _CHUNK_BYTES):
-            yield memoryview(flat[start:start + _CHUNK_BYTES])
-        return
-    # Non-contiguous or big-endian: convert a band of leading-axis rows at a time.
-    if value.ndim == 0:
-        yield memoryview(np.ascontiguousarray(value, dtype=le_dtype).reshape(-1).view(np.uint8))
-        return
-    row_bytes = max(1, value.nbytes // max(1, value.shape[0]))
-    rows = max(1, _CHUNK_BYTES // row_bytes)
-    for start in range(0, value.shape[0], rows):
-        band = np.ascontiguousarray(value[start:start + rows], dtype=le_dtype)
-        yield memoryview(band.reshape(-1).view(np.uint8))

@@ -1,0 +1,183 @@
+"""The files at a checkpoint output prefix: what exists there, the publish lock, temp names.
+
+Shared by the writers (:mod:`ckptmerge.formats.writer`, :mod:`ckptmerge.formats.safetensors_writer`)
+and the merge: which files of a checkpoint exist at a prefix, refusing to replace them without
+being told to, the ``flock`` that serialises publishes to one prefix, how hidden temporary files
+are named, and the messages for I/O errors while writing.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from typing import Any, List, Optional
+
+import crc32c as _crc32c
+
+from ckptmerge.errors import CheckpointWriteError, OutputExistsError
+from ckptmerge.text import quote_name
+
+logger = logging.getLogger(__name__)
+
+_TMP_MARK = ".ckptmerge-tmp-"
+_LOCK_MARK = ".ckptmerge-lock"
+_DATA_RE = re.compile(r"\.data-\d{5}-of-(\d{5})$")
+
+
+# Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
+def _host_name() -> str:
+    """This machine's name, without importing ``socket`` (start-up time matters for the CLI)."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    return os.environ.get("COMPUTERNAME", "")  # pragma: no cover - Windows
+
+
+_HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
+
+
+def _io_message(e: OSError, path: str, action: str, prefix: str) -> str:
+    reason = e.strerror or str(e)
+    if e.errno == errno.ENOSPC:
+        fix = "Free some space on that disk, or write the checkpoint elsewhere."
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = (f"Check that you may write to the directory '{os.path.dirname(path) or '.'}', "
+               "or choose another output prefix.")
+    elif e.errno in (errno.EFBIG, errno.EDQUOT):
+        fix = "The file or disk quota limit was reached; free space or raise the limit."
+    else:
+        fix = "Check the disk and the output directory, then try again."
+    return (f"Cannot {action} {quote_name(path)} of checkpoint {quote_name(prefix)}: {reason}. {fix} "
+            "No checkpoint was written.")
+
+
+def existing_checkpoint_files(abs_prefix: str) -> List[str]:
+    """The files of a checkpoint at ``abs_prefix`` that exist: its index (a dangling link
+    counts) and its data shards.
+
+    Example:
+        >>> existing_checkpoint_files("/nowhere/model")
+        []
+    """
+    directory, base = os.path.split(abs_prefix)
+    found = [abs_prefix + ".index"] if os.path.lexists(abs_prefix + ".index") else []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        names = []
+    return found + [os.path.join(directory, n) for n in names
+                    if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
+
+
+def check_no_output(abs_prefix: str, prefix: str, how_to_replace: str = "pass overwrite=True") -> None:
+    """Raise :class:`OutputExistsError` when any file of a checkpoint exists at ``abs_prefix``.
+
+    Looks under the prefix's publish lock (waiting while a writer publishes there), so a publish
+    in progress is never mistaken for anything but what it becomes. Data files without an index
+    are named as what they are: not a readable checkpoint, but the leftover of an interrupted
+    write, with how to get rid of them.
+
+    Args:
+        abs_prefix: the absolute output prefix.
+        prefix: the prefix as the user gave it (shown in the message).
+        how_to_replace: the words that tell the caller's user how to replace it.
+
+    Example:
+        >>> check_no_output("/nowhere/model", "model")
+    """
+    directory, base = os.path.split(abs_prefix)
+    if not os.path.isdir(directory):
+        return
+    with _OutputLock(directory, base, prefix, required=False):
+        _refuse_existing(abs_prefix, prefix, how_to_replace)
+
+
+def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
+    """:func:`check_no_output` for a caller that holds the publish lock."""
+    found = existing_checkpoint_files(abs_prefix)
+    if not found:
+        return
+    shown = [os.path.join(os.path.dirname(prefix), os.path.basename(p)) for p in found]
+    more = f" and {len(found) - 1} more file(s)" if len(found) > 1 else ""
+    if found[0].endswith(".index"):
+        raise OutputExistsError(
+            f"A checkpoint already exists at {quote_name(prefix)} ({quote_name(shown[0])}{more}). Choose "
+            f"another output prefix, or {how_to_replace} to replace it.", path=shown[0])
+    listed = ", ".join(map(quote_name, shown[:3])) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
+    raise OutputExistsError(
+        f"The output prefix {quote_name(prefix)} has data files but no index ({listed}): they are not a readable "
+        "checkpoint, most likely the leftover of a write that was killed. Delete them, choose another "
+        f"output prefix, or {how_to_replace} to replace them.", path=shown[0])
+
+
+def _shard_count(path: str) -> int:
+    """The ``N`` of a ``.data-NNNNN-of-N`` file name (one :func:`existing_checkpoint_files` lists)."""
+    m = _DATA_RE.search(path)
+    assert m is not None
+    return int(m.group(1))
+
+
+class _OutputLock:
+    """An exclusive ``flock`` on ``.<base>.ckptmerge-lock`` beside a checkpoint prefix.
+
+    It serialises publishes to one prefix across processes (and across writers in one process:
+    each holds its own open file). The lock file is removed on release while still locked; a
+    waiter that then gets a lock on the removed file notices (the path names another inode, or
+    none) and locks again, so two holders never coexist. A killed holder's lock is released by the
+    kernel; the file it leaves is reused. With ``required=False`` a lock file that cannot be
+    created (a read-only directory: no writer can publish there either) means no lock.
+    """
+
+    def __init__(self, directory: str, base: str, prefix: str, *, required: bool = True) -> None:
+        self.path = os.path.join(directory, f".{base}{_LOCK_MARK}")
+        self.prefix = prefix
+        self.required = required
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "_OutputLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows: no flock; publishes are not serialised
+            return self
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except OSError as e:
+                if not self.required:
+                    return self
+                raise CheckpointWriteError(_io_message(e, self.path, "create the lock file", self.prefix),
+                                           path=self.path, errno_=e.errno) from e
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    logger.info("waiting for another writer of %s to finish moving it into place", self.prefix)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                try:
+                    now = os.stat(self.path)
+                except FileNotFoundError:
+                    now = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                self.fd = fd
+                return self
+            os.close(fd)  # the holder we waited for removed this file: lock the current one
+
+    def __exit__(self, *exc: Any) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _remove_quietly(self.path)  # while still locked (see the class docstring)
+            os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        logger.warning("could not remove %s: %s", path, e)
