@@ -9,17 +9,18 @@ prefix (a :class:`ResolvedCheckpoint`) and says in ``note`` how it was chosen, s
 show it. :func:`checkpoints` lists the checkpoints of a directory and :func:`read_state_file`
 parses the ``checkpoint`` state file (a text-format ``CheckpointState`` proto) without
 TensorFlow. Nothing here reads tensors; nothing here imports TensorFlow.
+
+What is on disk (file names, formats sniffed from bytes, sizes, why a path is not a checkpoint)
+is :mod:`ckptmerge.resolve_files`; the state file is :mod:`ckptmerge.resolve_state`; URLs are
+:mod:`ckptmerge.resolve_remote`. This module scans directories and resolves paths.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
-import stat
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from .args import check_path, check_step
 from .errors import (
@@ -27,12 +28,38 @@ from .errors import (
     ArgumentTypeError,
     CheckpointFormatError,
     CheckpointNotFoundError,
-    did_you_mean,
     format_list,
 )
 from .formats.storage import is_url
+from .resolve_files import (
+    FORMAT_KERAS_H5,
+    FORMAT_NUMPY,
+    FORMAT_SAFETENSORS,
+    FORMAT_TF_BUNDLE,
+    FORMAT_TF_V1,
+    STATE_FILE,
+    _DATA_RE,
+    _INDEX,
+    _NOT_V1,
+    PathArg,
+    _data_files_by_base,
+    _display,
+    _index_exists,
+    _is_h5_name,
+    _is_hdf5,
+    _not_found,
+    _prefix_exists,
+    _shown,
+    _size_of,
+    _step_of,
+    _v1_files,
+    _v1_format,
+    _v1_pattern_exists,
+    _v1_pattern_of,
+    _v1_shard,
+)
+from .resolve_state import CheckpointState, _read_state, read_state_file
 from .text import quote_name
-
 __all__ = [
     "open_resolved",
     "ArgumentError",
@@ -51,32 +78,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-PathArg = Union[str, "os.PathLike[str]"]
-
-#: A TensorFlow V2 checkpoint: ``prefix.index`` plus ``prefix.data-NNNNN-of-NNNNN`` shards.
-FORMAT_TF_BUNDLE = "tf-bundle"
-#: A Keras HDF5 weights file (``.weights.h5`` of Keras 3, ``.h5`` of Keras 2).
-FORMAT_KERAS_H5 = "keras-h5"
-#: A ``.safetensors`` file, a sharded set's ``*.safetensors.index.json``, or a folder of them.
-FORMAT_SAFETENSORS = "safetensors"
-#: A ``.npz`` archive or a folder of ``.npy`` files.
-FORMAT_NUMPY = "numpy"
-#: A TensorFlow V1 checkpoint: one table file, or the pattern ``prefix-?????-of-NNNNN`` of a set.
-FORMAT_TF_V1 = "tf-v1"
-
-STATE_FILE = "checkpoint"
-_INDEX = ".index"
-_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
-_STEP_RE = re.compile(r"-(\d+)$")
-_H5_SUFFIXES = (".weights.h5", ".h5", ".hdf5")
-_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-# Last 8 bytes of every LevelDB-style table (TF's V1 checkpoints and V2 .index files),
-# little-endian 0xdb4775248b80fb57.
-_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
-_TABLE_FOOTER_LEN = 48
-
-
 
 
 @dataclass(frozen=True)
@@ -124,386 +125,6 @@ class ResolvedCheckpoint:
     format: str
     step: Optional[int]
     note: str
-
-
-@dataclass(frozen=True)
-class CheckpointState:
-    """The content of a directory's ``checkpoint`` state file (TF's ``CheckpointState``).
-
-    Paths are resolved the way TensorFlow resolves them (relative ones against the
-    directory) with one addition: an absolute path that does not exist on this machine (a
-    directory copied from elsewhere) is replaced by the same base name inside the directory
-    when that exists. The ``recorded_*`` fields keep the strings as written.
-
-    Attributes:
-        path: absolute path of the state file.
-        directory: absolute path of the directory holding it.
-        model_checkpoint_path: absolute prefix of the latest checkpoint, or ``None``.
-        all_model_checkpoint_paths: absolute prefixes of the kept checkpoints, oldest first.
-        all_model_checkpoint_timestamps: their save times (epoch seconds), may be empty.
-        last_preserved_timestamp: time of the last checkpoint kept by
-            ``keep_checkpoint_every_n_hours``, or ``None``.
-        recorded_model_checkpoint_path: ``model_checkpoint_path`` as written.
-        recorded_all_model_checkpoint_paths: ``all_model_checkpoint_paths`` as written.
-
-    Example:
-        >>> read_state_file("runs/A").model_checkpoint_path  # doctest: +SKIP
-        '/home/me/runs/A/ckpt-1'
-    """
-
-    path: str
-    directory: str
-    model_checkpoint_path: Optional[str]
-    all_model_checkpoint_paths: Tuple[str, ...]
-    all_model_checkpoint_timestamps: Tuple[float, ...]
-    last_preserved_timestamp: Optional[float]
-    recorded_model_checkpoint_path: Optional[str]
-    recorded_all_model_checkpoint_paths: Tuple[str, ...]
-
-    def timestamp_of(self, prefix: str) -> Optional[float]:
-        """Return the recorded save time of ``prefix`` (absolute), or ``None``."""
-        return self._timestamps.get(os.path.normpath(prefix))
-
-    @functools.cached_property
-    def _timestamps(self) -> Dict[str, float]:
-        """Recorded save times by normalised prefix (built once: one lookup per checkpoint)."""
-        if len(self.all_model_checkpoint_timestamps) != len(self.all_model_checkpoint_paths):
-            return {}
-        out: Dict[str, float] = {}
-        for p, t in zip(self.all_model_checkpoint_paths, self.all_model_checkpoint_timestamps):
-            out.setdefault(os.path.normpath(p), t)  # the first entry wins, as the scan did
-        return out
-
-
-# --------------------------------------------------------------------------------------------
-# small helpers
-
-
-def _step_of(prefix: str) -> Optional[int]:
-    """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
-    base = os.path.basename(prefix.rstrip(os.sep))
-    base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
-    for suffix in _H5_SUFFIXES:
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-            break
-    m = _STEP_RE.search(base)
-    return int(m.group(1)) if m else None
-
-
-def _is_h5_name(path: str) -> bool:
-    return path.endswith(_H5_SUFFIXES)
-
-
-def _read_head_tail(path: str, n: int) -> Tuple[bytes, bytes, int]:
-    with open(path, "rb") as f:
-        head = f.read(n)
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - n))
-        tail = f.read(n)
-    return head, tail, size
-
-
-def _is_hdf5(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            # The superblock may sit at 0, 512, 1024, 2048, ... (after a user block).
-            for offset in (0, 512, 1024, 2048):
-                f.seek(offset)
-                if f.read(8) == _HDF5_MAGIC:
-                    return True
-    except OSError:
-        return False
-    return False
-
-
-def _is_table(path: str) -> bool:
-    """True if the file ends with a LevelDB table footer (TF's V1 checkpoint format)."""
-    try:
-        _, tail, size = _read_head_tail(path, 8)
-    except OSError:
-        return False
-    return size >= _TABLE_FOOTER_LEN and tail == _TABLE_MAGIC
-
-
-_V1_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}$")
-_V1_SET_RE = re.compile(r"-(?:\d{5}|\?{5})-of-\d{5}$")  # a shard or the pattern of the set
-# Files that are never a V1 checkpoint, so directory scans need not open them.
-_NOT_V1 = (_INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hdf5", ".keras",
-           ".safetensors", ".npz", ".npy")
-
-
-def _v1_pattern_of(shard: str) -> str:
-    """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
-    from .formats.v1 import v1_pattern
-
-    return v1_pattern(shard) or shard
-
-
-def _v1_files(prefix: str) -> List[str]:
-    """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
-    from .formats.v1 import v1_shard_files
-
-    return v1_shard_files(prefix)
-
-
-def _v1_pattern_exists(pattern: str) -> bool:
-    """True if ``pattern`` is ``prefix-?????-of-NNNNN`` and its first shard is a table file."""
-    files = _v1_files(pattern)
-    return bool(files) and files[0] != pattern and _is_table(files[0])
-
-
-def _v1_format(path: str) -> Optional[str]:
-    """The V1 checkpoint ``path`` names, as ckptmerge opens it (a file, or a set's pattern)."""
-    if _v1_pattern_exists(path):
-        return path
-    if os.path.isfile(path) and not path.endswith(_INDEX) and _is_table(path):
-        return _v1_pattern_of(path) if _V1_SHARD_RE.search(path) else path
-    return None
-
-
-def _v1_shard(prefix: str) -> Optional[str]:
-    """A V1 sharded checkpoint file of ``prefix`` (``prefix-00000-of-00002``), if one exists."""
-    directory, base = os.path.split(prefix)
-    try:
-        names = sorted(os.listdir(directory or "."))
-    except OSError:
-        return None
-    for name in names:
-        if name.startswith(base) and _V1_SHARD_RE.fullmatch(name[len(base):]):
-            full = os.path.join(directory, name)
-            if _is_table(full):
-                return full
-    return None
-
-
-def _index_exists(prefix: str) -> bool:
-    return os.path.isfile(prefix + _INDEX)
-
-
-def _prefix_exists(prefix: str) -> bool:
-    """A V2 prefix (``.index`` exists), a single-file checkpoint (V1 or ``.h5``) or a V1 set."""
-    return _index_exists(prefix) or os.path.isfile(prefix) or _v1_pattern_exists(prefix)
-
-
-def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
-    """Every ``BASE.data-NNNNN-of-NNNNN`` file of a directory, by ``BASE``, each list sorted:
-    one listing serves every checkpoint there."""
-    try:
-        names = sorted(os.listdir(directory or "."))
-    except OSError:
-        return {}
-    out: Dict[str, List[str]] = {}
-    for name in names:
-        m = _DATA_RE.search(name)
-        if m is not None:
-            out.setdefault(name[:m.start()], []).append(os.path.join(directory, name))
-    return out
-
-
-def _data_files(prefix: str) -> List[str]:
-    """The ``prefix.data-NNNNN-of-NNNNN`` files that exist, sorted."""
-    directory, base = os.path.split(prefix)
-    return _data_files_by_base(directory).get(base, [])
-
-
-def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
-    """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
-    (``data_files`` when the caller listed the directory already)."""
-    if fmt == FORMAT_KERAS_H5:
-        return os.path.getsize(prefix)
-    if fmt == FORMAT_TF_V1:
-        return sum(os.path.getsize(f) for f in _v1_files(prefix))
-    total = os.path.getsize(prefix + _INDEX)
-    for f in _data_files(prefix) if data_files is None else data_files:
-        total += os.path.getsize(f)
-    return total
-
-
-def _display(given_dir: str, name: str) -> str:
-    """A path to show in messages: joined to the directory as the user gave it."""
-    return os.path.join(given_dir, name)
-
-
-def _shown(abs_path: str, abs_dir: str, given_dir: str) -> str:
-    """Show ``abs_path`` relative to the directory the user gave when it lies inside it."""
-    try:
-        rel = os.path.relpath(abs_path, abs_dir)
-    except ValueError:  # different drives on Windows
-        return abs_path
-    if rel.startswith(os.pardir):
-        return abs_path
-    return _display(given_dir, rel)
-
-
-# --------------------------------------------------------------------------------------------
-# the state file
-
-
-_ESCAPES = {
-    "n": b"\n", "t": b"\t", "r": b"\r", "a": b"\a", "b": b"\b", "f": b"\f", "v": b"\v",
-    "\\": b"\\", "'": b"'", '"': b'"', "?": b"?",
-}
-_ESCAPE_RE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))",
-                        re.DOTALL)
-_FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_STRING_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
-_NUMBER_RE = re.compile(r"[-+]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)f?", re.IGNORECASE)
-_SPACE_RE = re.compile(r"(?:\s+|#[^\n]*)*")
-_STRING_FIELDS = ("model_checkpoint_path", "all_model_checkpoint_paths")
-_FLOAT_FIELDS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
-
-
-def _unescape(body: str) -> bytes:
-    """Undo the C escapes of a text-format string literal (without its quotes) into bytes."""
-    out = bytearray()
-    pos = 0
-    for m in _ESCAPE_RE.finditer(body):
-        out += body[pos:m.start()].encode("utf-8", "surrogateescape")
-        octal, hex2, u4, u8, other = m.groups()
-        if octal is not None:
-            out.append(int(octal, 8) & 0xFF)
-        elif hex2 is not None:
-            out.append(int(hex2, 16))
-        elif u4 is not None or u8 is not None:
-            out += chr(int(u4 or u8, 16)).encode("utf-8", "surrogatepass")
-        elif other in _ESCAPES:
-            out += _ESCAPES[other]
-        else:
-            raise ValueError(f"unknown escape '\\{other}'")
-        pos = m.end()
-    out += body[pos:].encode("utf-8", "surrogateescape")
-    return bytes(out)
-
-
-def _parse_state_text(text: str, shown_path: str) -> Dict[str, list]:
-    """Parse the few scalar fields of a text-format CheckpointState into lists of values."""
-    fields: Dict[str, list] = {name: [] for name in _STRING_FIELDS + _FLOAT_FIELDS}
-    pos = 0
-
-    def fail(msg: str) -> CheckpointFormatError:
-        line = text.count("\n", 0, pos) + 1
-        return CheckpointFormatError(
-            f"Cannot parse the checkpoint state file '{shown_path}' at line {line}: {msg}. "
-            "It should hold lines like 'model_checkpoint_path: \"ckpt-10\"'. Fix or delete the "
-            "file, or pass the checkpoint prefix itself instead of the directory.",
-            path=shown_path,
-        )
-
-    while True:
-        pos = _SPACE_RE.match(text, pos).end()
-        if pos >= len(text):
-            break
-        m = _FIELD_RE.match(text, pos)
-        if m is None:
-            raise fail(f"expected a field name, found {text[pos:pos + 20]!r}")
-        name = m.group(0)
-        pos = _SPACE_RE.match(text, m.end()).end()
-        if not text.startswith(":", pos):
-            raise fail(f"expected ':' after '{name}'")
-        pos = _SPACE_RE.match(text, pos + 1).end()
-        sm = _STRING_RE.match(text, pos)
-        if sm is not None:
-            raw = b""
-            while sm is not None:  # adjacent literals concatenate, as in C
-                try:
-                    raw += _unescape(sm.group(0)[1:-1])
-                except ValueError as e:
-                    raise fail(str(e)) from None
-                pos = _SPACE_RE.match(text, sm.end()).end()
-                sm = _STRING_RE.match(text, pos)
-            value: object = os.fsdecode(raw)
-        else:
-            nm = _NUMBER_RE.match(text, pos)
-            if nm is None:
-                raise fail(f"expected a value for '{name}', found {text[pos:pos + 20]!r}")
-            value = float(nm.group(0).rstrip("fF"))
-            pos = nm.end()
-        if text.startswith((";", ","), pos):
-            pos += 1
-        if name in _STRING_FIELDS:
-            if not isinstance(value, str):
-                raise fail(f"'{name}' must be a quoted string")
-        elif name in _FLOAT_FIELDS:
-            if not isinstance(value, float):
-                raise fail(f"'{name}' must be a number")
-        else:
-            logger.debug("ignoring unknown field %r in %s", name, shown_path)
-            continue
-        fields[name].append(value)
-    return fields
-
-
-def _locate(recorded: str, abs_dir: str) -> str:
-    """Resolve a recorded checkpoint path against the state file's directory."""
-    if not os.path.isabs(recorded):
-        return os.path.normpath(os.path.join(abs_dir, recorded))
-    if _prefix_exists(recorded):
-        return os.path.normpath(recorded)
-    # An absolute path from another machine (or a moved directory): try the base name here.
-    local = os.path.join(abs_dir, os.path.basename(recorded.rstrip("/\\")))
-    if _prefix_exists(local):
-        logger.info("state file path %s does not exist; using %s", recorded, local)
-        return os.path.normpath(local)
-    return os.path.normpath(recorded)
-
-
-def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
-    state_path = os.path.join(directory, STATE_FILE)
-    if not os.path.isfile(state_path):
-        return None
-    shown_path = _display(shown_dir, STATE_FILE)
-    try:
-        with open(state_path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise CheckpointFormatError(
-            f"Cannot read the checkpoint state file '{shown_path}': {e.strerror or e}. "
-            "Check its permissions, or pass the checkpoint prefix itself.",
-            path=shown_path,
-        ) from e
-    fields = _parse_state_text(data.decode("utf-8", "surrogateescape"), shown_path)
-    abs_dir = os.path.abspath(directory)
-    latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
-    recorded_all = tuple(fields["all_model_checkpoint_paths"])
-    last = fields["last_preserved_timestamp"]
-    return CheckpointState(
-        path=os.path.abspath(state_path),
-        directory=abs_dir,
-        model_checkpoint_path=_locate(latest, abs_dir) if latest else None,
-        all_model_checkpoint_paths=tuple(_locate(p, abs_dir) for p in recorded_all),
-        all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
-        last_preserved_timestamp=last[-1] if last else None,
-        recorded_model_checkpoint_path=latest or None,
-        recorded_all_model_checkpoint_paths=recorded_all,
-    )
-
-
-def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
-    """Parse a directory's ``checkpoint`` state file, without TensorFlow.
-
-    Args:
-        directory: the checkpoint directory (or the state file itself).
-
-    Returns:
-        The :class:`CheckpointState`, or ``None`` when the directory has no state file.
-
-    Raises:
-        CheckpointNotFoundError: ``directory`` does not exist.
-        CheckpointFormatError: the state file cannot be read or parsed.
-
-    Example:
-        >>> st = read_state_file("runs/A")  # doctest: +SKIP
-        >>> os.path.basename(st.model_checkpoint_path), st.all_model_checkpoint_paths[-1]  # doctest: +SKIP
-        ('ckpt-1', '/home/me/runs/A/ckpt-1')
-    """
-    given = check_path(directory, "directory")
-    if os.path.isfile(given) and os.path.basename(given) == STATE_FILE:
-        return _read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
-    if not os.path.isdir(given):
-        raise _not_found(given)
-    return _read_state(given, given)
 
 
 # --------------------------------------------------------------------------------------------
@@ -647,88 +268,6 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
 
 # --------------------------------------------------------------------------------------------
 # resolving
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
-def _not_a_file(path: str) -> Optional[str]:
-    """What ``path`` is when something is there that is not a regular file (``"a directory"``,
-    ``"a FIFO (named pipe)"``, ``"a dangling symbolic link to 'x'"``, ...), else ``None``."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return None
-    link = ""
-    if stat.S_ISLNK(mode):
-        try:
-            target = quote_name(os.readlink(path))
-        except OSError:  # pragma: no cover - removed while we looked
-            target = "?"
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return f"a dangling symbolic link to {target}"
-        link = f"a symbolic link to {target}, which is "
-    for test, kind in _KINDS:
-        if test(mode):
-            return link + kind
-    return None
-
-
-def _not_found(given: str) -> CheckpointNotFoundError:
-    # Something that is not a regular file where the checkpoint should be: say what it is (a
-    # directory named 'x.index', a FIFO, a dangling link) rather than "does not exist".
-    for path in (given + _INDEX, given):
-        kind = _not_a_file(path)
-        if kind is not None:
-            what = "" if path == given else f" cannot be read: {quote_name(path)}"
-            return CheckpointNotFoundError(
-                f"Checkpoint path {quote_name(given)}{what} is {kind}, not a "
-                "regular file. A checkpoint is a '.index' file with its '.data-*' shards, or a single "
-                "file (.weights.h5, .safetensors, .npz); replace it, or pass another path.",
-                path=given,
-            )
-    parent = os.path.dirname(given.rstrip("/\\")) or "."
-    shown_parent = os.path.dirname(given.rstrip("/\\"))
-    if not os.path.isdir(parent):
-        return CheckpointNotFoundError(
-            f"Checkpoint path '{given}' does not exist, nor does its directory '{parent}'. "
-            "Check the path (relative paths start from the current directory "
-            f"'{os.getcwd()}').",
-            path=given,
-        )
-    siblings = []
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith("."):  # hidden files, e.g. a writer's temporary files
-            continue
-        siblings.append(name)
-        if name.endswith(_INDEX):
-            siblings.append(name[: -len(_INDEX)])
-        m = _DATA_RE.search(name)
-        if m:
-            siblings.append(name[: m.start()])
-    base = os.path.basename(given.rstrip("/\\"))
-    siblings = sorted(set(siblings) - {base})  # never the path itself
-    # A typo usually replaces characters ('1O' for '10'): prefer same-length names that differ
-    # in at most two places, so 'model-1O' suggests 'model-10' rather than 'model-1'.
-    close = [s for s in siblings
-             if len(s) == len(base) and sum(a != b for a, b in zip(s, base)) <= 2]
-    candidates = [os.path.join(shown_parent, s) if shown_parent else s for s in (close or siblings)]
-    hint = did_you_mean(given.rstrip("/\\"), candidates)
-    listing = f" Run 'ckptmerge checkpoints {shown_parent or '.'}' to list the checkpoints there."
-    return CheckpointNotFoundError(
-        f"Checkpoint path '{given}' does not exist (no such file or directory, and no "
-        f"'{given}{_INDEX}').{hint}{listing}",
-        path=given,
-    )
-
-
 def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     """A regular file that is not a V2 prefix: Keras HDF5, V1 table, safetensors, NumPy, or
     not a checkpoint."""

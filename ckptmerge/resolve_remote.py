@@ -41,7 +41,7 @@ def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     """The base name the directory's state file names as latest, if there is a state file."""
     if _STATE not in names:
         return None
-    from .resolve import _parse_state_text
+    from .resolve_state import _parse_state_text
 
     url = join(directory, _STATE)
     fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "replace"), url)

@@ -1,0 +1,280 @@
+"""What is on disk at a checkpoint path: file names, formats sniffed from bytes, sizes.
+
+The low layer of :mod:`ckptmerge.resolve`: the checkpoint formats it names, the file names of a
+V2 bundle (``prefix.index`` and its ``.data-*`` shards) and of V1 sets, Keras ``.h5`` names,
+telling an HDF5 or LevelDB-table file from its first and last bytes, checkpoint sizes, and the
+message that says why a path is not a checkpoint (what is there instead, or the closest name).
+Nothing here reads tensors; nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from typing import Dict, List, Optional, Tuple, Union
+
+from .errors import CheckpointNotFoundError, did_you_mean
+from .text import quote_name
+
+PathArg = Union[str, "os.PathLike[str]"]
+
+#: A TensorFlow V2 checkpoint: ``prefix.index`` plus ``prefix.data-NNNNN-of-NNNNN`` shards.
+FORMAT_TF_BUNDLE = "tf-bundle"
+#: A Keras HDF5 weights file (``.weights.h5`` of Keras 3, ``.h5`` of Keras 2).
+FORMAT_KERAS_H5 = "keras-h5"
+#: A ``.safetensors`` file, a sharded set's ``*.safetensors.index.json``, or a folder of them.
+FORMAT_SAFETENSORS = "safetensors"
+#: A ``.npz`` archive or a folder of ``.npy`` files.
+FORMAT_NUMPY = "numpy"
+#: A TensorFlow V1 checkpoint: one table file, or the pattern ``prefix-?????-of-NNNNN`` of a set.
+FORMAT_TF_V1 = "tf-v1"
+
+STATE_FILE = "checkpoint"
+_INDEX = ".index"
+_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+_STEP_RE = re.compile(r"-(\d+)$")
+_H5_SUFFIXES = (".weights.h5", ".h5", ".hdf5")
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+# Last 8 bytes of every LevelDB-style table (TF's V1 checkpoints and V2 .index files),
+# little-endian 0xdb4775248b80fb57.
+_TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
+_TABLE_FOOTER_LEN = 48
+
+
+def _step_of(prefix: str) -> Optional[int]:
+    """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
+    base = os.path.basename(prefix.rstrip(os.sep))
+    base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
+    for suffix in _H5_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    m = _STEP_RE.search(base)
+    return int(m.group(1)) if m else None
+
+
+def _is_h5_name(path: str) -> bool:
+    return path.endswith(_H5_SUFFIXES)
+
+
+def _read_head_tail(path: str, n: int) -> Tuple[bytes, bytes, int]:
+    with open(path, "rb") as f:
+        head = f.read(n)
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - n))
+        tail = f.read(n)
+    return head, tail, size
+
+
+def _is_hdf5(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            # The superblock may sit at 0, 512, 1024, 2048, ... (after a user block).
+            for offset in (0, 512, 1024, 2048):
+                f.seek(offset)
+                if f.read(8) == _HDF5_MAGIC:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _is_table(path: str) -> bool:
+    """True if the file ends with a LevelDB table footer (TF's V1 checkpoint format)."""
+    try:
+        _, tail, size = _read_head_tail(path, 8)
+    except OSError:
+        return False
+    return size >= _TABLE_FOOTER_LEN and tail == _TABLE_MAGIC
+
+
+_V1_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}$")
+_V1_SET_RE = re.compile(r"-(?:\d{5}|\?{5})-of-\d{5}$")  # a shard or the pattern of the set
+# Files that are never a V1 checkpoint, so directory scans need not open them.
+_NOT_V1 = (_INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hdf5", ".keras",
+           ".safetensors", ".npz", ".npy")
+
+
+def _v1_pattern_of(shard: str) -> str:
+    """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
+    from .formats.v1 import v1_pattern
+
+    return v1_pattern(shard) or shard
+
+
+def _v1_files(prefix: str) -> List[str]:
+    """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
+    from .formats.v1 import v1_shard_files
+
+    return v1_shard_files(prefix)
+
+
+def _v1_pattern_exists(pattern: str) -> bool:
+    """True if ``pattern`` is ``prefix-?????-of-NNNNN`` and its first shard is a table file."""
+    files = _v1_files(pattern)
+    return bool(files) and files[0] != pattern and _is_table(files[0])
+
+
+def _v1_format(path: str) -> Optional[str]:
+    """The V1 checkpoint ``path`` names, as ckptmerge opens it (a file, or a set's pattern)."""
+    if _v1_pattern_exists(path):
+        return path
+    if os.path.isfile(path) and not path.endswith(_INDEX) and _is_table(path):
+        return _v1_pattern_of(path) if _V1_SHARD_RE.search(path) else path
+    return None
+
+
+def _v1_shard(prefix: str) -> Optional[str]:
+    """A V1 sharded checkpoint file of ``prefix`` (``prefix-00000-of-00002``), if one exists."""
+    directory, base = os.path.split(prefix)
+    try:
+        names = sorted(os.listdir(directory or "."))
+    except OSError:
+        return None
+    for name in names:
+        if name.startswith(base) and _V1_SHARD_RE.fullmatch(name[len(base):]):
+            full = os.path.join(directory, name)
+            if _is_table(full):
+                return full
+    return None
+
+
+def _index_exists(prefix: str) -> bool:
+    return os.path.isfile(prefix + _INDEX)
+
+
+def _prefix_exists(prefix: str) -> bool:
+    """A V2 prefix (``.index`` exists), a single-file checkpoint (V1 or ``.h5``) or a V1 set."""
+    return _index_exists(prefix) or os.path.isfile(prefix) or _v1_pattern_exists(prefix)
+
+
+def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
+    """Every ``BASE.data-NNNNN-of-NNNNN`` file of a directory, by ``BASE``, each list sorted:
+    one listing serves every checkpoint there."""
+    try:
+        names = sorted(os.listdir(directory or "."))
+    except OSError:
+        return {}
+    out: Dict[str, List[str]] = {}
+    for name in names:
+        m = _DATA_RE.search(name)
+        if m is not None:
+            out.setdefault(name[:m.start()], []).append(os.path.join(directory, name))
+    return out
+
+
+def _data_files(prefix: str) -> List[str]:
+    """The ``prefix.data-NNNNN-of-NNNNN`` files that exist, sorted."""
+    directory, base = os.path.split(prefix)
+    return _data_files_by_base(directory).get(base, [])
+
+
+def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
+    """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
+    (``data_files`` when the caller listed the directory already)."""
+    if fmt == FORMAT_KERAS_H5:
+        return os.path.getsize(prefix)
+    if fmt == FORMAT_TF_V1:
+        return sum(os.path.getsize(f) for f in _v1_files(prefix))
+    total = os.path.getsize(prefix + _INDEX)
+    for f in _data_files(prefix) if data_files is None else data_files:
+        total += os.path.getsize(f)
+    return total
+
+
+def _display(given_dir: str, name: str) -> str:
+    """A path to show in messages: joined to the directory as the user gave it."""
+    return os.path.join(given_dir, name)
+
+
+def _shown(abs_path: str, abs_dir: str, given_dir: str) -> str:
+    """Show ``abs_path`` relative to the directory the user gave when it lies inside it."""
+    try:
+        rel = os.path.relpath(abs_path, abs_dir)
+    except ValueError:  # different drives on Windows
+        return abs_path
+    if rel.startswith(os.pardir):
+        return abs_path
+    return _display(given_dir, rel)
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_a_file(path: str) -> Optional[str]:
+    """What ``path`` is when something is there that is not a regular file (``"a directory"``,
+    ``"a FIFO (named pipe)"``, ``"a dangling symbolic link to 'x'"``, ...), else ``None``."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    link = ""
+    if stat.S_ISLNK(mode):
+        try:
+            target = quote_name(os.readlink(path))
+        except OSError:  # pragma: no cover - removed while we looked
+            target = "?"
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return f"a dangling symbolic link to {target}"
+        link = f"a symbolic link to {target}, which is "
+    for test, kind in _KINDS:
+        if test(mode):
+            return link + kind
+    return None
+
+
+def _not_found(given: str) -> CheckpointNotFoundError:
+    # Something that is not a regular file where the checkpoint should be: say what it is (a
+    # directory named 'x.index', a FIFO, a dangling link) rather than "does not exist".
+    for path in (given + _INDEX, given):
+        kind = _not_a_file(path)
+        if kind is not None:
+            what = "" if path == given else f" cannot be read: {quote_name(path)}"
+            return CheckpointNotFoundError(
+                f"Checkpoint path {quote_name(given)}{what} is {kind}, not a "
+                "regular file. A checkpoint is a '.index' file with its '.data-*' shards, or a single "
+                "file (.weights.h5, .safetensors, .npz); replace it, or pass another path.",
+                path=given,
+            )
+    parent = os.path.dirname(given.rstrip("/\\")) or "."
+    shown_parent = os.path.dirname(given.rstrip("/\\"))
+    if not os.path.isdir(parent):
+        return CheckpointNotFoundError(
+            f"Checkpoint path '{given}' does not exist, nor does its directory '{parent}'. "
+            "Check the path (relative paths start from the current directory "
+            f"'{os.getcwd()}').",
+            path=given,
+        )
+    siblings = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("."):  # hidden files, e.g. a writer's temporary files
+            continue
+        siblings.append(name)
+        if name.endswith(_INDEX):
+            siblings.append(name[: -len(_INDEX)])
+        m = _DATA_RE.search(name)
+        if m:
+            siblings.append(name[: m.start()])
+    base = os.path.basename(given.rstrip("/\\"))
+    siblings = sorted(set(siblings) - {base})  # never the path itself
+    # A typo usually replaces characters ('1O' for '10'): prefer same-length names that differ
+    # in at most two places, so 'model-1O' suggests 'model-10' rather than 'model-1'.
+    close = [s for s in siblings
+             if len(s) == len(base) and sum(a != b for a, b in zip(s, base)) <= 2]
+    candidates = [os.path.join(shown_parent, s) if shown_parent else s for s in (close or siblings)]
+    hint = did_you_mean(given.rstrip("/\\"), candidates)
+    listing = f" Run 'ckptmerge checkpoints {shown_parent or '.'}' to list the checkpoints there."
+    return CheckpointNotFoundError(
+        f"Checkpoint path '{given}' does not exist (no such file or directory, and no "
+        f"'{given}{_INDEX}').{hint}{listing}",
+        path=given,
+    )

@@ -1,0 +1,234 @@
+"""The ``checkpoint`` state file of a training directory, parsed without TensorFlow.
+
+TensorFlow writes a text-format ``CheckpointState`` proto naming the latest checkpoint and the
+kept ones; :func:`read_state_file` parses its few fields (C escapes, adjacent literals and all)
+into a :class:`CheckpointState` whose paths are resolved as TensorFlow resolves them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from .args import check_path
+from .errors import CheckpointFormatError
+from .resolve_files import STATE_FILE, PathArg, _display, _not_found, _prefix_exists
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """The content of a directory's ``checkpoint`` state file (TF's ``CheckpointState``).
+
+    Paths are resolved the way TensorFlow resolves them (relative ones against the
+    directory) with one addition: an absolute path that does not exist on this machine (a
+    directory copied from elsewhere) is replaced by the same base name inside the directory
+    when that exists. The ``recorded_*`` fields keep the strings as written.
+
+    Attributes:
+        path: absolute path of the state file.
+        directory: absolute path of the directory holding it.
+        model_checkpoint_path: absolute prefix of the latest checkpoint, or ``None``.
+        all_model_checkpoint_paths: absolute prefixes of the kept checkpoints, oldest first.
+        all_model_checkpoint_timestamps: their save times (epoch seconds), may be empty.
+        last_preserved_timestamp: time of the last checkpoint kept by
+            ``keep_checkpoint_every_n_hours``, or ``None``.
+        recorded_model_checkpoint_path: ``model_checkpoint_path`` as written.
+        recorded_all_model_checkpoint_paths: ``all_model_checkpoint_paths`` as written.
+
+    Example:
+        >>> read_state_file("runs/A").model_checkpoint_path  # doctest: +SKIP
+        '/home/me/runs/A/ckpt-1'
+    """
+
+    path: str
+    directory: str
+    model_checkpoint_path: Optional[str]
+    all_model_checkpoint_paths: Tuple[str, ...]
+    all_model_checkpoint_timestamps: Tuple[float, ...]
+    last_preserved_timestamp: Optional[float]
+    recorded_model_checkpoint_path: Optional[str]
+    recorded_all_model_checkpoint_paths: Tuple[str, ...]
+
+    def timestamp_of(self, prefix: str) -> Optional[float]:
+        """Return the recorded save time of ``prefix`` (absolute), or ``None``."""
+        return self._timestamps.get(os.path.normpath(prefix))
+
+    @functools.cached_property
+    def _timestamps(self) -> Dict[str, float]:
+        """Recorded save times by normalised prefix (built once: one lookup per checkpoint)."""
+        if len(self.all_model_checkpoint_timestamps) != len(self.all_model_checkpoint_paths):
+            return {}
+        out: Dict[str, float] = {}
+        for p, t in zip(self.all_model_checkpoint_paths, self.all_model_checkpoint_timestamps):
+            out.setdefault(os.path.normpath(p), t)  # the first entry wins, as the scan did
+        return out
+
+_ESCAPES = {
+    "n": b"\n", "t": b"\t", "r": b"\r", "a": b"\a", "b": b"\b", "f": b"\f", "v": b"\v",
+    "\\": b"\\", "'": b"'", '"': b'"', "?": b"?",
+}
+_ESCAPE_RE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))",
+                        re.DOTALL)
+_FIELD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_STRING_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
+_NUMBER_RE = re.compile(r"[-+]?(?:inf(?:inity)?|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)f?", re.IGNORECASE)
+_SPACE_RE = re.compile(r"(?:\s+|#[^\n]*)*")
+_STRING_FIELDS = ("model_checkpoint_path", "all_model_checkpoint_paths")
+_FLOAT_FIELDS = ("all_model_checkpoint_timestamps", "last_preserved_timestamp")
+
+
+def _unescape(body: str) -> bytes:
+    """Undo the C escapes of a text-format string literal (without its quotes) into bytes."""
+    out = bytearray()
+    pos = 0
+    for m in _ESCAPE_RE.finditer(body):
+        out += body[pos:m.start()].encode("utf-8", "surrogateescape")
+        octal, hex2, u4, u8, other = m.groups()
+        if octal is not None:
+            out.append(int(octal, 8) & 0xFF)
+        elif hex2 is not None:
+            out.append(int(hex2, 16))
+        elif u4 is not None or u8 is not None:
+            out += chr(int(u4 or u8, 16)).encode("utf-8", "surrogatepass")
+        elif other in _ESCAPES:
+            out += _ESCAPES[other]
+        else:
+            raise ValueError(f"unknown escape '\\{other}'")
+        pos = m.end()
+    out += body[pos:].encode("utf-8", "surrogateescape")
+    return bytes(out)
+
+
+def _parse_state_text(text: str, shown_path: str) -> Dict[str, list]:
+    """Parse the few scalar fields of a text-format CheckpointState into lists of values."""
+    fields: Dict[str, list] = {name: [] for name in _STRING_FIELDS + _FLOAT_FIELDS}
+    pos = 0
+
+    def fail(msg: str) -> CheckpointFormatError:
+        line = text.count("\n", 0, pos) + 1
+        return CheckpointFormatError(
+            f"Cannot parse the checkpoint state file '{shown_path}' at line {line}: {msg}. "
+            "It should hold lines like 'model_checkpoint_path: \"ckpt-10\"'. Fix or delete the "
+            "file, or pass the checkpoint prefix itself instead of the directory.",
+            path=shown_path,
+        )
+
+    while True:
+        pos = _SPACE_RE.match(text, pos).end()
+        if pos >= len(text):
+            break
+        m = _FIELD_RE.match(text, pos)
+        if m is None:
+            raise fail(f"expected a field name, found {text[pos:pos + 20]!r}")
+        name = m.group(0)
+        pos = _SPACE_RE.match(text, m.end()).end()
+        if not text.startswith(":", pos):
+            raise fail(f"expected ':' after '{name}'")
+        pos = _SPACE_RE.match(text, pos + 1).end()
+        sm = _STRING_RE.match(text, pos)
+        if sm is not None:
+            raw = b""
+            while sm is not None:  # adjacent literals concatenate, as in C
+                try:
+                    raw += _unescape(sm.group(0)[1:-1])
+                except ValueError as e:
+                    raise fail(str(e)) from None
+                pos = _SPACE_RE.match(text, sm.end()).end()
+                sm = _STRING_RE.match(text, pos)
+            value: object = os.fsdecode(raw)
+        else:
+            nm = _NUMBER_RE.match(text, pos)
+            if nm is None:
+                raise fail(f"expected a value for '{name}', found {text[pos:pos + 20]!r}")
+            value = float(nm.group(0).rstrip("fF"))
+            pos = nm.end()
+        if text.startswith((";", ","), pos):
+            pos += 1
+        if name in _STRING_FIELDS:
+            if not isinstance(value, str):
+                raise fail(f"'{name}' must be a quoted string")
+        elif name in _FLOAT_FIELDS:
+            if not isinstance(value, float):
+                raise fail(f"'{name}' must be a number")
+        else:
+            logger.debug("ignoring unknown field %r in %s", name, shown_path)
+            continue
+        fields[name].append(value)
+    return fields
+
+
+def _locate(recorded: str, abs_dir: str) -> str:
+    """Resolve a recorded checkpoint path against the state file's directory."""
+    if not os.path.isabs(recorded):
+        return os.path.normpath(os.path.join(abs_dir, recorded))
+    if _prefix_exists(recorded):
+        return os.path.normpath(recorded)
+    # An absolute path from another machine (or a moved directory): try the base name here.
+    local = os.path.join(abs_dir, os.path.basename(recorded.rstrip("/\\")))
+    if _prefix_exists(local):
+        logger.info("state file path %s does not exist; using %s", recorded, local)
+        return os.path.normpath(local)
+    return os.path.normpath(recorded)
+
+
+def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
+    state_path = os.path.join(directory, STATE_FILE)
+    if not os.path.isfile(state_path):
+        return None
+    shown_path = _display(shown_dir, STATE_FILE)
+    try:
+        with open(state_path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointFormatError(
+            f"Cannot read the checkpoint state file '{shown_path}': {e.strerror or e}. "
+            "Check its permissions, or pass the checkpoint prefix itself.",
+            path=shown_path,
+        ) from e
+    fields = _parse_state_text(data.decode("utf-8", "surrogateescape"), shown_path)
+    abs_dir = os.path.abspath(directory)
+    latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
+    recorded_all = tuple(fields["all_model_checkpoint_paths"])
+    last = fields["last_preserved_timestamp"]
+    return CheckpointState(
+        path=os.path.abspath(state_path),
+        directory=abs_dir,
+        model_checkpoint_path=_locate(latest, abs_dir) if latest else None,
+        all_model_checkpoint_paths=tuple(_locate(p, abs_dir) for p in recorded_all),
+        all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
+        last_preserved_timestamp=last[-1] if last else None,
+        recorded_model_checkpoint_path=latest or None,
+        recorded_all_model_checkpoint_paths=recorded_all,
+    )
+
+
+def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
+    """Parse a directory's ``checkpoint`` state file, without TensorFlow.
+
+    Args:
+        directory: the checkpoint directory (or the state file itself).
+
+    Returns:
+        The :class:`CheckpointState`, or ``None`` when the directory has no state file.
+
+    Raises:
+        CheckpointNotFoundError: ``directory`` does not exist.
+        CheckpointFormatError: the state file cannot be read or parsed.
+
+    Example:
+        >>> st = read_state_file("runs/A")  # doctest: +SKIP
+        >>> os.path.basename(st.model_checkpoint_path), st.all_model_checkpoint_paths[-1]  # doctest: +SKIP
+        ('ckpt-1', '/home/me/runs/A/ckpt-1')
+    """
+    given = check_path(directory, "directory")
+    if os.path.isfile(given) and os.path.basename(given) == STATE_FILE:
+        return _read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
+    if not os.path.isdir(given):
+        raise _not_found(given)
+    return _read_state(given, given)
