@@ -68,7 +68,9 @@ def ck(tmp_path_factory):
     inp = keras.Input((4,))
     out = keras.layers.Dense(2, name="head")(keras.layers.Dense(3, name="enc1")(inp))
     model = keras.Model(inp, out, name="net")
-    opt = keras.optimizers.Adam(0.01)
+    # Named explicitly: an unnamed Adam is 'adam_1', 'adam_2', ... after other Keras tests in
+    # the same process (Keras numbers default names globally).
+    opt = keras.optimizers.Adam(0.01, name="adam")
     model.compile(optimizer=opt, loss="mse")
     model.fit(np.ones((4, 4), np.float32), np.ones((4, 2), np.float32), verbose=0, epochs=1)
     k = tf.train.Checkpoint(model=model, optimizer=opt).write(str(root / "K" / "ckpt"))

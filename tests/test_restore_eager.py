@@ -96,7 +96,7 @@ def test_object_based_checkpoint_restores_into_same_structure_without_a_map(tf, 
     p = tf.train.Checkpoint(model=src, optimizer=opt).write(str(tmp_path / "ckpt"))
     plan = cm.plan(dst, [p])
     assert plan.missing == [] and plan.mismatched == []
-    assert all(not n.startswith("adam/") for n in plan.assignments)
+    assert all(not n.startswith(f"{opt.name}/") for n in plan.assignments)  # adam_1 after other tests
     plan.restore()
     for k, v in _values(dst).items():
         np.testing.assert_array_equal(v, _values(src)[k])
