@@ -89,13 +89,13 @@ class _Problems:
             return
         lines = self.lines()
         n = len(lines)
-        where = file if file is not None else "the config"
+        where = escape_name(file) if file is not None else "the config"
         message = f"{n} problem{'s' if n != 1 else ''} in {where}:\n" + "\n".join(f"  {escape_name(p)}" for p in lines)
         raise ConfigError(message, path=file, problems=lines)
 
 
 def _fail(file: Optional[str], problem: str) -> ConfigError:
-    where = file if file is not None else "the config"
+    where = escape_name(file) if file is not None else "the config"
     return ConfigError(f"1 problem in {where}:\n  {escape_name(problem)}", path=file, problems=[problem])
 
 

@@ -59,7 +59,7 @@ from .resolve_files import (
     _v1_shard,
 )
 from .resolve_state import CheckpointState, _read_state, read_state_file
-from .text import quote_name
+from .text import escape_name, quote_name
 __all__ = [
     "open_resolved",
     "ArgumentError",
@@ -230,14 +230,15 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     if not os.path.isdir(given) and os.path.isfile(given + ".index"):
         parent = os.path.dirname(given) or "."
         raise ArgumentError(
-            f"'{given}' is a checkpoint prefix, not a directory. 'ckptmerge checkpoints {parent}' "
-            f"lists the checkpoints of its directory; 'ckptmerge ls {given}' shows this one.")
+            f"{quote_name(given)} is a checkpoint prefix, not a directory. 'ckptmerge checkpoints "
+            f"{escape_name(parent)}' lists the checkpoints of its directory; 'ckptmerge ls {escape_name(given)}' "
+            "shows this one.")
     if not os.path.exists(given):
         raise _not_found(given)
     if not os.path.isdir(given):
         raise ArgumentError(
-            f"'{given}' is not a directory. Pass the directory holding the checkpoints; "
-            f"'ckptmerge ls {given}' (or ckptmerge.list_variables) inspects a single checkpoint."
+            f"{quote_name(given)} is not a directory. Pass the directory holding the checkpoints; "
+            f"'ckptmerge ls {escape_name(given)}' (or ckptmerge.list_variables) inspects a single checkpoint."
         )
     state = _read_state(given, given)
     cands = _candidates_with_state(given, state)
@@ -284,7 +285,7 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
             return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
                                       note or f"Keras model archive {given}")
         raise CheckpointFormatError(
-            f"'{given}' is not a Keras '.keras' model archive: it is not a zip file holding "
+            f"{quote_name(given)} is not a Keras '.keras' model archive: it is not a zip file holding "
             "'model.weights.h5'. It is damaged or was saved in another format; re-copy it, or "
             "save the model again with model.save('model.keras').",
             path=given,
@@ -297,10 +298,10 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     hint = ""
     for ext in (".meta", ".pb", ".pbtxt", ".json"):
         if abs_path.endswith(ext) and _prefix_exists(abs_path[: -len(ext)]):
-            hint = f" Did you mean the checkpoint prefix '{given[: -len(ext)]}'?"
+            hint = f" Did you mean the checkpoint prefix {quote_name(given[: -len(ext)])}?"
             break
     raise CheckpointFormatError(
-        f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF "
+        f"{quote_name(given)} is a file but not a checkpoint ckptmerge can read: expected a TF "
         "checkpoint prefix (with a '.index' file beside it), one of its '.index'/'.data-*' "
         "files, a V1 checkpoint file, a checkpoint or SavedModel directory, or a Keras '.h5' "
         f"weights file.{hint}",
@@ -359,10 +360,10 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
                 also = f" (nor does {quote_name(local)})"
         others = [c for c in _candidates_with_state(given_dir, state)]
         raise CheckpointNotFoundError(
-            f"'{shown_state}' names {quote_name(recorded)} as the {what}, but its index file "
+            f"{quote_name(shown_state)} names {quote_name(recorded)} as the {what}, but its index file "
             f"{quote_name(shown_index)} does not exist{also}: deleted, moved, or still being written? "
             f"Steps there: {_steps_text(others)}. Pass a step (e.g. step=N) or a checkpoint "
-            f"prefix, or run 'ckptmerge checkpoints {given_dir}' to list them.",
+            f"prefix, or run 'ckptmerge checkpoints {escape_name(given_dir)}' to list them.",
             path=given_dir,
         )
     reloc = ""
@@ -377,14 +378,14 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     if sm is not None:
         if not _index_exists(sm):
             raise CheckpointNotFoundError(
-                f"'{given}' is a SavedModel directory without variables: "
-                f"'{_display(given, os.path.join('variables', 'variables.index'))}' does not exist "
+                f"{quote_name(given)} is a SavedModel directory without variables: "
+                f"{quote_name(_display(given, os.path.join('variables', 'variables.index')))} does not exist "
                 "(a model without variables, or an incomplete copy).",
                 path=given,
             )
         if step is not None:
             raise ArgumentError(
-                f"step={step} was given, but '{given}' is a SavedModel directory, which holds "
+                f"step={step} was given, but {quote_name(given)} is a SavedModel directory, which holds "
                 "one set of variables and no steps. Drop step, or pass the training directory "
                 "that holds the step's checkpoint."
             )
@@ -398,14 +399,14 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         matching = sorted({c.prefix: c for c in cands if c.step == step}.values(), key=_sort_key)
         if not matching:
             raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {given}; steps there: {_steps_text(cands)}. "
-                f"Run 'ckptmerge checkpoints {given}' to list them.",
+                f"no checkpoint of step {step} in {escape_name(given)}; steps there: {_steps_text(cands)}. "
+                f"Run 'ckptmerge checkpoints {escape_name(given)}' to list them.",
                 path=given,
             )
         if len(matching) > 1:
             shown = [_shown(c.prefix, abs_dir, given) for c in matching]
             raise ArgumentError(
-                f"several checkpoints of step {step} in {given}: {format_list(shown)}. Pass "
+                f"several checkpoints of step {step} in {escape_name(given)}: {format_list(shown)}. Pass "
                 "the one you mean as a prefix instead of the directory."
             )
         c = matching[0]
@@ -446,9 +447,9 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
                     f"{why} in {given}; took the highest step {top} of {len(pool)} checkpoints",
                 )
         raise ArgumentError(
-            f"'{given}' holds {len(pool)} checkpoints ({format_list(shown)}) and {why}, so "
+            f"{quote_name(given)} holds {len(pool)} checkpoints ({format_list(shown)}) and {why}, so "
             "ckptmerge cannot tell which one you mean. Pass one of them as a prefix, or a step "
-            f"(run 'ckptmerge checkpoints {given}' to list them)."
+            f"(run 'ckptmerge checkpoints {escape_name(given)}' to list them)."
         )
 
     fmt = _array_dir_format(given)
@@ -467,7 +468,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     if holding:
         sub_hint = f" Its subdirectories {format_list(holding)} hold checkpoints; pass one of them."
     raise CheckpointNotFoundError(
-        f"No checkpoint in directory '{given}': looked for a '{STATE_FILE}' state file, "
+        f"No checkpoint in directory {quote_name(given)}: looked for a '{STATE_FILE}' state file, "
         "'*.index' files of TF checkpoints, V1 checkpoint files, a SavedModel ('saved_model.pb' "
         f"with 'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
         path=given,
@@ -524,7 +525,7 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         shown_prefix = given[: _DATA_RE.search(given).start()]
         if not _index_exists(prefix):
             raise CheckpointNotFoundError(
-                f"'{given}' is a data shard, but its index file '{shown_prefix}{_INDEX}' does not "
+                f"{quote_name(given)} is a data shard, but its index file {quote_name(shown_prefix + _INDEX)} does not "
                 "exist, so the checkpoint is incomplete (deleted, or still being written?).",
                 path=given,
             )
@@ -551,9 +552,9 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         has = f"is step {resolved.step}" if resolved.step is not None else "has no step in its name"
         parent = os.path.dirname(given) or "."
         raise ArgumentError(
-            f"step={step} was given, but checkpoint '{given}' {has}. To pick a step, pass the "
-            f"directory with the step: Source('{parent}', step={step}) in Python, "
-            f"'ckptmerge ls {parent} --step {step}' on the command line; or drop the step."
+            f"step={step} was given, but checkpoint {quote_name(given)} {has}. To pick a step, pass the "
+            f"directory with the step: Source({quote_name(parent)}, step={step}) in Python, "
+            f"'ckptmerge ls {escape_name(parent)} --step {step}' on the command line; or drop the step."
         )
     return resolved
 

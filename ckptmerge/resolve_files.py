@@ -15,7 +15,7 @@ import stat
 from typing import Dict, List, Optional, Tuple, Union
 
 from .errors import CheckpointNotFoundError, did_you_mean
-from .text import quote_name
+from .text import escape_name, quote_name
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -245,9 +245,9 @@ def _not_found(given: str) -> CheckpointNotFoundError:
     shown_parent = os.path.dirname(given.rstrip("/\\"))
     if not os.path.isdir(parent):
         return CheckpointNotFoundError(
-            f"Checkpoint path '{given}' does not exist, nor does its directory '{parent}'. "
+            f"Checkpoint path {quote_name(given)} does not exist, nor does its directory {quote_name(parent)}. "
             "Check the path (relative paths start from the current directory "
-            f"'{os.getcwd()}').",
+            f"{quote_name(os.getcwd())}).",
             path=given,
         )
     siblings = []
@@ -272,9 +272,9 @@ def _not_found(given: str) -> CheckpointNotFoundError:
              if len(s) == len(base) and sum(a != b for a, b in zip(s, base)) <= 2]
     candidates = [os.path.join(shown_parent, s) if shown_parent else s for s in (close or siblings)]
     hint = did_you_mean(given.rstrip("/\\"), candidates)
-    listing = f" Run 'ckptmerge checkpoints {shown_parent or '.'}' to list the checkpoints there."
+    listing = f" Run 'ckptmerge checkpoints {escape_name(shown_parent or '.')}' to list the checkpoints there."
     return CheckpointNotFoundError(
-        f"Checkpoint path '{given}' does not exist (no such file or directory, and no "
-        f"'{given}{_INDEX}').{hint}{listing}",
+        f"Checkpoint path {quote_name(given)} does not exist (no such file or directory, and no "
+        f"{quote_name(given + _INDEX)}).{hint}{listing}",
         path=given,
     )

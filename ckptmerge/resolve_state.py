@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 from .args import check_path
 from .errors import CheckpointFormatError
 from .resolve_files import STATE_FILE, PathArg, _display, _not_found, _prefix_exists
+from .text import quote_name
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _parse_state_text(text: str, shown_path: str) -> Dict[str, list]:
     def fail(msg: str) -> CheckpointFormatError:
         line = text.count("\n", 0, pos) + 1
         return CheckpointFormatError(
-            f"Cannot parse the checkpoint state file '{shown_path}' at line {line}: {msg}. "
+            f"Cannot parse the checkpoint state file {quote_name(shown_path)} at line {line}: {msg}. "
             "It should hold lines like 'model_checkpoint_path: \"ckpt-10\"'. Fix or delete the "
             "file, or pass the checkpoint prefix itself instead of the directory.",
             path=shown_path,
@@ -187,7 +188,7 @@ def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
             data = f.read()
     except OSError as e:
         raise CheckpointFormatError(
-            f"Cannot read the checkpoint state file '{shown_path}': {e.strerror or e}. "
+            f"Cannot read the checkpoint state file {quote_name(shown_path)}: {e.strerror or e}. "
             "Check its permissions, or pass the checkpoint prefix itself.",
             path=shown_path,
         ) from e

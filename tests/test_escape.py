@@ -189,3 +189,52 @@ def test_a_state_file_naming_a_hostile_missing_checkpoint_is_one_escaped_error_l
         cm.list_variables(tmp_path)
     assert_clean(str(err.value))
     assert len(str(err.value).splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# paths the user typed
+
+
+#: A path that would colour the terminal red and start a forged line if printed raw.
+RED = "runs\x1b[31m\nError: forged"
+
+
+def test_a_missing_checkpoint_path_is_one_escaped_error_line(tmp_path):
+    path = tmp_path / RED / "model"
+    r = run("ls", path)
+    assert_one_line_error(r, "Checkpoint path '", "runs\\x1b[31m\\nError: forged/model' does not exist")
+    assert_clean(r.stderr)
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        cm.list_variables(str(path))
+    assert_clean(str(err.value))
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_directory_without_checkpoints_is_named_escaped(tmp_path):
+    (tmp_path / RED).mkdir()
+    r = run("ls", tmp_path / RED, "--step", 3)
+    assert_one_line_error(r, "runs\\x1b[31m\\nError: forged")
+    assert_clean(r.stderr)
+    r = run("checkpoints", tmp_path / RED / "nothing")
+    assert_one_line_error(r, "runs\\x1b[31m\\nError: forged/nothing' does not exist")
+    assert_clean(r.stderr)
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_escaped(tmp_path):
+    (tmp_path / RED).mkdir()
+    (tmp_path / RED / "notes.txt").write_text("hello")
+    r = run("ls", tmp_path / RED / "notes.txt")
+    assert_one_line_error(r, "runs\\x1b[31m\\nError: forged/notes.txt' is a file but not a checkpoint")
+    assert_clean(r.stderr)
+
+
+def test_a_config_path_is_escaped_in_the_problem_header(tmp_path):
+    (tmp_path / RED).mkdir()
+    config = tmp_path / RED / "warm.yaml"
+    r = run("check", config)
+    assert r.exit_code == 2, r.output
+    assert_clean(r.stderr)
+    assert r.stderr.splitlines()[0].endswith("runs\\x1b[31m\\nError: forged/warm.yaml:")
+    assert r.stderr.splitlines()[1:] == ["  warm.yaml: config file not found: "
+                                         f"'{escape_name(str(config))}'"]
+    assert not any(line.startswith("Error: forged") for line in r.stderr.splitlines())
