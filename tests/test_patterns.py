@@ -7,6 +7,7 @@ time limit so that a regression fails instead of hanging the suite.
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -181,3 +182,113 @@ def test_any_template_expands_as_pythons_re_does(parts, name):
     template = "".join(parts)
     p = compile_pattern(pattern)
     assert p.template(template).expand(p.fullmatch(name)) == re.fullmatch(pattern, name).expand(template)
+
+
+# --------------------------------------------------------------------------------------------
+# Where RE2 reads Python's syntax otherwise: never silently
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern,found,fix", [
+    ("a{,3}", "{,3}", "{0,3}"), ("enc/x{,}", "{,}", "{0,}"), ("{,3}", "{,3}", "{0,3}"),
+])
+def test_an_open_lower_bound_is_refused_with_the_fix(pattern, found, fix):
+    with pytest.raises(PatternError) as e:
+        compile_pattern(pattern)
+    assert e.value.problem.startswith(f"'{pattern}': '{found}' means 0 ")
+    assert f"but is literal text in RE2, which matches user patterns; write '{fix}' to repeat, or " \
+           f"'\\{found}' for the text" in str(e.value)
+
+
+@pytest.mark.parametrize("pattern,text", [
+    ("a{0,3}", "aaa"), (r"a\{,3}", "a{,3}"), ("a[{,3}]", "a,"), (r"\Q{,3}\E", "{,3}"), ("a{ ,3}", "a{ ,3}"),
+])
+def test_repetitions_python_and_re2_read_alike_are_accepted(pattern, text):
+    assert compile_pattern(pattern).fullmatch(text) is not None
+
+
+def test_config_check_refuses_an_open_lower_bound_with_the_line(tmp_path):
+    (tmp_path / "runs").mkdir()
+    config = write_config(tmp_path / "warm.yaml", r"""
+        sources:
+          - path: runs
+            regex: [['^layer_(\d{,2})/(.*)$', 'layers/\1/\2']]
+        """)
+    result = run("check", config)
+    assert result.exit_code == 2
+    assert ("warm.yaml:3 sources[0].regex[0]: '^layer_(\\d{,2})/(.*)$': '{,2}' means 0 to 2 repetitions "
+            "in Python's re but is literal text in RE2") in result.stderr
+
+
+def test_a_non_ascii_name_matched_otherwise_than_by_python_is_an_error_with_the_fix():
+    p = compile_pattern(r"layer_(\d+)")
+    assert p.fullmatch("layer_12").group(1) == "12"
+    with pytest.raises(PatternError) as e:
+        p.fullmatch("layer_\u0663")  # ARABIC-INDIC DIGIT THREE: a digit to Python's \d
+    assert str(e.value) == ("invalid regex 'layer_(\\d+)': it matches the name 'layer_\u0663' differently "
+                            "than Python's re would; '\\d' matches ASCII digits only in RE2 (any Unicode "
+                            "digits in Python's re): write '[0-9]' for ASCII only, or '\\p{Nd}' for any")
+    assert isinstance(e.value, RuleError)
+    # Both fixes are unambiguous, and a hostile name is escaped in the message.
+    assert compile_pattern(r"layer_([0-9]+)").fullmatch("layer_\u0663") is None
+    assert compile_pattern(r"layer_(\p{Nd}+)").fullmatch("layer_\u0663").group(1) == "\u0663"
+    with pytest.raises(PatternError, match=re.escape("'\\x1b[2J\u0663'")):
+        compile_pattern(r".*(\d)").fullmatch("\x1b[2J\u0663")
+
+
+def test_a_non_ascii_name_matched_alike_is_no_error():
+    assert compile_pattern(r"layer_(\d+)").fullmatch("l\u00e4yer_12") is None
+    assert compile_pattern(r"\d+").search("\u00e9nc_12")
+    assert compile_pattern(r"[^\W\d]+/(\s*)").fullmatch("enc/").group(1) == ""
+
+
+def test_word_boundaries_are_refused_for_names_with_non_ascii_letters():
+    p = compile_pattern(r"\bkernel\b")
+    assert p.search("enc/kernel") and p.search("enc\u202e/kernel")  # no non-ASCII letter: alike
+    with pytest.raises(PatternError, match=r"may match the name '\\u00fc/kernel'|may match the name 'ü/kernel'"):
+        p.search("\u00fc/kernel")
+    with pytest.raises(PatternError, match=re.escape("match the separators instead, e.g. '(^|/)kernel($|/)'")):
+        p.search("\u00fc/kernel")
+
+
+def test_dollar_matches_only_at_the_very_end_of_a_name():
+    # Python's '$' also matches before a final newline; a name ending in a newline does not end
+    # in 'kernel' (documented in docs/config.md).
+    assert re.search("kernel$", "enc/kernel\n") and not compile_pattern("kernel$").search("enc/kernel\n")
+    assert compile_pattern("kernel$").search("enc/kernel")
+
+
+NAME_PATTERNS = [r"\d+", r"(\w+)/(\d)", r"[\w/]+", r"(\S+)\s(\D*)", r"[^\W_]+", r"a\W", r"(\s*)\w$", r"\bb"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(NAME_PATTERNS),
+       st.text(alphabet="ab1_/ \u0663\u00e9\u00a0\u2028\u00b2\u202e", max_size=6))
+def test_a_name_is_matched_as_pythons_re_matches_it_or_refused(pattern, name):
+    p = compile_pattern(pattern)
+    try:
+        found, full = p.search(name), p.fullmatch(name)
+    except PatternError as e:
+        assert not name.isascii() and "differently than Python's re would" in str(e)
+        return
+    m = re.fullmatch(pattern, name)
+    assert found == (re.search(pattern, name) is not None)
+    assert (full is None) == (m is None)
+    if m is not None:
+        assert [full.group(i) for i in range(m.re.groups + 1)] == [m.group(i) for i in range(m.re.groups + 1)]
+
+
+def test_ls_regex_refuses_what_python_would_read_otherwise(tmp_path, tf):
+    prefix = str(tmp_path / "model")
+    names = ["layer_1/kernel", "layer_\u0663/kernel"]  # SaveV2 stores any key it is given
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=["", ""],
+                      tensors=[tf.constant([1.0]), tf.constant([2.0])])
+    assert_one_line_error(run("ls", prefix, "--regex", r"layer_\d/"),
+                          "invalid regex 'layer_\\d/': it matches the name 'layer_\u0663/kernel' differently",
+                          "write '[0-9]' for ASCII only, or '\\p{Nd}' for any")
+    r = run("ls", prefix, "--regex", r"layer_[0-9]/", "--json")
+    assert r.exit_code == 0 and [v["name"] for v in json.loads(r.stdout)] == ["layer_1/kernel"]
+    r = run("ls", prefix, "--regex", r"layer_\p{Nd}/", "--json")
+    assert r.exit_code == 0 and [v["name"] for v in json.loads(r.stdout)] == names
+    assert_one_line_error(run("ls", prefix, "--regex", "1{,3}"), "invalid --regex '1{,3}': '{,3}' means 0 to 3",
+                          "write '{0,3}' to repeat")
