@@ -238,3 +238,75 @@ def test_a_config_path_is_escaped_in_the_problem_header(tmp_path):
     assert r.stderr.splitlines()[1:] == ["  warm.yaml: config file not found: "
                                          f"'{escape_name(str(config))}'"]
     assert not any(line.startswith("Error: forged") for line in r.stderr.splitlines())
+
+
+# --------------------------------------------------------------------------------------------
+# paths the user typed, in the CLI's own messages and output lines
+
+
+def no_forged_line(text: str) -> None:
+    assert_clean(text)
+    assert not any(line.startswith("Error: forged") for line in text.splitlines()), text
+
+
+@pytest.fixture
+def red_dir(tmp_path, tf):
+    """A folder whose name holds ESC and a newline, with checkpoint 'model' (variable 'v')."""
+    red = tmp_path / RED
+    red.mkdir()
+    save_v2(tf, red / "model", {"v": np.ones((2,), np.float32)})
+    return red
+
+
+def test_suggest_names_its_output_file_escaped(red_dir):
+    out = red_dir / "map.yaml"
+    r = run("suggest", red_dir / "model", "--target", red_dir / "model", "-o", out)
+    assert r.exit_code == 0, r.output
+    no_forged_line(r.stdout)
+    wrote = r.stdout.splitlines()[-1]
+    assert wrote.startswith(f"Wrote {escape_name(str(out))}: check it with 'ckptmerge check ")
+    assert out.exists()
+
+
+def test_suggest_cannot_write_its_output_names_it_escaped(red_dir):
+    r = run("suggest", red_dir / "model", "--target", red_dir / "model", "-o", red_dir / "no" / "map.yaml")
+    assert_one_line_error(r, "cannot write '", "runs\\x1b[31m\\nError: forged/no/map.yaml'")
+    no_forged_line(r.stderr)
+
+
+@pytest.mark.parametrize("command,key", [("plan", "target"), ("merge", "output")])
+def test_a_config_without_target_or_output_is_named_escaped(red_dir, command, key):
+    config = red_dir / "warm.yaml"
+    config.write_text("sources:\n  - name: A\n    path: model\n")
+    r = run(command, config)
+    assert_one_line_error(r, f"in '{escape_name(str(config))}'.")
+    no_forged_line(r.stderr)
+
+
+def test_an_unknown_tensor_names_the_typed_path_escaped_in_the_hint(red_dir):
+    r = run("show", red_dir / "model", "w")
+    assert_one_line_error(r, "Variable 'w' not found in checkpoint '", "Run 'ckptmerge ls '",
+                          "runs\\x1b[31m\\nError: forged/model'")
+    no_forged_line(r.stderr)
+
+
+def test_checkpoints_of_a_folder_without_any_names_it_escaped(tmp_path):
+    (tmp_path / RED).mkdir()
+    r = run("checkpoints", tmp_path / RED)
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f"No checkpoint in '{escape_name(str(tmp_path / RED))}'.\n"
+
+
+def test_a_model_file_that_does_not_compile_is_one_escaped_error_line(red_dir):
+    models = red_dir / f"{RED}.py"  # SyntaxError's message names the file
+    models.write_text("def build(:\n")
+    r = run("suggest", red_dir / "model", "--model", f"{models}:build")
+    assert_one_line_error(r, "importing '", "raised SyntaxError")
+    no_forged_line(r.stderr)
+
+
+def test_demo_names_its_folder_escaped(tmp_path, tf):
+    r = run("demo", "--dir", tmp_path / RED)
+    assert r.exit_code == 0, r.output
+    no_forged_line(r.stdout)
+    assert f"Demo folder: {escape_name(str(tmp_path / RED))}" in r.stdout.splitlines()

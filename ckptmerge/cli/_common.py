@@ -179,8 +179,18 @@ class _Opened:
         return escape_name(f"Checkpoint: {self.prefix} ({self.note})")
 
     def ls_command(self) -> str:
-        cmd = f"ckptmerge ls {shlex.quote(self.given)}"
-        return cmd + (f" --step {self.step}" if self.step is not None else "")
+        return command_hint("ls", self.given, *(("--step", self.step) if self.step is not None else ()))
+
+
+def command_hint(*words: Any) -> str:
+    """A ``ckptmerge ...`` command line for a hint: shell-quoted, so it can be pasted, and escaped
+    (:func:`~ckptmerge.text.escape_name`), so a path the user typed stays on one visible line.
+
+    Example:
+        >>> command_hint("check", "my config.yaml")
+        "ckptmerge check 'my config.yaml'"
+    """
+    return escape_name(" ".join(["ckptmerge"] + [shlex.quote(str(w)) for w in words]))
 
 
 def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:

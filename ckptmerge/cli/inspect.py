@@ -23,7 +23,7 @@ import click
 from ..errors import UnreadableTensorError, did_you_mean
 from ..patterns import PatternError, UserPattern, compile_pattern
 from ..specs import KIND_VARIABLE, VariableInfo
-from ..text import escape_name, human_bytes, plural
+from ..text import escape_name, human_bytes, plural, quote_name
 from ._common import (
     CliError,
     EXIT_FINDINGS,
@@ -64,7 +64,7 @@ def _compile_regex(pattern: Optional[str]) -> Optional[UserPattern]:
     try:
         return compile_pattern(pattern)
     except PatternError as e:
-        raise CliError(f"invalid --regex {pattern!r}: {e.detail}. Use a regular expression in RE2 "
+        raise CliError(f"invalid --regex {quote_name(pattern)}: {e.detail}. Use a regular expression in RE2 "
                        "syntax, e.g. --regex 'enc.*/kernel$' (it is searched anywhere in the name).") from None
 
 
@@ -346,7 +346,8 @@ def _unknown_name(opened: _Opened, name: str) -> CliError:
     n_vars = sum(1 for v in infos if v.kind == KIND_VARIABLE)
     candidates = [v.name for v in infos] + [v.raw_key for v in infos if v.raw_key != v.name]
     return CliError(
-        f"Variable {name!r} not found in checkpoint {opened.given!r} ({opened.prefix})."
+        f"Variable {quote_name(name)} not found in checkpoint {quote_name(opened.given)} "
+        f"({escape_name(opened.prefix)})."
         f"{did_you_mean(name, candidates)} Run '{opened.ls_command()}' to list its "
         f"{plural(n_vars, 'variable')}.")
 
@@ -631,7 +632,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
                    expand=1)
         return
     if not infos:
-        click.echo(f"No checkpoint in {directory!r}.")
+        click.echo(f"No checkpoint in {quote_name(directory)}.")
         return
     rows = [["*" if c.latest else "", "-" if c.step is None else str(c.step), _local_iso(c.time),
              human_bytes(c.size), rel(c.path)] for c in infos]
@@ -642,7 +643,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
         state = read_state_file(directory)
         named = state.model_checkpoint_path if state is not None else None
         if named:
-            total += f"; the 'checkpoint' state file names {rel(named)!r} as latest, which is missing"
+            total += f"; the 'checkpoint' state file names {quote_name(rel(named))} as latest, which is missing"
         else:
             total += "; no latest recorded (no 'checkpoint' state file naming one)"
     click.echo(table(rows, right=[1, 3], header=["LATEST", "STEP", "TIME", "SIZE", "NAME"]) + "\n" + total)

@@ -6,7 +6,8 @@ from typing import Optional, Sequence
 
 import click
 
-from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli
+from ..text import escape_name, quote_name
+from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli, command_hint
 from .workflow import _checkpoint_specs, _model_target
 
 
@@ -41,13 +42,13 @@ def suggest_command(sources: Sequence[str], target_path: Optional[str], model_sp
         try:
             suggestion.write(output)
         except OSError as e:
-            raise CliError(f"cannot write {output!r}: {e.strerror or e}. Pick another -o FILE.") from None
+            raise CliError(f"cannot write {quote_name(output)}: {e.strerror or e}. Pick another -o FILE.") from None
     if as_json:
         _echo_json(suggestion.to_dict())
     else:
         click.echo(suggestion.report())
         if output is not None:
-            click.echo(f"Wrote {output}: check it with 'ckptmerge check {output}', then "
-                       f"'ckptmerge plan {output} --target ...'.")
+            click.echo(f"Wrote {escape_name(output)}: check it with '{command_hint('check', output)}', then "
+                       f"'{command_hint('plan', output)} --target ...'.")
     if suggestion.missing or any(s.unresolved for s in suggestion.sources):
         raise SystemExit(EXIT_FINDINGS)

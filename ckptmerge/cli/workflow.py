@@ -21,7 +21,7 @@ import click
 
 from ..errors import CkptMergeError, PlanError, did_you_mean
 from ..specs import VariableInfo
-from ..text import human_bytes, plural
+from ..text import escape_name, human_bytes, plural, quote_name
 from ._common import (
     CliError,
     EXIT_FINDINGS,
@@ -52,7 +52,7 @@ def demo_command(workdir: Optional[str]) -> None:
     """
     if workdir is not None:
         if os.path.isdir(workdir) and os.listdir(workdir):
-            raise CliError(f"--dir {workdir!r} is not empty; the demo writes its checkpoints into a new or "
+            raise CliError(f"--dir {quote_name(workdir)} is not empty; the demo writes its checkpoints into a new or "
                            "empty folder. Pass another --dir, or leave it out for a temporary folder.")
         os.makedirs(workdir, exist_ok=True)
     _quiet_tensorflow()
@@ -64,7 +64,7 @@ def demo_command(workdir: Optional[str]) -> None:
 
         tf.constant(0)  # device set-up, with its own chatter
     result = run_demo(workdir)
-    click.echo(f"Demo folder: {result.workdir}")
+    click.echo(f"Demo folder: {escape_name(result.workdir)}")
     for title, text in result.steps:
         click.echo(f"\n== {title} ==\n{text}")
     click.echo("\n== Checks ==")
@@ -106,15 +106,15 @@ def _import_function(spec: str) -> Callable[[], Any]:
     mod_name, sep, func_name = spec.rpartition(":")
     if not sep or not mod_name or not func_name:
         raise CliError(f"--model expects MODULE:FUNCTION or path/to/file.py:FUNCTION, e.g. "
-                       f"--model mymodels:build_model. Received: {spec!r}")
+                       f"--model mymodels:build_model. Received: {quote_name(spec)}")
     try:
         if mod_name.endswith(".py") or os.sep in mod_name or "/" in mod_name:
             if not os.path.isfile(mod_name):
-                raise CliError(f"--model {spec!r}: file {mod_name!r} does not exist.")
+                raise CliError(f"--model {quote_name(spec)}: file {quote_name(mod_name)} does not exist.")
             name = "_ckptmerge_model_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(mod_name))[0])
             loader_spec = importlib.util.spec_from_file_location(name, mod_name)
             if loader_spec is None or loader_spec.loader is None:
-                raise CliError(f"--model {spec!r}: cannot load {mod_name!r} as a Python module.")
+                raise CliError(f"--model {quote_name(spec)}: cannot load {quote_name(mod_name)} as a Python module.")
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module
             loader_spec.loader.exec_module(module)
@@ -125,16 +125,19 @@ def _import_function(spec: str) -> Callable[[], Any]:
     except CliError:
         raise
     except ImportError as e:
-        raise CliError(f"--model {spec!r}: cannot import module {mod_name!r}: {e}. Pass a module on "
-                       "the Python path (run from its folder) or a file path, e.g. models.py:build.") from None
+        raise CliError(f"--model {quote_name(spec)}: cannot import module {quote_name(mod_name)}: "
+                       f"{escape_name(str(e))}. Pass a module on the Python path (run from its folder) or a file path, "
+                       "e.g. models.py:build.") from None
     except Exception as e:  # noqa: BLE001 - the user's module failed while loading: say so in one line
         logger.info("importing %s failed:", mod_name, exc_info=True)
-        raise CliError(f"--model {spec!r}: importing {mod_name!r} raised {type(e).__name__}: {e} "
-                       "(ckptmerge -v plan/merge ... shows the traceback)") from None
+        raise CliError(f"--model {quote_name(spec)}: importing {quote_name(mod_name)} raised "
+                       f"{type(e).__name__}: {escape_name(str(e))} (ckptmerge -v plan/merge ... shows the "
+                       "traceback)") from None
     func = getattr(module, func_name, None)
     if func is None or not callable(func):
         public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
-        raise CliError(f"--model {spec!r}: module {mod_name!r} has no function {func_name!r}."
+        raise CliError(f"--model {quote_name(spec)}: module {quote_name(mod_name)} has no function "
+                       f"{quote_name(func_name)}."
                        f"{did_you_mean(func_name, public)}")
     return func
 
@@ -192,8 +195,9 @@ def _model_target(spec: str) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function failed: say so in one line
         logger.info("%s() failed:", getattr(func, "__name__", spec), exc_info=True)
-        raise CliError(f"--model {spec!r}: {getattr(func, '__name__', 'the function')}() raised "
-                       f"{type(e).__name__}: {e} (ckptmerge -v plan/merge ... shows the traceback)") from None
+        raise CliError(f"--model {quote_name(spec)}: {getattr(func, '__name__', 'the function')}() raised "
+                       f"{type(e).__name__}: {escape_name(str(e))} (ckptmerge -v plan/merge ... shows the "
+                       "traceback)") from None
     import tensorflow as tf
 
     from ..targets import _is_keras_object
@@ -203,7 +207,7 @@ def _model_target(spec: str) -> Any:
     if not ok:
         kind = type(target).__name__
         got = "None" if target is None else f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
-        raise CliError(f"--model {spec!r}: {getattr(func, '__name__', 'the function')}() returned {got}; "
+        raise CliError(f"--model {quote_name(spec)}: {getattr(func, '__name__', 'the function')}() returned {got}; "
                        "it must return a Keras model, a tf.Module, or a non-empty list/dict of variables.")
     return target
 
@@ -213,7 +217,7 @@ def _checkpoint_specs(path: str, step: Optional[int], what: str) -> List[Variabl
 
     specs = list_variables(path, step=step, optimizer=False)
     if not specs:
-        raise CliError(f"{what} checkpoint {path!r} holds no model variables (only optimizer state "
+        raise CliError(f"{what} checkpoint {quote_name(path)} holds no model variables (only optimizer state "
                        "or bookkeeping), so it cannot serve as a target.")
     return specs
 
@@ -265,7 +269,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         target = _checkpoint_specs(cfg.target, None, "The config's 'target'")
     else:
         raise CliError(f"no target to plan against: pass --target PATH (a checkpoint) or --model "
-                       f"MODULE:FUNCTION, or set 'target: PATH' in {config}.")
+                       f"MODULE:FUNCTION, or set 'target: PATH' in {quote_name(config)}.")
     plan = make_plan(target, sources, **cfg.plan_options)
     try:
         blocking = _blocking(plan, cfg.strict)
@@ -358,7 +362,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     cfg = _load_config(config)
     out = out_prefix if out_prefix is not None else cfg.output
     if out is None:
-        raise CliError(f"no output: pass -o OUT_PREFIX, or set 'output: PREFIX' in {config}.")
+        raise CliError(f"no output: pass -o OUT_PREFIX, or set 'output: PREFIX' in {quote_name(config)}.")
     sources = cfg.make_sources()
     template: Any = template_path
     if model_spec is not None:
