@@ -191,6 +191,11 @@ class OutputExistsError(CkptMergeError, FileExistsError):
         return str(self.args[0]) if self.args else ""
 
 
+class OutputLockedError(OutputExistsError):
+    """Another merge to the same output in object storage is running (it holds the output's lock
+    object, ``e.path``); see README "Remote checkpoints"."""
+
+
 class CheckpointWriteError(CkptMergeError, OSError):
     """Writing the checkpoint failed (disk full, permission denied, ...); nothing was left behind.
 

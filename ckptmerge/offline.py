@@ -219,6 +219,8 @@ def _check_template(template: Any) -> Tuple[str, Any]:
 
 
 def _same_prefix(a: str, b: str) -> bool:
+    if is_url(a) or is_url(b):  # object storage: no links, no case folding
+        return a.rstrip("/") == b.rstrip("/")
     return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 

@@ -8,21 +8,44 @@ ever sees an index whose data is incomplete. Object stores have no atomic rename
 existing checkpoint (``overwrite=True``) first deletes its index: during the upload the prefix
 reads as "no checkpoint", never as a mix of old and new. An upload that fails or is interrupted
 removes the objects it wrote (an unfinished multipart upload is aborted by the filesystem
-library) and leaves no index. Nothing here imports TensorFlow.
+library) and leaves no index. With ``update_state`` the directory's ``checkpoint`` state file is
+written last, after the index (earlier entries kept, as for a local output).
+
+Two merges to one output are kept apart by a lock object, ``<prefix>.lock``, created with the
+store's atomic create-if-absent (S3: a conditional PUT, ``If-None-Match: *``) before anything is
+checked or written and deleted when the merge ends, however it ends. A second merge finds it and
+fails at once, naming the holder (host, process, start time). A merge killed without a chance to
+clean up (SIGKILL, a lost machine) leaves its lock behind: the error shows its age; delete the
+object when that merge is known to be gone. Locks are never broken automatically: object stores
+have no compare-and-delete, so two merges that both judged a lock stale could both proceed.
+Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
-from typing import Any, Callable, List
+import time
+from typing import Any, Callable, List, Optional
 
-from .errors import ArgumentError, CheckpointWriteError, OutputExistsError
-from .formats.storage import basename, dirname, filesystem, join, remote_exists, remote_listdir
+from .errors import CheckpointWriteError, OutputExistsError, OutputLockedError
+from .formats.storage import (
+    basename,
+    create_exclusive,
+    dirname,
+    filesystem,
+    join,
+    read_small,
+    remote_exists,
+    remote_listdir,
+)
 from .text import quote_name
 
 __all__ = ["merge_to_url"]
@@ -43,35 +66,116 @@ def _remote_checkpoint_objects(url: str) -> List[str]:
             if n == base + ".index" or (n.startswith(base) and _DATA_RE.fullmatch(n[len(base):]))]
 
 
+class _RemoteLock:
+    """``<url>.lock``, created atomically on entry and deleted on exit (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url + ".lock"
+        self.output = url
+        self.token = os.urandom(8).hex()
+        self.held = False
+
+    def __enter__(self) -> "_RemoteLock":
+        if os.environ.get("CKPTMERGE_REMOTE_LOCK", "1") == "0":
+            return self
+        body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                           "token": self.token, "output": self.output}).encode()
+        if create_exclusive(self.url, body) or self._holder().get("token") == self.token:
+            self.held = True  # (the second test: our create landed but its answer was lost, then retried)
+            return self
+        raise self._locked_error()
+
+    def _holder(self) -> dict:
+        try:
+            holder = json.loads(read_small(self.url, 1 << 16).decode("utf-8"))
+        except Exception:  # noqa: BLE001 - gone, unreadable or not ours: still no holder to name
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    def _locked_error(self) -> OutputLockedError:
+        h = self._holder()
+        started = h.get("started")
+        if isinstance(started, (int, float)):
+            age = f", started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))} " \
+                  f"({max(0, time.time() - started) / 60:.0f} min ago)"
+        else:
+            age = ""
+        who = f"process {h.get('pid')!r} on host {str(h.get('host'))!r}" if h else "an unknown writer"
+        return OutputLockedError(
+            f"Another merge to {quote_name(self.output)} is running: the lock {quote_name(self.url)} is held by "
+            f"{who}{age}. Wait for it to finish, or choose another output. If that merge is no longer running "
+            f"(killed without cleaning up), delete the object {quote_name(self.url)} and merge again.",
+            path=self.url)
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            fs, path = filesystem(self.url)
+            fs.rm_file(path)
+        except Exception:  # noqa: BLE001 - the merge's own outcome matters more; say what is left
+            logger.warning("could not remove the lock %s; delete it before the next merge to %s",
+                           self.url, self.output)
+
+
 def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: Any) -> Any:
     """Run ``merge(sources, <local temp prefix>, **options)``, then upload the result to ``url``.
 
     Raises:
+        OutputLockedError: another merge to ``url`` holds its lock object.
         OutputExistsError: a checkpoint exists at ``url`` and ``overwrite`` is false.
-        ArgumentError: ``update_state`` (not supported for remote outputs yet).
-        CheckpointWriteError: an upload failed; the objects it wrote are removed.
+        CheckpointWriteError: an upload failed; the objects it wrote are removed (or, after the
+            index, the state file could not be written: the checkpoint itself is complete).
 
     Example:
         >>> merge_to_url(merge, [Source("runs/A")], "s3://bucket/release/model")  # doctest: +SKIP
     """
-    if options.get("update_state"):
-        raise ArgumentError("update_state is not supported for a merge output in object storage yet: write the "
-                            f"'checkpoint' state file yourself. Received: out_prefix={url!r}, update_state=True")
+    from .resolve_remote import read_state_url
+
     fmt = options.get("format") or ("safetensors" if url.endswith(".safetensors") else "tf")
-    existing = ([url] if remote_exists(url) else []) if fmt == "safetensors" else _remote_checkpoint_objects(url)
-    if existing and not options.get("overwrite"):
-        raise OutputExistsError(f"A checkpoint already exists at {quote_name(url)} ({quote_name(existing[0])}). Choose "
-                                "another output, or pass overwrite=True (ckptmerge merge --force) to replace it.",
-                                path=existing[0])
+    update_state = bool(options.get("update_state")) and fmt == "tf"
+    dry_run = options.get("dry_run")
     tmp = tempfile.mkdtemp(prefix="ckptmerge-upload-")
     try:
-        local = os.path.join(tmp, basename(url))
-        report = merge(sources, local, **{**options, "overwrite": True, "update_state": False})
-        if not options.get("dry_run"):
-            _upload(local, url, fmt, existing)
-        return dataclasses.replace(report, output=url)
+        with (contextlib.nullcontext() if dry_run else _RemoteLock(url)):
+            existing = ([url] if remote_exists(url) else []) if fmt == "safetensors" else \
+                _remote_checkpoint_objects(url)
+            if existing and not options.get("overwrite"):
+                raise OutputExistsError(f"A checkpoint already exists at {quote_name(url)} ({quote_name(existing[0])}). "
+                                        "Choose another output, or pass overwrite=True (ckptmerge merge --force) to "
+                                        "replace it.", path=existing[0])
+            state = read_state_url(dirname(url)) if update_state else None  # a broken one fails first
+            local = os.path.join(tmp, basename(url))
+            # update_state goes through too, so its checks are the local merge's; the state file it
+            # writes in the temporary folder is not uploaded (the remote one is written below)
+            report = merge(sources, local, **{**options, "overwrite": True})
+            state_file: Optional[str] = None
+            if not dry_run:
+                _upload(local, url, fmt, existing)
+                if update_state:
+                    state_file = _publish_state(url, state)
+        return dataclasses.replace(report, output=url, state_file=state_file)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish_state(url: str, state: Any) -> str:
+    """Write the output directory's ``checkpoint`` state file (one PUT: readers see the old or the new)."""
+    from .offline import _state_text
+
+    target = join(dirname(url), "checkpoint")
+    text = _state_text(url, state)
+    try:
+        fs, path = filesystem(target)
+        fs.pipe_file(path, text.encode("utf-8", "surrogateescape"))
+    except Exception as e:  # noqa: BLE001 - every store raises its own types
+        raise CheckpointWriteError(
+            f"The checkpoint {quote_name(url)} was uploaded, but its directory's state file {quote_name(target)} "
+            f"could not be updated ({type(e).__name__}: {e}). Check that you may write there; the checkpoint "
+            "itself is complete and can be used by its prefix.", path=target) from e
+    logger.info("updated %s", target)
+    return target
 
 
 def _upload(local: str, url: str, fmt: str, existing: List[str]) -> None:

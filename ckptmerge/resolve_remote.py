@@ -17,6 +17,7 @@ from .errors import ArgumentError, CheckpointNotFoundError
 from .formats.storage import (
     basename,
     dirname,
+    is_url,
     join,
     read_small,
     remote_exists,
@@ -24,7 +25,7 @@ from .formats.storage import (
     remote_listdir,
 )
 
-__all__ = ["resolve_url", "checkpoints_url"]
+__all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
 _INDEX = ".index"
 _DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
@@ -37,16 +38,55 @@ def _step_of(prefix: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _locate(recorded: str, directory: str) -> str:
+    """A recorded checkpoint path as a URL: a relative one is relative to the state file's
+    directory; an absolute local one (written on another machine) is looked up by base name there,
+    as TensorFlow does for a moved directory; a URL stays as written."""
+    if is_url(recorded):
+        return recorded
+    path = recorded.replace("\\", "/")
+    if path.startswith("/") or re.match(r"^[A-Za-z]:/", path):
+        return join(directory, basename(path))
+    return join(directory, path)
+
+
+def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821 - resolve's class
+    """Parse a remote directory's ``checkpoint`` state file; ``None`` when there is none.
+
+    Paths are URLs (see :func:`_locate`); the ``recorded_*`` fields keep the strings as written.
+
+    Raises:
+        CheckpointFormatError: the state file cannot be read or parsed.
+
+    Example:
+        >>> read_state_url("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
+        's3://bucket/run/ckpt-200'
+    """
+    from .resolve_state import CheckpointState, _parse_state_text
+
+    directory = directory.rstrip("/")
+    url = join(directory, _STATE)
+    if not remote_exists(url):
+        return None
+    fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url)
+    latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
+    recorded_all = tuple(fields["all_model_checkpoint_paths"])
+    last = fields["last_preserved_timestamp"]
+    return CheckpointState(
+        path=url, directory=directory, model_checkpoint_path=_locate(latest, directory) if latest else None,
+        all_model_checkpoint_paths=tuple(_locate(p, directory) for p in recorded_all),
+        all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
+        last_preserved_timestamp=last[-1] if last else None, recorded_model_checkpoint_path=latest or None,
+        recorded_all_model_checkpoint_paths=recorded_all)
+
+
 def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     """The base name the directory's state file names as latest, if there is a state file."""
     if _STATE not in names:
         return None
-    from .resolve_state import _parse_state_text
-
-    url = join(directory, _STATE)
-    fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "replace"), url)
-    latest = fields.get("model_checkpoint_path") or []
-    return basename(str(latest[-1]).replace("\\", "/")) if latest else None
+    state = read_state_url(directory)
+    latest = state.model_checkpoint_path if state is not None else None
+    return basename(latest) if latest else None
 
 
 def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noqa: F821 - resolve's class

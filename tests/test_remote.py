@@ -329,3 +329,142 @@ def test_cli_merge_to_s3(s3, tmp_path):
     assert np.array_equal(np.float32(json.loads(out)["value"]), W)
     code, out, err = _cli(s3, "merge", config, "-o", "s3://ckpts/release/model")
     assert code == 2 and "--force" in err
+
+
+# -- remote merge outputs: the state file and the lock -------------------------------------------
+
+
+def test_update_state_to_a_url_publishes_data_then_index_then_state_file(memory_run, monkeypatch):
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    order = []
+    real_put, real_pipe = MemoryFileSystem.put_file, MemoryFileSystem.pipe_file
+
+    def put(self, lpath, rpath, *a, **kw):
+        order.append(rpath.rsplit("/", 1)[-1])
+        return real_put(self, lpath, rpath, *a, **kw)
+
+    def pipe(self, path, value, mode="overwrite", **kw):
+        order.append(path.rsplit("/", 1)[-1])
+        return real_pipe(self, path, value, mode, **kw)
+
+    monkeypatch.setattr(MemoryFileSystem, "put_file", put)
+    monkeypatch.setattr(MemoryFileSystem, "pipe_file", pipe)
+    report = cm.merge([cm.Source(memory_run, step=100)], memory_run + "/merged", update_state=True)
+    assert report.state_file == memory_run + "/checkpoint"
+    assert order == ["merged.lock", "merged.data-00000-of-00001", "merged.index", "checkpoint"]
+    text = fsspec.filesystem("memory").cat_file(memory_run + "/checkpoint").decode()
+    assert text.splitlines()[0] == 'model_checkpoint_path: "merged"'
+    assert 'all_model_checkpoint_paths: "ckpt-100"' in text  # the earlier entries are kept
+    resolved = cm.Source(memory_run).resolve()
+    assert resolved.prefix == memory_run + "/merged"
+    np.testing.assert_array_equal(cm.load(memory_run, ["w"])["w"], W)
+    assert [c.latest for c in cm.checkpoints(memory_run) if c.path.endswith("merged")] == [True]
+
+
+def test_a_broken_remote_state_file_fails_before_anything_is_uploaded(memory_run):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"{memory_run}/checkpoint", b"model_checkpoint_path: ")
+    with pytest.raises(CheckpointFormatError, match="checkpoint"):
+        cm.merge([cm.Source(memory_run, step=100)], memory_run + "/merged", update_state=True)
+    assert not fs.exists(memory_run + "/merged.index")
+    assert not fs.exists(memory_run + "/merged.data-00000-of-00001")
+    assert not fs.exists(memory_run + "/merged.lock")
+
+
+def test_update_state_is_refused_for_a_safetensors_url(memory_run):
+    with pytest.raises(cm.ArgumentError, match="update_state applies to TF checkpoints"):
+        cm.merge([cm.Source(memory_run, step=100)], memory_run + "-st/model.safetensors", update_state=True)
+
+
+def test_a_held_lock_on_s3_stops_a_second_merge_and_names_its_holder(s3):
+    import fsspec
+
+    from ckptmerge.errors import OutputLockedError
+
+    fs = fsspec.filesystem("s3")
+    out = "s3://ckpts/locked/model"
+    fs.pipe(out + ".lock", json.dumps({"host": "trainer-7", "pid": 4242, "started": 0}).encode())
+    with pytest.raises(OutputLockedError) as info:
+        cm.merge([cm.Source(s3["url"], step=100)], out)
+    assert info.value.path == out + ".lock"
+    assert "process 4242 on host 'trainer-7'" in str(info.value) and "delete the object" in str(info.value)
+    assert not fs.exists(out + ".index") and not fs.exists(out + ".data-00000-of-00001")
+    assert fs.exists(out + ".lock")  # someone else's lock is never removed
+    fs.rm(out + ".lock")  # as the message says: the holder is gone, delete it
+    cm.merge([cm.Source(s3["url"], step=100)], out)
+    assert fs.exists(out + ".index") and not fs.exists(out + ".lock")
+
+
+def test_two_concurrent_merges_to_one_s3_prefix_one_fails_with_the_lock(s3):
+    import fsspec
+
+    from ckptmerge.errors import OutputLockedError
+
+    out = "s3://ckpts/race/model"
+    inside, release = threading.Event(), threading.Event()
+    errors = []
+
+    def slow_progress(done, total):
+        inside.set()
+        release.wait(60)
+
+    def first():
+        try:
+            cm.merge([cm.Source(s3["url"], step=100)], out, progress=slow_progress)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert inside.wait(60)  # the first merge holds the lock and is merging
+        with pytest.raises(OutputLockedError, match=f"{os.getpid()}"):
+            cm.merge([cm.Source(s3["url"])], out, overwrite=True)
+    finally:
+        release.set()
+        t.join(60)
+    assert errors == []
+    fs = fsspec.filesystem("s3")
+    assert not fs.exists(out + ".lock")
+    np.testing.assert_array_equal(cm.load(out, ["w"])["w"], W)  # the first merge's output (step 100)
+
+
+def test_a_failed_remote_merge_releases_its_lock(memory_run):
+    import fsspec
+
+    out = memory_run + "-fail/merged"
+    with pytest.raises(cm.PlanError):
+        cm.merge([cm.Source(memory_run, include=["nothing*"], map={"w": "x"})], out,
+                 template=[cm.VariableInfo("y", (3, 4), "float32")])
+    assert not fsspec.filesystem("memory").exists(out + ".lock")
+
+
+def test_a_store_without_exclusive_create_is_a_clear_error(memory_run, monkeypatch):
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    class PlainMemory(MemoryFileSystem):  # fsspec's generic check-then-write: not atomic
+        protocol = "plainmem"
+        pipe_file = AbstractFileSystem.pipe_file
+
+    fsspec.register_implementation("plainmem", PlainMemory, clobber=True)
+    with pytest.raises(cm.CkptMergeError, match="no atomic create-if-absent.*CKPTMERGE_REMOTE_LOCK=0"):
+        cm.merge([cm.Source(memory_run, step=100)], "plainmem://out/merged")
+    monkeypatch.setenv("CKPTMERGE_REMOTE_LOCK", "0")
+    cm.merge([cm.Source(memory_run, step=100)], "plainmem://out/merged")
+    np.testing.assert_array_equal(cm.load("plainmem://out/merged", ["w"])["w"], W)
+
+
+def test_cli_merge_to_s3_with_update_state(s3, tmp_path):
+    config = tmp_path / "m.yaml"
+    config.write_text(f"sources:\n  - path: {s3['url']}\n    step: 100\n")
+    code, out, err = _cli(s3, "merge", config, "-o", "s3://ckpts/stated/model-5", "--update-state")
+    assert code == 0, err
+    assert "State file: s3://ckpts/stated/checkpoint" in out
+    code, out, err = _cli(s3, "checkpoints", "s3://ckpts/stated")
+    assert code == 0 and "model-5" in out, err

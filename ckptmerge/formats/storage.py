@@ -15,6 +15,7 @@ a reset connection, a 5xx) are retried a bounded number of times with exponentia
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import os
 import re
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
-           "remote_listdir", "remote_size", "join", "basename", "dirname", "RETRIES",
+           "remote_listdir", "remote_size", "join", "basename", "dirname", "create_exclusive", "RETRIES",
            "REMOTE_CONCURRENCY"]
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,62 @@ def remote_listdir(url: str) -> List[Dict[str, Any]]:
         out.append({"name": name, "size": int(e.get("size") or 0), "type": e.get("type", "file"),
                     "mtime": float(mtime) if isinstance(mtime, (int, float)) else None})
     return out
+
+
+def _has_exclusive_create(fs: Any) -> bool:
+    """Whether ``fs.pipe_file(..., mode="create")`` is an atomic create-if-absent on this store:
+    the filesystem implements ``mode`` itself (s3fs: a conditional PUT with ``If-None-Match: *``;
+    memory://), rather than inheriting fsspec's generic check-then-write."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    for name, base in (("_pipe_file", AsyncFileSystem), ("pipe_file", AbstractFileSystem)):
+        own = getattr(type(fs), name, None)
+        if own is not None and own is not getattr(base, name, None) and \
+                "mode" in inspect.signature(own).parameters:
+            return True
+    return False
+
+
+def create_exclusive(url: str, data: bytes) -> bool:
+    """Create the object ``url`` holding ``data`` only if it does not exist (atomically).
+
+    Returns:
+        True if this call created it, False if it already existed.
+
+    Raises:
+        CkptMergeError: the store has no atomic create-if-absent (the message says so and how to
+            go on without it), or a remote error outlasted the retries.
+
+    Example:
+        >>> create_exclusive("memory://locks/run.lock", b"me")  # doctest: +SKIP
+        True
+    """
+    fs, path = filesystem(url)
+    if type(fs).__name__ == "LocalFileSystem":  # file://: O_EXCL is the exclusive create
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise CheckpointFormatError(f"Cannot create {url!r}: {e}", path=url) from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    if not _has_exclusive_create(fs):
+        raise CkptMergeError(
+            f"Cannot create the lock {url!r}: the {type(fs).__name__} filesystem has no atomic "
+            "create-if-absent, so two merges to one output could not be kept apart. Make sure only one "
+            "merge writes there and set CKPTMERGE_REMOTE_LOCK=0 to merge without the lock.")
+
+    def put() -> bool:
+        try:
+            fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    return _with_retries("creating", url, put)
 
 
 class RemoteFile:
