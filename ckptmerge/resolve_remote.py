@@ -10,10 +10,11 @@ is looked up by base name in the directory the state file is in. Each directory 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Dict, List, Optional
 
-from .errors import ArgumentError, CheckpointNotFoundError
+from .errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
 from .formats.storage import (
     basename,
     dirname,
@@ -24,18 +25,14 @@ from .formats.storage import (
     remote_isdir,
     remote_listdir,
 )
+from .resolve import _step_of  # (resolve imports this module lazily, when it meets a URL)
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
 _INDEX = ".index"
 _DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
-_STEP_RE = re.compile(r"-(\d+)$")
 _STATE = "checkpoint"
-
-
-def _step_of(prefix: str) -> Optional[int]:
-    m = _STEP_RE.search(prefix)
-    return int(m.group(1)) if m else None
+_KERAS_NAMES = (".h5", ".hdf5", ".keras")
 
 
 def _locate(recorded: str, directory: str) -> str:
@@ -103,13 +100,13 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         url = url[: -len(_INDEX)]
     elif _DATA_RE.search(url):
         url = url[: _DATA_RE.search(url).start()]
-    if remote_exists(url + _INDEX):
-        s = _step_of(url)
-        if step is not None and s != step:
+    single = _resolve_single(given, url)
+    if single is not None:
+        if step is not None and single.step != step:
             raise ArgumentError(f"step={step} was given, but checkpoint '{given}' is "
-                                f"{'step ' + str(s) if s is not None else 'not of a step'}. Pass the directory "
-                                "with the step, or drop the step.")
-        return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, s, f"checkpoint prefix {given}")
+                                f"{'step ' + str(single.step) if single.step is not None else 'not of a step'}. "
+                                "Pass the directory with the step, or drop the step.")
+        return single
     if not remote_isdir(url):
         raise CheckpointNotFoundError(
             f"Checkpoint '{given}' does not exist: no object '{url}{_INDEX}' and no directory there. Check "
@@ -130,6 +127,9 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         return ResolvedCheckpoint(join(url, match[0]), FORMAT_TF_BUNDLE, step, f"step {step} of {given}")
     latest = _latest_name(url, names)
     if latest is not None:
+        other = _resolve_single(given, join(url, latest)) if latest not in prefixes else None
+        if other is not None:  # the state file names a V1 checkpoint (a file, or a set's pattern)
+            return dataclasses.replace(other, note=f"latest checkpoint per {join(given.rstrip('/'), _STATE)}")
         if latest not in prefixes:
             raise CheckpointNotFoundError(
                 f"'{join(url, _STATE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{_INDEX}' "
@@ -151,8 +151,61 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     if prefixes:
         raise ArgumentError(f"'{given}' holds {len(prefixes)} checkpoints and no 'checkpoint' state file; pass "
                             "one of them as a prefix, or a step.")
+    fmt = _array_dir_format(names)
+    if fmt:
+        return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
     raise CheckpointNotFoundError(f"No checkpoint in '{given}': no '*.index' object and no 'checkpoint' state "
                                   "file there.", path=given)
+
+
+def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # noqa: F821
+    """``url`` as one checkpoint: a TF prefix, a file, or a sharded V1 set's pattern; else None."""
+    from .formats.v1 import V1_PATTERN_RE, v1_shard_files
+    from .resolve import FORMAT_TF_BUNDLE, FORMAT_TF_V1, ResolvedCheckpoint
+
+    if remote_exists(url + _INDEX):
+        return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, _step_of(url), f"checkpoint prefix {given}")
+    if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
+        return _resolve_file(given, url)
+    if V1_PATTERN_RE.search(url) and remote_exists(v1_shard_files(url)[0]):
+        return ResolvedCheckpoint(url, FORMAT_TF_V1, _step_of(url), f"V1 checkpoint {given}")
+    return None
+
+
+def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 - resolve's class
+    """A remote file that is not a TF prefix, by its name, then by its first or last bytes."""
+    from .formats.h5 import is_hdf5, is_keras_archive
+    from .formats.numpy_files import is_npz
+    from .formats.safetensors import INDEX_SUFFIX, is_safetensors
+    from .formats.table import is_leveldb_table
+    from .resolve import FORMAT_KERAS_H5, FORMAT_NUMPY, FORMAT_SAFETENSORS, FORMAT_TF_V1, ResolvedCheckpoint
+
+    lower = url.lower()
+    if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
+        return ResolvedCheckpoint(url, FORMAT_SAFETENSORS, None, f"safetensors file {given}")
+    if lower.endswith(".npz") or (not lower.endswith(_KERAS_NAMES) and is_npz(url)):
+        return ResolvedCheckpoint(url, FORMAT_NUMPY, None, f"NumPy archive {given}")
+    if lower.endswith(_KERAS_NAMES[:2]) or is_hdf5(url):
+        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, _step_of(url), f"Keras HDF5 weights file {given}")
+    if lower.endswith(".keras") and is_keras_archive(url):
+        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, _step_of(url), f"Keras model archive {given}")
+    if is_leveldb_table(url):
+        return ResolvedCheckpoint(url, FORMAT_TF_V1, _step_of(url), f"V1 checkpoint {given}")
+    raise CheckpointFormatError(
+        f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint prefix (with a "
+        "'.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a Keras '.h5'/'.keras' "
+        "file.", path=given)
+
+
+def _array_dir_format(names: Dict[str, dict]) -> str:
+    """safetensors or numpy for a remote folder of safetensors shards or ``.npy`` files, else ``""``."""
+    from .resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS
+
+    if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
+        return FORMAT_SAFETENSORS
+    if any(n.endswith(".npy") for n in names):
+        return FORMAT_NUMPY
+    return ""
 
 
 def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - resolve's class

@@ -468,3 +468,135 @@ def test_cli_merge_to_s3_with_update_state(s3, tmp_path):
     assert "State file: s3://ckpts/stated/checkpoint" in out
     code, out, err = _cli(s3, "checkpoints", "s3://ckpts/stated")
     assert code == 0 and "model-5" in out, err
+
+
+# -- every format by URL: safetensors, NumPy, Keras h5 / .keras, TF V1 ----------------------------
+
+
+@pytest.fixture(scope="module")
+def format_files(tmp_path_factory):
+    """One small checkpoint of each single-file or folder format, written by its own library."""
+    import keras
+    from safetensors.numpy import save_file
+
+    from tests._reader_util import write_saver_checkpoint
+
+    d = tmp_path_factory.mktemp("formats")
+    save_file({"w": W, "big": BIG}, str(d / "model.safetensors"))
+    (d / "sharded").mkdir()
+    save_file({"w": W}, str(d / "sharded" / "model-00001-of-00002.safetensors"))
+    save_file({"big": BIG}, str(d / "sharded" / "model-00002-of-00002.safetensors"))
+    (d / "sharded" / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"w": "model-00001-of-00002.safetensors",
+                                        "big": "model-00002-of-00002.safetensors"}}))
+    np.savez(d / "arrays.npz", **{"w": W, "scope/big": BIG})
+    np.savez_compressed(d / "packed.npz", w=W, big=BIG)
+    (d / "npy" / "scope").mkdir(parents=True)
+    np.save(d / "npy" / "w.npy", W)
+    np.save(d / "npy" / "scope" / "big.npy", BIG)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")], name="net")
+    model.layers[0].kernel.assign(np.arange(12, dtype=np.float32).reshape(4, 3))
+    model.save_weights(str(d / "net.weights.h5"))
+    model.save(str(d / "net.keras"))
+    model.save(str(d / "legacy.h5"))
+    write_saver_checkpoint(str(d / "v1.ckpt"), [{"name": "w", "value": W, "dtype": "float32"},
+                                                {"name": "big", "value": BIG, "dtype": "float32"}], v1=True)
+    (d / "v1set").mkdir()
+    write_saver_checkpoint(str(d / "v1set" / "model.ckpt-42"),
+                           [{"name": "w", "value": W, "dtype": "float32", "device": 0},
+                            {"name": "emb", "value": BIG[:9, :2].copy(), "dtype": "float32", "device": 1,
+                             "partitions": 3}], sharded=True, v1=True)
+    return d
+
+
+_FORMAT_PATHS = ["model.safetensors", "sharded", "sharded/model.safetensors.index.json", "arrays.npz",
+                 "packed.npz", "npy", "net.weights.h5", "net.keras", "legacy.h5", "v1.ckpt",
+                 "v1set/model.ckpt-42-?????-of-00002", "v1set"]
+
+
+@pytest.fixture(scope="module")
+def memory_formats(format_files):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://formats-{os.getpid()}"
+    for f in sorted(format_files.rglob("*")):
+        if f.is_file():
+            fs.pipe(f"{url}/{f.relative_to(format_files).as_posix()}", f.read_bytes())
+    yield url
+    fs.rm(url, recursive=True)
+
+
+@pytest.mark.parametrize("name", _FORMAT_PATHS)
+def test_every_format_reads_by_url_as_from_disk(format_files, memory_formats, name):
+    local, url = str(format_files / name), f"{memory_formats}/{name}"
+    expected = cm.load(local)
+    assert [(v.name, v.shape, v.dtype) for v in cm.list_variables(url)] == \
+        [(v.name, v.shape, v.dtype) for v in cm.list_variables(local)]
+    got = cm.load(url)
+    assert sorted(got) == sorted(expected)
+    for k in expected:
+        np.testing.assert_array_equal(got[k], expected[k])
+
+
+def test_safetensors_over_s3_restores_with_ranged_reads_and_merges(s3, format_files, tmp_path):
+    import fsspec
+    import tensorflow as tf
+
+    fs = fsspec.filesystem("s3")
+    fs.put_file(str(format_files / "model.safetensors"), "ckpts/st/model.safetensors")
+    url = "s3://ckpts/st/model.safetensors"
+    big, w = tf.Variable(np.zeros_like(BIG)), tf.Variable(np.zeros_like(W))
+    before = s3["proxy"].ranged_gets
+    cm.restore({"big": big, "w": w}, [cm.Source(url)])
+    np.testing.assert_array_equal(big.numpy(), BIG)
+    np.testing.assert_array_equal(w.numpy(), W)
+    assert s3["proxy"].ranged_gets > before  # header, then each tensor's range
+    cm.merge([cm.Source(url)], str(tmp_path / "merged"))
+    np.testing.assert_array_equal(cm.load(str(tmp_path / "merged"), ["big"])["big"], BIG)
+
+
+def test_cli_over_s3_reads_keras_npz_and_v1_files(s3, format_files):
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    for name in ("net.keras", "net.weights.h5", "arrays.npz", "v1.ckpt"):
+        fs.put_file(str(format_files / name), f"ckpts/formats/{name}")
+    code, out, err = _cli(s3, "ls", "s3://ckpts/formats/net.keras")
+    assert code == 0 and "(4, 3)" in out, err
+    code, out, err = _cli(s3, "show", "s3://ckpts/formats/arrays.npz", "scope/big", "--json")
+    assert code == 0, err
+    assert json.loads(out)["shape"] == [512, 1024]
+    code, out, err = _cli(s3, "diff", "s3://ckpts/formats/net.weights.h5", format_files / "net.weights.h5",
+                          "--values")
+    assert code == 0, out + err  # the remote copy reads exactly as the local file
+    code, out, err = _cli(s3, "show", "s3://ckpts/formats/v1.ckpt", "w", "--json")
+    assert code == 0, err
+    assert np.array_equal(np.float32(json.loads(out)["value"]), W)
+
+
+def test_a_truncated_remote_safetensors_or_npz_is_a_clear_error(format_files, memory_formats):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    data = (format_files / "model.safetensors").read_bytes()
+    fs.pipe(f"{memory_formats}-bad/cut.safetensors", data[: len(data) // 2])
+    with pytest.raises(CheckpointFormatError, match=r"cut\.safetensors.*ends at byte"):
+        cm.list_variables(f"{memory_formats}-bad/cut.safetensors")
+    fs.pipe(f"{memory_formats}-bad/huge.safetensors", (10 ** 9).to_bytes(8, "little") + data[8:64])
+    with pytest.raises(CheckpointFormatError, match=r"huge\.safetensors' is not a checkpoint"):
+        cm.list_variables(f"{memory_formats}-bad/huge.safetensors")  # a length past the end: not sniffed as one
+    npz = (format_files / "arrays.npz").read_bytes()
+    fs.pipe(f"{memory_formats}-bad/cut.npz", npz[: len(npz) - 100])
+    with pytest.raises(CheckpointFormatError, match="cut.npz"):
+        cm.load(f"{memory_formats}-bad/cut.npz")
+    fs.rm(f"{memory_formats}-bad", recursive=True)
+
+
+def test_a_keras_model_restores_from_a_remote_keras_archive(memory_formats):
+    import keras
+
+    fresh = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")], name="net")
+    report = cm.restore(fresh, [cm.Source(f"{memory_formats}/net.keras")])
+    assert sorted(report.restored) == ["net/d/bias", "net/d/kernel"]
+    np.testing.assert_array_equal(fresh.layers[0].kernel.numpy(), np.arange(12, dtype=np.float32).reshape(4, 3))

@@ -7,7 +7,8 @@ TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format o
 ``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.v1.V1Reader`, and Keras weights
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
 :class:`~ckptmerge.formats.h5.H5Reader`.
-Nothing here imports TensorFlow. Path resolution (directories, ``checkpoint`` state files,
+Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
+reads through :mod:`ckptmerge.formats.storage`. Nothing here imports TensorFlow. Path resolution (directories, ``checkpoint`` state files,
 "latest") is :mod:`ckptmerge.resolve`' job; this module expects a prefix or a file.
 """
 
@@ -26,7 +27,7 @@ from ckptmerge.formats.safetensors import (
     SafetensorsReader,
     is_safetensors,
 )
-from ckptmerge.formats.storage import is_url
+from ckptmerge.formats import storage
 from ckptmerge.formats.table import is_leveldb_table
 from ckptmerge.formats.v1 import V1_PATTERN_RE, V1Reader
 from ckptmerge.specs import VariableInfo
@@ -69,13 +70,12 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         ['dense/bias', 'dense/kernel']
     """
     path = os.fspath(path)
-    if is_url(path):  # object storage: TF checkpoints, read with ranged requests
+    # A URL (object storage) takes the same steps through storage's helpers: ranged reads.
+    if storage.isfile(path + ".index"):
         return BundleReader(path, verify=verify)
-    if os.path.isfile(path + ".index"):
-        return BundleReader(path, verify=verify)
-    if V1_PATTERN_RE.search(path) and not os.path.exists(path):
+    if V1_PATTERN_RE.search(path) and not storage.exists(path):
         return V1Reader(path, verify=verify)
-    if os.path.isfile(path):
+    if storage.isfile(path):
         if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
         if path.endswith(INDEX_SUFFIX) or is_safetensors(path):
@@ -98,8 +98,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
             "prefix (with a '.index' file next to it), a V1 checkpoint nor a Keras .weights.h5 "
             "file. If it is a "
             "data shard, pass the prefix (the part before '.data-').", path=path)
-    if os.path.isdir(path):
-        names = os.listdir(path)
+    if storage.isdir(path):
+        names = storage.listdir(path)
         if any(n.endswith((".safetensors", INDEX_SUFFIX)) for n in names):
             return SafetensorsReader(path, verify=verify)
         if any(n.endswith(".npy") for n in names):

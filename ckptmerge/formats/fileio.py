@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, Hashable, Optional
+from typing import Dict, Hashable, Optional, Union
 
-__all__ = ["pread_into", "Descriptors"]
+from ckptmerge.formats.storage import RemoteFile, is_url
+
+#: What :class:`Descriptors` hands out: an OS file descriptor, or a remote object read by ranges.
+Handle = Union[int, RemoteFile]
+
+__all__ = ["pread_into", "Descriptors", "size_of"]
 
 _SEEK_LOCK = threading.Lock()  # only for platforms without preadv (Windows)
 
 
-def pread_into(fd: int, offset: int, buf: memoryview, lock: Optional[threading.Lock] = None) -> int:
+def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threading.Lock] = None) -> int:
     """Fill ``buf`` with the bytes of ``fd`` at ``offset``; return how many were read.
+
+    ``fd`` may also be a :class:`~ckptmerge.formats.storage.RemoteFile` (a URL opened by
+    :class:`Descriptors`): one ranged read, straight into ``buf``.
 
     Returns fewer than ``len(buf)`` only when the file ends early: callers turn that into a
     truncation error naming their file and tensor. ``OSError`` propagates.
@@ -31,6 +39,8 @@ def pread_into(fd: int, offset: int, buf: memoryview, lock: Optional[threading.L
         ...     pread_into(f.fileno(), 2, memoryview(b)), bytes(b)
         (3, b'cde')
     """
+    if not isinstance(fd, int):
+        return fd.readinto(offset, buf)
     n = len(buf)
     done = 0
     if hasattr(os, "preadv"):
@@ -52,7 +62,8 @@ def pread_into(fd: int, offset: int, buf: memoryview, lock: Optional[threading.L
 
 
 class Descriptors:
-    """Read-only file descriptors opened on first use, one per file, shared by every thread.
+    """Read-only file descriptors opened on first use, one per file, shared by every thread
+    (for a URL, a :class:`~ckptmerge.formats.storage.RemoteFile`: :func:`pread_into` takes both).
 
     Example:
         >>> fds = Descriptors()
@@ -61,17 +72,18 @@ class Descriptors:
     """
 
     def __init__(self) -> None:
-        self._fds: Dict[Hashable, int] = {}
+        self._fds: Dict[Hashable, Handle] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, path: str) -> int:
+    def get(self, key: Hashable, path: str) -> Handle:
         """The descriptor of ``path`` (cached under ``key``); ``OSError`` if it cannot be opened."""
         fd = self._fds.get(key)
         if fd is None:
             with self._lock:
                 fd = self._fds.get(key)
                 if fd is None:
-                    fd = self._fds[key] = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    fd = self._fds[key] = RemoteFile(path) if is_url(path) else \
+                        os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
         return fd
 
     def close(self) -> None:
@@ -79,7 +91,22 @@ class Descriptors:
         with self._lock:
             fds, self._fds = self._fds, {}
         for fd in fds.values():
+            if not isinstance(fd, int):
+                continue
             try:
                 os.close(fd)
             except OSError:  # pragma: no cover
                 pass
+
+
+def size_of(fd: Handle) -> int:
+    """The size in bytes of the file behind a :class:`Descriptors` handle.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryFile() as f:
+        ...     _ = f.write(b"abc"); f.flush()
+        ...     size_of(f.fileno())
+        3
+    """
+    return os.fstat(fd).st_size if isinstance(fd, int) else fd.size

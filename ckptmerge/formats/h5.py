@@ -47,6 +47,7 @@ from ckptmerge.errors import (
     UnsafeCheckpointError,
     format_list,
 )
+from ckptmerge.formats import storage
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
 from ckptmerge.formats.kerasnames import archive_names
@@ -84,7 +85,7 @@ def is_hdf5(path: str) -> bool:
         False
     """
     try:
-        with open(path, "rb") as f:
+        with storage.open_binary(path, storage.SNIFF_BLOCK) as f:
             offset = 0
             while True:
                 f.seek(offset)
@@ -111,7 +112,7 @@ def is_keras_archive(path: str) -> bool:
         False
     """
     try:
-        with zipfile.ZipFile(path) as z:
+        with storage.open_zip(path, storage.SNIFF_BLOCK) as z:
             return _KERAS_WEIGHTS_MEMBER in z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
@@ -122,7 +123,7 @@ class _Window(io.RawIOBase):
 
     def __init__(self, path: str, start: int, length: int) -> None:
         super().__init__()
-        self._f = open(path, "rb")
+        self._f = storage.open_binary(path)
         self._start, self._length, self._pos = start, length, 0
 
     def readable(self) -> bool:
@@ -166,7 +167,7 @@ def _open_keras_member(path: str) -> Tuple[Any, int]:
     file (never memory), after checking that its declared size is at most
     :data:`MAX_EXPANSION` times its compressed size.
     """
-    with zipfile.ZipFile(path) as z:
+    with storage.open_zip(path) as z:
         info = z.getinfo(_KERAS_WEIGHTS_MEMBER)
         if info.compress_type != zipfile.ZIP_STORED:
             if _expands_too_much(info):
@@ -187,7 +188,7 @@ def _open_keras_member(path: str) -> Tuple[Any, int]:
                 tmp.close()
                 raise
             return tmp, info.file_size
-    with open(path, "rb") as f:  # stored: find the data after the local file header
+    with storage.open_binary(path) as f:  # stored: find the data after the local file header
         f.seek(info.header_offset)
         header = f.read(30)
         if len(header) != 30 or header[:4] != b"PK\x03\x04":
@@ -204,7 +205,7 @@ def _archive_config(path: str) -> Any:
     the entries keep their raw keys.
     """
     try:
-        with zipfile.ZipFile(path) as z:
+        with storage.open_zip(path) as z:
             info = z.getinfo("config.json")
             if info.file_size > _CONFIG_LIMIT or _expands_too_much(info):
                 logger.warning("Ignoring config.json of %s: it declares %s (%s compressed); entries keep "
@@ -321,7 +322,7 @@ class H5Reader(CheckpointReader):
         self._datasets: dict = {}
         self._not_tensors: Dict[str, str] = {}  # dataset path -> why it holds no tensor
         self._archive = not is_hdf5(self.path) and is_keras_archive(self.path)
-        if not os.path.exists(self.path):
+        if not storage.exists(self.path):
             raise CheckpointNotFoundError(f"Keras weights file {self.path!r} does not exist.",
                                           path=self.path)
         f = self._open()
@@ -402,6 +403,10 @@ class H5Reader(CheckpointReader):
                     try:
                         if self._archive:
                             self._raw, self._size = _open_keras_member(self.path)
+                            self._file = h5py.File(self._raw, "r")
+                        elif storage.is_url(self.path):  # h5py reads through a block-cached remote file
+                            self._raw = storage.open_binary(self.path)
+                            self._size = self._raw.size
                             self._file = h5py.File(self._raw, "r")
                         else:
                             self._size = os.path.getsize(self.path)

@@ -26,7 +26,8 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats.fileio import Descriptors, pread_into
+from ckptmerge.formats import storage
+from ckptmerge.formats.fileio import Descriptors, Handle, pread_into
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 
 __all__ = ["NumpyReader", "is_npz", "NPY_MAGIC"]
@@ -49,7 +50,7 @@ def is_npz(path: str) -> bool:
         True
     """
     try:
-        with zipfile.ZipFile(path) as z:
+        with storage.open_zip(path, storage.SNIFF_BLOCK) as z:
             names = z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
@@ -137,9 +138,9 @@ class NumpyReader(CheckpointReader):
         self._fds = Descriptors()
         self._zip: Optional[zipfile.ZipFile] = None
         self._arrays: Dict[str, _Array] = {}
-        if os.path.isdir(path):
+        if storage.isdir(path):
             self._scan_dir(path)
-        elif os.path.isfile(path):
+        elif storage.isfile(path):
             self._scan_npz(path)
         else:
             raise CheckpointNotFoundError(f"NumPy file or directory {path!r} does not exist.", path=path)
@@ -157,8 +158,12 @@ class NumpyReader(CheckpointReader):
 
     # -- listing ---------------------------------------------------------------------------
     def _scan_dir(self, root: str) -> None:
-        root = os.path.abspath(root)
-        stack = [("", root)]
+        if storage.is_url(root):  # object stores have no links: every object below, by its path
+            for rel, url in storage.walk_files(root):
+                if rel.endswith(".npy"):
+                    self._add_npy(rel[:-4], url)
+        root = storage.abspath(root)
+        stack = [("", root)] if not storage.is_url(root) else []
         while stack:
             rel, folder = stack.pop()
             with os.scandir(folder) as it:
@@ -177,8 +182,8 @@ class NumpyReader(CheckpointReader):
                 "'<name>.npy' per tensor.", path=self.path)
 
     def _add_npy(self, name: str, file: str) -> None:
-        size = os.path.getsize(file)
-        with open(file, "rb") as f:
+        size = storage.getsize(file)
+        with storage.open_binary(file) as f:
             dtype, shape, fortran, header = _parse_npy_header(
                 f, repr(os.path.basename(file)), lambda p: self._error(p, file))
         need = len(header) + math.prod(shape) * dtype.itemsize
@@ -189,10 +194,10 @@ class NumpyReader(CheckpointReader):
 
     def _scan_npz(self, path: str) -> None:
         try:
-            self._zip = z = zipfile.ZipFile(path)
+            self._zip = z = storage.open_zip(path)
         except (zipfile.BadZipFile, OSError, ValueError) as e:
             raise self._error(f"not a .npz (zip) archive ({e})", path) from None
-        size = os.path.getsize(path)
+        size = storage.getsize(path)
         for info in z.infolist():
             if info.is_dir():
                 continue
@@ -212,7 +217,7 @@ class NumpyReader(CheckpointReader):
             try:
                 if stored:  # parse in place: zipfile would check the CRC of the whole member first
                     start = self._stored_offset(info, path)
-                    with open(path, "rb") as f:
+                    with storage.open_binary(path) as f:
                         f.seek(start)
                         dtype, shape, fortran, header = _parse_npy_header(f, where, lambda p: self._error(p, path))
                 else:
@@ -240,7 +245,7 @@ class NumpyReader(CheckpointReader):
         return info.header_offset + 30 + name_len + extra_len
 
     # -- reading ---------------------------------------------------------------------------
-    def _fd(self, file: str) -> int:
+    def _fd(self, file: str) -> Handle:
         return self._fds.get(file, file)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
@@ -276,7 +281,7 @@ class NumpyReader(CheckpointReader):
         try:
             with self._lock:
                 if self._zip is None:
-                    self._zip = zipfile.ZipFile(a.file)
+                    self._zip = storage.open_zip(a.file)
                 m = self._zip.open(a.member)
             with m:
                 m.read(len(a.header))

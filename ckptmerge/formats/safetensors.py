@@ -29,7 +29,8 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats.fileio import Descriptors, pread_into
+from ckptmerge.formats import storage
+from ckptmerge.formats.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
@@ -74,9 +75,9 @@ def is_safetensors(path: str) -> bool:
         True
     """
     try:
-        with open(path, "rb") as f:
+        with storage.open_binary(path, storage.SNIFF_BLOCK) as f:
             head = f.read(9)
-            size = os.fstat(f.fileno()).st_size
+            size = os.fstat(f.fileno()).st_size if not storage.is_url(path) else f.size
     except OSError:
         return False
     if len(head) < 9:
@@ -122,10 +123,10 @@ class SafetensorsReader(CheckpointReader):
         self.metadata: Dict[str, str] = {}
         if path.endswith(INDEX_SUFFIX):
             self.files = self._shards_from_index(path)
-        elif os.path.isdir(path):
+        elif storage.isdir(path):
             self.files = self._shards_in_dir(path)
         else:
-            self.files = [os.path.abspath(path)]
+            self.files = [storage.abspath(path)]
         self._entries: Dict[str, _Entry] = {}
         self._data_start: List[int] = []
         infos: List[VariableInfo] = []
@@ -152,7 +153,7 @@ class SafetensorsReader(CheckpointReader):
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise self._error("the index has no 'weight_map' object naming the shard of each tensor", index)
-        base = os.path.dirname(os.path.abspath(index))
+        base = storage.dirname(storage.abspath(index))
         shards: List[str] = []
         for name, file in weight_map.items():
             if not isinstance(file, str) or not file or os.path.basename(file) != file or file in (".", ".."):
@@ -160,9 +161,9 @@ class SafetensorsReader(CheckpointReader):
                                   "own directory (ckptmerge reads nothing outside the named files)", index)
             if file not in shards:
                 shards.append(file)
-        paths = [os.path.join(base, f) for f in sorted(shards)]
+        paths = [storage.join(base, f) for f in sorted(shards)]
         for p in paths:
-            if not os.path.isfile(p):
+            if not storage.isfile(p):
                 raise CheckpointNotFoundError(
                     f"Shard {os.path.basename(p)!r} named by {os.path.basename(index)} does not exist "
                     f"in {base}; the set is incomplete. Download every shard the index names.", path=p)
@@ -170,18 +171,21 @@ class SafetensorsReader(CheckpointReader):
         return paths
 
     def _shards_in_dir(self, directory: str) -> List[str]:
-        names = sorted(os.listdir(directory))
+        names = sorted(storage.listdir(directory))
         indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
         if len(indexes) == 1:
-            self.path = os.path.join(directory, indexes[0])
+            self.path = storage.join(directory, indexes[0])
             return self._shards_from_index(self.path)
         if len(indexes) > 1:
             raise CheckpointFormatError(
                 f"Directory {directory!r} holds several safetensors index files ({', '.join(indexes)}); "
                 "pass the one you mean.", path=directory)
-        files = [os.path.join(os.path.abspath(directory), n) for n in names
-                 if n.endswith(".safetensors") and os.path.isfile(os.path.join(directory, n))
-                 and not os.path.islink(os.path.join(directory, n))]
+        if storage.is_url(directory):  # object stores have no links; a listing names objects only
+            files = [storage.join(directory, n) for n in names if n.endswith(".safetensors")]
+        else:
+            files = [os.path.join(os.path.abspath(directory), n) for n in names
+                     if n.endswith(".safetensors") and os.path.isfile(os.path.join(directory, n))
+                     and not os.path.islink(os.path.join(directory, n))]
         if not files:
             raise CheckpointNotFoundError(f"No .safetensors file in directory {directory!r}.", path=directory)
         return files
@@ -193,7 +197,7 @@ class SafetensorsReader(CheckpointReader):
             raise CheckpointNotFoundError(f"safetensors file {file!r} does not exist.", path=file) from None
         except OSError as e:
             raise self._error(f"cannot open it ({e.strerror or e})", file) from None
-        size = os.fstat(fd).st_size
+        size = size_of(fd)
         head = bytearray(8)
         if pread_into(fd, 0, memoryview(head)) < 8:
             raise self._error(f"it has {size} bytes, fewer than the 8-byte header length", file)
@@ -307,7 +311,8 @@ class SafetensorsReader(CheckpointReader):
             name, e, start, view = unit
             self._fill(name, e, self._data_start[e.shard] + e.begin + start, view)
 
-        workers = max_workers or min(8, 2 * (os.cpu_count() or 1))
+        workers = max_workers or (storage.REMOTE_CONCURRENCY if storage.is_url(self.files[0])
+                                  else min(8, 2 * (os.cpu_count() or 1)))
         if workers <= 1 or len(units) <= 1:
             for u in units:
                 run(u)
@@ -327,7 +332,7 @@ class SafetensorsReader(CheckpointReader):
             raise self._error(f"the file ended early while reading tensor {name!r} ({got} of {len(view)} "
                               "bytes); it was truncated after it was opened", file, name)
 
-    def _fd(self, shard: int) -> int:
+    def _fd(self, shard: int) -> Handle:
         return self._fds.get(shard, self.files[shard])
 
     def close(self) -> None:
@@ -337,10 +342,10 @@ class SafetensorsReader(CheckpointReader):
 
 def _read_json_file(path: str, error: Any) -> Any:
     """A small JSON file (an index), read with a size cap; errors through ``error(problem, path)``."""
-    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block, a device never end
-        raise error("it is not a regular file", path)
+    if not storage.is_url(path) and os.path.exists(path) and not os.path.isfile(path):
+        raise error("it is not a regular file", path)  # a FIFO would block, a device never end
     try:
-        with open(path, "rb") as f:
+        with storage.open_binary(path) as f:
             raw = f.read(MAX_HEADER + 1)
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{path!r} does not exist.", path=path) from None

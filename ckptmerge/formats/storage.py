@@ -6,7 +6,12 @@ for merges) and never touch this module's remote half. A URL (``s3://``, ``gs://
 filesystem made for that store (``s3fs``, ``gcsfs``, ``adlfs``; optional extras, see the README
 "Remote checkpoints"): small files (an index, a state file) are fetched once and whole, tensors
 with ranged reads (``fs.cat_file(path, start, end)``) that the readers issue from their thread
-pools, several in flight at once. Credentials are each library's own business: ckptmerge passes
+pools, several in flight at once. The other formats read a URL through the same seam:
+:class:`~ckptmerge.formats.fileio.Descriptors` hands out a :class:`RemoteFile` where a local file
+gets a descriptor (safetensors, ``.npy``, V1 tables: a header, then each tensor's range), and
+:func:`open_binary` / :func:`open_zip` give h5py and zipfile a seekable, block-cached remote file
+(Keras ``.h5``/``.keras``, ``.npz``); ``isfile``/``isdir``/``getsize``/``listdir`` answer for
+local paths and URLs alike. Credentials are each library's own business: ckptmerge passes
 none and reads none. Remote errors become :class:`~ckptmerge.errors.CheckpointFormatError` /
 :class:`~ckptmerge.errors.CheckpointNotFoundError` naming the URL; transient ones (throttling,
 a reset connection, a 5xx) are retried a bounded number of times with exponential backoff.
@@ -21,13 +26,15 @@ import os
 import re
 import threading
 import time
+import zipfile
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
            "remote_listdir", "remote_size", "join", "basename", "dirname", "create_exclusive", "RETRIES",
-           "REMOTE_CONCURRENCY"]
+           "REMOTE_CONCURRENCY", "isfile", "isdir", "exists", "getsize", "listdir", "walk_files", "abspath",
+           "open_binary", "open_zip", "REMOTE_BLOCK", "SNIFF_BLOCK"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +48,9 @@ RETRIES = int(os.environ.get("CKPTMERGE_REMOTE_RETRIES", "4"))
 REMOTE_CONCURRENCY = max(1, int(os.environ.get("CKPTMERGE_REMOTE_CONCURRENCY", "16")))
 #: Largest small file (index, state file, JSON) fetched whole.
 MAX_SMALL = 1 << 31
+#: Block size of the cached remote file objects that h5py and zipfile read through
+#: (``CKPTMERGE_REMOTE_BLOCK``, bytes, default 4 MiB).
+REMOTE_BLOCK = max(1 << 16, int(os.environ.get("CKPTMERGE_REMOTE_BLOCK", str(4 << 20))))
 
 T = TypeVar("T")
 
@@ -256,6 +266,111 @@ def create_exclusive(url: str, data: bytes) -> bool:
     return _with_retries("creating", url, put)
 
 
+# -- the same questions of a local path or a URL ------------------------------------------------
+# Readers of single files (safetensors, NumPy, Keras h5) ask these instead of ``os.path``: a local
+# path gets the ``os`` answer (the same code and speed as before), a URL the fsspec one.
+
+
+def isfile(path: str) -> bool:
+    """``os.path.isfile`` for a local path; for a URL, whether the object exists."""
+    return remote_exists(path) if is_url(path) else os.path.isfile(path)
+
+
+def isdir(path: str) -> bool:
+    """``os.path.isdir`` for a local path; for a URL, whether objects lie below it."""
+    if not is_url(path):
+        return os.path.isdir(path)
+    try:
+        return remote_isdir(path)
+    except CheckpointNotFoundError:
+        return False
+
+
+def exists(path: str) -> bool:
+    """``os.path.exists`` for a local path; for a URL, a file or a directory there."""
+    return isfile(path) or isdir(path) if is_url(path) else os.path.exists(path)
+
+
+def getsize(path: str) -> int:
+    """The size in bytes of a local or remote file."""
+    return remote_size(path) if is_url(path) else os.path.getsize(path)
+
+
+def listdir(path: str) -> List[str]:
+    """The names in a local directory, or below a remote prefix (one level)."""
+    return [e["name"] for e in remote_listdir(path)] if is_url(path) else os.listdir(path)
+
+
+def walk_files(root: str) -> List[Tuple[str, str]]:
+    """``[(path relative to root with '/', URL)]`` for every object below a remote ``root``."""
+    fs, base = filesystem(root)
+    found = _with_retries("listing", root, lambda: fs.find(base))
+    base = base.rstrip("/") + "/"
+    out = []
+    for name in sorted(found):
+        rel = str(name)[len(base):] if str(name).startswith(base) else basename(str(name))
+        out.append((rel, join(root, rel)))
+    return out
+
+
+def abspath(path: str) -> str:
+    """``os.path.abspath`` for a local path; a URL is already absolute."""
+    return path if is_url(path) else os.path.abspath(path)
+
+
+#: Block size for sniffing a file's format (a few bytes at its start or end).
+SNIFF_BLOCK = 1 << 16
+
+
+def open_binary(path: str, block_size: int = REMOTE_BLOCK) -> Any:
+    """A readable, seekable binary file object: ``open(path, "rb")`` for a local path; for a URL
+    an fsspec file that reads by ranges, keeping up to 32 blocks of ``block_size`` bytes
+    (h5py and zipfile seek around: metadata, then the data they want; sniffing a format needs
+    only :data:`SNIFF_BLOCK`).
+
+    Raises:
+        FileNotFoundError, OSError: as ``open`` does (readers turn them into their errors).
+    """
+    if not is_url(path):
+        return open(path, "rb")
+    fs, fpath = filesystem(path)
+    try:
+        return _with_retries("opening", path, lambda: fs.open(fpath, "rb", block_size=block_size,
+                                                              cache_type="blockcache",
+                                                              cache_options={"maxblocks": 32}))
+    except CheckpointNotFoundError:
+        raise FileNotFoundError(path) from None
+    except CkptMergeError as e:
+        raise OSError(str(e)) from None
+
+
+class _OwningZip(zipfile.ZipFile):
+    """A ``ZipFile`` over a file object it opened itself, and closes with itself."""
+
+    def __init__(self, fileobj: Any) -> None:
+        self._owned = fileobj
+        try:
+            super().__init__(fileobj)
+        except BaseException:
+            fileobj.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._owned.close()
+
+
+def open_zip(path: str, block_size: int = REMOTE_BLOCK) -> zipfile.ZipFile:
+    """``zipfile.ZipFile(path)`` for a local or remote archive (remote: over :func:`open_binary`).
+
+    Raises:
+        zipfile.BadZipFile, OSError, ValueError: as ``zipfile.ZipFile`` does.
+    """
+    return _OwningZip(open_binary(path, block_size)) if is_url(path) else zipfile.ZipFile(path)
+
+
 class RemoteFile:
     """One remote data file, read by ranges (thread-safe: each read is its own request).
 
@@ -268,6 +383,14 @@ class RemoteFile:
     def __init__(self, url: str) -> None:
         self.url = url
         self.fs, self.path = filesystem(url)
+        self._size: Optional[int] = None
+
+    @property
+    def size(self) -> int:
+        """The object's size in bytes (looked up once)."""
+        if self._size is None:
+            self._size = remote_size(self.url)
+        return self._size
 
     def readinto(self, offset: int, view: memoryview, *, key: Optional[str] = None) -> int:
         """Fill ``view`` with the bytes at ``offset``; return how many arrived (fewer: the file ended)."""

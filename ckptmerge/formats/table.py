@@ -24,6 +24,7 @@ import crc32c as _crc32c
 
 from ckptmerge.errors import CheckpointFormatError
 from ckptmerge.formats.protowire import DecodeError, read_varint
+from ckptmerge.formats.storage import SNIFF_BLOCK, open_binary
 
 __all__ = [
     "Table",
@@ -84,7 +85,7 @@ def is_leveldb_table(path: str) -> bool:
         False
     """
     try:
-        with open(path, "rb") as f:
+        with open_binary(path, SNIFF_BLOCK) as f:
             f.seek(0, os.SEEK_END)
             if f.tell() < FOOTER_SIZE:
                 return False

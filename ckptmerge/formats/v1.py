@@ -27,6 +27,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats import storage
+from ckptmerge.formats.storage import RemoteFile, is_url
 from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import name_based_kind
@@ -157,14 +159,29 @@ class _File:
         self.path = path
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
+        #: A URL's file: each read is one ranged request (no descriptor, no lock).
+        self._remote = RemoteFile(path) if is_url(path) else None
         try:
-            self.size = os.stat(path).st_size
+            self.size = self._remote.size if self._remote is not None else os.stat(path).st_size
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"V1 checkpoint file {path!r} does not exist.", path=path) from None
         except OSError as e:
             raise CheckpointFormatError(f"Cannot read checkpoint file {path!r}: {e}", path=path) from None
 
     def read_at(self, offset: int, size: int) -> bytes:
+        if self._remote is not None:
+            buf = bytearray(size)
+            data = bytes(buf[:self._remote.readinto(offset, memoryview(buf))])
+        else:
+            data = self._pread(offset, size)
+        if len(data) != size:
+            raise CheckpointFormatError(
+                f"Checkpoint file {os.path.basename(self.path)} ended early ({len(data)} of {size} "
+                f"bytes at offset {offset}); it was truncated after it was opened. (File: {self.path})",
+                path=self.path)
+        return data
+
+    def _pread(self, offset: int, size: int) -> bytes:
         with self._lock:
             try:
                 if self._fd is None:
@@ -185,11 +202,6 @@ class _File:
             except OSError as e:
                 raise CheckpointFormatError(f"Cannot read checkpoint file {self.path!r}: {e}",
                                             path=self.path) from None
-        if len(data) != size:
-            raise CheckpointFormatError(
-                f"Checkpoint file {os.path.basename(self.path)} ended early ({len(data)} of {size} "
-                f"bytes at offset {offset}); it was truncated after it was opened. (File: {self.path})",
-                path=self.path)
         return data
 
     def close(self) -> None:
@@ -230,7 +242,7 @@ class V1Reader(CheckpointReader):
         super().__init__(path)
         self.verify = verify
         self.files = v1_shard_files(self.path)
-        missing = [f for f in self.files if not os.path.isfile(f)]
+        missing = [f for f in self.files if not storage.isfile(f)]
         if len(missing) == len(self.files):  # also a pattern of 0 shards
             raise CheckpointNotFoundError(
                 f"V1 checkpoint {self.path!r} does not exist"
