@@ -600,3 +600,16 @@ def test_a_keras_model_restores_from_a_remote_keras_archive(memory_formats):
     report = cm.restore(fresh, [cm.Source(f"{memory_formats}/net.keras")])
     assert sorted(report.restored) == ["net/d/bias", "net/d/kernel"]
     np.testing.assert_array_equal(fresh.layers[0].kernel.numpy(), np.arange(12, dtype=np.float32).reshape(4, 3))
+
+
+def test_a_file_url_output_is_locked_with_an_exclusive_create(memory_run, tmp_path):
+    from ckptmerge.errors import OutputLockedError
+
+    out = f"file://{tmp_path}/merged"
+    (tmp_path / "merged.lock").write_text("{}")  # held by an unknown writer
+    with pytest.raises(OutputLockedError, match="an unknown writer"):
+        cm.merge([cm.Source(memory_run, step=100)], out)
+    (tmp_path / "merged.lock").unlink()
+    cm.merge([cm.Source(memory_run, step=100)], out)
+    assert not (tmp_path / "merged.lock").exists()
+    np.testing.assert_array_equal(cm.load(str(tmp_path / "merged"), ["w"])["w"], W)
