@@ -25,7 +25,7 @@ from .formats.storage import (
     remote_isdir,
     remote_listdir,
 )
-from .resolve import _step_of  # (resolve imports this module lazily, when it meets a URL)
+from .resolve import _V1_SHARD_RE, _step_of, _v1_pattern_of  # (resolve imports this module lazily)
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -190,6 +190,9 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
     if lower.endswith(".keras") and is_keras_archive(url):
         return ResolvedCheckpoint(url, FORMAT_KERAS_H5, _step_of(url), f"Keras model archive {given}")
     if is_leveldb_table(url):
+        if _V1_SHARD_RE.search(url):  # one shard means its whole set, as for a local path
+            pattern = _v1_pattern_of(url)
+            return ResolvedCheckpoint(pattern, FORMAT_TF_V1, _step_of(pattern), f"all shards of V1 checkpoint {given}")
         return ResolvedCheckpoint(url, FORMAT_TF_V1, _step_of(url), f"V1 checkpoint {given}")
     raise CheckpointFormatError(
         f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint prefix (with a "

@@ -511,7 +511,7 @@ def format_files(tmp_path_factory):
 
 _FORMAT_PATHS = ["model.safetensors", "sharded", "sharded/model.safetensors.index.json", "arrays.npz",
                  "packed.npz", "npy", "net.weights.h5", "net.keras", "legacy.h5", "v1.ckpt",
-                 "v1set/model.ckpt-42-?????-of-00002", "v1set"]
+                 "v1set/model.ckpt-42-?????-of-00002", "v1set/model.ckpt-42-00001-of-00002", "v1set"]
 
 
 @pytest.fixture(scope="module")
