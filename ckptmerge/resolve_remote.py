@@ -25,7 +25,16 @@ from .formats.storage import (
     remote_isdir,
     remote_listdir,
 )
-from .resolve import _V1_SHARD_RE, _step_of, _v1_pattern_of  # (resolve imports this module lazily)
+from .resolve_files import (
+    FORMAT_KERAS_H5,
+    FORMAT_NUMPY,
+    FORMAT_SAFETENSORS,
+    FORMAT_TF_BUNDLE,
+    FORMAT_TF_V1,
+    _V1_SHARD_RE,
+    _step_of,
+    _v1_pattern_of,
+)
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -93,7 +102,7 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         >>> resolve_url("s3://bucket/run", 200).prefix  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
-    from .resolve import FORMAT_TF_BUNDLE, ResolvedCheckpoint
+    from .resolve import ResolvedCheckpoint
 
     url = given.rstrip("/")
     if url.endswith(_INDEX):
@@ -161,7 +170,7 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
 def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # noqa: F821
     """``url`` as one checkpoint: a TF prefix, a file, or a sharded V1 set's pattern; else None."""
     from .formats.v1 import V1_PATTERN_RE, v1_shard_files
-    from .resolve import FORMAT_TF_BUNDLE, FORMAT_TF_V1, ResolvedCheckpoint
+    from .resolve import ResolvedCheckpoint
 
     if remote_exists(url + _INDEX):
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, _step_of(url), f"checkpoint prefix {given}")
@@ -178,7 +187,7 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
     from .formats.numpy_files import is_npz
     from .formats.safetensors import INDEX_SUFFIX, is_safetensors
     from .formats.table import is_leveldb_table
-    from .resolve import FORMAT_KERAS_H5, FORMAT_NUMPY, FORMAT_SAFETENSORS, FORMAT_TF_V1, ResolvedCheckpoint
+    from .resolve import ResolvedCheckpoint
 
     lower = url.lower()
     if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
@@ -202,8 +211,6 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
 
 def _array_dir_format(names: Dict[str, dict]) -> str:
     """safetensors or numpy for a remote folder of safetensors shards or ``.npy`` files, else ``""``."""
-    from .resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS
-
     if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
         return FORMAT_SAFETENSORS
     if any(n.endswith(".npy") for n in names):
