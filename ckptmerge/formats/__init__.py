@@ -8,8 +8,9 @@ TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format o
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
 :class:`~ckptmerge.formats.h5.H5Reader`.
 Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
-reads through :mod:`ckptmerge.formats.storage`. Nothing here imports TensorFlow. Path resolution (directories, ``checkpoint`` state files,
-"latest") is :mod:`ckptmerge.resolve`' job; this module expects a prefix or a file.
+reads through :mod:`ckptmerge.formats.storage`. Nothing here imports TensorFlow. Path resolution
+(directories, ``checkpoint`` state files, "latest") is :mod:`ckptmerge.resolve`' job; this
+module expects a prefix or a file.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 from typing import List
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.formats import storage
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.bundle import BundleReader
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
@@ -27,7 +29,6 @@ from ckptmerge.formats.safetensors import (
     SafetensorsReader,
     is_safetensors,
 )
-from ckptmerge.formats import storage
 from ckptmerge.formats.table import is_leveldb_table
 from ckptmerge.formats.v1 import V1_PATTERN_RE, V1Reader
 from ckptmerge.specs import VariableInfo

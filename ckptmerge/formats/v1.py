@@ -28,7 +28,6 @@ import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import storage
-from ckptmerge.formats.storage import RemoteFile, is_url
 from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.objectgraph import name_based_kind
@@ -160,7 +159,7 @@ class _File:
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
         #: A URL's file: each read is one ranged request (no descriptor, no lock).
-        self._remote = RemoteFile(path) if is_url(path) else None
+        self._remote = storage.RemoteFile(path) if storage.is_url(path) else None
         try:
             self.size = self._remote.size if self._remote is not None else os.stat(path).st_size
         except FileNotFoundError:
