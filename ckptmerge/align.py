@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
+import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,8 +51,7 @@ MIN_SCORE = 0.25
 
 _SPLIT = re.compile(r"[/_\-.:\s]+")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")
-_DIGITS = re.compile(r"\d+")
-_DIGIT_SPLIT = re.compile(r"(\d+)")
+_DIGITS = re.compile(r"[0-9]+")
 #: Tokens that mean the same thing in the naming schemes of TF1, Keras 2/3 and Model Garden.
 _SYNONYMS = {
     "weights": "kernel", "weight": "kernel", "w": "kernel", "kernel": "kernel",
@@ -100,29 +101,34 @@ def _leaf(name: str) -> str:
     return name[name.rfind("/") + 1:]
 
 
-def _scope(name: str) -> str:
-    return name[:name.rfind("/") + 1]
-
-
-@dataclass(frozen=True)
-class Match:
-    """One proposed pair: checkpoint name -> target name, with its evidence.
+class Match(NamedTuple):
+    """One proposed pair: checkpoint name -> target name, with its evidence (a named tuple: a
+    10,000-variable model makes 10,000 of them, and a tuple is one cheap object).
 
     Attributes:
         target: the target name.
         name: the checkpoint name.
         confidence: 0..1: the evidence's score, discounted when the best alternative is close.
-        evidence: one short phrase per piece of evidence (shape, leaf, scope tokens, order).
+        evidence: one short phrase per piece of evidence (shape, leaf, scope tokens, order),
+            shared by every match of one kind of block of a numbered series.
+        position: where in a numbered series the pair sits (``"series position 3 of 12"``), or
+            ``""``: evidence too, kept apart so that the rest can be shared.
     """
 
     target: str
     name: str
     confidence: float
     evidence: Tuple[str, ...] = ()
+    position: str = ""
+
+    @property
+    def reasons(self) -> Tuple[str, ...]:
+        """All the evidence: :attr:`evidence`, then :attr:`position` if any."""
+        return self.evidence + (self.position,) if self.position else self.evidence
 
     def describe(self) -> str:
         """``"'name' -> 'target' (0.93: shape (3, 4) float32; leaf 'kernel'; ...)"``."""
-        return f"{quote_name(self.name)} -> {quote_name(self.target)} ({self.confidence:.2f}: {'; '.join(self.evidence)})"
+        return f"{quote_name(self.name)} -> {quote_name(self.target)} ({self.confidence:.2f}: {'; '.join(self.reasons)})"
 
 
 @dataclass(frozen=True)
@@ -166,45 +172,76 @@ class Alignment:
         return {m.name: m.target for m in self.matches}
 
 
-@functools.lru_cache(maxsize=1 << 17)
-def _features(name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...], Tuple[int, ...], Optional[str]]:
-    """Leaf tokens, scope tokens, scope numbers and numbered-series stem of a name (computed once
-    per name and :func:`align` call; one regex split)."""
-    cut = name.rfind("/") + 1
-    parts = _DIGIT_SPLIT.split(name)
-    if len(parts) == 1:
-        return _template_tokens(name[cut:]), _template_tokens(name[:cut]), (), None
-    numbers = []
-    pos = 0
-    for i in range(0, len(parts) - 1, 2):  # the digit runs that start in the scope
-        pos += len(parts[i])
-        if pos < cut:
-            numbers.append(int(parts[i + 1]))
-        pos += len(parts[i + 1])
-    template = "0".join(parts[0::2])
-    tcut = template.rfind("/") + 1
-    return (_template_tokens(template[tcut:]), _template_tokens(template[:tcut]), tuple(numbers),
-            template if numbers else None)
+_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_ZERO_RUN = re.compile(b"00+")
+_DIGITS_ONLY = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
-def _numbers(name: str) -> Tuple[int, ...]:
-    return _features(name)[2]
+@functools.lru_cache(maxsize=65536)
+def _template_features(template: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """Leaf and scope tokens of a template (one split per template, not per name)."""
+    cut = template.rfind("/") + 1
+    return _template_tokens(template[cut:]), _template_tokens(template[:cut])
 
 
-def _series(names: Sequence[str]) -> Optional[List[Tuple[int, ...]]]:
-    """The numbers of each name's scope when the names form a numbered series (names equal but
-    for their numbers: ``layer_0/...``, ``layer_1/...``), else ``None``."""
-    stems: Dict[str, int] = {}
-    for x in names:
-        stem = _features(x)[3]
-        if stem is not None:
-            stems[stem] = stems.get(stem, 0) + 1
-    if not any(c > 1 for c in stems.values()):
-        return None
-    return [_numbers(x) for x in names]
+class _Features:
+    """What alignment knows of each name: its template (each digit run as ``0``) and its scope
+    numbers (the digit runs before the leaf, as ints; ``()`` for none).
+
+    Built for all names at once with no Python step per name, since that is what a
+    10,000-variable model pays for every name: the templates from the names joined by newlines
+    and worked on as bytes (translate, one regex; UTF-8 keeps ASCII digits and newlines single
+    bytes), then the numbers of each family of one template together (each name of a family has
+    as many digit runs, the first ones in its scope). Equal number tuples are shared.
+    """
+
+    __slots__ = ("template", "numbers")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.template: Dict[str, str] = {}
+        self.numbers: Dict[str, Tuple[int, ...]] = {}
+        joined = "\n".join(names)
+        if joined.count("\n") != len(names) - 1:  # a name holds a newline: one at a time
+            for n in names:
+                self.template[n] = _DIGITS.sub("0", n)
+                self.numbers[n] = tuple(map(int, _DIGITS.findall(n, 0, n.rfind("/") + 1)))
+            return
+        templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
+        self.template.update(zip(names, templates))
+        shared: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+        order = sorted(range(len(names)), key=templates.__getitem__)
+        for template, family in itertools.groupby(order, key=templates.__getitem__):
+            members = [names[i] for i in family]
+            in_scope = template.count("0", 0, template.rfind("/") + 1)
+            if not in_scope:
+                self.numbers.update(zip(members, itertools.repeat(())))
+                continue
+            runs = template.count("0")
+            numbers = list(map(int, " ".join(members).encode().translate(_DIGITS_ONLY).split()))
+            rows: List[Tuple[int, ...]] = list(zip(*[iter(numbers)] * runs))
+            if in_scope < runs:
+                rows = [r[:in_scope] for r in rows]
+            self.numbers.update(zip(members, map(shared.setdefault, rows, rows)))
+
+    def tokens(self, name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+        """Leaf and scope tokens of a name."""
+        return _template_features(self.template[name])
+
+    def stems(self, names: Sequence[str]) -> List[str]:
+        """Per name: its template when it has scope numbers (its numbered series), else itself."""
+        template, numbers = self.template, self.numbers
+        return [template[n] if numbers[n] else n for n in names]
+
+    def is_series(self, names: Sequence[str]) -> bool:
+        """True when the names form a numbered series: two of them equal but for their scope
+        numbers (``layer_0/...``, ``layer_1/...``)."""
+        template, numbers = self.template, self.numbers
+        stems = [template[n] for n in names if numbers[n]]
+        return len(set(stems)) < len(stems)
 
 
-def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]]) -> Tuple[np.ndarray, bool]:
+def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]], feats: _Features
+           ) -> Tuple[np.ndarray, bool]:
     """Relative ranks (0..1) of ``names`` and whether that order carries evidence.
 
     A numbered series ranks by its numbers, compared as numbers, so ``layer_3/query`` and
@@ -214,8 +251,10 @@ def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]]) -> Tuple[np
     n = len(names)
     if n < 2:
         return np.zeros(n), False
-    keys: Optional[List[Any]] = _series(names)
-    if keys is None:
+    keys: List[Any]
+    if feats.is_series(names):
+        keys = [feats.numbers[x] for x in names]
+    else:
         if order is None or not all(x in order for x in names):
             return np.zeros(n), False
         keys = [order[x] for x in names]
@@ -226,24 +265,38 @@ def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]]) -> Tuple[np
     return np.array([pos[k] for k in keys]), True
 
 
-def _by_series(tnames: List[str], snames: List[str]) -> List[Tuple[List[str], List[str], str]]:
+#: One block of a shape group: its target names, checkpoint names, series position ("" when the
+#: group is not split) and, for a position, its kind (the stems of both sides, in name order).
+_Block = Tuple[List[str], List[str], str, Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]]]
+
+
+def _by_series(tnames: List[str], snames: List[str], feats: _Features) -> List[_Block]:
     """Split one shape group by series position when both sides are numbered series with the same
     number of positions (the k-th ``layer_N`` of the checkpoint is the k-th ``transformer_M`` of
     the target); else the group as it is. Keeps large models linear: 12 x 600 equal layers are
-    600 small problems, not one of 7,200 x 7,200."""
-    ts, ss = _series(tnames), _series(snames)
-    if ts is None or ss is None:
-        return [(tnames, snames, "")]
-    tk, sk = sorted(set(ts)), sorted(set(ss))
-    if len(tk) != len(sk) or len(tk) < 2:
-        return [(tnames, snames, "")]
-    t_at: Dict[Tuple[int, ...], List[str]] = {}
-    s_at: Dict[Tuple[int, ...], List[str]] = {}
-    for t, x in zip(tnames, ts):
-        t_at.setdefault(x, []).append(t)
-    for n, x in zip(snames, ss):
-        s_at.setdefault(x, []).append(n)
-    out = [(t_at[a], s_at[b], f"series position {k + 1} of {len(tk)}") for k, (a, b) in enumerate(zip(tk, sk))]
+    600 small problems, not one of 7,200 x 7,200. Names are given sorted."""
+    numbers = feats.numbers
+    if (not (feats.is_series(tnames) and feats.is_series(snames))
+            or len(set(map(numbers.__getitem__, tnames))) != len(set(map(numbers.__getitem__, snames)))):
+        return [(tnames, snames, "", None)]
+    t_at, s_at = _at_positions(tnames, feats), _at_positions(snames, feats)
+    n = len(t_at)
+    if n < 2:
+        return [(tnames, snames, "", None)]
+    return [(tn, sn, f"series position {k + 1} of {n}", (tst, sst))
+            for k, ((tst, tn), (sst, sn)) in enumerate(zip(t_at, s_at))]
+
+
+def _at_positions(names: List[str], feats: _Features) -> List[Tuple[Tuple[str, ...], List[str]]]:
+    """Per series position, in order: the stems and the names there, ordered by stem then name
+    (two stable sorts of the sorted names, so no position sorts its own)."""
+    stems = feats.stems(names)
+    positions = list(map(feats.numbers.__getitem__, names))
+    order = sorted(sorted(range(len(names)), key=stems.__getitem__), key=positions.__getitem__)
+    out = []
+    for _, at in itertools.groupby(order, key=positions.__getitem__):
+        at = list(at)
+        out.append((tuple([stems[i] for i in at]), [names[i] for i in at]))
     return out
 
 
@@ -278,13 +331,14 @@ def _set_jaccard(a: Tuple[str, ...], b: Tuple[str, ...]) -> float:
     return len(x & y) / len(x | y) if x or y else 0.0
 
 
-def _evidence(tname: str, sname: str, spec: VariableInfo, alone: bool, leaf: float, scope: float) -> List[str]:
+def _evidence(tname: str, sname: str, spec: VariableInfo, alone: bool, leaf: float, scope: float,
+              feats: _Features) -> List[str]:
     shape = f"shape {tuple(spec.shape)} {spec.dtype}"
     evidence = [f"{shape}, the only candidate of its shape" if alone else shape]
     if leaf > 0:
         evidence.append(f"leaf {quote_name(_leaf(sname))} ~ {quote_name(_leaf(tname))}")
     if scope > 0:
-        shared = sorted(set(_features(tname)[1]) & set(_features(sname)[1]))
+        shared = sorted(set(feats.tokens(tname)[1]) & set(feats.tokens(sname)[1]))
         evidence.append("scope tokens " + ", ".join(map(quote_name, shared)))
     return evidence
 
@@ -293,33 +347,33 @@ _BLIND = "nothing but their shape relates them (no shared name tokens, no order 
 _TIED = "the evidence (names, scopes, order) fits more than one pairing equally well"
 
 
-def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str
+def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str, feats: _Features
                 ) -> Tuple[List[Match], List[Unresolved]]:
     """One target, one candidate: accepted when its names say something, not its shape alone."""
-    (t_leaf, t_scope, _, _), (s_leaf, s_scope, _, _) = _features(tname), _features(sname)
+    (t_leaf, t_scope), (s_leaf, s_scope) = feats.tokens(tname), feats.tokens(sname)
     leaf, scope = _set_jaccard(t_leaf, s_leaf), _set_jaccard(t_scope, s_scope)
     score = 0.5 * leaf + 0.5 * scope
     if score < MIN_SCORE:
         return [], [Unresolved((tname,), (sname,), tuple(spec.shape), spec.dtype, _BLIND)]
-    evidence = _evidence(tname, sname, spec, not position, leaf, scope) + ([position] if position else [])
-    return [Match(tname, sname, round(min(1.0, score), 2), tuple(evidence))], []
+    evidence = _evidence(tname, sname, spec, not position, leaf, scope, feats)
+    return [Match(tname, sname, round(min(1.0, score), 2), tuple(evidence), position)], []
 
 
 def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Mapping[str, int]],
-                 source_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str = ""
-                 ) -> Tuple[List[Match], List[Unresolved]]:
+                 source_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str,
+                 feats: _Features) -> Tuple[List[Match], List[Unresolved]]:
     from scipy.optimize import linear_sum_assignment
 
     if len(tnames) == 1 and len(snames) == 1:  # the common case once split by series: no matrix
-        return _solve_pair(tnames[0], snames[0], spec, position)
-    tf, sf = [_features(t) for t in tnames], [_features(s) for s in snames]
+        return _solve_pair(tnames[0], snames[0], spec, position, feats)
+    tf, sf = [feats.tokens(t) for t in tnames], [feats.tokens(s) for s in snames]
     leaf = _jaccard([f[0] for f in tf], [f[0] for f in sf])
     scope = _jaccard([f[1] for f in tf], [f[1] for f in sf])
     if position or (len(tnames) == 1 and len(snames) == 1):  # one rank on each side: no evidence
         rt, rs, use_order = np.zeros(len(tnames)), np.zeros(len(snames)), False
     else:
-        rt, t_inf = _ranks(tnames, target_order)
-        rs, s_inf = _ranks(snames, source_order)
+        rt, t_inf = _ranks(tnames, target_order, feats)
+        rs, s_inf = _ranks(snames, source_order, feats)
         use_order = t_inf and s_inf
     if use_order:
         order = 1.0 - np.abs(rt[:, None] - rs[None, :])
@@ -356,13 +410,11 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
         if margin[i] <= MARGIN:
             tied[i] = {k for k in range(n) if k != i and delta[i, k] <= MARGIN}
             continue
-        evidence = _evidence(tnames[i], snames[j], spec, False, leaf[i, j], scope[i, j])
+        evidence = _evidence(tnames[i], snames[j], spec, False, leaf[i, j], scope[i, j], feats)
         if order is not None:
             evidence.append(f"order {rt[i]:.2f} ~ {rs[j]:.2f}")
-        if position:
-            evidence.append(position)
         confidence = float(min(1.0, own[i]) * min(1.0, 0.5 + margin[i] / 0.2 * 0.5))
-        matches.append(Match(tnames[i], snames[j], round(confidence, 2), tuple(evidence)))
+        matches.append(Match(tnames[i], snames[j], round(confidence, 2), tuple(evidence), position))
     unresolved: List[Unresolved] = []
 
     def add(group: Iterable[int], reason: str) -> None:
@@ -382,25 +434,87 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     return matches, unresolved
 
 
-def _solve_block(tnames: List[str], snames: List[str], t_order: Optional[Mapping[str, int]],
-                 s_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str,
-                 memo: Dict[Any, Any]) -> Tuple[List[Match], List[Unresolved]]:
-    """:func:`_solve_group` for one position of a numbered series, solved once per kind of block:
-    layer 7 of 600 has the same names, but for its number, as layer 6, so the same answer."""
-    if not position:
-        return _solve_group(tnames, snames, t_order, s_order, spec, position)
-    stem = {n: _features(n)[3] or n for n in tnames + snames}
-    tnames, snames = sorted(tnames, key=stem.__getitem__), sorted(snames, key=stem.__getitem__)
-    key = (tuple(stem[n] for n in tnames), tuple(stem[n] for n in snames))
-    if key not in memo:
-        m, u = _solve_group(tnames, snames, t_order, s_order, spec, position)
+def _solve_block(block: _Block, t_order: Optional[Mapping[str, int]], s_order: Optional[Mapping[str, int]],
+                 spec: VariableInfo, memo: Dict[Any, Any], feats: _Features
+                 ) -> Tuple[List[Match], List[Unresolved]]:
+    """:func:`_solve_group` for one block; a position of a numbered series is solved once per kind
+    of block: layer 7 of 600 has the same names, but for its number, as layer 6, so the same answer."""
+    tnames, snames, position, kind = block
+    if kind is None:
+        return _solve_group(tnames, snames, t_order, s_order, spec, position, feats)
+    solved = memo.get(kind)
+    if solved is None:
+        m, u = _solve_group(tnames, snames, t_order, s_order, spec, position, feats)
         ti, si = {n: i for i, n in enumerate(tnames)}, {n: i for i, n in enumerate(snames)}
-        memo[key] = ([(ti[x.target], si[x.name], x.confidence, x.evidence[:-1]) for x in m],
-                     [(tuple(ti[t] for t in x.targets), tuple(si[n] for n in x.names), x.reason) for x in u])
-    pairs, groups = memo[key]
-    return ([Match(tnames[i], snames[j], c, e + (position,)) for i, j, c, e in pairs],
+        solved = memo[kind] = ([(ti[x.target], si[x.name], x.confidence, x.evidence) for x in m],
+                               [(tuple(ti[t] for t in x.targets), tuple(si[n] for n in x.names), x.reason)
+                                for x in u])
+    pairs, groups = solved
+    return ([Match(tnames[i], snames[j], c, e, position) for i, j, c, e in pairs],
             [Unresolved(tuple(tnames[i] for i in ts), tuple(snames[j] for j in ss), tuple(spec.shape), spec.dtype, r)
-             for ts, ss, r in groups])
+             for ts, ss, r in groups] if groups else [])
+
+
+def _families(names: List[str], feats: _Features
+              ) -> Optional[Tuple[List[str], List[Tuple[int, ...]], List[List[str]]]]:
+    """A side of a shape group as a *regular* numbered series: its names without numbers, the
+    positions, and per numbered family (ordered by stem) its names ordered by position; ``None``
+    unless every family holds exactly one name at each of the same positions."""
+    numbers, template = feats.numbers, feats.template
+    numbered = [n for n in names if numbers[n]]
+    stems = [template[n] for n in numbered]
+    order = sorted(sorted(range(len(numbered)), key=[numbers[n] for n in numbered].__getitem__),
+                   key=stems.__getitem__)
+    positions: Optional[List[Tuple[int, ...]]] = None
+    families = []
+    for _, family in itertools.groupby(order, key=stems.__getitem__):
+        members = [numbered[i] for i in family]
+        at = [numbers[n] for n in members]
+        if positions is None:
+            positions = at
+            if len(set(at)) != len(at):
+                return None
+        elif at != positions:
+            return None
+        families.append(members)
+    if positions is None:
+        return None
+    return [n for n in names if not numbers[n]], positions, families
+
+
+def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features
+                   ) -> Optional[Tuple[List[Match], List[Unresolved]]]:
+    """The common case of :func:`_by_series` in bulk: both sides regular numbered series (see
+    :func:`_families`) with as many positions. Every numbered position is then the same kind of
+    block, so it is solved once and repeated family by family, without a step per position.
+    Gives what :func:`_by_series` and :func:`_solve_block` give; ``None`` when not regular."""
+    if not (feats.is_series(tnames) and feats.is_series(snames)):
+        return None
+    t, s = _families(tnames, feats), _families(snames, feats)
+    if t is None or s is None:
+        return None
+    (t_plain, t_at, t_fams), (s_plain, s_at, s_fams) = t, s
+    if len(t_at) != len(s_at) or bool(t_plain) != bool(s_plain):
+        return None
+    n = len(t_at) + bool(t_plain)
+    labels = [f"series position {k + 1} of {n}" for k in range(n)]
+    matches: List[Match] = []
+    unresolved: List[Unresolved] = []
+    if t_plain:  # the names without numbers sort first, as position ()
+        matches, unresolved = _solve_group(t_plain, s_plain, None, None, spec, labels.pop(0), feats)
+    first_t, first_s = [f[0] for f in t_fams], [f[0] for f in s_fams]
+    found, left = _solve_group(first_t, first_s, None, None, spec, labels[0], feats)
+    ti, si = {x: i for i, x in enumerate(first_t)}, {x: i for i, x in enumerate(first_s)}
+    for m in found:
+        confidence, evidence = m.confidence, m.evidence
+        matches += [Match(a, b, confidence, evidence, label)
+                    for a, b, label in zip(t_fams[ti[m.target]], s_fams[si[m.name]], labels)]
+    shape = tuple(spec.shape)
+    for u in left:
+        its, jss = [ti[x] for x in u.targets], [si[x] for x in u.names]
+        unresolved += [Unresolved(tuple(t_fams[i][k] for i in its), tuple(s_fams[j][k] for j in jss),
+                                  shape, spec.dtype, u.reason) for k in range(len(labels))]
+    return matches, unresolved
 
 
 def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
@@ -425,35 +539,45 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
         >>> align(t, s).mapping
         {'dnn/hiddenlayer_0/bias': 'h0/bias', 'dnn/hiddenlayer_0/kernel': 'h0/kernel'}
     """
-    _features.cache_clear()
     t_order = {n: i for i, n in enumerate(target_order)} if target_order is not None else None
     s_order = {n: i for i, n in enumerate(source_order)} if source_order is not None else None
     groups: Dict[Tuple[Tuple[int, ...], str], Tuple[List[VariableInfo], List[VariableInfo]]] = {}
     for t in targets:
-        groups.setdefault((tuple(t.shape), t.dtype), ([], []))[0].append(t)
+        key = (tuple(t.shape), t.dtype)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = ([t], [])
+        else:
+            group[0].append(t)
     for s in names:
-        key = (tuple(s.shape), s.dtype)
-        if key in groups:
-            groups[key][1].append(s)
+        group = groups.get((tuple(s.shape), s.dtype))
+        if group is not None:
+            group[1].append(s)
+    groups = {k: (sorted([t.name for t in ts]), sorted([s.name for s in ss]), ts[0])
+              for k, (ts, ss) in groups.items() if ss}
+    feats = _Features([n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss)])
     matches: List[Match] = []
     unresolved: List[Unresolved] = []
-    for (_shape, _dtype), (ts, ss) in groups.items():
-        if not ss:
+    for tnames, snames, spec in groups.values():
+        regular = _solve_regular(tnames, snames, spec, feats)
+        if regular is not None:
+            matches += regular[0]
+            unresolved += regular[1]
             continue
         memo: Dict[Any, Any] = {}
-        for tsub, ssub, position in _by_series(sorted(t.name for t in ts), sorted(s.name for s in ss)):
-            if tsub and ssub:
-                m, u = _solve_block(tsub, ssub, t_order, s_order, ts[0], position, memo)
+        for block in _by_series(tnames, snames, feats):
+            if block[0] and block[1]:
+                m, u = _solve_block(block, t_order, s_order, spec, memo, feats)
                 matches += m
                 unresolved += u
-    matches.sort(key=lambda m: m.target)
+    matches.sort(key=operator.itemgetter(0))  # by target
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches, unresolved)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One map entry of a suggestion: a scope (``"a/"`` -> ``"b/"``) or one variable.
+class Entry(NamedTuple):
+    """One map entry of a suggestion: a scope (``"a/"`` -> ``"b/"``) or one variable (a named
+    tuple, like :class:`Match`).
 
     Attributes:
         name: checkpoint name or scope (ending in ``/``).
@@ -500,25 +624,38 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
-    src_count = collections.Counter(map(_scope, source_names))
-    tgt_count = collections.Counter(map(_scope, target_names))
-    by_scope: Dict[str, List[Match]] = {}
-    for m in matches:
-        by_scope.setdefault(_scope(m.name), []).append(m)
+    src_count = collections.Counter([n[:n.rfind("/") + 1] for n in source_names])
+    tgt_count = collections.Counter([n[:n.rfind("/") + 1] for n in target_names])
+    scopes = [m.name[:m.name.rfind("/") + 1] for m in matches]
     entries: List[Entry] = []
-    for scope, ms in by_scope.items():
+    heads: Dict[int, Tuple[str]] = {}
+    summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
+    for scope, at in itertools.groupby(sorted(range(len(scopes)), key=scopes.__getitem__), key=scopes.__getitem__):
+        ms = [matches[i] for i in at]
+        n = len(ms)
         first = ms[0].target
-        tcut = first.rfind("/") + 1
-        tscope, k = first[:tcut], len(scope)
-        whole = (scope and tscope and 1 < len(ms) == src_count[scope] == tgt_count[tscope]
-                 and all(m.target.rfind("/") + 1 == tcut and m.target.startswith(tscope)
-                         and m.name[k:] == m.target[tcut:] for m in ms))
-        if whole:
-            evidence = sorted({e for m in ms for e in m.evidence[1:]})[:4]
-            entries.append(Entry(scope, tscope, min(m.confidence for m in ms),
-                                 tuple(["shapes of all " + plural(len(ms), "variable")] + evidence), len(ms)))
+        tscope, k = first[:first.rfind("/") + 1], len(scope)
+        # Whole when every variable of the scope moves, each keeping its leaf, into one target
+        # scope that holds nothing else (the name's rest after its scope is its leaf: no "/").
+        if (n > 1 and scope and tscope and n == src_count[scope] == tgt_count[tscope]
+                and all([m.target == tscope + m.name[k:] for m in ms])):
+            head = heads.get(n)
+            if head is None:
+                head = heads[n] = ("shapes of all " + plural(n, "variable"),)
+            # The evidence past each shape, summarised once per kind of scope (the scopes of a
+            # numbered series share their evidence objects), then the series positions.
+            key = tuple([m.evidence for m in ms])
+            summary = summaries.get(key)
+            if summary is None:
+                summary = summaries[key] = tuple(sorted({e for m in ms for e in m.evidence[1:]})[:4])
+            where = ms[0].position
+            if any([m.position != where for m in ms]):
+                positions = tuple(sorted({m.position for m in ms} - {""}))
+            else:
+                positions = (where,) if where else ()
+            entries.append(Entry(scope, tscope, min([m.confidence for m in ms]), head + summary + positions, n))
         else:
-            entries += [Entry(m.name, m.target, m.confidence, m.evidence) for m in ms]
-    entries.sort(key=lambda e: e.target)
+            entries += [Entry(m.name, m.target, m.confidence, m.reasons) for m in ms]
+    entries.sort(key=operator.itemgetter(1))  # by target
     return entries
 

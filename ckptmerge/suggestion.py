@@ -198,10 +198,16 @@ def _left_out(rules: Any, name: str) -> bool:
 
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
                   target_order: Optional[Sequence[str]]) -> Alignment:
-    specs = {t.name: t for t in plan.targets}
-    names = [src.variables[n] if src.variables[n].name == n else dataclasses.replace(src.variables[n], name=n)
-             for n in plan.unused.get(src.label, ()) if n in src.variables and not _left_out(src.rules, n)]
-    return align([specs[t] for t in missing], names, target_order=target_order)
+    want = set(missing)
+    variables, rules = src.variables, src.rules
+    filtered = bool(rules.include or rules.exclude or rules.regexes)
+    names = []
+    for n in plan.unused.get(src.label, ()):
+        info = variables.get(n)
+        if info is None or (filtered and _left_out(rules, n)):
+            continue
+        names.append(info if info.name == n else dataclasses.replace(info, name=n))
+    return align([t for t in plan.targets if t.name in want], names, target_order=target_order)
 
 
 def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None) -> Suggestion:
@@ -258,7 +264,7 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
         for m in found.matches:
-            notes[m.name] = f"matched by structure: {'; '.join(m.evidence)} (confidence {m.confidence:.2f})"
+            notes[m.name] = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
         out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes))
     return out
 
