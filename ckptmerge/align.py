@@ -208,7 +208,7 @@ class _Features:
             return
         templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
         self.template.update(zip(names, templates))
-        shared: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+        shared: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # equal number tuples are one object
         order = sorted(range(len(names)), key=templates.__getitem__)
         for template, family in itertools.groupby(order, key=templates.__getitem__):
             members = [names[i] for i in family]
@@ -217,11 +217,16 @@ class _Features:
                 self.numbers.update(zip(members, itertools.repeat(())))
                 continue
             runs = template.count("0")
-            numbers = list(map(int, " ".join(members).encode().translate(_DIGITS_ONLY).split()))
-            rows: List[Tuple[int, ...]] = list(zip(*[iter(numbers)] * runs))
+            digits = " ".join(members).encode().translate(_DIGITS_ONLY).split()
+            rows: List[Tuple[bytes, ...]] = list(zip(*[iter(digits)] * runs))
             if in_scope < runs:
                 rows = [r[:in_scope] for r in rows]
-            self.numbers.update(zip(members, map(shared.setdefault, rows, rows)))
+            # Parse each distinct row once (a series repeats its positions family after family).
+            parsed = {r: None for r in rows}
+            for r in parsed:
+                ints = tuple(map(int, r))
+                parsed[r] = shared.setdefault(ints, ints)
+            self.numbers.update(zip(members, map(parsed.__getitem__, rows)))
 
     def tokens(self, name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
         """Leaf and scope tokens of a name."""
@@ -459,7 +464,8 @@ def _families(names: List[str], feats: _Features
               ) -> Optional[Tuple[List[str], List[Tuple[int, ...]], List[List[str]]]]:
     """A side of a shape group as a *regular* numbered series: its names without numbers, the
     positions, and per numbered family (ordered by stem) its names ordered by position; ``None``
-    unless every family holds exactly one name at each of the same positions."""
+    unless every family holds exactly one name at each of the same (at least two) positions.
+    Names come in any order."""
     numbers, template = feats.numbers, feats.template
     numbered = [n for n in names if numbers[n]]
     stems = [template[n] for n in numbered]
@@ -477,9 +483,13 @@ def _families(names: List[str], feats: _Features
         elif at != positions:
             return None
         families.append(members)
-    if positions is None:
+    if positions is None or len(positions) < 2:  # fewer than two positions: no series
         return None
-    return [n for n in names if not numbers[n]], positions, families
+    return sorted([n for n in names if not numbers[n]]), positions, families
+
+
+#: Build a Match from a tuple of all its fields, in C.
+_MATCH = functools.partial(tuple.__new__, Match)
 
 
 def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features
@@ -488,8 +498,6 @@ def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, fea
     :func:`_families`) with as many positions. Every numbered position is then the same kind of
     block, so it is solved once and repeated family by family, without a step per position.
     Gives what :func:`_by_series` and :func:`_solve_block` give; ``None`` when not regular."""
-    if not (feats.is_series(tnames) and feats.is_series(snames)):
-        return None
     t, s = _families(tnames, feats), _families(snames, feats)
     if t is None or s is None:
         return None
@@ -505,10 +513,9 @@ def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, fea
     first_t, first_s = [f[0] for f in t_fams], [f[0] for f in s_fams]
     found, left = _solve_group(first_t, first_s, None, None, spec, labels[0], feats)
     ti, si = {x: i for i, x in enumerate(first_t)}, {x: i for i, x in enumerate(first_s)}
-    for m in found:
-        confidence, evidence = m.confidence, m.evidence
-        matches += [Match(a, b, confidence, evidence, label)
-                    for a, b, label in zip(t_fams[ti[m.target]], s_fams[si[m.name]], labels)]
+    for m in found:  # a family's matches built in C (map over zip): no Python step per match
+        matches += map(_MATCH, zip(t_fams[ti[m.target]], s_fams[si[m.name]], itertools.repeat(m.confidence),
+                                   itertools.repeat(m.evidence), labels))
     shape = tuple(spec.shape)
     for u in left:
         its, jss = [ti[x] for x in u.targets], [si[x] for x in u.names]
@@ -553,8 +560,7 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
         group = groups.get((tuple(s.shape), s.dtype))
         if group is not None:
             group[1].append(s)
-    groups = {k: (sorted([t.name for t in ts]), sorted([s.name for s in ss]), ts[0])
-              for k, (ts, ss) in groups.items() if ss}
+    groups = {k: ([t.name for t in ts], [s.name for s in ss], ts[0]) for k, (ts, ss) in groups.items() if ss}
     feats = _Features([n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss)])
     matches: List[Match] = []
     unresolved: List[Unresolved] = []
@@ -565,7 +571,7 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
             unresolved += regular[1]
             continue
         memo: Dict[Any, Any] = {}
-        for block in _by_series(tnames, snames, feats):
+        for block in _by_series(sorted(tnames), sorted(snames), feats):
             if block[0] and block[1]:
                 m, u = _solve_block(block, t_order, s_order, spec, memo, feats)
                 matches += m
@@ -610,13 +616,18 @@ class Entry(NamedTuple):
                 "evidence": list(self.evidence), "count": self.count}
 
 
+#: Build an Entry from a tuple of all its fields, in C.
+_ENTRY = functools.partial(tuple.__new__, Entry)
+
+
 def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
                   target_names: Iterable[str]) -> List[Entry]:
     """Fold matches into scope-to-scope entries wherever a whole scope moves together.
 
     A checkpoint scope becomes one entry when every name under it (among ``source_names``) is
-    matched, all into one target scope, each keeping its leaf, and no other target lives in that
-    target scope; everything else stays one entry per variable.
+    matched, all into one target scope, each keeping its leaf, and no other target (among
+    ``target_names``) lives in that target scope; everything else stays one entry per variable.
+    The matches' names and targets are among ``source_names`` and ``target_names``.
 
     Example:
         >>> ms = [Match("h0/kernel", "dnn/l0/kernel", 0.9), Match("h0/bias", "dnn/l0/bias", 0.9)]
@@ -624,38 +635,48 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
-    src_count = collections.Counter([n[:n.rfind("/") + 1] for n in source_names])
-    tgt_count = collections.Counter([n[:n.rfind("/") + 1] for n in target_names])
-    scopes = [m.name[:m.name.rfind("/") + 1] for m in matches]
-    entries: List[Entry] = []
-    heads: Dict[int, Tuple[str]] = {}
+    names = [m.name for m in matches]
+    targets = [m.target for m in matches]
+    scopes = [n[:n.rfind("/") + 1] for n in names]
+    tscopes = [t[:t.rfind("/") + 1] for t in targets]
+    # Whole when every name of the scope is matched, each into one target scope and keeping its
+    # leaf, and that target scope holds nothing else. A scope holding a name (target) that no
+    # match moves cannot move whole: the few names outside the matches decide, not a count over
+    # every name.
+    matched, taken = set(names), set(targets)
+    blocked = {n[:n.rfind("/") + 1] for n in source_names if n not in matched}
+    blocked |= {"", *(t[:t.rfind("/") + 1] for t in target_names if t not in taken)}
+    keep_leaf = [n[len(sc):] == t[len(ts):] for n, t, sc, ts in zip(names, targets, scopes, tscopes)]
+    per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
+    whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
+             if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}
+    entries: List[Entry] = list(map(_ENTRY, [(m.name, m.target, m.confidence, m.reasons, 1)
+                                             for m, sc in zip(matches, scopes) if sc not in whole]))
     summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
-    for scope, at in itertools.groupby(sorted(range(len(scopes)), key=scopes.__getitem__), key=scopes.__getitem__):
-        ms = [matches[i] for i in at]
-        n = len(ms)
-        first = ms[0].target
-        tscope, k = first[:first.rfind("/") + 1], len(scope)
-        # Whole when every variable of the scope moves, each keeping its leaf, into one target
-        # scope that holds nothing else (the name's rest after its scope is its leaf: no "/").
-        if (n > 1 and scope and tscope and n == src_count[scope] == tgt_count[tscope]
-                and all([m.target == tscope + m.name[k:] for m in ms])):
-            head = heads.get(n)
-            if head is None:
-                head = heads[n] = ("shapes of all " + plural(n, "variable"),)
-            # The evidence past each shape, summarised once per kind of scope (the scopes of a
-            # numbered series share their evidence objects), then the series positions.
-            key = tuple([m.evidence for m in ms])
-            summary = summaries.get(key)
-            if summary is None:
-                summary = summaries[key] = tuple(sorted({e for m in ms for e in m.evidence[1:]})[:4])
-            where = ms[0].position
-            if any([m.position != where for m in ms]):
-                positions = tuple(sorted({m.position for m in ms} - {""}))
-            else:
-                positions = (where,) if where else ()
-            entries.append(Entry(scope, tscope, min([m.confidence for m in ms]), head + summary + positions, n))
-        else:
-            entries += [Entry(m.name, m.target, m.confidence, m.reasons) for m in ms]
+
+    def summary(key: Tuple[Tuple[str, ...], ...]) -> Tuple[str, ...]:
+        """The evidence past each shape, sorted: once per kind of scope (the scopes of a numbered
+        series share their evidence objects)."""
+        summaries[key] = tuple(sorted({e for ev in key for e in ev[1:]})[:4])
+        return summaries[key]
+
+    # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
+    # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
+    sizes = [per_scope[sc] for sc in scopes]
+    moving = sorted(sorted([i for i, sc in enumerate(scopes) if sc in whole], key=scopes.__getitem__),
+                    key=sizes.__getitem__)
+    for n, at in itertools.groupby(moving, key=sizes.__getitem__):
+        at = list(at)
+        columns = [[matches[i] for i in at[j::n]] for j in range(n)]
+        names_of = [scopes[i] for i in at[::n]]
+        keys = list(zip(*[[m.evidence for m in c] for c in columns]))
+        confidences = list(map(min, zip(*[[m.confidence for m in c] for c in columns])))
+        where = list(zip(*[[m.position for m in c] for c in columns]))
+        positions = [(w[0],) if w[0] and w.count(w[0]) == n else tuple(sorted(set(w) - {""})) for w in where]
+        head = ("shapes of all " + plural(n, "variable"),)
+        evidence = [head + (summaries.get(k) or summary(k)) + p for k, p in zip(keys, positions)]
+        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), confidences, evidence,
+                                   itertools.repeat(n)))
     entries.sort(key=operator.itemgetter(1))  # by target
     return entries
 
