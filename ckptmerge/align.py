@@ -192,7 +192,7 @@ class _Features:
     10,000-variable model pays for every name: the templates from the names joined by newlines
     and worked on as bytes (translate, one regex; UTF-8 keeps ASCII digits and newlines single
     bytes), then the numbers of each family of one template together (each name of a family has
-    as many digit runs, the first ones in its scope). Equal number tuples are shared.
+    as many digit runs, the first ones in its scope), each distinct run of digits parsed once.
     """
 
     __slots__ = ("template", "numbers")
@@ -208,7 +208,7 @@ class _Features:
             return
         templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
         self.template.update(zip(names, templates))
-        shared: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # equal number tuples are one object
+        parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
         order = sorted(range(len(names)), key=templates.__getitem__)
         for template, family in itertools.groupby(order, key=templates.__getitem__):
             members = [names[i] for i in family]
@@ -222,10 +222,8 @@ class _Features:
             if in_scope < runs:
                 rows = [r[:in_scope] for r in rows]
             # Parse each distinct row once (a series repeats its positions family after family).
-            parsed = {r: None for r in rows}
-            for r in parsed:
-                ints = tuple(map(int, r))
-                parsed[r] = shared.setdefault(ints, ints)
+            for r in set(rows).difference(parsed):
+                parsed[r] = tuple(map(int, r))
             self.numbers.update(zip(members, map(parsed.__getitem__, rows)))
 
     def tokens(self, name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
@@ -524,6 +522,30 @@ def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, fea
     return matches, unresolved
 
 
+_SPEC = operator.attrgetter("shape", "dtype")
+
+
+def _by_spec(infos: Iterable[VariableInfo]) -> Dict[Tuple[Tuple[int, ...], str], Tuple[List[str], VariableInfo]]:
+    """``{(shape, dtype): (names, one of the specs)}``, grouped by one C-speed sort."""
+    infos = list(infos)
+    keys = list(map(_SPEC, infos))
+    try:
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+    except TypeError:  # shapes of mixed types (lists and tuples): one at a time
+        keys = [(tuple(k[0]), k[1]) for k in keys]
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+    out: Dict[Tuple[Tuple[int, ...], str], Tuple[List[str], VariableInfo]] = {}
+    for (shape, dtype), at in itertools.groupby(order, key=keys.__getitem__):
+        at = list(at)
+        key = (tuple(shape), dtype)
+        names = [infos[i].name for i in at]
+        if key in out:  # equal shapes given once as a list, once as a tuple
+            out[key][0].extend(names)
+        else:
+            out[key] = (names, infos[at[0]])
+    return out
+
+
 def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
           target_order: Optional[Sequence[str]] = None,
           source_order: Optional[Sequence[str]] = None) -> Alignment:
@@ -548,19 +570,8 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     """
     t_order = {n: i for i, n in enumerate(target_order)} if target_order is not None else None
     s_order = {n: i for i, n in enumerate(source_order)} if source_order is not None else None
-    groups: Dict[Tuple[Tuple[int, ...], str], Tuple[List[VariableInfo], List[VariableInfo]]] = {}
-    for t in targets:
-        key = (tuple(t.shape), t.dtype)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = ([t], [])
-        else:
-            group[0].append(t)
-    for s in names:
-        group = groups.get((tuple(s.shape), s.dtype))
-        if group is not None:
-            group[1].append(s)
-    groups = {k: ([t.name for t in ts], [s.name for s in ss], ts[0]) for k, (ts, ss) in groups.items() if ss}
+    t_groups, s_groups = _by_spec(targets), _by_spec(names)
+    groups = {k: (ts, s_groups[k][0], spec) for k, (ts, spec) in t_groups.items() if k in s_groups}
     feats = _Features([n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss)])
     matches: List[Match] = []
     unresolved: List[Unresolved] = []
