@@ -209,9 +209,14 @@ class _Features:
         templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
         self.template.update(zip(names, templates))
         parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
-        order = sorted(range(len(names)), key=templates.__getitem__)
-        for template, family in itertools.groupby(order, key=templates.__getitem__):
-            members = [names[i] for i in family]
+        families: Dict[str, List[str]] = {}
+        for name, template in zip(names, templates):
+            family = families.get(template)
+            if family is None:
+                families[template] = [name]
+            else:
+                family.append(name)
+        for template, members in families.items():
             in_scope = template.count("0", 0, template.rfind("/") + 1)
             if not in_scope:
                 self.numbers.update(zip(members, itertools.repeat(())))
