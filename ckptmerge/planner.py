@@ -140,6 +140,8 @@ class SourceView:
             from the model's); they block a strict restore.
         aligned: ``{checkpoint name: target}`` from structural alignment
             (``Source(align="structure")``), used for names the rules put on no target.
+        order: checkpoint names in the order the checkpoint saved them, where it records one
+            (a TF2 object graph), else ``None``: evidence for structural alignment.
 
     Raises:
         OptionError: a field has the wrong type or the label is empty.
@@ -161,6 +163,7 @@ class SourceView:
     notes: Mapping[str, str] = field(default_factory=dict)
     findings: Tuple[str, ...] = ()
     aligned: Mapping[str, str] = field(default_factory=dict)
+    order: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
@@ -200,6 +203,11 @@ class SourceView:
             raise OptionError(f"source {_q(self.label)}: hidden must be a list of names; received "
                               f"{_received(self.hidden)}.")
         object.__setattr__(self, "hidden", tuple(sorted(self.hidden)))
+        if self.order is not None:
+            if isinstance(self.order, (str, bytes)) or not all(isinstance(n, str) for n in self.order):
+                raise OptionError(f"source {_q(self.label)}: order must be a list of names or None; "
+                                  f"received {_received(self.order)}.")
+            object.__setattr__(self, "order", tuple(self.order))
         frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(self.variables)})
         object.__setattr__(self, "variables", frozen)
 

@@ -326,6 +326,12 @@ class SourceHandle:
         """``{raw key: name}`` of the tensors :meth:`CheckpointHandle.rename` renamed."""
         return {}
 
+    @property
+    def order(self) -> Optional[Tuple[str, ...]]:
+        """Names in the order the checkpoint saved them, where it records one (see
+        :meth:`CheckpointHandle.order`); evidence for structural alignment."""
+        return None
+
     def selectable(self) -> Dict[str, VariableInfo]:
         """Variables the rules may use: all of them with ``optimizer=True``, else model variables."""
         return {
@@ -344,7 +350,7 @@ class SourceHandle:
         hidden = tuple(v.name for v in self.all_variables if v.name not in selectable)
         return SourceView(label=self.label, path=self.path, note=self.note, variables=selectable,
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
-                          hidden=hidden, notes=self.notes, findings=tuple(self.findings))
+                          hidden=hidden, notes=self.notes, findings=tuple(self.findings), order=self.order)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
@@ -366,6 +372,17 @@ class CheckpointHandle(SourceHandle):
     def renamed(self) -> Dict[str, str]:
         """``{raw key: name}`` of the tensors :meth:`rename` renamed."""
         return {k: n for n, k in self._key_of.items()}
+
+    @property
+    def order(self) -> Optional[Tuple[str, ...]]:
+        """A TF2 object-based checkpoint's names in saving order: its object graph walked from
+        the root, children in the order they were tracked (layers in the order they were built).
+        ``None`` for checkpoints without an object graph."""
+        graph = getattr(self.reader, "object_graph", None)
+        if graph is None:
+            return None
+        name_of = {v.raw_key: v.name for v in self.all_variables}
+        return tuple(name_of[k] for k in graph.saving_order() if k in name_of)
 
     def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
         """Give tensors new names (``{raw key: name}``, e.g. by a Keras model's own walk).

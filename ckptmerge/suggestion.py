@@ -207,7 +207,8 @@ def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
         if info is None or (filtered and _left_out(rules, n)):
             continue
         names.append(info if info.name == n else dataclasses.replace(info, name=n))
-    return align([t for t in plan.targets if t.name in want], names, target_order=target_order)
+    return align([t for t in plan.targets if t.name in want], names, target_order=target_order,
+                 source_order=src.order)
 
 
 def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None) -> Suggestion:

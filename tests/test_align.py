@@ -252,6 +252,32 @@ def test_auto_name_shift_restores_twelve_equal_layers_into_keras(tmp_path, tf):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+# -- TF2 object-graph order ----------------------------------------------------------------------
+
+def test_object_graph_order_pairs_equal_layers_whose_names_say_nothing(tmp_path, tf):
+    import keras
+
+    saved = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="zeta"), keras.layers.Dense(4, name="alpha")])
+    rng = np.random.default_rng(3)
+    for v in saved.weights:
+        v.assign(rng.standard_normal(v.shape).astype(np.float32))
+    prefix = tf.train.Checkpoint(model=saved).write(str(tmp_path / "ck"))
+    # 'alpha' sorts first, and no name relates to 'first'/'second': only the object graph's order
+    # (zeta was built first) separates the two equal-shaped layers.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="first"), keras.layers.Dense(4, name="second")])
+    in_memory = cm.plan(model, [cm.Source.from_values(cm.load(prefix), name="m", align="structure")])
+    assert len(in_memory.missing) == 4 and not in_memory.assignments
+    suggestion = cm.suggest(model, [cm.Source(prefix)])
+    assert suggestion.sources[0].map() == {saved.get_layer("zeta").path + "/": model.get_layer("first").path + "/",
+                                           saved.get_layer("alpha").path + "/": model.get_layer("second").path + "/"}
+    assert all(any(e.startswith("order ") for e in entry.evidence) for entry in suggestion.sources[0].entries)
+    report = cm.restore(model, [cm.Source(prefix, align="structure")])
+    assert len(report.restored) == 4
+    for new, old in (("first", "zeta"), ("second", "alpha")):
+        np.testing.assert_array_equal(model.get_layer(new).kernel.numpy(), saved.get_layer(old).kernel.numpy())
+        np.testing.assert_array_equal(model.get_layer(new).bias.numpy(), saved.get_layer(old).bias.numpy())
+
+
 # -- BERT TF1 names into TF2 Model-Garden names, graph mode ---------------------------------------
 
 def _bert_tf1(hidden=8, inter=16, layers=2):

@@ -245,6 +245,34 @@ class ObjectGraph:
                     out.add(ref.node_id)
         return out
 
+    def saving_order(self) -> List[str]:
+        """The checkpoint keys of the model's tensors in the order the objects were tracked.
+
+        A node lists its children in the order its attributes were assigned (a Keras model's
+        layers in the order they were built), so a depth-first walk from the root, children in
+        order, meets the variables in creation order. Edges to optimizer state are not followed.
+
+        Example:
+            >>> g = ObjectGraph((TrackableObject((ObjectReference(2, "b"), ObjectReference(1, "a")), (), ()),
+            ...                  TrackableObject((), (SerializedTensor("VARIABLE_VALUE", "a", "a/v"),), ()),
+            ...                  TrackableObject((), (SerializedTensor("VARIABLE_VALUE", "b", "b/v"),), ())))
+            >>> g.saving_order()
+            ['b/v', 'a/v']
+        """
+        if not self.nodes:
+            return []
+        keys: List[str] = []
+        seen = {0}
+        todo = [0]
+        while todo:
+            node = self.nodes[todo.pop()]
+            keys += [a.checkpoint_key for a in node.attributes]
+            children = [r.node_id for r in node.children
+                        if r.node_id not in seen and not is_optimizer_edge(r.local_name)]
+            seen.update(children)
+            todo += reversed(children)  # the first child is walked first
+        return keys
+
     def name_keys(self, keys: Iterable[str]) -> Dict[str, Tuple[str, str]]:
         """Apply the naming rule: ``{checkpoint_key: (name, kind)}`` for every key in ``keys``.
 
