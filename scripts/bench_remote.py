@@ -29,8 +29,9 @@ latency. Two models run by default:
 - ``range-proportional``: no simulated costs, only what the patched server really spends (a ranged
   GET costs what its range costs);
 - ``object-store``: 30 ms first-byte latency, 100 MiB/s per connection: the shape of a real bucket
-  (S3 documents 100-200 ms for small objects' first byte under load and ~85-100 MB/s per
-  connection; several ranged reads in flight are how its clients reach higher throughput).
+  (AWS's S3 performance guidelines quote roughly 100-200 ms first-byte latency for small objects,
+  and one connection reaches on the order of 100 MB/s; they recommend parallel ranged GETs for
+  throughput. The model is deliberately milder on latency than that.)
 
 Run: python scripts/bench_remote.py [--rounds 5] [--dir /tmp/ckptmerge-bench-remote]
      [--latency-ms 30] [--bandwidth-mib 100] [--models range-proportional,object-store]
