@@ -613,3 +613,22 @@ def test_a_file_url_output_is_locked_with_an_exclusive_create(memory_run, tmp_pa
     cm.merge([cm.Source(memory_run, step=100)], out)
     assert not (tmp_path / "merged.lock").exists()
     np.testing.assert_array_equal(cm.load(str(tmp_path / "merged"), ["w"])["w"], W)
+
+
+def test_a_persistent_s3_failure_reading_safetensors_names_the_url_and_tensor(s3, format_files, monkeypatch):
+    import fsspec
+
+    from ckptmerge.formats import open_checkpoint, storage
+
+    monkeypatch.setattr(storage, "RETRIES", 2)
+    fsspec.filesystem("s3").put_file(str(format_files / "model.safetensors"), "ckpts/stfail/model.safetensors")
+    url = "s3://ckpts/stfail/model.safetensors"
+    reader = open_checkpoint(url)  # the header is read here
+    s3["proxy"].mode, s3["proxy"].fail_ranged = "500", 10_000
+    try:
+        with pytest.raises(CheckpointFormatError) as info:
+            reader.get("big")
+    finally:
+        s3["proxy"].fail_ranged = 0
+        reader.close()
+    assert url in str(info.value) and "'big'" in str(info.value)

@@ -22,11 +22,13 @@ __all__ = ["pread_into", "Descriptors", "size_of"]
 _SEEK_LOCK = threading.Lock()  # only for platforms without preadv (Windows)
 
 
-def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threading.Lock] = None) -> int:
+def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threading.Lock] = None, *,
+               key: Optional[str] = None) -> int:
     """Fill ``buf`` with the bytes of ``fd`` at ``offset``; return how many were read.
 
     ``fd`` may also be a :class:`~ckptmerge.formats.storage.RemoteFile` (a URL opened by
-    :class:`Descriptors`): one ranged read, straight into ``buf``.
+    :class:`Descriptors`): one ranged read into ``buf``, whose remote errors name the tensor
+    ``key`` (the caller's name for what it reads) besides the URL.
 
     Returns fewer than ``len(buf)`` only when the file ends early: callers turn that into a
     truncation error naming their file and tensor. ``OSError`` propagates.
@@ -40,7 +42,7 @@ def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threadin
         (3, b'cde')
     """
     if not isinstance(fd, int):
-        return fd.readinto(offset, buf)
+        return fd.readinto(offset, buf, key=key)
     n = len(buf)
     done = 0
     if hasattr(os, "preadv"):

@@ -256,7 +256,7 @@ class NumpyReader(CheckpointReader):
         where = f"{info.name!r} in {os.path.basename(a.file)}"
         if a.member is None or a.offset >= 0:  # a plain file, or a stored member: read in place
             try:
-                got = pread_into(self._fd(a.file), a.offset, view)
+                got = pread_into(self._fd(a.file), a.offset, view, key=info.name)
             except OSError as e:
                 raise self._error(f"reading {where} failed ({e.strerror or e})", a.file) from None
             if got < len(view):

@@ -325,7 +325,7 @@ class SafetensorsReader(CheckpointReader):
     def _fill(self, name: str, e: _Entry, offset: int, view: memoryview) -> None:
         file = self.files[e.shard]
         try:
-            got = pread_into(self._fd(e.shard), offset, view)
+            got = pread_into(self._fd(e.shard), offset, view, key=name)
         except OSError as err:
             raise self._error(f"reading tensor {name!r} failed ({err.strerror or err})", file, name) from None
         if got < len(view):
