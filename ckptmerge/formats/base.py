@@ -10,6 +10,7 @@ lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protoco
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
@@ -26,6 +27,8 @@ __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "unreadabl
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
 ALIGN = 64
+
+_NAME = operator.attrgetter("name")
 
 #: Elements per piece :meth:`CheckpointReader.iter_chunks` yields by default (8 MiB of float64).
 CHUNK_ELEMENTS = 1 << 20
@@ -92,8 +95,9 @@ class CheckpointReader:
         raise NotImplementedError
 
     def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
-        self._infos = {i.name: i for i in sorted(infos, key=lambda i: i.name)}
-        self._by_key = {i.raw_key: i.name for i in self._infos.values()}
+        ordered = sorted(infos, key=_NAME)
+        self._infos = {i.name: i for i in ordered}
+        self._by_key = {i.name if i.key is None else i.key: i.name for i in ordered}
 
     # -- public API ------------------------------------------------------------------------
     def variables(self) -> List[VariableInfo]:

@@ -20,34 +20,39 @@ its slices tile it exactly (see :mod:`ckptmerge.formats.regions`).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty, unreadable_dtype_error
+from ckptmerge.formats.bundleindex import (
+    OFFSET,
+    SHARD,
+    SIZE,
+    BundleEntry,
+    EntriesByKey,
+    EntriesByRawKey,
+    EntryColumns,
+    decode_fields,
+    parse_entry_checked,
+    parse_header,
+)
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.fileio import Descriptors, pread_into
 from ckptmerge.formats.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
-    name_based_kind,
+    name_based_kinds,
     parse_object_graph,
 )
-from ckptmerge.formats.protowire import (
-    WIRE_BYTES,
-    WIRE_FIXED32,
-    WIRE_VARINT,
-    DecodeError,
-    iter_fields,
-    read_varint,
-)
+from ckptmerge.formats.protowire import DecodeError, read_varint
 from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, intersect
 from ckptmerge.formats.slices import (
     SliceError,
@@ -65,6 +70,7 @@ from ckptmerge.formats.storage import (
 )
 from ckptmerge.formats.table import (
     TABLE_MAGIC,
+    Columns,
     Table,
     TableError,
     crc32c,
@@ -73,7 +79,7 @@ from ckptmerge.formats.table import (
     read_table,
     unmask_crc,
 )
-from ckptmerge.formats.tfproto import int64_field, parse_shape, parse_slice
+from ckptmerge.formats.tfproto import parse_shape
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -176,122 +182,6 @@ def data_file_name(prefix: str, shard: int, num_shards: int) -> str:
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
-# --------------------------------------------------------------------------------------------
-# Bundle entries
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class BundleEntry:
-    """One decoded ``BundleEntryProto``.
-
-    ``slices`` holds ``(start, length)`` per dimension for each slice of a partitioned tensor
-    (``length`` is ``-1`` for a full dimension); such an entry has no data of its own.
-
-    Example:
-        >>> e = BundleReader("model.ckpt").entries["dense/kernel"]  # doctest: +SKIP
-        >>> (e.dtype, e.shape, e.shard_id, e.offset, e.size)  # doctest: +SKIP
-        (1, (784, 128), 0, 0, 401408)
-    """
-
-    key: str
-    dtype: int
-    shape: Tuple[int, ...]
-    shard_id: int
-    offset: int
-    size: int
-    crc32c: int  # masked, as stored
-    slices: Tuple[Tuple[Tuple[int, int], ...], ...] = ()
-
-
-def _parse_entry(key: str, buf: bytes) -> BundleEntry:
-    """Decode a ``BundleEntryProto``: a fast path for the usual well-formed entry (one pass, no
-    generator), falling back to :func:`_parse_entry_checked` for anything else, which then gives
-    the precise error. Listing 10,000 variables spends most of its time here."""
-    n = len(buf)
-    pos = 0
-    dtype = shard = offset = size = crc = 0
-    shape: Tuple[int, ...] = ()
-    try:
-        while pos < n:
-            tag = buf[pos]
-            pos += 1
-            if tag == 0x12:  # 2: shape (length-delimited)
-                length = buf[pos]
-                pos += 1
-                if length >= 0x80 or pos + length > n:
-                    return _parse_entry_checked(key, buf)
-                shape = parse_shape(buf[pos:pos + length])
-                pos += length
-            elif tag == 0x35:  # 6: crc32c (fixed32)
-                if pos + 4 > n:
-                    return _parse_entry_checked(key, buf)
-                crc = int.from_bytes(buf[pos:pos + 4], "little")
-                pos += 4
-            elif tag in (0x08, 0x18, 0x20, 0x28):  # 1 dtype, 3 shard, 4 offset, 5 size (varints)
-                b = buf[pos]
-                if b < 0x80:
-                    value = b
-                    pos += 1
-                else:
-                    value, pos = read_varint(buf, pos)
-                if value >> 63:  # negative as int64: let the careful parser explain
-                    return _parse_entry_checked(key, buf)
-                if tag == 0x08:
-                    dtype = value
-                elif tag == 0x18:
-                    shard = value
-                elif tag == 0x20:
-                    offset = value
-                else:
-                    size = value
-            else:  # slices, unknown fields, odd wire types: the careful way
-                return _parse_entry_checked(key, buf)
-    except (IndexError, DecodeError):
-        return _parse_entry_checked(key, buf)
-    return BundleEntry(key, dtype, shape, shard, offset, size, crc, ())
-
-
-def _parse_entry_checked(key: str, buf: bytes) -> BundleEntry:
-    dtype = shard = offset = size = crc = 0
-    shape: Tuple[int, ...] = ()
-    slices: List[Tuple[Tuple[int, int], ...]] = []
-    for no, wire, value in iter_fields(buf):
-        if no == 1 and wire == WIRE_VARINT:
-            dtype = value  # type: ignore[assignment]
-        elif no == 2 and wire == WIRE_BYTES:
-            shape = parse_shape(value)  # type: ignore[arg-type]
-        elif no == 3 and wire == WIRE_VARINT:
-            shard = int64_field(value, "shard_id")
-        elif no == 4 and wire == WIRE_VARINT:
-            offset = int64_field(value, "offset")
-        elif no == 5 and wire == WIRE_VARINT:
-            size = int64_field(value, "size")
-        elif no == 6 and wire == WIRE_FIXED32:
-            crc = value  # type: ignore[assignment]
-        elif no == 7 and wire == WIRE_BYTES:
-            slices.append(parse_slice(value))  # type: ignore[arg-type]
-        elif no <= 7:
-            raise DecodeError(f"BundleEntryProto field {no} has wire type {wire}")
-    if shard < 0 or offset < 0 or size < 0:
-        raise DecodeError(f"negative shard/offset/size ({shard}/{offset}/{size})")
-    return BundleEntry(key, dtype, shape, shard, offset, size, crc, tuple(slices))
-
-
-def _parse_header(buf: bytes) -> Tuple[int, int, int, List[int]]:
-    num_shards, endianness, min_consumer, bad = 0, 0, 0, []
-    for no, wire, value in iter_fields(buf):
-        if no == 1 and wire == WIRE_VARINT:
-            num_shards = int64_field(value, "num_shards")
-        elif no == 2 and wire == WIRE_VARINT:
-            endianness = value  # type: ignore[assignment]
-        elif no == 3 and wire == WIRE_BYTES:
-            for vno, vwire, vval in iter_fields(value):  # type: ignore[arg-type]
-                if vno == 2 and vwire == WIRE_VARINT:
-                    min_consumer = int64_field(vval, "min_consumer")
-                elif vno == 3 and vwire == WIRE_VARINT:
-                    bad.append(int64_field(vval, "bad_consumers"))
-    return num_shards, endianness, min_consumer, bad
-
-
 class _Unit(NamedTuple):
     """One read of :meth:`BundleReader.read_many`: consecutive file bytes from ``offset``."""
 
@@ -374,14 +264,14 @@ class BundleReader(CheckpointReader):
 
     def _load_index(self, data: bytes) -> None:
         try:
-            table = Table(len(data), lambda offset, size: data[offset:offset + size],
-                          verify=self.verify).items()
+            cols = Table(len(data), lambda offset, size: data[offset:offset + size],
+                         verify=self.verify).columns()
         except TableError as e:
             raise self._index_error(str(e)) from None
-        if not table or table[0][0] != b"":
+        if not cols.keys or cols.keys[0] != b"":
             raise self._index_error("no bundle header entry (empty key)")
         try:
-            num_shards, endianness, min_consumer, bad = _parse_header(table[0][1])
+            num_shards, endianness, min_consumer, bad = parse_header(cols.data[cols.starts[0]:cols.ends[0]])
         except DecodeError as e:
             raise self._index_error(f"bad bundle header: {e}") from None
         if endianness == 1:
@@ -400,57 +290,107 @@ class BundleReader(CheckpointReader):
                 f"Checkpoint {self._index_name} needs {need}; ckptmerge reads bundle version "
                 f"{_SUPPORTED_MIN_CONSUMER}. It was written by a newer TensorFlow; upgrade "
                 "ckptmerge, or read it with that TensorFlow.", path=self.index_path)
-        entries: Dict[bytes, BundleEntry] = {}
-        for raw_key, value in table[1:]:
-            if raw_key.startswith(b"\x00"):
-                key = raw_key.decode("latin-1")  # slice keys are binary; never shown
-            else:
-                try:
-                    key = raw_key.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise self._index_error(f"key {raw_key!r} is not valid UTF-8") from None
-            try:
-                entries[raw_key] = _parse_entry(key, value)
-            except DecodeError as e:
-                raise self._index_error(f"bad entry for tensor {key!r}: {e}", key) from None
-        has_data = [e for e in entries.values() if not e.slices]
-        if num_shards <= 0 and has_data:
-            raise self._index_error(f"header says {num_shards} shards")
-        for e in has_data:
-            if e.shard_id >= num_shards:
-                raise self._index_error(
-                    f"tensor {e.key!r} is in shard {e.shard_id} but the header says there "
-                    f"are {num_shards} shards", e.key)
         self.num_shards = num_shards
-        self._raw_entries = entries
+        self._columns = self._decode_entries(cols)
+        self._raw_entries = EntriesByRawKey(self._columns)
+        fields = self._columns.fields
+        has_data = np.ones(len(self._columns), bool)
+        for i, e in self._columns.special.items():
+            has_data[i] = not e.slices
+        if num_shards <= 0 and has_data.any():
+            raise self._index_error(f"header says {num_shards} shards")
+        beyond = np.flatnonzero(has_data & (fields[SHARD] >= num_shards))
+        if beyond.size:
+            e = self._columns.entry(int(beyond[0]))
+            raise self._index_error(
+                f"tensor {e.key!r} is in shard {e.shard_id} but the header says there "
+                f"are {num_shards} shards", e.key)
+        self._has_data = has_data
+
+    def _decode_entries(self, cols: Columns) -> EntryColumns:
+        """Decode every entry but the header (in bulk; see :mod:`ckptmerge.formats.bundleindex`),
+        raising the first problem in key order, as reading them one by one would."""
+        raw_keys = cols.keys[1:]
+        hidden = bisect.bisect_left(raw_keys, b"\x01")  # slice keys start with \x00: binary, never shown
+        keys = [k.decode("latin-1") for k in raw_keys[:hidden]]
+        bad_utf8 = len(raw_keys)
+        try:
+            keys += [k.decode("utf-8") for k in raw_keys[hidden:]]
+        except UnicodeDecodeError:
+            for i in range(hidden, len(raw_keys)):
+                try:
+                    keys.append(raw_keys[i].decode("utf-8"))
+                except UnicodeDecodeError:
+                    bad_utf8 = i
+                    break
+        data, starts, ends = cols.data, cols.starts[1:], cols.ends[1:]
+        fields, shape_starts, shape_ends, careful = decode_fields(data, starts, ends)
+        shapes: List[Tuple[int, ...]] = []
+        append = shapes.append
+        redo = []
+        for i, (a, b) in enumerate(zip(shape_starts.tolist(), shape_ends.tolist())):
+            try:
+                append(parse_shape(data[a:b]))
+            except DecodeError:  # the careful parser explains it
+                append(())
+                redo.append(i)
+        if redo:
+            careful = np.union1d(careful, redo).astype(np.int64)
+        special: Dict[int, BundleEntry] = {}
+        for i in careful.tolist():
+            if i >= bad_utf8:
+                break
+            try:
+                e = special[i] = parse_entry_checked(keys[i], data[starts[i]:ends[i]])
+            except DecodeError as err:
+                raise self._index_error(f"bad entry for tensor {keys[i]!r}: {err}", keys[i]) from None
+            fields[SHARD, i], fields[OFFSET, i], fields[SIZE, i] = e.shard_id, e.offset, e.size
+        if bad_utf8 < len(raw_keys):
+            raise self._index_error(f"key {raw_keys[bad_utf8]!r} is not valid UTF-8") from None
+        return EntryColumns(raw_keys, keys, fields, shapes, special)
 
     def _check_shards(self) -> None:
+        """Every data shard an entry needs exists and holds the entry's bytes (the first problem
+        in key order is raised)."""
         self._shard_paths: Dict[int, str] = {}
         self._shard_sizes: Dict[int, int] = {}
-        for e in self._raw_entries.values():
-            if e.slices:
-                continue
+        cols = self._columns
+        with_data = np.flatnonzero(self._has_data)
+        if not with_data.size:
+            return
+        shard_of = cols.fields[SHARD, with_data]
+        used, first = np.unique(shard_of, return_index=True)
+        sizes = np.full(len(used), -1, np.int64)
+        problem: Optional[Tuple[int, CheckpointFormatError]] = None  # (entry position, error)
+        for j, (shard, at) in enumerate(zip(used.tolist(), first.tolist())):
+            path = self._shard_path(shard)
+            try:
+                sizes[j] = self._shard_sizes[shard] = remote_size(path) if self.remote else os.stat(path).st_size
+            except (FileNotFoundError, CheckpointNotFoundError):
+                key = cols.keys[int(with_data[at])]
+                err = CheckpointFormatError(
+                    f"Checkpoint data file {os.path.basename(path)} (shard {shard + 1} "
+                    f"of {self.num_shards}) is missing; it holds tensor {key!r}. Copy all "
+                    f"'{os.path.basename(self.path)}.data-*' files along with the .index. "
+                    f"(File: {path})", path=path, key=key)
+                problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
+            except OSError as e:
+                key = cols.keys[int(with_data[at])]
+                err = CheckpointFormatError(f"Cannot read checkpoint data file {path!r}: {e}", path=path, key=key)
+                problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
+        size_of = sizes[np.searchsorted(used, shard_of)]
+        ends = cols.fields[OFFSET, with_data] + cols.fields[SIZE, with_data]
+        short = np.flatnonzero((size_of >= 0) & (ends > size_of))
+        if short.size and (problem is None or short[0] < problem[0]):
+            e = cols.entry(int(with_data[short[0]]))
             path = self._shard_path(e.shard_id)
-            size = self._shard_sizes.get(e.shard_id)
-            if size is None:
-                try:
-                    size = remote_size(path) if self.remote else os.stat(path).st_size
-                except (FileNotFoundError, CheckpointNotFoundError):
-                    raise CheckpointFormatError(
-                        f"Checkpoint data file {os.path.basename(path)} (shard {e.shard_id + 1} "
-                        f"of {self.num_shards}) is missing; it holds tensor {e.key!r}. Copy all "
-                        f"'{os.path.basename(self.path)}.data-*' files along with the .index. "
-                        f"(File: {path})", path=path, key=e.key) from None
-                except OSError as err:
-                    raise CheckpointFormatError(f"Cannot read checkpoint data file {path!r}: {err}",
-                                                path=path, key=e.key) from None
-                self._shard_sizes[e.shard_id] = size
-            if e.offset + e.size > size:
-                raise CheckpointFormatError(
-                    f"Checkpoint data file {os.path.basename(path)} is too short: tensor "
-                    f"{e.key!r} needs bytes {e.offset}..{e.offset + e.size} but the file has "
-                    f"{size}. The file is truncated or does not belong to this index; re-copy "
-                    f"it. (File: {path})", path=path, key=e.key)
+            raise CheckpointFormatError(
+                f"Checkpoint data file {os.path.basename(path)} is too short: tensor "
+                f"{e.key!r} needs bytes {e.offset}..{e.offset + e.size} but the file has "
+                f"{int(size_of[short[0]])}. The file is truncated or does not belong to this index; re-copy "
+                f"it. (File: {path})", path=path, key=e.key)
+        if problem is not None:
+            raise problem[1]
 
     def _shard_path(self, shard: int) -> str:
         path = self._shard_paths.get(shard)
@@ -472,26 +412,40 @@ class BundleReader(CheckpointReader):
                 path=self._shard_path(entry.shard_id), key=OBJECT_GRAPH_KEY) from None
 
     def _make_infos(self) -> List[VariableInfo]:
-        visible = [e for k, e in self._raw_entries.items() if not k.startswith(b"\x00")]
+        cols = self._columns
+        first = bisect.bisect_left(cols.raw_keys, b"\x01")  # slice keys (\x00...) sort first
+        keys = cols.keys[first:]
         if self.object_graph is not None:
-            names = self.object_graph.name_keys(e.key for e in visible)
+            named = self.object_graph.name_keys(keys)
+            names = [named[k][0] for k in keys]
+            kinds = [named[k][1] for k in keys]
         else:
-            names = {e.key: (e.key, name_based_kind(e.key)) for e in visible}
+            names, kinds = keys, name_based_kinds(keys)
+        indices = range(first, len(cols))
+        dtypes = cols.dtypes(indices)
+        sizes = cols.fields[SIZE, first:].tolist()
+        # (dtype, shape) -> (dtype name, bytes; None: the stored size): shapes repeat a lot
+        described: Dict[Tuple[int, Tuple[int, ...]], Tuple[str, Optional[int]]] = {}
         infos = []
-        for e in visible:
-            name, kind = names[e.key]
-            dt = TF_TO_NUMPY.get(e.dtype)
-            if e.dtype == DT_STRING or dt is None:
-                nbytes = e.size if not e.slices else 0
-            else:
-                nbytes = numel(e.shape) * dt.itemsize
-            infos.append(VariableInfo(name, e.shape, tf_dtype_name(e.dtype), e.key, kind, nbytes))
+        append = infos.append
+        for name, key, kind, dtype, shape, size, i in zip(names, keys, kinds, dtypes, cols.shapes[first:],
+                                                             sizes, indices):
+            d = described.get((dtype, shape))
+            if d is None:
+                dt = TF_TO_NUMPY.get(dtype)
+                nbytes = None if dtype == DT_STRING or dt is None else numel(shape) * dt.itemsize
+                d = described[dtype, shape] = (tf_dtype_name(dtype), nbytes)
+            nbytes = d[1]
+            if nbytes is None:
+                nbytes = 0 if i in cols.special and cols.special[i].slices else size
+            append(VariableInfo(name, shape, d[0], key, kind, nbytes))
         return infos
 
     @property
-    def entries(self) -> Dict[str, BundleEntry]:
-        """Every decoded index entry by key, slice entries included (keys start with ``\\x00``)."""
-        return {e.key: e for e in self._raw_entries.values()}
+    def entries(self) -> Mapping[str, BundleEntry]:
+        """Every decoded index entry by key, slice entries included (keys start with ``\\x00``),
+        as a read-only mapping that builds each :class:`BundleEntry` when it is looked up."""
+        return EntriesByKey(self._columns)
 
     # -- file access -----------------------------------------------------------------------
     def data_fd(self, shard: int) -> int:

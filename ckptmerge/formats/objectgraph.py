@@ -36,6 +36,7 @@ __all__ = [
     "ObjectGraph",
     "parse_object_graph",
     "name_based_kind",
+    "name_based_kinds",
     "is_optimizer_edge",
 ]
 
@@ -77,6 +78,37 @@ def name_based_kind(name: str) -> str:
             or "/.OPTIMIZER_SLOT/" in name):
         return KIND_OPTIMIZER
     return KIND_VARIABLE
+
+
+# Every name that is not a plain variable contains one of these (each alternative of the patterns
+# above does), so name_based_kinds only looks closer at names holding one.
+_NOT_VARIABLE_WORDS = ("Adam", "Nadam", "Momentum", "RMSProp", "RMSprop", "Adagrad", "Ftrl", "Adadelta", "Lamb",
+                       "LARS", "Lion", "_power", "SGD", "Adafactor", "global_step", "save_counter",
+                       OBJECT_GRAPH_KEY, "/.OPTIMIZER_SLOT/")
+
+
+def name_based_kinds(names: List[str]) -> List[str]:
+    """:func:`name_based_kind` of every name, looking closer only at names that hold one of the
+    words an optimizer or bookkeeping name holds (found with a few substring scans over all the
+    names at once, so 100,000 plain variables cost a few passes, not 100,000 matches).
+
+    Example:
+        >>> name_based_kinds(["dense/kernel", "dense/kernel/Adam", "global_step"])
+        ['variable', 'optimizer', 'bookkeeping']
+    """
+    text = "\n".join(names)
+    if text.count("\n") != max(len(names) - 1, 0):  # a name holding a newline: one at a time
+        return [name_based_kind(n) for n in names]
+    maybe = set()
+    for word in _NOT_VARIABLE_WORDS:
+        at = text.find(word)
+        while at >= 0:
+            start = text.rfind("\n", 0, at) + 1
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end
+            maybe.add(text[start:end])
+            at = text.find(word, end)
+    return [name_based_kind(n) if n in maybe else KIND_VARIABLE for n in names]
 
 
 def is_optimizer_edge(local_name: str) -> bool:

@@ -11,7 +11,9 @@ The encoder helpers return ``bytes`` and are used by the bundle writer and by te
 from __future__ import annotations
 
 import struct
-from typing import Dict, Iterator, List, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError
 
@@ -22,6 +24,7 @@ __all__ = [
     "WIRE_BYTES",
     "WIRE_FIXED32",
     "read_varint",
+    "varints_at",
     "iter_fields",
     "parse_fields",
     "to_signed64",
@@ -85,6 +88,43 @@ def read_varint(buf: Buffer, pos: int = 0, limit: int = -1) -> Tuple[int, int]:
     if result >> 64:
         raise DecodeError("varint does not fit in 64 bits")
     return result, pos
+
+
+def varints_at(buf: np.ndarray, pos: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """Decode the varints starting at every position of ``pos`` at once (numpy, vectorised).
+
+    Args:
+        buf: ``uint8`` array, zero-padded by at least 10 bytes past the last byte to read.
+        pos: ``int64`` array of positions.
+
+    Returns:
+        ``(values, positions after them)`` as ``int64`` arrays, or ``None`` when one of them is
+        longer than 9 bytes (``>= 2**63``, or a negative int64): callers then decode those
+        the careful way (:func:`read_varint`).
+
+    Example:
+        >>> import numpy as np
+        >>> values, after = varints_at(np.frombuffer(b"\\x01\\xac\\x02" + bytes(10), np.uint8), np.array([0, 1]))
+        >>> values.tolist(), after.tolist()
+        ([1, 300], [1, 3])
+    """
+    b = buf[pos]
+    value = b.astype(np.int64)
+    after = pos + 1
+    more = np.flatnonzero(b >= 0x80)
+    if not more.size:
+        return value, after
+    value &= 0x7F
+    shift = 7
+    while more.size:
+        if shift > 56:
+            return None
+        b = buf[after[more]]
+        value[more] |= (b & 0x7F).astype(np.int64) << shift
+        after[more] += 1
+        more = more[b >= 0x80]
+        shift += 7
+    return value, after
 
 
 def to_signed64(value: int) -> int:
