@@ -23,7 +23,10 @@ ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict`
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
+import functools
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
@@ -127,18 +130,24 @@ class MapRule:
         object.__setattr__(self, "source", source)
         object.__setattr__(self, "target", target)
 
-    @property
+    # Cached on first use (in the instance's __dict__, which a frozen dataclass allows): plans
+    # ask these once per checkpoint name.
+    @functools.cached_property
     def is_scope(self) -> bool:
         """True for a scope entry (both sides end with ``"/"`` or ``"."``)."""
         return self.source.endswith(_SCOPE_ENDS)
 
-    @property
+    @functools.cached_property
     def _source_prefix(self) -> str:
         return "" if self.source == "/" else self.source
 
-    @property
+    @functools.cached_property
     def _target_prefix(self) -> str:
         return "" if self.target == "/" else self.target
+
+    @functools.cached_property
+    def _display(self) -> str:
+        return f"map {_q(self.source)} -> {_q(self.target)}"
 
     def matches(self, name: str) -> bool:
         """Whether this entry covers ``name`` (ignoring precedence over other entries)."""
@@ -154,7 +163,7 @@ class MapRule:
 
     def describe(self) -> str:
         """Display form, e.g. ``"map 'a/' -> 'c/encoder/'"``."""
-        return f"map {_q(self.source)} -> {_q(self.target)}"
+        return self._display
 
 
 @dataclass(frozen=True)
@@ -239,6 +248,10 @@ class RegexRule:
 
     def describe(self) -> str:
         """Display form, e.g. ``"regex '^head/(.*)' -> 'new_head/\\1'"`` or ``"... -> None (drop)"``."""
+        return self._display
+
+    @functools.cached_property
+    def _display(self) -> str:
         right = "None (drop)" if self.replacement is None else _q(self.replacement)
         return f"regex {_q(self.pattern)} -> {right}"
 
@@ -268,6 +281,44 @@ class GlobFilter:
     def matches(self, name: str) -> bool:
         """Whether ``name`` matches the glob (case-sensitive)."""
         return self._regex.match(name) is not None
+
+    @functools.cached_property
+    def _literal(self) -> Optional[Tuple[str, str]]:
+        """``(how, text)`` when the glob is a literal with ``*`` only at its ends, which a string
+        method decides: ``("all", "")``, ``("in", x)``, ``("suffix", x)``, ``("prefix", x)``,
+        ``("equal", x)``; ``None`` for any other glob (the regex decides)."""
+        p = self.pattern
+        core = p.strip("*")
+        if "?" in p or "[" in p or "*" in core:
+            return None
+        if not core:
+            return ("all", "")
+        lead, trail = p.startswith("*"), p.endswith("*")
+        return ("in" if lead and trail else "suffix" if lead else "prefix" if trail else "equal", core)
+
+    def select(self, names: Sequence[str]) -> List[str]:
+        """The names that match, in order: one pass over all of them, with a string method
+        instead of the regex when the glob is a literal with ``*`` at its ends (``*/global_step``
+        is a suffix test, ``encoder/*`` a prefix test).
+
+        Example:
+            >>> GlobFilter("*/global_step").select(["a/global_step", "a/kernel", "global_step"])
+            ['a/global_step']
+        """
+        literal = self._literal
+        if literal is None:
+            match = self._regex.match
+            return [n for n in names if match(n) is not None]
+        how, text = literal
+        if how == "all":
+            return list(names)
+        if how == "in":
+            return [n for n in names if text in n]
+        if how == "suffix":
+            return [n for n in names if n.endswith(text)]
+        if how == "prefix":
+            return [n for n in names if n.startswith(text)]
+        return [n for n in names if n == text]
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,6 +449,8 @@ class RuleResult:
     ambiguous: List[Ambiguity]
     explicit: FrozenSet[str] = frozenset()
     via: Dict[Tuple[str, str], Union["MapRule", "RegexRule"]] = field(default_factory=dict)
+    _triples: Optional[List[Tuple[str, str, Optional[Union["MapRule", "RegexRule"]]]]] = field(
+        default=None, repr=False, compare=False)
 
     def pairs(self) -> List[Tuple[str, str]]:
         """Every ``(checkpoint name, target name)`` pair, sorted.
@@ -408,10 +461,55 @@ class RuleResult:
         """
         return [(n, t) for n, ts in self.mapping.items() for t in ts]
 
+    def triples(self) -> List[Tuple[str, str, Optional[Union["MapRule", "RegexRule"]]]]:
+        """Every ``(checkpoint name, target name, rule)``, sorted as :meth:`pairs` (rule ``None``
+        for identity); :meth:`Rules.apply` records them as it goes.
+
+        Example:
+            >>> Rules().apply(["a"]).triples()
+            [('a', 'a', None)]
+        """
+        if self._triples is not None:
+            return list(self._triples)
+        via = self.via
+        return [(n, t, via.get((n, t))) for n, ts in self.mapping.items() for t in ts]
+
 
 # --------------------------------------------------------------------------------------------
 # Rules
 # --------------------------------------------------------------------------------------------
+
+
+def _sorted_unique(names: Sequence[str]) -> List[str]:
+    """The names sorted, without duplicates (one pass when they already are: they usually are)."""
+    out = list(names)
+    if all(map(operator.lt, out, out[1:])):
+        return out
+    return sorted(set(out))
+
+
+def _scope_owners(names: List[str], scopes: Sequence[MapRule]) -> Tuple[List[Optional[MapRule]], List[MapRule]]:
+    """For each of the sorted ``names``, the one scope entry covering it, or ``None`` when none
+    or several do (those are looked at name by name); and the entries that got names this way."""
+    owners: List[Optional[MapRule]] = [None] * len(names)
+    owning: List[MapRule] = []
+    ranges = []
+    for m in scopes:
+        prefix = m._source_prefix
+        lo = bisect.bisect_left(names, prefix)
+        # the names starting with prefix are those in [prefix, prefix with its last char + 1)
+        hi = bisect.bisect_left(names, prefix[:-1] + chr(ord(prefix[-1]) + 1)) if prefix else len(names)
+        if lo < hi:
+            ranges.append((lo, hi, m))
+    ranges.sort(key=operator.itemgetter(0, 1))
+    reach = 0  # the furthest end of the ranges so far
+    for k, (lo, hi, m) in enumerate(ranges):
+        overlaps = reach > lo or (k + 1 < len(ranges) and ranges[k + 1][0] < hi)
+        reach = max(reach, hi)
+        if not overlaps:  # (overlapping scopes' names are looked at name by name)
+            owners[lo:hi] = [m] * (hi - lo)
+            owning.append(m)
+    return owners, owning
 
 
 def _as_globs(option: str, value: Any, problems: List[str]) -> Tuple[GlobFilter, ...]:
@@ -649,24 +747,28 @@ class Rules:
             >>> Rules.from_options(map={"a1": "c/x1"}).apply(["a1", "b"]).dropped
             ['b']
         """
-        all_names = sorted(set(names))
+        all_names = _sorted_unique(names)
         dropped: List[str] = []
         unmatched: List[UnmatchedRule] = []
 
-        # 1. include / exclude
+        # 1. include / exclude (each glob in one pass over the names)
         selected = all_names
+        included = [g.select(all_names) for g in self.include]
         if self.include:
-            selected = [n for n in all_names if any(g.matches(n) for g in self.include)]
+            keep = set().union(*included)
+            selected = [n for n in all_names if n in keep]
         if self.exclude:
-            selected = [n for n in selected if not any(g.matches(n) for g in self.exclude)]
+            out = set().union(*(g.select(selected) for g in self.exclude))
+            if out:
+                selected = [n for n in selected if n not in out]
         if len(selected) != len(all_names):
             kept = set(selected)
             dropped.extend(n for n in all_names if n not in kept)
         # An include that matches nothing leaves the source empty: report it. An exclude that
         # matches nothing is a safety filter with nothing to do (e.g. '*/Adam*' once optimizer
         # state is already left out), so it is not a finding.
-        for g in self.include:
-            if not any(g.matches(n) for n in all_names):
+        for g, hits in zip(self.include, included):
+            if not hits:
                 opt = [n for n in hidden if g.matches(n)]
                 if opt:
                     k = len(opt)
@@ -682,17 +784,29 @@ class Rules:
         # 2. identity
         if not self.renames:
             return RuleResult(mapping={n: (n,) for n in selected}, dropped=sorted(dropped),
-                              unmatched=unmatched, ambiguous=[])
+                              unmatched=unmatched, ambiguous=[], _triples=[(n, n, None) for n in selected])
 
         # 3. map, then regex
         mapping: Dict[str, Tuple[str, ...]] = {}
         via: Dict[Tuple[str, str], Union[MapRule, RegexRule]] = {}
+        triples: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = []
         explicit = set()
         ambiguous: List[Ambiguity] = []
         used_maps = set()
         used_regexes = set()
-        for n in selected:
-            rules = self._exact.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
+        # A name under exactly one scope entry and no exact entry (the usual warm start: a whole
+        # scope moves) is renamed without looking at the other entries: the scope entries'
+        # ranges of the sorted names are found by bisection.
+        only_scope, owning = _scope_owners(selected, self._scopes)
+        exact_rules = self._exact
+        for n, owner in zip(selected, only_scope):
+            if owner is not None and n not in exact_rules:
+                t = owner._target_prefix + n[len(owner._source_prefix):]
+                mapping[n] = (t,)
+                via[(n, t)] = owner
+                triples.append((n, t, owner))
+                continue
+            rules = exact_rules.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
             if rules:
                 targets: Dict[str, MapRule] = {}
                 for rule in rules:
@@ -700,7 +814,8 @@ class Rules:
                     used_maps.add(rule)
                 mapping[n] = tuple(sorted(targets))
                 via.update(((n, t), rule) for t, rule in targets.items())
-                if n in self._exact:
+                triples.extend((n, t, targets[t]) for t in mapping[n])
+                if n in exact_rules:
                     explicit.add(n)
                 continue
             tries = [(i, r, r.try_rename(n)) for i, r in enumerate(self.regexes)]
@@ -717,6 +832,8 @@ class Rules:
             else:
                 mapping[n] = (results[0],)
                 via[(n, results[0])] = hits[0][1]
+                triples.append((n, results[0], hits[0][1]))
+        used_maps.update(owning)
 
         selected_set = set(selected)
         for m in self.maps:
@@ -748,4 +865,4 @@ class Rules:
             unmatched.append(UnmatchedRule("regex", r.describe(), (), reason=reason))
 
         return RuleResult(mapping=mapping, dropped=sorted(dropped), unmatched=unmatched,
-                          ambiguous=ambiguous, explicit=frozenset(explicit), via=via)
+                          ambiguous=ambiguous, explicit=frozenset(explicit), via=via, _triples=triples)

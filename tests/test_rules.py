@@ -487,3 +487,42 @@ def test_dot_scope_map_in_a_plan_of_safetensors_names():
                       rules=Rules.from_options(map={"encoder.": "model/encoder/"}))
     plan = make_plan([VariableInfo("model/encoder/layer.0.weight", (2, 2), "float32")], [view])
     assert plan.assignments["model/encoder/layer.0.weight"].name == "encoder.layer.0.weight"
+
+
+# --------------------------------------------------------------------------------------------
+# Fast paths (scope ranges found by bisection, literal globs as string tests) agree with the rules
+# applied one name and one entry at a time.
+# --------------------------------------------------------------------------------------------
+
+_PARTS = st.sampled_from(["a", "b", "ab", "a.b", "x", "global_step", "kernel", "Adam"])
+_NAME = st.lists(_PARTS, min_size=1, max_size=4).map("/".join)
+_SCOPE = st.lists(_PARTS, min_size=1, max_size=2).map(lambda p: "/".join(p) + "/")
+_GLOB = st.one_of(_NAME, _NAME.map(lambda n: "*" + n), _NAME.map(lambda n: n + "*"),
+                  _NAME.map(lambda n: "*" + n + "*"), st.sampled_from(["*", "**", "a?", "[ab]/*", "*/global_step"]))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(names=st.lists(_NAME, max_size=30), glob=_GLOB)
+def test_glob_select_equals_matching_each_name(names, glob):
+    g = GlobFilter(glob)
+    assert g.select(names) == [n for n in names if g.matches(n)]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(names=st.lists(_NAME, max_size=30), scopes=st.lists(st.tuples(_SCOPE, _SCOPE), min_size=1, max_size=4),
+       exact=st.lists(st.tuples(_NAME, _NAME), max_size=3), root=st.booleans())
+def test_map_rules_give_every_covering_entry_target_as_init_from_checkpoint_does(names, scopes, exact, root):
+    entries = scopes + exact + ([("/", "r/")] if root else [])
+    rules = Rules.from_options(map=entries)
+    res = rules.apply(names)
+    for n in sorted(set(names)):
+        covering = [m for m in rules.maps if m.matches(n)]
+        if not covering:
+            assert n in res.dropped and n not in res.mapping
+            continue
+        assert res.mapping[n] == tuple(sorted({m.rename(n) for m in covering}))
+        for t in res.mapping[n]:
+            assert res.via[(n, t)].rename(n) == t
+    assert res.triples() == [(n, t, res.via[(n, t)]) for n, t in res.pairs()]
+    used = {m for m in rules.maps if any(m.matches(n) for n in names)}
+    assert {u.rule for u in res.unmatched} == {m.describe() for m in rules.maps if m not in used}
