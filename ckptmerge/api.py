@@ -9,6 +9,7 @@ specs to the pure engine (``plan.make_plan``) and attaches the live objects to t
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import os
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 
 import numpy as np
 
-from .args import check_bool, check_callable, check_names, check_options, check_spec, received
+from .args import check_bool, check_callable, check_names, check_options, check_specs, received
 from .backends.tensors import cast_value
 from .errors import ArgumentError, ArgumentTypeError, CkptMergeError
 from .planner import Plan, make_plan
@@ -32,6 +33,8 @@ __all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open",
 
 #: The options of :func:`plan` that :func:`restore` and :class:`~ckptmerge.Restorer` pass on.
 PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify")
+
+_NAME = operator.attrgetter("name")
 
 SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
 SourcesArg = Union[SourceArg, Sequence[SourceArg]]
@@ -187,10 +190,8 @@ def _collect(target: Any) -> Any:
     if _is_spec_list(target):
         from .targets import TargetSet
 
-        for i, t in enumerate(target):
-            check_spec(t, f"target[{i}]")
-
-        return TargetSet(variables={t.name: t for t in sorted(target, key=lambda t: t.name)}, mode="specs")
+        check_specs(target, "target")
+        return TargetSet(variables={t.name: t for t in sorted(target, key=_NAME)}, mode="specs")
     from .targets import collect_targets
 
     return collect_targets(target)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
+import operator
 import re
 import types
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from typing import (
     Iterable,
     List,
     Mapping,
+    NamedTuple,
     Optional,
     Sequence,
     Set,
@@ -181,8 +184,11 @@ class SourceView:
         if not isinstance(self.variables, Mapping):
             raise OptionError(f"source {_q(self.label)}: variables must be a dict of name -> "
                               f"VariableInfo; received {_received(self.variables)}.")
-        bad = [k for k, v in self.variables.items()
-               if not isinstance(k, str) or not isinstance(v, VariableInfo)]
+        if all(map(isinstance, self.variables, itertools.repeat(str))) and all(
+                map(isinstance, self.variables.values(), itertools.repeat(VariableInfo))):
+            bad = []  # (one pass at C speed: sources hold up to 100,000s of names)
+        else:
+            bad = [k for k, v in self.variables.items() if not isinstance(k, str) or not isinstance(v, VariableInfo)]
         if bad:
             raise OptionError(f"source {_q(self.label)}: variables must map names (str) to "
                               f"VariableInfo; {len(bad)} entr{'y does' if len(bad) == 1 else 'ies do'} "
@@ -208,7 +214,11 @@ class SourceView:
                 raise OptionError(f"source {_q(self.label)}: order must be a list of names or None; "
                                   f"received {_received(self.order)}.")
             object.__setattr__(self, "order", tuple(self.order))
-        frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(self.variables)})
+        names = list(self.variables)
+        if all(map(operator.lt, names, names[1:])):  # usually sorted already: copy as it is
+            frozen = types.MappingProxyType(dict(self.variables))
+        else:
+            frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(names)})
         object.__setattr__(self, "variables", frozen)
 
     def to_dict(self) -> dict:
@@ -694,8 +704,9 @@ def _as_allow_missing(value: Any) -> Tuple[GlobFilter, ...]:
     return tuple(dict.fromkeys(out))
 
 
-@dataclass
-class _Candidate:
+class _Candidate(NamedTuple):
+    """A checkpoint name that lands on a target (a tuple: a plan makes one per target)."""
+
     target: str
     order: Tuple[int, str]  # (source index, checkpoint name): resolution order
     label: str
@@ -762,6 +773,11 @@ def root_swaps(names: Sequence[str], target_names: Iterable[str],
                             "root name is ignored; map it explicitly (map={...})")
     return out, findings
 
+
+_NAME_AND_TARGET = operator.itemgetter(0, 1)
+_FIRST = operator.itemgetter(0)
+_ORDER = operator.attrgetter("order")
+_NAME = operator.attrgetter("name")
 
 _SERIES = re.compile(r"^([a-z][a-z0-9_]*?)(?:_(\d+))?$")
 
@@ -868,15 +884,14 @@ def _scope_shifts(names: Sequence[str], targets: Sequence[str]) -> Dict[str, str
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
-    res = src.rules.apply(list(src.variables), hidden=src.hidden)
+    res = src.rules._apply(list(src.variables), src.hidden)
     label = src.label
     target_names = list(target_by_name)
     unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]
     ambiguous: List[Ambiguity] = []
     drop = list(res.dropped)
-    selected = set(res.mapping)
-    pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = [
-        (n, t, res.via.get((n, t))) for n, t in res.pairs()]
+    pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = res.triples
+    selected = set(map(_FIRST, pairs))
     for amb in res.ambiguous:
         if on_conflict == "error":
             ambiguous.append(dataclasses.replace(amb, source=label))
@@ -918,26 +933,32 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
     landed_by: Dict[str, int] = {}
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
-    for name, tname, rule in sorted(pairs, key=lambda p: p[:2]):
-        d = rule.describe() if rule is not None else None
-        if rule is not None:
+    pairs.sort(key=_NAME_AND_TARGET)
+    add = candidates.append
+    for name, tname, rule in pairs:
+        if rule is None:  # identity, a root swap, a shift or an alignment: no rule to account for
+            if tname in target_by_name:
+                add(_Candidate(tname, (si, name), label, name, None, via.get(name)))
+            continue
+        d = rule.describe()
+        if d not in rule_of:
             rule_of[d] = rule
-            renamed_by.setdefault(d, []).append((name, tname))
-            landed_by.setdefault(d, 0)
+            renamed_by[d] = []
+            landed_by[d] = 0
+        renamed_by[d].append((name, tname))
         if tname not in target_by_name:
             if isinstance(rule, MapRule) and not rule.is_scope:
                 unmatched.append(UnmatchedRule(
-                    "map", d or name, tuple(suggest(tname, target_names)), True, label,
+                    "map", d, tuple(suggest(tname, target_names)), True, label,
                     reason=f"names no target variable {_q(tname)}"))
             continue
-        if d is not None:
-            landed_by[d] += 1
+        landed_by[d] += 1
         # How the name met the target: shown when no rule says so, and always for what a
         # source's layout did to the value (a transpose is worth seeing beside any rule).
         note = via.get(name)
-        if rule is not None and not (note or "").startswith("layout:"):
+        if not (note or "").startswith("layout:"):
             note = None
-        candidates.append(_Candidate(tname, (si, name), label, name, rule, note))
+        add(_Candidate(tname, (si, name), label, name, rule, note))
     # A scope or regex rule that renamed names but put none on a target does nothing.
     for d, renamed in renamed_by.items():
         rule = rule_of[d]
@@ -1020,11 +1041,12 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         raise OptionError(f"sources must be SourceView objects; sources[{bad[0]}] is "
                           f"{_received(sources[bad[0]])}.")
 
-    counts: Dict[str, int] = {}
-    for t in targets:
-        counts[t.name] = counts.get(t.name, 0) + 1
-    dups = sorted(n for n, c in counts.items() if c > 1)
-    if dups:
+    target_by_name = {t.name: t for t in sorted(targets, key=_NAME)}
+    if len(target_by_name) != len(targets):
+        counts: Dict[str, int] = {}
+        for t in targets:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        dups = sorted(n for n, c in counts.items() if c > 1)
         raise PlanError(f"{len(dups)} target name{'s are' if len(dups) != 1 else ' is'} used by "
                         "more than one target variable: " + ", ".join(_q(d) for d in dups)
                         + ". Target names must be unique; rename the variables or restore them "
@@ -1039,9 +1061,9 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
                           + " more than once. Give each source its own label.")
 
     source_by_label = {s.label: s for s in sources}
-    target_by_name = {t.name: t for t in sorted(targets, key=lambda t: t.name)}
     target_names = list(target_by_name)
-    candidates: Dict[str, List[_Candidate]] = {}
+    first: Dict[str, _Candidate] = {}  # target -> its first candidate
+    more: Dict[str, List[_Candidate]] = {}  # target -> all its candidates, when it has several
     unmatched: List[UnmatchedRule] = []
     ambiguous: List[Ambiguity] = []
     dropped: Dict[str, List[str]] = {}
@@ -1052,7 +1074,9 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         found = _match_source(si, src, target_by_name, on_conflict, model_root)
         structure += [(src.label, text) for text in found.structure]
         for c in found.candidates:
-            candidates.setdefault(c.target, []).append(c)
+            prev = first.setdefault(c.target, c)
+            if prev is not c:
+                more.setdefault(c.target, [prev]).append(c)
         unmatched.extend(found.unmatched)
         ambiguous.extend(found.ambiguous)
         dropped[src.label] = found.dropped
@@ -1064,29 +1088,35 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
     skipped: List[str] = []
     missing: List[str] = []
     allowed: List[str] = []
+    plain = {s.label: not s.transforms for s in sources}  # no value transforms: the usual case
     for tname, tspec in target_by_name.items():
-        cands = sorted(candidates.get(tname, []), key=lambda c: c.order)
-        if not cands:
+        chosen: Optional[_Candidate] = first.get(tname)
+        if chosen is None:
             (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
             continue
-        chosen: Optional[_Candidate] = cands[0]
-        if len(cands) > 1:
+        if tname in more:
+            cands = sorted(more[tname], key=_ORDER)
             chosen = {"first": cands[0], "last": cands[-1]}.get(on_conflict)
             conflicts.append(Conflict(
                 tname, tuple((c.label, c.name) for c in cands),
                 None if chosen is None else (chosen.label, chosen.name)))
             if chosen is None:
                 continue
-        spec = source_by_label[chosen.label].variables[chosen.name]
+        src = source_by_label[chosen.label]
+        spec = src.variables[chosen.name]
+        rule = chosen.rule.describe() if chosen.rule else None
+        if plain[chosen.label] and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
+            assignments[tname] = Assignment(tname, chosen.label, chosen.name, spec.raw_key, spec, tspec,
+                                            rule=rule, via=chosen.via)
+            continue
         src_shape, tgt_shape = tuple(spec.shape), tuple(tspec.shape)
         mismatch = functools.partial(Mismatch, tname, chosen.label, chosen.name, spec.raw_key,
                                      tgt_shape, src_shape, tspec.dtype, spec.dtype)
         # Cast first, then the value transforms (as the backends do).
         dtype_differs = spec.dtype != tspec.dtype
         problem = cast_problem(spec.dtype, tspec.dtype) if dtype_differs else None
-        src_cast = source_by_label[chosen.label].cast
-        dtype_bad = dtype_differs and (not (cast if src_cast is None else src_cast) or problem is not None)
-        ts = [t for t in source_by_label[chosen.label].transforms if t.applies_to(tname)]
+        dtype_bad = dtype_differs and (not (cast if src.cast is None else src.cast) or problem is not None)
+        ts = [t for t in src.transforms if t.applies_to(tname)]
         out_shape, detail = src_shape, problem or ""
         if ts:
             try:
@@ -1105,7 +1135,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
             continue
         assignments[tname] = Assignment(
             tname, chosen.label, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
-            rule=chosen.rule.describe() if chosen.rule else None, via=chosen.via,
+            rule=rule, via=chosen.via,
             transforms=tuple(t.describe(src_shape, tgt_shape) if hasattr(t, "describe") else repr(t)
                              for t in ts))
 
@@ -1118,18 +1148,19 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
 
     # A value transform (vocab remap, slice) whose target glob reaches no variable this source
     # provides is a typo or a stale config: report it, as an unmatched rule.
-    provided: Dict[str, List[str]] = {}
-    for a in assignments.values():
-        provided.setdefault(a.source, []).append(a.target)
-    for m in mismatched:
-        provided.setdefault(m.source, []).append(m.target)
-    for src in sources:
-        for t in src.transforms:
-            if not any(t.applies_to(n) for n in provided.get(src.label, ())):
-                unmatched.append(UnmatchedRule("transform", f"{type(t).__name__} for {_q(getattr(t, 'target', '?'))}",
-                                               tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)),
-                                               False, src.label,
-                                               reason="applies to no variable this source provides"))
+    if not all(plain.values()):
+        provided: Dict[str, List[str]] = {}
+        for a in assignments.values():
+            provided.setdefault(a.source, []).append(a.target)
+        for m in mismatched:
+            provided.setdefault(m.source, []).append(m.target)
+        for src in sources:
+            for t in src.transforms:
+                if not any(t.applies_to(n) for n in provided.get(src.label, ())):
+                    unmatched.append(UnmatchedRule(
+                        "transform", f"{type(t).__name__} for {_q(getattr(t, 'target', '?'))}",
+                        tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)), False, src.label,
+                        reason="applies to no variable this source provides"))
 
     taken: Dict[str, set] = {}
     for a in assignments.values():

@@ -7,7 +7,7 @@ CLI tests can assert exact output. Nothing here reads files or imports TensorFlo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .planner import OptionError, _q
 from .rules import _received
@@ -22,16 +22,25 @@ __all__ = ["render_plan", "align_hint", "Report", "RESTORE_MODES"]
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
 
 
-def _section(title: str, lines: Sequence[str], limit: Optional[int], hint: str = "") -> List[str]:
-    """``Title (N):`` (plus an optional hint) then the lines indented, truncated at ``limit``."""
+def _section(title: str, lines: Sequence[Any], limit: Optional[int], hint: str = "",
+             render: Optional[Callable[[Any], str]] = None) -> List[str]:
+    """``Title (N):`` (plus an optional hint) then the lines indented, truncated at ``limit``.
+
+    With ``render``, ``lines`` are items and only the shown ones are rendered (a plan of 100,000
+    assignments renders the 50 it shows).
+    """
     if not lines:
         return []
     head = f"{title} ({len(lines)}):" if not hint else f"{title} ({len(lines)}) - {hint}:"
     shown = lines if limit is None else lines[:limit]
-    out = [head] + [f"  {line}" for line in shown]
+    out = [head] + [f"  {line if render is None else render(line)}" for line in shown]
     if len(shown) < len(lines):
         out.append(f"  ... and {len(lines) - len(shown)} more")
     return out
+
+
+def _describe(item: Any) -> str:
+    return item.describe()
 
 
 def verdict(plan: "Plan") -> str:
@@ -99,7 +108,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
 
-    out += _section("Assignments", [a.describe() for a in plan.assignments.values()], limit)
+    out += _section("Assignments", list(plan.assignments.values()), limit, render=_describe)
 
     findings: List[str] = []
     findings += _section("Missing", list(plan.missing), limit,
@@ -117,9 +126,10 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     findings += _section("Structure", [f"{label}: {text}" for label, text in plan.structure], limit,
                          "names that do not line up")
     dropped_by = {label: set(names) for label, names in plan.dropped.items()}
-    unused_lines = [f"{label}: {name}" + (" (left out by rules)" if name in dropped_by[label] else "")
-                    for label, names in plan.unused.items() for name in names]
-    findings += _section("Unused", unused_lines, limit, "checkpoint variables no target takes")
+    unused = [(label, name) for label, names in plan.unused.items() for name in names]
+    findings += _section("Unused", unused, limit, "checkpoint variables no target takes",
+                         render=lambda item: f"{item[0]}: {item[1]}" + (" (left out by rules)"
+                                                                       if item[1] in dropped_by[item[0]] else ""))
     out += findings if findings else ["No findings."]
     hint = align_hint(plan)
     if hint:

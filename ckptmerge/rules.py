@@ -29,7 +29,7 @@ import functools
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from .errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
 from .patterns import Template, UserPattern, compile_pattern
@@ -475,6 +475,16 @@ class RuleResult:
         return [(n, t, via.get((n, t))) for n, ts in self.mapping.items() for t in ts]
 
 
+class _Applied(NamedTuple):
+    """What :meth:`Rules._apply` found (the parts of a :class:`RuleResult`)."""
+
+    triples: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]]
+    dropped: List[str]
+    unmatched: List[UnmatchedRule]
+    ambiguous: List[Ambiguity]
+    explicit: FrozenSet[str]
+
+
 # --------------------------------------------------------------------------------------------
 # Rules
 # --------------------------------------------------------------------------------------------
@@ -747,6 +757,19 @@ class Rules:
             >>> Rules.from_options(map={"a1": "c/x1"}).apply(["a1", "b"]).dropped
             ['b']
         """
+        applied = self._apply(names, hidden)
+        mapping: Dict[str, Tuple[str, ...]] = {}
+        via: Dict[Tuple[str, str], Union[MapRule, RegexRule]] = {}
+        for n, t, rule in applied.triples:
+            mapping[n] = mapping[n] + (t,) if n in mapping else (t,)
+            if rule is not None:
+                via[(n, t)] = rule
+        return RuleResult(mapping=mapping, dropped=applied.dropped, unmatched=applied.unmatched,
+                          ambiguous=applied.ambiguous, explicit=applied.explicit, via=via, _triples=applied.triples)
+
+    def _apply(self, names: Sequence[str], hidden: Sequence[str] = ()) -> "_Applied":
+        """:meth:`apply` as ``(name, target, rule)`` triples (sorted), without the mapping and
+        ``via`` dicts: what a plan needs, in one list."""
         all_names = _sorted_unique(names)
         dropped: List[str] = []
         unmatched: List[UnmatchedRule] = []
@@ -783,12 +806,9 @@ class Rules:
 
         # 2. identity
         if not self.renames:
-            return RuleResult(mapping={n: (n,) for n in selected}, dropped=sorted(dropped),
-                              unmatched=unmatched, ambiguous=[], _triples=[(n, n, None) for n in selected])
+            return _Applied([(n, n, None) for n in selected], sorted(dropped), unmatched, [], frozenset())
 
         # 3. map, then regex
-        mapping: Dict[str, Tuple[str, ...]] = {}
-        via: Dict[Tuple[str, str], Union[MapRule, RegexRule]] = {}
         triples: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = []
         explicit = set()
         ambiguous: List[Ambiguity] = []
@@ -801,10 +821,7 @@ class Rules:
         exact_rules = self._exact
         for n, owner in zip(selected, only_scope):
             if owner is not None and n not in exact_rules:
-                t = owner._target_prefix + n[len(owner._source_prefix):]
-                mapping[n] = (t,)
-                via[(n, t)] = owner
-                triples.append((n, t, owner))
+                triples.append((n, owner._target_prefix + n[len(owner._source_prefix):], owner))
                 continue
             rules = exact_rules.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
             if rules:
@@ -812,9 +829,7 @@ class Rules:
                 for rule in rules:
                     targets.setdefault(rule.rename(n), rule)
                     used_maps.add(rule)
-                mapping[n] = tuple(sorted(targets))
-                via.update(((n, t), rule) for t, rule in targets.items())
-                triples.extend((n, t, targets[t]) for t in mapping[n])
+                triples.extend((n, t, targets[t]) for t in sorted(targets))
                 if n in exact_rules:
                     explicit.add(n)
                 continue
@@ -830,8 +845,6 @@ class Rules:
             elif results[0] is None:
                 dropped.append(n)
             else:
-                mapping[n] = (results[0],)
-                via[(n, results[0])] = hits[0][1]
                 triples.append((n, results[0], hits[0][1]))
         used_maps.update(owning)
 
@@ -864,5 +877,4 @@ class Rules:
                            f"{_q(partial)})")
             unmatched.append(UnmatchedRule("regex", r.describe(), (), reason=reason))
 
-        return RuleResult(mapping=mapping, dropped=sorted(dropped), unmatched=unmatched,
-                          ambiguous=ambiguous, explicit=frozenset(explicit), via=via, _triples=triples)
+        return _Applied(triples, sorted(dropped), unmatched, ambiguous, frozenset(explicit))

@@ -347,7 +347,7 @@ class BundleReader(CheckpointReader):
             fields[SHARD, i], fields[OFFSET, i], fields[SIZE, i] = e.shard_id, e.offset, e.size
         if bad_utf8 < len(raw_keys):
             raise self._index_error(f"key {raw_keys[bad_utf8]!r} is not valid UTF-8") from None
-        return EntryColumns(raw_keys, keys, fields, shapes, special)
+        return EntryColumns(keys, fields, shapes, special)
 
     def _check_shards(self) -> None:
         """Every data shard an entry needs exists and holds the entry's bytes (the first problem
@@ -413,7 +413,7 @@ class BundleReader(CheckpointReader):
 
     def _make_infos(self) -> List[VariableInfo]:
         cols = self._columns
-        first = bisect.bisect_left(cols.raw_keys, b"\x01")  # slice keys (\x00...) sort first
+        first = bisect.bisect_left(cols.keys, "\x01")  # slice keys (\x00...) sort first
         keys = cols.keys[first:]
         if self.object_graph is not None:
             named = self.object_graph.name_keys(keys)

@@ -192,8 +192,8 @@ class EntryColumns:
     """Every entry of a bundle index (header left out), in key order, as columns.
 
     Attributes:
-        raw_keys: the keys as stored (sorted bytes; slice keys start with ``\\x00``).
-        keys: the keys as text (UTF-8; slice keys as Latin-1, never shown).
+        keys: the keys as text, sorted (UTF-8; slice keys, which start with ``\\x00``, as
+            Latin-1: both keep the order of the stored bytes, so they are searched by bisection).
         fields: ``int64`` array of rows ``DTYPE``, ``SHARD``, ``OFFSET``, ``SIZE``, ``CRC``.
         shapes: one shape tuple per entry.
         special: entry index -> its :class:`BundleEntry`, for entries decoded the careful way
@@ -205,23 +205,30 @@ class EntryColumns:
         (784, 128)
     """
 
-    __slots__ = ("raw_keys", "keys", "fields", "shapes", "special")
+    __slots__ = ("keys", "fields", "shapes", "special")
 
-    def __init__(self, raw_keys: List[bytes], keys: List[str], fields: np.ndarray,
-                 shapes: List[Tuple[int, ...]], special: Dict[int, BundleEntry]) -> None:
-        self.raw_keys = raw_keys
+    def __init__(self, keys: List[str], fields: np.ndarray, shapes: List[Tuple[int, ...]],
+                 special: Dict[int, BundleEntry]) -> None:
         self.keys = keys
         self.fields = fields
         self.shapes = shapes
         self.special = special
 
     def __len__(self) -> int:
-        return len(self.raw_keys)
+        return len(self.keys)
 
-    def find(self, raw_key: bytes) -> Optional[int]:
-        """The index of ``raw_key``, or ``None``."""
-        i = bisect.bisect_left(self.raw_keys, raw_key)
-        return i if i < len(self.raw_keys) and self.raw_keys[i] == raw_key else None
+    def find(self, key: str) -> Optional[int]:
+        """The index of ``key`` (as text), or ``None``."""
+        i = bisect.bisect_left(self.keys, key)
+        return i if i < len(self.keys) and self.keys[i] == key else None
+
+    def find_raw(self, raw_key: bytes) -> Optional[int]:
+        """The index of ``raw_key`` (as stored), or ``None``."""
+        try:
+            key = raw_key.decode("latin-1") if raw_key.startswith(b"\x00") else raw_key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        return self.find(key)
 
     def entry(self, i: int) -> BundleEntry:
         """Entry ``i`` as a :class:`BundleEntry`."""
@@ -255,13 +262,13 @@ class EntriesByRawKey(Mapping):
         self._cols = columns
 
     def __getitem__(self, raw_key: bytes) -> BundleEntry:
-        i = self._cols.find(raw_key) if isinstance(raw_key, bytes) else None
+        i = self._cols.find_raw(raw_key) if isinstance(raw_key, bytes) else None
         if i is None:
             raise KeyError(raw_key)
         return self._cols.entry(i)
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._cols.raw_keys)
+        return (k.encode("latin-1" if k.startswith("\x00") else "utf-8") for k in self._cols.keys)
 
     def __len__(self) -> int:
         return len(self._cols)
@@ -280,14 +287,8 @@ class EntriesByKey(Mapping):
         self._cols = columns
 
     def __getitem__(self, key: str) -> BundleEntry:
-        if not isinstance(key, str):
-            raise KeyError(key)
-        try:
-            raw = key.encode("latin-1" if key.startswith("\x00") else "utf-8")
-        except UnicodeEncodeError:
-            raise KeyError(key) from None
-        i = self._cols.find(raw)
-        if i is None or self._cols.keys[i] != key:
+        i = self._cols.find(key) if isinstance(key, str) else None
+        if i is None:
             raise KeyError(key)
         return self._cols.entry(i)
 
