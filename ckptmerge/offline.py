@@ -147,9 +147,8 @@ class MergeReport(Report):
         out = [self.summary(), f"Mode: offline; read {human_bytes(self.bytes_read)}{written}"]
         out += self._source_lines("written")
         by_target = self.plan.assignments
-        lines = [by_target[t].describe() if t in by_target else f"{t} <- {_TEMPLATE_LABEL}"
-                 for t in self.restored]
-        out += _section("Would write" if self.dry_run else "Written", lines, limit)
+        out += _section("Would write" if self.dry_run else "Written", self.restored, limit,
+                        render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {_TEMPLATE_LABEL}")
         out += _section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
         out += _section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
         if self.state_file:
@@ -253,8 +252,8 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     """
     chosen: Dict[str, Tuple[Tuple[int, str], VariableInfo, SourceView]] = {}
     for si, view in enumerate(views):
-        res = view.rules.apply(list(view.variables))
-        pairs = res.pairs()
+        res = view.rules._apply(list(view.variables))
+        pairs = [(name, tname) for name, tname, _ in res.triples]
         if on_conflict != "error":
             for amb in res.ambiguous:
                 picked = amb.targets[0 if on_conflict == "first" else -1]
@@ -435,8 +434,8 @@ class _Job:
 def _entry_order(raw: Optional[_RawFiles], key: str) -> Tuple[int, int]:
     if raw is None:
         return 0, 0
-    e = raw.entries.get(key)
-    return (0, 0) if e is None else (e.shard_id, e.offset)
+    where = raw.entries.location(key)
+    return (0, 0) if where is None else where
 
 
 def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
@@ -481,7 +480,8 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
             skipped.append((a.target, "the object graph of an object-based checkpoint is not copied: the "
                                       "merged checkpoint is name-based (its keys are variable names)"))
             continue
-        ts = tuple(t for t in views[a.source].transforms if t.applies_to(a.target))
+        transforms = views[a.source].transforms
+        ts = tuple(t for t in transforms if t.applies_to(a.target)) if transforms else ()
         current = None
         if any(getattr(t, "needs_current", False) for t in ts):
             if template is None:
@@ -867,7 +867,8 @@ def merge(
     written = [j.target.name for j in jobs]
     per_source = []
     for h in handles:
-        mine = [j for j in jobs if j.origin == f"source '{h.label}'"]
+        origin = f"source '{h.label}'"
+        mine = [j for j in jobs if j.origin == origin]
         per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": len(mine),
                            "bytes": sum(j.nbytes for j in mine)})
     if from_template:

@@ -223,11 +223,8 @@ class Report:
         out = [self.summary(), f"Mode: {self.mode}; read {human_bytes(self.bytes_read)}"]
         out += self._source_lines("restored")
         by_target = self.plan.assignments
-        restored = []
-        for t in self.restored:
-            a = by_target.get(t)
-            restored.append(t if a is None else a.describe())
-        out += _section("Restored", restored, limit)
+        out += _section("Restored", self.restored, limit,
+                        render=lambda t: t if t not in by_target else by_target[t].describe())
         out += _section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
         out += _section("Allowed missing", list(self.plan.allowed_missing), limit)
         return join_lines(out)

@@ -5,6 +5,8 @@ The one place library errors become ``Error: ...`` (exit 2) or ``Blocked: ...`` 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import os
@@ -15,6 +17,7 @@ from typing import (
     Any,
     Optional,
     Sequence,
+    Tuple,
 )
 
 import click
@@ -120,7 +123,12 @@ def _silence_stdout() -> None:
 
 
 def _shape(shape: Sequence[int]) -> str:
-    return str(tuple(shape))
+    return _shape_text(shape) if type(shape) is tuple else str(tuple(shape))
+
+
+@functools.lru_cache(maxsize=4096)  # a listing repeats a few shapes many times
+def _shape_text(shape: Tuple[int, ...]) -> str:
+    return str(shape)
 
 
 def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: Optional[Sequence[str]] = None) -> str:
@@ -133,15 +141,25 @@ def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: O
         a    1
         bb  22
     """
-    all_rows = ([list(header)] if header else []) + [[escape_name(c) for c in r] for r in rows]
+    all_rows = ([list(header)] if header else []) + [list(r) for r in rows]
     if not all_rows:
         return ""
-    ncol = max(len(r) for r in all_rows)
+    ncol = max(map(len, all_rows))
     for r in all_rows:
-        r.extend([""] * (ncol - len(r)))
-    widths = [max(map(len, col)) for col in zip(*all_rows)]
-    fmt = "  ".join(f"{{:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths))
-    return "\n".join(fmt.format(*r).rstrip() for r in all_rows)
+        if len(r) < ncol:
+            r.extend([""] * (ncol - len(r)))
+    # Column by column with C-speed maps: `ls` of 100,000 variables is 400,000 cells.
+    columns = []
+    for i, col in enumerate(zip(*all_rows)):
+        first = 1 if header else 0  # the header is shown as it is
+        try:
+            printable = all(map(str.isprintable, col[first:]))
+        except TypeError:  # a cell that is not a str
+            printable = False
+        cells = list(col) if printable else list(col[:first]) + list(map(escape_name, col[first:]))
+        pad = str.rjust if i in right else str.ljust
+        columns.append(map(pad, cells, itertools.repeat(max(map(len, cells)))))
+    return "\n".join(map(str.rstrip, map("  ".join, zip(*columns))))
 
 
 def _json_text(data: Any, depth: int, expand: int) -> str:

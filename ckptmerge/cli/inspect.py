@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import functools
 import math
 import os
 from typing import (
@@ -46,7 +47,12 @@ from ._common import (
 # ============================================================================================
 
 
+_size_text = functools.lru_cache(maxsize=4096)(human_bytes)  # a listing repeats a few sizes many times
+
+
 def _filter(infos: Iterable[VariableInfo], globs: Sequence[str], regex: Optional[UserPattern]) -> List[VariableInfo]:
+    if not globs and regex is None:
+        return list(infos)
     out = []
     for v in infos:
         names = (v.name, v.raw_key) if v.raw_key != v.name else (v.name,)
@@ -257,7 +263,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
         header = ["NAME"] + (["KIND"] if show_all else []) + ["DTYPE", "SHAPE", "SIZE"]
         rows = []
         for v in shown:
-            row = [v.name] + ([v.kind] if show_all else []) + [v.dtype, _shape(v.shape), human_bytes(v.nbytes)]
+            row = [v.name] + ([v.kind] if show_all else []) + [v.dtype, _shape(v.shape), _size_text(v.nbytes)]
             if values_stats is not None:
                 row += _stats_cells(values_stats[v.name])
             if show_all:
@@ -522,9 +528,10 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
         def pool(r: Any) -> Dict[str, VariableInfo]:
             return {v.name: v for v in r.variables() if show_all or v.kind == KIND_VARIABLE}
         va, vb = pool(ra), pool(rb)
-        only_a = sorted(set(va) - set(vb))
-        only_b = sorted(set(vb) - set(va))
-        common = sorted(set(va) & set(vb))
+        names_a, names_b = set(va), set(vb)
+        only_a = sorted(names_a - names_b)
+        only_b = sorted(names_b - names_a)
+        common = sorted(names_a & names_b)
         mismatched = [n for n in common if va[n].shape != vb[n].shape or va[n].dtype != vb[n].dtype]
         compared: List[Dict[str, Any]] = []
         not_compared: List[str] = []  # no values to read (e.g. an HDF5 compound dataset)

@@ -292,6 +292,13 @@ class EntriesByKey(Mapping):
             raise KeyError(key)
         return self._cols.entry(i)
 
+    def location(self, key: str) -> Optional[Tuple[int, int]]:
+        """``(shard_id, offset)`` of entry ``key`` without building it, or ``None``."""
+        i = self._cols.find(key) if isinstance(key, str) else None
+        if i is None:
+            return None
+        return int(self._cols.fields[SHARD, i]), int(self._cols.fields[OFFSET, i])
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._cols.keys)
 
