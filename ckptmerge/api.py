@@ -20,6 +20,7 @@ import numpy as np
 from .args import check_bool, check_callable, check_names, check_options, check_specs, received
 from .backends.tensors import cast_value
 from .errors import ArgumentError, ArgumentTypeError, CkptMergeError
+from .gcpause import paused_gc
 from .planner import Plan, make_plan
 from .source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo
@@ -233,6 +234,12 @@ def plan(
     check_unique_labels(srcs)
     allow = check_names(allow_missing, "allow_missing", noun="glob") or []
     check_bool(verify, "verify")
+    with paused_gc():  # see ckptmerge.gcpause: 100,000s of small objects, no cycles
+        return _plan(target, srcs, allow, on_conflict, on_shape_mismatch, cast, verify)
+
+
+def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: str, on_shape_mismatch: str,
+          cast: bool, verify: bool) -> Plan:
     targets = _collect(target)
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
@@ -371,7 +378,7 @@ def list_variables(path: Any, *, step: Optional[int] = None, optimizer: bool = T
         infos = list(reader.variables())
     if not optimizer:
         infos = [v for v in infos if v.kind == KIND_VARIABLE]
-    return sorted(infos, key=lambda v: v.name)
+    return sorted(infos, key=_NAME)
 
 
 def open(path: Any, *, step: Optional[int] = None, verify: bool = True) -> Any:  # noqa: A001

@@ -61,6 +61,7 @@ from .formats.objectgraph import OBJECT_GRAPH_KEY
 from .formats.output_prefix import _DATA_RE, check_no_output
 from .formats.storage import is_url
 from .formats.writer import BundleWriter
+from .gcpause import paused_gc
 from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
@@ -801,20 +802,21 @@ def merge(
     try:
         if kind == "path":
             treader = open_checkpoint(template_prefix, verify=verify)
-        views = [h.view(h.source.rules(None)) for h in handles]
-        if kind == "none":
-            targets = _produced_targets(views, on_conflict)
-        elif kind == "path":
-            targets = _template_targets(treader, tvalue)
-        else:
-            targets = tvalue
-        plan = make_plan(targets, views, allow_missing=allow_missing, on_conflict=on_conflict,
-                         on_shape_mismatch=on_shape_mismatch, cast=cast)
-        try:
-            plan.check(strict=strict, action="write")
-        except PlanError as e:
-            raise PlanError(f"{e}\nNothing was written to '{given}'.", plan=e.plan) from None
-        jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
+        with paused_gc():  # one small object per tensor, several times over: see ckptmerge.gcpause
+            views = [h.view(h.source.rules(None)) for h in handles]
+            if kind == "none":
+                targets = _produced_targets(views, on_conflict)
+            elif kind == "path":
+                targets = _template_targets(treader, tvalue)
+            else:
+                targets = tvalue
+            plan = make_plan(targets, views, allow_missing=allow_missing, on_conflict=on_conflict,
+                             on_shape_mismatch=on_shape_mismatch, cast=cast)
+            try:
+                plan.check(strict=strict, action="write")
+            except PlanError as e:
+                raise PlanError(f"{e}\nNothing was written to '{given}'.", plan=e.plan) from None
+            jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
         if not jobs:
             raise CkptMergeError(
                 f"Nothing to write to '{given}': no variable is left after the rules and the plan"

@@ -38,6 +38,7 @@ from typing import (
 )
 
 from .errors import CkptMergeError, PlanError, RuleError
+from .gcpause import paused_gc
 from .rules import (
     Ambiguity,
     GlobFilter,
@@ -266,7 +267,8 @@ class Assignment:
     via: Optional[str] = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "transforms", tuple(self.transforms))
+        if type(self.transforms) is not tuple:
+            object.__setattr__(self, "transforms", tuple(self.transforms))
 
     def describe(self) -> str:
         """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"``, transforms and ``[via]``."""
@@ -708,11 +710,16 @@ class _Candidate(NamedTuple):
     """A checkpoint name that lands on a target (a tuple: a plan makes one per target)."""
 
     target: str
-    order: Tuple[int, str]  # (source index, checkpoint name): resolution order
+    source_index: int
     label: str
     name: str
     rule: Optional[Union[MapRule, RegexRule]]
     via: Optional[str] = None
+
+    @property
+    def order(self) -> Tuple[int, str]:
+        """(source index, checkpoint name): the resolution order."""
+        return self.source_index, self.name
 
 
 @dataclass
@@ -776,8 +783,10 @@ def root_swaps(names: Sequence[str], target_names: Iterable[str],
 
 _NAME_AND_TARGET = operator.itemgetter(0, 1)
 _FIRST = operator.itemgetter(0)
+_THIRD = operator.itemgetter(2)
 _ORDER = operator.attrgetter("order")
 _NAME = operator.attrgetter("name")
+_ANAME = _NAME
 
 _SERIES = re.compile(r"^([a-z][a-z0-9_]*?)(?:_(\d+))?$")
 
@@ -929,41 +938,38 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         pairs += [(n, src.aligned[n], None) for n in extra]
         selected.update(extra)
         drop = [n for n in drop if n not in src.aligned]
-    candidates: List[_Candidate] = []
-    renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)]
-    landed_by: Dict[str, int] = {}
+    keys = map(_NAME_AND_TARGET, pairs)
+    if not all(map(operator.le, keys, map(_NAME_AND_TARGET, pairs[1:]))):  # (the rules give them sorted)
+        pairs.sort(key=_NAME_AND_TARGET)
+    landed = [p for p in pairs if p[1] in target_by_name]
+    # How a name met its target: shown when no rule says so, and always for what a source's
+    # layout did to the value (a transpose is worth seeing beside any rule).
+    notes: Iterable[Optional[str]] = itertools.repeat(None)
+    if via:
+        notes = [note if rule is None or (note or "").startswith("layout:") else None
+                 for note, rule in zip(map(via.get, map(_FIRST, landed)), map(_THIRD, landed))]
+    # (each candidate holds its target's own name string, so the rules' copies can go now)
+    candidates = [_Candidate(target_by_name[t].name, si, label, n, rule, note)
+                  for (n, t, rule), note in zip(landed, notes)]
+    lost = [p for p in pairs if p[1] not in target_by_name] if len(landed) < len(pairs) else []
+    for name, tname, rule in lost:
+        if isinstance(rule, MapRule) and not rule.is_scope:
+            unmatched.append(UnmatchedRule(
+                "map", rule.describe(), tuple(suggest(tname, target_names)), True, label,
+                reason=f"names no target variable {_q(tname)}"))
+    # A scope or regex rule that renamed names but put none on a target does nothing.
+    landed_rules = {r.describe() for r in {id(r): r for r in map(_THIRD, landed) if r is not None}.values()}
+    renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)], none landed
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
-    pairs.sort(key=_NAME_AND_TARGET)
-    add = candidates.append
-    for name, tname, rule in pairs:
-        if rule is None:  # identity, a root swap, a shift or an alignment: no rule to account for
-            if tname in target_by_name:
-                add(_Candidate(tname, (si, name), label, name, None, via.get(name)))
+    for name, tname, rule in lost:
+        if rule is None or (isinstance(rule, MapRule) and not rule.is_scope):
             continue
         d = rule.describe()
-        if d not in rule_of:
-            rule_of[d] = rule
-            renamed_by[d] = []
-            landed_by[d] = 0
-        renamed_by[d].append((name, tname))
-        if tname not in target_by_name:
-            if isinstance(rule, MapRule) and not rule.is_scope:
-                unmatched.append(UnmatchedRule(
-                    "map", d, tuple(suggest(tname, target_names)), True, label,
-                    reason=f"names no target variable {_q(tname)}"))
-            continue
-        landed_by[d] += 1
-        # How the name met the target: shown when no rule says so, and always for what a
-        # source's layout did to the value (a transpose is worth seeing beside any rule).
-        note = via.get(name)
-        if not (note or "").startswith("layout:"):
-            note = None
-        add(_Candidate(tname, (si, name), label, name, rule, note))
-    # A scope or regex rule that renamed names but put none on a target does nothing.
+        if d not in landed_rules:
+            rule_of.setdefault(d, rule)
+            renamed_by.setdefault(d, []).append((name, tname))
     for d, renamed in renamed_by.items():
         rule = rule_of[d]
-        if landed_by[d] or (isinstance(rule, MapRule) and not rule.is_scope):
-            continue
         n0, t0 = renamed[0]
         k = len(renamed)
         if isinstance(rule, MapRule):
@@ -1018,6 +1024,14 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         >>> make_plan(t, [a]).assignments["c/x1"].name
         'a1'
     """
+    with paused_gc():  # hundreds of thousands of small acyclic objects: see ckptmerge.gcpause
+        return _make_plan(targets, sources, allow_missing=allow_missing, on_conflict=on_conflict,
+                          on_shape_mismatch=on_shape_mismatch, cast=cast, model_root=model_root)
+
+
+def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
+               allow_missing: Union[str, Sequence[str]], on_conflict: str, on_shape_mismatch: str,
+               cast: bool, model_root: Optional[str]) -> Plan:
     _check_choice("on_conflict", on_conflict, ON_CONFLICT)
     _check_choice("on_shape_mismatch", on_shape_mismatch, ON_SHAPE_MISMATCH)
     if not isinstance(cast, bool):
@@ -1089,6 +1103,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
     missing: List[str] = []
     allowed: List[str] = []
     plain = {s.label: not s.transforms for s in sources}  # no value transforms: the usual case
+    variables = {s.label: s.variables for s in sources}
     for tname, tspec in target_by_name.items():
         chosen: Optional[_Candidate] = first.get(tname)
         if chosen is None:
@@ -1102,13 +1117,13 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
                 None if chosen is None else (chosen.label, chosen.name)))
             if chosen is None:
                 continue
-        src = source_by_label[chosen.label]
-        spec = src.variables[chosen.name]
+        spec = variables[chosen.label][chosen.name]
         rule = chosen.rule.describe() if chosen.rule else None
         if plain[chosen.label] and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
             assignments[tname] = Assignment(tname, chosen.label, chosen.name, spec.raw_key, spec, tspec,
-                                            rule=rule, via=chosen.via)
+                                            False, rule, (), chosen.via)
             continue
+        src = source_by_label[chosen.label]
         src_shape, tgt_shape = tuple(spec.shape), tuple(tspec.shape)
         mismatch = functools.partial(Mismatch, tname, chosen.label, chosen.name, spec.raw_key,
                                      tgt_shape, src_shape, tspec.dtype, spec.dtype)
@@ -1162,9 +1177,12 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
                         tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)), False, src.label,
                         reason="applies to no variable this source provides"))
 
-    taken: Dict[str, set] = {}
-    for a in assignments.values():
-        taken.setdefault(a.source, set()).add(a.name)
+    if len(sources) == 1:
+        taken = {sources[0].label: set(map(_ANAME, assignments.values()))}
+    else:
+        taken = {}
+        for a in assignments.values():
+            taken.setdefault(a.source, set()).add(a.name)
     # "unused" is every name nothing took (the issue's definition); "dropped" says which of
     # those the rules left out on purpose, so reports can tell the two apart.
     unused = {s.label: sorted((selected[s.label] - taken.get(s.label, set())) | set(dropped[s.label]))

@@ -778,3 +778,22 @@ def test_keras_model_restores_a_checkpoint_saved_after_another_model_was_built(t
         assert (layer.kernel.numpy() == i).all() and (layer.bias.numpy() == i).all(), layer.name
     first = model.layers[0].name  # 'dense' in a fresh process; later in a process that built other models
     assert f"auto-name shift: 'sequential/dense_3/kernel' as 'sequential/{first}/kernel'" in report.plan.report()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_planning_leaves_the_garbage_collector_as_it_found_it(enabled):
+    # make_plan pauses the cyclic collector while it builds its many small objects (see
+    # ckptmerge.gcpause); afterwards the collector is on or off exactly as before, errors included.
+    import gc
+
+    t = [VariableInfo("x", (2,), "float32")]
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert make_plan(t, [SourceView("A", "<memory>", "", {"x": t[0]})]).ok
+        assert gc.isenabled() is enabled
+        with pytest.raises(OptionError):
+            make_plan(t, [], on_conflict="frist")
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -97,7 +97,8 @@ class CheckpointReader:
     def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
         ordered = sorted(infos, key=_NAME)
         self._infos = {i.name: i for i in ordered}
-        self._by_key = {i.name if i.key is None else i.key: i.name for i in ordered}
+        # raw key -> name, for the keys that differ from their names (lookups try names first)
+        self._by_key = {i.key: i.name for i in ordered if i.key is not None and i.key != i.name}
 
     # -- public API ------------------------------------------------------------------------
     def variables(self) -> List[VariableInfo]:

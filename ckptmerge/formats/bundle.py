@@ -80,6 +80,7 @@ from ckptmerge.formats.table import (
     unmask_crc,
 )
 from ckptmerge.formats.tfproto import parse_shape
+from ckptmerge.gcpause import paused_gc
 from ckptmerge.specs import VariableInfo
 
 __all__ = [
@@ -249,10 +250,11 @@ class BundleReader(CheckpointReader):
         except OSError as e:
             raise CheckpointFormatError(f"Cannot read checkpoint index {self.index_path!r}: {e}",
                                         path=self.index_path) from None
-        self._load_index(data)
-        self._check_shards()
-        self.object_graph: Optional[ObjectGraph] = self._load_object_graph()
-        self._set_infos(self._make_infos())
+        with paused_gc():  # one small object per tensor: see ckptmerge.gcpause
+            self._load_index(data)
+            self._check_shards()
+            self.object_graph: Optional[ObjectGraph] = self._load_object_graph()
+            self._set_infos(self._make_infos())
         logger.debug("opened %s: %d tensors in %d shards", self.path, len(self._infos), self.num_shards)
 
     # -- index -----------------------------------------------------------------------------
