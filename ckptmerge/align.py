@@ -207,7 +207,6 @@ class _Features:
                 self.numbers[n] = tuple(map(int, _DIGITS.findall(n, 0, n.rfind("/") + 1)))
             return
         templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
-        self.template.update(zip(names, templates))
         parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
         families: Dict[str, List[str]] = {}
         for name, template in zip(names, templates):
@@ -217,6 +216,7 @@ class _Features:
             else:
                 family.append(name)
         for template, members in families.items():
+            self.template.update(zip(members, itertools.repeat(template)))  # one object per family
             in_scope = template.count("0", 0, template.rfind("/") + 1)
             if not in_scope:
                 self.numbers.update(zip(members, itertools.repeat(())))
@@ -470,15 +470,22 @@ def _families(names: List[str], feats: _Features
     unless every family holds exactly one name at each of the same (at least two) positions.
     Names come in any order."""
     numbers, template = feats.numbers, feats.template
-    numbered = [n for n in names if numbers[n]]
-    stems = [template[n] for n in numbered]
-    order = sorted(sorted(range(len(numbered)), key=[numbers[n] for n in numbered].__getitem__),
-                   key=stems.__getitem__)
+    by_stem: Dict[str, List[str]] = {}
+    plain = []
+    for n in names:
+        if numbers[n]:
+            family = by_stem.get(template[n])
+            if family is None:
+                by_stem[template[n]] = [n]
+            else:
+                family.append(n)
+        else:
+            plain.append(n)
     positions: Optional[List[Tuple[int, ...]]] = None
     families = []
-    for _, family in itertools.groupby(order, key=stems.__getitem__):
-        members = [numbered[i] for i in family]
-        at = [numbers[n] for n in members]
+    for stem in sorted(by_stem):
+        members = sorted(by_stem[stem], key=numbers.__getitem__)
+        at = list(map(numbers.__getitem__, members))
         if positions is None:
             positions = at
             if len(set(at)) != len(at):
@@ -488,7 +495,7 @@ def _families(names: List[str], feats: _Features
         families.append(members)
     if positions is None or len(positions) < 2:  # fewer than two positions: no series
         return None
-    return sorted([n for n in names if not numbers[n]]), positions, families
+    return sorted(plain), positions, families
 
 
 #: Build a Match from a tuple of all its fields, in C.
@@ -531,23 +538,15 @@ _SPEC = operator.attrgetter("shape", "dtype")
 
 
 def _by_spec(infos: Iterable[VariableInfo]) -> Dict[Tuple[Tuple[int, ...], str], Tuple[List[str], VariableInfo]]:
-    """``{(shape, dtype): (names, one of the specs)}``, grouped by one C-speed sort."""
-    infos = list(infos)
-    keys = list(map(_SPEC, infos))
-    try:
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-    except TypeError:  # shapes of mixed types (lists and tuples): one at a time
-        keys = [(tuple(k[0]), k[1]) for k in keys]
-        order = sorted(range(len(keys)), key=keys.__getitem__)
+    """``{(shape, dtype): (names, one of the specs)}``."""
     out: Dict[Tuple[Tuple[int, ...], str], Tuple[List[str], VariableInfo]] = {}
-    for (shape, dtype), at in itertools.groupby(order, key=keys.__getitem__):
-        at = list(at)
-        key = (tuple(shape), dtype)
-        names = [infos[i].name for i in at]
-        if key in out:  # equal shapes given once as a list, once as a tuple
-            out[key][0].extend(names)
+    for info in infos:
+        key = (tuple(info.shape), info.dtype)
+        group = out.get(key)
+        if group is None:
+            out[key] = ([info.name], info)
         else:
-            out[key] = (names, infos[at[0]])
+            group[0].append(info.name)
     return out
 
 
@@ -632,6 +631,7 @@ class Entry(NamedTuple):
                 "evidence": list(self.evidence), "count": self.count}
 
 
+_TARGET, _NAME = operator.itemgetter(0), operator.itemgetter(1)  # of a Match
 #: Build an Entry from a tuple of all its fields, in C.
 _ENTRY = functools.partial(tuple.__new__, Entry)
 
@@ -651,8 +651,8 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
-    names = [m.name for m in matches]
-    targets = [m.target for m in matches]
+    names = list(map(_NAME, matches))
+    targets = list(map(_TARGET, matches))
     scopes = [n[:n.rfind("/") + 1] for n in names]
     tscopes = [t[:t.rfind("/") + 1] for t in targets]
     # Whole when every name of the scope is matched, each into one target scope and keeping its
@@ -678,13 +678,16 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
 
     # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
     # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
-    sizes = [per_scope[sc] for sc in scopes]
-    moving = sorted(sorted([i for i, sc in enumerate(scopes) if sc in whole], key=scopes.__getitem__),
-                    key=sizes.__getitem__)
-    for n, at in itertools.groupby(moving, key=sizes.__getitem__):
-        at = list(at)
-        columns = [[matches[i] for i in at[j::n]] for j in range(n)]
-        names_of = [scopes[i] for i in at[::n]]
+    moving: Dict[str, List[Match]] = {}
+    for m, sc in zip(matches, scopes):
+        if sc in whole:
+            moving.setdefault(sc, []).append(m)
+    by_size: Dict[int, List[str]] = {}
+    for sc, c in per_scope.items():
+        if sc in whole:
+            by_size.setdefault(c, []).append(sc)
+    for n, names_of in by_size.items():
+        columns = list(zip(*map(moving.__getitem__, names_of)))
         keys = list(zip(*[[m.evidence for m in c] for c in columns]))
         confidences = list(map(min, zip(*[[m.confidence for m in c] for c in columns])))
         where = list(zip(*[[m.position for m in c] for c in columns]))
