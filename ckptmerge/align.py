@@ -27,12 +27,13 @@ TensorFlow. :func:`ckptmerge.suggest` and ``Source(..., align="structure")`` are
 from __future__ import annotations
 
 import collections
+import collections.abc
 import functools
 import itertools
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -159,17 +160,74 @@ class Alignment:
     """The result of :func:`align` for one source.
 
     Attributes:
-        matches: accepted pairs, sorted by target.
+        matches: accepted pairs, sorted by target (a sequence of :class:`Match`).
         unresolved: groups the evidence cannot separate.
     """
 
-    matches: List[Match] = field(default_factory=list)
+    matches: Sequence[Match] = field(default_factory=list)
     unresolved: List[Unresolved] = field(default_factory=list)
 
     @property
     def mapping(self) -> Dict[str, str]:
         """``{checkpoint name: target}`` of the accepted pairs."""
-        return {m.name: m.target for m in self.matches}
+        targets, names = _columns(self.matches)[:2]
+        return dict(zip(names, targets))
+
+
+class _Columns(collections.abc.Sequence):
+    """Matches held as five columns (one list per field of :class:`Match`); a :class:`Match` is
+    built only when one is read. A 10,000-variable model's matches are then a few lists, not
+    10,000 objects for the garbage collector to walk."""
+
+    __slots__ = ("target", "name", "confidence", "evidence", "position")
+
+    def __init__(self) -> None:
+        self.target: List[str] = []
+        self.name: List[str] = []
+        self.confidence: List[float] = []
+        self.evidence: List[Tuple[str, ...]] = []
+        self.position: List[str] = []
+
+    def extend(self, matches: Iterable[Match]) -> None:
+        for m in matches:
+            self.target.append(m.target)
+            self.name.append(m.name)
+            self.confidence.append(m.confidence)
+            self.evidence.append(m.evidence)
+            self.position.append(m.position)
+
+    def sorted_by_target(self) -> "_Columns":
+        out = _Columns()
+        order = sorted(range(len(self.target)), key=self.target.__getitem__)
+        for f in self.__slots__:
+            setattr(out, f, list(map(getattr(self, f).__getitem__, order)))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return list(self)[i]
+        return _MATCH((self.target[i], self.name[i], self.confidence[i], self.evidence[i], self.position[i]))
+
+    def __iter__(self) -> Iterator[Match]:
+        return map(_MATCH, zip(self.target, self.name, self.confidence, self.evidence, self.position))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, collections.abc.Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+def _columns(matches: Sequence[Match]) -> Tuple[List[str], List[str], List[float], List[Tuple[str, ...]], List[str]]:
+    """The five columns (target, name, confidence, evidence, position) of some matches."""
+    if isinstance(matches, _Columns):
+        return matches.target, matches.name, matches.confidence, matches.evidence, matches.position
+    if not matches:
+        return [], [], [], [], []
+    return tuple(map(list, zip(*matches)))  # type: ignore[return-value]
 
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
@@ -502,12 +560,13 @@ def _families(names: List[str], feats: _Features
 _MATCH = functools.partial(tuple.__new__, Match)
 
 
-def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features
-                   ) -> Optional[Tuple[List[Match], List[Unresolved]]]:
+def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features,
+                   out: _Columns) -> Optional[List[Unresolved]]:
     """The common case of :func:`_by_series` in bulk: both sides regular numbered series (see
     :func:`_families`) with as many positions. Every numbered position is then the same kind of
     block, so it is solved once and repeated family by family, without a step per position.
-    Gives what :func:`_by_series` and :func:`_solve_block` give; ``None`` when not regular."""
+    Gives what :func:`_by_series` and :func:`_solve_block` give (the matches added to ``out``,
+    the unresolved returned); ``None`` when not regular."""
     t, s = _families(tnames, feats), _families(snames, feats)
     if t is None or s is None:
         return None
@@ -523,18 +582,20 @@ def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, fea
     first_t, first_s = [f[0] for f in t_fams], [f[0] for f in s_fams]
     found, left = _solve_group(first_t, first_s, None, None, spec, labels[0], feats)
     ti, si = {x: i for i, x in enumerate(first_t)}, {x: i for i, x in enumerate(first_s)}
-    for m in found:  # a family's matches built in C (map over zip): no Python step per match
-        matches += map(_MATCH, zip(t_fams[ti[m.target]], s_fams[si[m.name]], itertools.repeat(m.confidence),
-                                   itertools.repeat(m.evidence), labels))
+    out.extend(matches)
+    for m in found:  # a family's matches as whole columns: no Python step per match
+        family = t_fams[ti[m.target]]
+        out.target += family
+        out.name += s_fams[si[m.name]]
+        out.confidence += [m.confidence] * len(family)
+        out.evidence += [m.evidence] * len(family)
+        out.position += labels
     shape = tuple(spec.shape)
     for u in left:
         its, jss = [ti[x] for x in u.targets], [si[x] for x in u.names]
         unresolved += [Unresolved(tuple(t_fams[i][k] for i in its), tuple(s_fams[j][k] for j in jss),
                                   shape, spec.dtype, u.reason) for k in range(len(labels))]
-    return matches, unresolved
-
-
-_SPEC = operator.attrgetter("shape", "dtype")
+    return unresolved
 
 
 def _by_spec(infos: Iterable[VariableInfo]) -> Dict[Tuple[Tuple[int, ...], str], Tuple[List[str], VariableInfo]]:
@@ -577,23 +638,21 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     t_groups, s_groups = _by_spec(targets), _by_spec(names)
     groups = {k: (ts, s_groups[k][0], spec) for k, (ts, spec) in t_groups.items() if k in s_groups}
     feats = _Features([n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss)])
-    matches: List[Match] = []
+    matches = _Columns()
     unresolved: List[Unresolved] = []
     for tnames, snames, spec in groups.values():
-        regular = _solve_regular(tnames, snames, spec, feats)
+        regular = _solve_regular(tnames, snames, spec, feats, matches)
         if regular is not None:
-            matches += regular[0]
-            unresolved += regular[1]
+            unresolved += regular
             continue
         memo: Dict[Any, Any] = {}
         for block in _by_series(sorted(tnames), sorted(snames), feats):
             if block[0] and block[1]:
                 m, u = _solve_block(block, t_order, s_order, spec, memo, feats)
-                matches += m
+                matches.extend(m)
                 unresolved += u
-    matches.sort(key=operator.itemgetter(0))  # by target
     unresolved.sort(key=lambda u: u.targets)
-    return Alignment(matches, unresolved)
+    return Alignment(matches.sorted_by_target(), unresolved)
 
 
 class Entry(NamedTuple):
@@ -631,7 +690,6 @@ class Entry(NamedTuple):
                 "evidence": list(self.evidence), "count": self.count}
 
 
-_TARGET, _NAME = operator.itemgetter(0), operator.itemgetter(1)  # of a Match
 #: Build an Entry from a tuple of all its fields, in C.
 _ENTRY = functools.partial(tuple.__new__, Entry)
 
@@ -651,8 +709,7 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
-    names = list(map(_NAME, matches))
-    targets = list(map(_TARGET, matches))
+    targets, names, confidence, evidence, position = _columns(matches)
     scopes = [n[:n.rfind("/") + 1] for n in names]
     tscopes = [t[:t.rfind("/") + 1] for t in targets]
     # Whole when every name of the scope is matched, each into one target scope and keeping its
@@ -666,8 +723,9 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
     per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
     whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
              if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}
-    entries: List[Entry] = list(map(_ENTRY, [(m.name, m.target, m.confidence, m.reasons, 1)
-                                             for m, sc in zip(matches, scopes) if sc not in whole]))
+    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1) for n, t, c, e, p, sc
+                                             in zip(names, targets, confidence, evidence, position, scopes)
+                                             if sc not in whole]))
     summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
 
     def summary(key: Tuple[Tuple[str, ...], ...]) -> Tuple[str, ...]:
@@ -678,24 +736,23 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
 
     # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
     # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
-    moving: Dict[str, List[Match]] = {}
-    for m, sc in zip(matches, scopes):
+    moving: Dict[str, List[int]] = {}
+    for i, sc in enumerate(scopes):
         if sc in whole:
-            moving.setdefault(sc, []).append(m)
+            moving.setdefault(sc, []).append(i)
     by_size: Dict[int, List[str]] = {}
     for sc, c in per_scope.items():
         if sc in whole:
             by_size.setdefault(c, []).append(sc)
     for n, names_of in by_size.items():
         columns = list(zip(*map(moving.__getitem__, names_of)))
-        keys = list(zip(*[[m.evidence for m in c] for c in columns]))
-        confidences = list(map(min, zip(*[[m.confidence for m in c] for c in columns])))
-        where = list(zip(*[[m.position for m in c] for c in columns]))
+        keys = list(zip(*[list(map(evidence.__getitem__, c)) for c in columns]))
+        lowest = list(map(min, zip(*[list(map(confidence.__getitem__, c)) for c in columns])))
+        where = list(zip(*[list(map(position.__getitem__, c)) for c in columns]))
         positions = [(w[0],) if w[0] and w.count(w[0]) == n else tuple(sorted(set(w) - {""})) for w in where]
         head = ("shapes of all " + plural(n, "variable"),)
-        evidence = [head + (summaries.get(k) or summary(k)) + p for k, p in zip(keys, positions)]
-        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), confidences, evidence,
-                                   itertools.repeat(n)))
+        reasons = [head + (summaries.get(k) or summary(k)) + p for k, p in zip(keys, positions)]
+        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), lowest, reasons, itertools.repeat(n)))
     entries.sort(key=operator.itemgetter(1))  # by target
     return entries
 

@@ -15,6 +15,7 @@ Pure: plans and specs in, no file access (``write`` writes the one file it is as
 from __future__ import annotations
 
 import dataclasses
+import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -196,17 +197,21 @@ def _left_out(rules: Any, name: str) -> bool:
     return any(r.try_rename(name) == (True, None) for r in rules.regexes)
 
 
+_NAME = operator.attrgetter("name")
+
+
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
                   target_order: Optional[Sequence[str]]) -> Alignment:
     want = set(missing)
     variables, rules = src.variables, src.rules
-    filtered = bool(rules.include or rules.exclude or rules.regexes)
-    names = []
-    for n in plan.unused.get(src.label, ()):
-        info = variables.get(n)
-        if info is None or (filtered and _left_out(rules, n)):
-            continue
-        names.append(info if info.name == n else dataclasses.replace(info, name=n))
+    unused = plan.unused.get(src.label, [])
+    names = list(map(variables.get, unused))
+    # The usual case in C-speed passes: every unused name a variable under its own name, no
+    # filter rules; anything else name by name.
+    if (rules.include or rules.exclude or rules.regexes or None in names
+            or list(map(_NAME, names)) != list(unused)):
+        names = [variables[n] if variables[n].name == n else dataclasses.replace(variables[n], name=n)
+                 for n in unused if n in variables and not _left_out(rules, n)]
     return align([t for t in plan.targets if t.name in want], names, target_order=target_order,
                  source_order=src.order)
 
@@ -235,7 +240,7 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None)
     out = []
     for src in plan.sources:
         found = _align_source(plan, src, missing, target_order)
-        taken = {m.target for m in found.matches}
+        taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
         out.append(SourceSuggestion(src.label, src.path, scope_entries(found.matches, src.variables, all_targets),
@@ -261,7 +266,7 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
             out.append(src)
             continue
         found = _align_source(plan, src, missing, target_order)
-        taken = {m.target for m in found.matches}
+        taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
         for m in found.matches:
