@@ -734,6 +734,14 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         summaries[key] = tuple(sorted({e for ev in key for e in ev[1:]})[:4])
         return summaries[key]
 
+    one_position: Dict[str, Tuple[str, ...]] = {"": ()}
+
+    def at(where: str) -> Tuple[str, ...]:
+        found = one_position.get(where)
+        if found is None:
+            found = one_position[where] = (where,)
+        return found
+
     # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
     # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
     moving: Dict[str, List[int]] = {}
@@ -746,12 +754,13 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
             by_size.setdefault(c, []).append(sc)
     for n, names_of in by_size.items():
         columns = list(zip(*map(moving.__getitem__, names_of)))
-        keys = list(zip(*[list(map(evidence.__getitem__, c)) for c in columns]))
-        lowest = list(map(min, zip(*[list(map(confidence.__getitem__, c)) for c in columns])))
-        where = list(zip(*[list(map(position.__getitem__, c)) for c in columns]))
-        positions = [(w[0],) if w[0] and w.count(w[0]) == n else tuple(sorted(set(w) - {""})) for w in where]
+        # (zip tuples consumed as they come and one tuple per position: few objects alive at once)
+        lowest = map(min, zip(*[list(map(confidence.__getitem__, c)) for c in columns]))
+        positions = [at(w[0]) if w.count(w[0]) == n else tuple(sorted(set(w) - {""}))
+                     for w in zip(*[list(map(position.__getitem__, c)) for c in columns])]
         head = ("shapes of all " + plural(n, "variable"),)
-        reasons = [head + (summaries.get(k) or summary(k)) + p for k, p in zip(keys, positions)]
+        reasons = [head + (summaries.get(k) or summary(k)) + p
+                   for k, p in zip(zip(*[list(map(evidence.__getitem__, c)) for c in columns]), positions)]
         entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), lowest, reasons, itertools.repeat(n)))
     entries.sort(key=operator.itemgetter(1))  # by target
     return entries
