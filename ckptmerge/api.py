@@ -285,7 +285,8 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
     check_options(plan_options, PLAN_OPTIONS, "suggest()")
     p = plan(target, sources, **plan_options)
     try:
-        found = make_suggestion(p, target_order=creation_order(target, p._binding.targets))
+        with paused_gc():  # the alignment's small objects have no cycles either: see ckptmerge.gcpause
+            found = make_suggestion(p, target_order=creation_order(target, p._binding.targets))
         layouts = {h.label: h.source.layout for h in p._binding.handles if getattr(h.source, "layout", None)}
         return dataclasses.replace(found, layouts=layouts) if layouts else found
     finally:
