@@ -249,31 +249,6 @@ class EntryColumns:
         return out
 
 
-class EntriesByRawKey(Mapping):
-    """A read-only ``{raw key (bytes): BundleEntry}`` view of :class:`EntryColumns`; entries
-    are built when looked up.
-
-    Example:
-        >>> EntriesByRawKey(cols)[b"dense/kernel"].size  # doctest: +SKIP
-        401408
-    """
-
-    def __init__(self, columns: EntryColumns) -> None:
-        self._cols = columns
-
-    def __getitem__(self, raw_key: bytes) -> BundleEntry:
-        i = self._cols.find_raw(raw_key) if isinstance(raw_key, bytes) else None
-        if i is None:
-            raise KeyError(raw_key)
-        return self._cols.entry(i)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return (k.encode("latin-1" if k.startswith("\x00") else "utf-8") for k in self._cols.keys)
-
-    def __len__(self) -> int:
-        return len(self._cols)
-
-
 class EntriesByKey(Mapping):
     """A read-only ``{key (str): BundleEntry}`` view of :class:`EntryColumns` (slice keys
     included: they start with ``\\x00``); entries are built when looked up.
@@ -286,15 +261,18 @@ class EntriesByKey(Mapping):
     def __init__(self, columns: EntryColumns) -> None:
         self._cols = columns
 
+    def _find(self, key: object) -> Optional[int]:
+        return self._cols.find(key) if isinstance(key, str) else None
+
     def __getitem__(self, key: str) -> BundleEntry:
-        i = self._cols.find(key) if isinstance(key, str) else None
+        i = self._find(key)
         if i is None:
             raise KeyError(key)
         return self._cols.entry(i)
 
     def location(self, key: str) -> Optional[Tuple[int, int]]:
         """``(shard_id, offset)`` of entry ``key`` without building it, or ``None``."""
-        i = self._cols.find(key) if isinstance(key, str) else None
+        i = self._find(key)
         if i is None:
             return None
         return int(self._cols.fields[SHARD, i]), int(self._cols.fields[OFFSET, i])
@@ -304,3 +282,18 @@ class EntriesByKey(Mapping):
 
     def __len__(self) -> int:
         return len(self._cols)
+
+
+class EntriesByRawKey(EntriesByKey):
+    """:class:`EntriesByKey` keyed by the keys as stored (bytes).
+
+    Example:
+        >>> EntriesByRawKey(cols)[b"dense/kernel"].size  # doctest: +SKIP
+        401408
+    """
+
+    def _find(self, key: object) -> Optional[int]:
+        return self._cols.find_raw(key) if isinstance(key, bytes) else None
+
+    def __iter__(self) -> Iterator[bytes]:  # type: ignore[override]
+        return (k.encode("latin-1" if k.startswith("\x00") else "utf-8") for k in self._cols.keys)
