@@ -1,0 +1,443 @@
+"""The inputs and the result of a plan: :class:`SourceView` (what the planner knows of one source),
+:class:`Plan` (every decision and finding, with :meth:`Plan.check`, reports, ``to_dict`` and the
+restore entry points) and :class:`OptionError`. :func:`ckptmerge.planner.make_plan` builds plans;
+nothing here plans, reads files or imports TensorFlow (restoring imports the backends lazily).
+
+Example:
+    >>> from ckptmerge.planner import make_plan
+    >>> make_plan([], []).ok
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import operator
+import types
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .errors import CkptMergeError, PlanError
+from .findings import Assignment, Conflict, Mismatch
+from .rules import Ambiguity, Rules, UnmatchedRule, _q, _received
+from .specs import VariableInfo
+from .text import escape_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
+
+__all__ = ["OptionError", "SourceView", "Plan", "CHECK_LIMIT"]
+
+_log = logging.getLogger(__name__)
+#: action -> (what strict=False lets you do, the warning's verb)
+_ACTIONS = {"restore": ("restore what can be restored", "restoring"),
+            "write": ("write what can be written", "merging")}
+
+#: How many blocking lines :meth:`Plan.check` shows before "... and N more".
+CHECK_LIMIT = 20
+
+
+class OptionError(CkptMergeError, ValueError):
+    """An option has a value ckptmerge does not accept (the message lists the valid values).
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> try:
+        ...     make_plan([], [], on_conflict="frist")
+        ... except OptionError as e:
+        ...     print(e)
+        on_conflict must be one of 'error', 'first', 'last'; received 'frist'. Did you mean 'first'?
+    """
+
+
+@dataclass(frozen=True)
+class SourceView:
+    """What the plan needs to know of one source checkpoint.
+
+    Attributes:
+        label: unique display name, e.g. ``"A"`` or ``"base"``.
+        path: resolved checkpoint prefix, or ``"<memory>"``.
+        note: how it was resolved, e.g. ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
+        variables: name -> :class:`~ckptmerge.specs.VariableInfo`, already filtered (e.g.
+            optimizer state left out); stored as a read-only mapping sorted by name.
+        rules: the source's selection/rename rules (identity by default).
+        transforms: value transforms (:mod:`ckptmerge.transforms`: objects with
+            ``applies_to(target_name)``, ``output_shape(source_shape, target_shape)`` and
+            ``describe(source_shape, target_shape)``); the plan compares the shape they produce
+            with the target's, so e.g. a ``Slice`` turns a shape mismatch into an assignment.
+        cast: per-source override of the plan's ``cast`` option (``None``: the plan's).
+        hidden: names the source holds but left out of ``variables`` (optimizer state and
+            bookkeeping without ``optimizer=True``), so that an ``include`` that matches only
+            those can say so.
+        notes: checkpoint name -> how it got that name (e.g. ``"h5 'layers/dense/vars/0'"``),
+            shown beside its assignment.
+        findings: structure findings of this source (a Keras weights file whose layers differ
+            from the model's); they block a strict restore.
+        aligned: ``{checkpoint name: target}`` from structural alignment
+            (``Source(align="structure")``), used for names the rules put on no target.
+        order: checkpoint names in the order the checkpoint saved them, where it records one
+            (a TF2 object graph), else ``None``: evidence for structural alignment.
+
+    Raises:
+        OptionError: a field has the wrong type or the label is empty.
+
+    Example:
+        >>> s = SourceView("A", "<memory>", "", {"x": VariableInfo("x", (2,), "float32")})
+        >>> list(s.variables)
+        ['x']
+    """
+
+    label: str
+    path: str
+    note: str
+    variables: Mapping[str, VariableInfo]
+    rules: Rules = field(default_factory=Rules)
+    transforms: Tuple[Any, ...] = ()
+    cast: Optional[bool] = None
+    hidden: Tuple[str, ...] = ()
+    notes: Mapping[str, str] = field(default_factory=dict)
+    findings: Tuple[str, ...] = ()
+    aligned: Mapping[str, str] = field(default_factory=dict)
+    order: Optional[Tuple[str, ...]] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
+        object.__setattr__(self, "aligned", types.MappingProxyType(dict(self.aligned)))
+        object.__setattr__(self, "findings", tuple(self.findings))
+        if self.cast is not None and not isinstance(self.cast, bool):
+            raise OptionError(f"source {_q(self.label)}: cast must be True, False or None (the plan's "
+                              f"option); received {_received(self.cast)}.")
+        if not isinstance(self.label, str) or not self.label:
+            raise OptionError(f"a source label must be a non-empty str; received {_received(self.label)}.")
+        for name in ("path", "note"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(f"source {_q(self.label)}: {name} must be a str; received "
+                                  f"{_received(getattr(self, name))}.")
+        if not isinstance(self.variables, Mapping):
+            raise OptionError(f"source {_q(self.label)}: variables must be a dict of name -> "
+                              f"VariableInfo; received {_received(self.variables)}.")
+        if all(map(isinstance, self.variables, itertools.repeat(str))) and all(
+                map(isinstance, self.variables.values(), itertools.repeat(VariableInfo))):
+            bad = []  # (one pass at C speed: sources hold up to 100,000s of names)
+        else:
+            bad = [k for k, v in self.variables.items() if not isinstance(k, str) or not isinstance(v, VariableInfo)]
+        if bad:
+            raise OptionError(f"source {_q(self.label)}: variables must map names (str) to "
+                              f"VariableInfo; {len(bad)} entr{'y does' if len(bad) == 1 else 'ies do'} "
+                              f"not, e.g. {bad[0]!r} -> {_received(self.variables[bad[0]])}.")
+        if not isinstance(self.rules, Rules):
+            raise OptionError(f"source {_q(self.label)}: rules must be a Rules (build it with "
+                              f"Rules.from_options(...)); received {_received(self.rules)}.")
+        if isinstance(self.transforms, (str, bytes)) or not isinstance(self.transforms, Iterable):
+            raise OptionError(f"source {_q(self.label)}: transforms must be a list of transforms; "
+                              f"received {_received(self.transforms)}.")
+        transforms = tuple(self.transforms)
+        for t in transforms:
+            if not (callable(getattr(t, "applies_to", None)) and callable(getattr(t, "output_shape", None))):
+                raise OptionError(f"source {_q(self.label)}: {_received(t)} is not a value transform "
+                                  "(see ckptmerge.transforms: Slice, VocabRemap).")
+        object.__setattr__(self, "transforms", transforms)
+        if isinstance(self.hidden, (str, bytes)) or not all(isinstance(n, str) for n in self.hidden):
+            raise OptionError(f"source {_q(self.label)}: hidden must be a list of names; received "
+                              f"{_received(self.hidden)}.")
+        object.__setattr__(self, "hidden", tuple(sorted(self.hidden)))
+        if self.order is not None:
+            if isinstance(self.order, (str, bytes)) or not all(isinstance(n, str) for n in self.order):
+                raise OptionError(f"source {_q(self.label)}: order must be a list of names or None; "
+                                  f"received {_received(self.order)}.")
+            object.__setattr__(self, "order", tuple(self.order))
+        names = list(self.variables)
+        if all(map(operator.lt, names, names[1:])):  # usually sorted already: copy as it is
+            frozen = types.MappingProxyType(dict(self.variables))
+        else:
+            frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(names)})
+        object.__setattr__(self, "variables", frozen)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary: label, path, note, rules (options dict), n_variables, transforms."""
+        return {"label": self.label, "path": self.path, "note": self.note,
+                "rules": self.rules.to_dict(), "n_variables": len(self.variables),
+                "findings": list(self.findings),
+                "transforms": [t.to_dict() if hasattr(t, "to_dict") else repr(t)
+                               for t in self.transforms]}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision and finding of a restore, before anything is read.
+
+    Lists are sorted (targets and target-keyed findings by target name; per-source findings
+    in source order, then name); ``sources`` keep the order given (it decides
+    ``on_conflict='first'``/``'last'``).
+
+    Attributes:
+        targets: target specs, sorted by name.
+        sources: the :class:`SourceView` objects, in the order given.
+        assignments: target name -> :class:`Assignment`, sorted by target name.
+        missing: targets no source provides and no ``allow_missing`` glob allows (blocking).
+        allowed_missing: targets no source provides, allowed by ``allow_missing``.
+        unused: label -> checkpoint names no assignment took, the dropped ones included (never blocking).
+        dropped: label -> the unused names that the source's rules left out (never blocking).
+        mismatched: :class:`Mismatch` findings (blocking unless ``on_shape_mismatch='skip'``).
+        skipped: targets that have a provider but are left as they are (their mismatch).
+        conflicts: :class:`Conflict` findings (blocking when unresolved).
+        ambiguous: :class:`~ckptmerge.rules.Ambiguity` findings: names that regex rules
+            rename differently (blocking when unresolved; shown with the conflicts).
+        unmatched_rules: :class:`~ckptmerge.rules.UnmatchedRule` findings (explicit map
+            entries block even a non-strict restore, the others only a strict one).
+        structure: ``(source label, message)`` findings about names that do not line up: a
+            Keras weights file whose layers differ from the model's, a model root swap that
+            fits two targets (blocking a strict restore).
+        allow_missing, on_conflict, on_shape_mismatch, cast, model_root: the options used.
+
+    Example:
+        >>> from ckptmerge.planner import make_plan
+        >>> t = [VariableInfo("x", (2,), "float32")]
+        >>> plan = make_plan(t, [SourceView("A", "<memory>", "", {"x": t[0]})])
+        >>> plan.ok, list(plan.assignments)
+        (True, ['x'])
+    """
+
+    targets: List[VariableInfo]
+    sources: List[SourceView]
+    assignments: Dict[str, Assignment]
+    missing: List[str]
+    allowed_missing: List[str]
+    unused: Dict[str, List[str]]
+    dropped: Dict[str, List[str]]
+    mismatched: List[Mismatch]
+    skipped: List[str]
+    conflicts: List[Conflict]
+    ambiguous: List[Ambiguity]
+    unmatched_rules: List[UnmatchedRule]
+    allow_missing: Tuple[str, ...] = ()
+    on_conflict: str = "error"
+    on_shape_mismatch: str = "error"
+    cast: bool = False
+    structure: List[Tuple[str, str]] = field(default_factory=list)
+    model_root: Optional[str] = None
+    _binding: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def unresolved_conflicts(self) -> List[str]:
+        """Targets left alone because of an unresolved conflict (sorted)."""
+        return sorted(c.target for c in self.conflicts if c.blocking)
+
+    def blocking(self, strict: bool = True) -> List[str]:
+        """One fix-it line per finding that blocks a restore.
+
+        Args:
+            strict: ``True``: missing targets, mismatches (unless ``on_shape_mismatch='skip'``),
+                unresolved conflicts and ambiguities, and every unmatched rule block.
+                ``False``: only explicit map entries that match nothing (or name no target).
+
+        Returns:
+            The lines, in a stable order (empty when nothing blocks).
+
+        Example:
+            >>> from ckptmerge.planner import make_plan
+            >>> make_plan([VariableInfo("c/z", (), "int64")], []).blocking()
+            ["missing: target 'c/z' is provided by no source (map a checkpoint variable to it, or pass allow_missing=['c/z'])"]
+        """
+        if not strict:
+            return [u.message() for u in self.unmatched_rules if u.explicit]
+        lines = [f"missing: target {_q(t)} is provided by no source (map a checkpoint variable "
+                 f"to it, or pass allow_missing=[{_q(t)}])" for t in self.missing]
+        if self.on_shape_mismatch == "error":
+            lines += [m.message() for m in self.mismatched]
+        lines += [c.message() for c in self.conflicts if c.blocking]
+        lines += [a.message() for a in self.ambiguous if not a.resolved]
+        lines += [u.message() for u in self.unmatched_rules]
+        lines += [f"structure: source {_q(label)}: {text}" for label, text in self.structure]
+        return lines
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing blocks a strict restore."""
+        return not self.blocking(strict=True)
+
+    def check(self, strict: bool = True, *, action: str = "restore") -> "Plan":
+        """Raise one :class:`~ckptmerge.errors.PlanError` listing every blocking finding.
+
+        With ``strict=False``, the findings that are let through are logged as one warning.
+
+        Args:
+            strict: see :meth:`blocking`.
+            action: what the plan is checked for, ``"restore"`` or ``"write"`` (a merge), for the
+                wording of the message and the warning.
+
+        Returns:
+            ``self``, so ``plan.check().restore()`` reads naturally.
+
+        Raises:
+            PlanError: with ``e.plan`` set to this plan; the message gives the count, then
+                one line per finding (the first 20, then "... and N more").
+
+        Example:
+            >>> from ckptmerge.planner import make_plan
+            >>> make_plan([VariableInfo("x", (), "int64")], [], allow_missing=["x"]).check().ok
+            True
+        """
+        lines = self.blocking(strict=strict)
+        if not lines:
+            lenient = [] if strict else self.blocking(strict=True)
+            if lenient:
+                _log.warning("ckptmerge: %s with %d finding(s) not enforced (strict=False): %s",
+                             _ACTIONS[action][1], len(lenient),
+                             "; ".join(lenient[:3]) + (" ..." if len(lenient) > 3 else ""))
+            return self
+        n = len(lines)
+        head = (f"{n} blocking finding{'s' if n != 1 else ''} in the plan "
+                f"(strict={strict}):")
+        body = [f"  - {escape_name(line)}" for line in lines[:CHECK_LIMIT]]
+        if n > CHECK_LIMIT:
+            body.append(f"  ... and {n - CHECK_LIMIT} more (plan.report() or "
+                        "`ckptmerge plan --json` shows all)")
+        tail = []
+        if strict and len(self.blocking(strict=False)) < n:
+            tail.append(f"Pass strict=False to {_ACTIONS[action][0]}; then only explicit "
+                        "map entries that match nothing block.")
+        raise PlanError("\n".join([head, *body, *tail]), plan=self)
+
+    def report(self, *, limit: Optional[int] = 50) -> str:
+        """Plain-text report for people (see :func:`ckptmerge.report.render_plan`)."""
+        from .report import render_plan
+
+        return render_plan(self, limit=limit)
+
+    def _repr_html_(self) -> str:
+        from .notebook import plan_html
+
+        return plan_html(self)
+
+    def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> "Report":
+        """Restore the planned variables (see :mod:`ckptmerge.backends`).
+
+        Only plans made by :func:`ckptmerge.plan` (which attaches the live variables and
+        readers) can be restored.
+
+        Args:
+            session: graph mode: the ``tf.compat.v1.Session`` (default: the default session).
+            strict: raise :class:`~ckptmerge.PlanError` for any finding but ``unused``, before a
+                single variable changes; ``False`` restores what matches and logs a warning.
+            progress: optional ``progress(done_bytes, total_bytes)`` callback.
+
+        Returns:
+            The :class:`~ckptmerge.report.Report`: restored and skipped targets, timings.
+
+        Raises:
+            PlanError: see ``strict``.
+            RestoreError: a read failed; every target variable kept its value.
+
+        Example:
+            >>> report = cm.plan(model, [cm.Source("runs/A")]).restore()   # doctest: +SKIP
+        """
+        from .backends import run_plan
+
+        return run_plan(self, session=session, strict=strict, progress=progress)
+
+    def set_initializers(self, *, strict: bool = True) -> List[str]:
+        """Make each assigned variable's initializer read its value from the sources (graph mode).
+
+        As ``tf.compat.v1.train.init_from_checkpoint`` does: afterwards
+        ``tf.compat.v1.global_variables_initializer()``, a ``Scaffold``, a
+        ``MonitoredTrainingSession`` or an Estimator warm-start the variables with no call of
+        ours, and ``variable.initialized_value()`` holds the checkpoint value. TF tensor bundles
+        read as stored go through TF's own ``RestoreV2``; casts, transforms and other formats
+        through ckptmerge's reader, inside the initializer. Values are read when the initializer
+        runs, one variable at a time: unlike :meth:`restore`, this path is not atomic.
+
+        Args:
+            strict: as for :meth:`restore`; findings are checked now.
+
+        Returns:
+            The target names whose initializers now read from the sources, sorted.
+
+        Raises:
+            PlanError: see ``strict``.
+            CkptMergeError: not graph mode, or the graph is finalized.
+
+        Example:
+            >>> cm.plan(None, [cm.Source("runs/A")]).set_initializers()   # doctest: +SKIP
+            >>> with tf.compat.v1.train.MonitoredTrainingSession() as sess:   # doctest: +SKIP
+            ...     sess.run(train_op)
+        """
+        from .backends.graph import set_initializers
+
+        self.check(strict=strict, action="restore")
+        return set_initializers(self, self._binding)
+
+    def savers(self) -> Dict[str, Any]:
+        """One ``tf.compat.v1.train.Saver`` per checkpoint source, built once per plan (graph mode).
+
+        Each is built from a ``{checkpoint_key: variable}`` dict of that source's assignments
+        (a list of parts for a partitioned variable), the canonical TF way; call
+        ``saver.restore(sess, path)`` yourself when you want TF's own I/O. :meth:`restore` is
+        faster and atomic across sources (see the README), so it does not use them.
+
+        Returns:
+            ``{source label: Saver}``; the same objects on every call (no new ops).
+
+        Raises:
+            CkptMergeError: not graph mode, or an assignment needs a cast or transform (a Saver
+                cannot convert values) or comes from memory.
+
+        Example:
+            >>> for label, saver in plan.savers().items():          # doctest: +SKIP
+            ...     saver.restore(sess, {s.label: s.path for s in plan.sources}[label])
+        """
+        from .backends.graph import build_savers
+
+        return build_savers(self, self._binding)
+
+    def with_binding(self, binding: Any) -> "Plan":
+        """A copy of this plan with live readers/variables attached (used by the restore layer)."""
+        return dataclasses.replace(self, _binding=binding)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (shapes as lists, everything sorted as in the plan).
+
+        Schema::
+
+            {"ok": bool, "blocking": [str], "blocking_non_strict": [str],
+             "options": {"allow_missing": [glob], "on_conflict": str,
+                         "on_shape_mismatch": str, "cast": bool},
+             "targets": [VariableInfo.to_dict()],
+             "sources": [{"label", "path", "note", "rules": {...}, "n_variables"}],
+             "assignments": {target: {"target", "source", "name", "key", "dtype", "shape",
+                                      "target_dtype", "target_shape", "cast", "rule", "nbytes"}},
+             "missing": [str], "allowed_missing": [str], "skipped": [str],
+             "unused": {label: [str]}, "dropped": {label: [str]},
+             "mismatched": [Mismatch.to_dict()], "conflicts": [Conflict.to_dict()],
+             "ambiguous": [Ambiguity.to_dict()], "unmatched_rules": [UnmatchedRule.to_dict()],
+             "structure": [{"source", "message"}]}
+
+        Example:
+            >>> from ckptmerge.planner import make_plan
+            >>> import json
+            >>> json.loads(json.dumps(make_plan([], []).to_dict()))["ok"]
+            True
+        """
+        blocking = self.blocking(strict=True)
+        return {
+            "ok": not blocking,
+            "blocking": blocking,
+            "blocking_non_strict": self.blocking(strict=False),
+            "options": {"allow_missing": list(self.allow_missing), "on_conflict": self.on_conflict,
+                        "on_shape_mismatch": self.on_shape_mismatch, "cast": self.cast},
+            "targets": [t.to_dict() for t in self.targets],
+            "sources": [s.to_dict() for s in self.sources],
+            "assignments": {k: a.to_dict() for k, a in self.assignments.items()},
+            "missing": list(self.missing),
+            "allowed_missing": list(self.allowed_missing),
+            "skipped": list(self.skipped),
+            "unused": {k: list(v) for k, v in self.unused.items()},
+            "dropped": {k: list(v) for k, v in self.dropped.items()},
+            "mismatched": [m.to_dict() for m in self.mismatched],
+            "conflicts": [c.to_dict() for c in self.conflicts],
+            "ambiguous": [a.to_dict() for a in self.ambiguous],
+            "unmatched_rules": [u.to_dict() for u in self.unmatched_rules],
+            "structure": [{"source": label, "message": text} for label, text in self.structure],
+        }
