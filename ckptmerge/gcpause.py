@@ -6,16 +6,22 @@ The cyclic collector still runs every 700 new container objects and, every few o
 walks every object alive, so it would spend more time looking for cycles than the plan spends
 working (measured: a plan of 100,000 targets takes about twice as long with it running).
 Reference counting still frees everything as usual meanwhile; only the search for cycles waits
-until the block ends (the collector's state is restored exactly, and nesting is fine).
+until the block ends. Blocks nest and overlap across threads: the collector is switched off by
+the first block to enter and back on (if it was on then) by the last one to leave.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 from typing import Iterator
 
 __all__ = ["paused_gc"]
+
+_lock = threading.Lock()
+_depth = 0  # blocks inside paused_gc now, in every thread
+_was_enabled = False  # the collector's state when the outermost block entered
 
 
 @contextlib.contextmanager
@@ -26,10 +32,16 @@ def paused_gc() -> Iterator[None]:
         >>> with paused_gc():
         ...     rows = [(i, str(i)) for i in range(100_000)]
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    global _depth, _was_enabled
+    with _lock:
+        if _depth == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _depth += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _was_enabled:
+                gc.enable()

@@ -797,3 +797,41 @@ def test_planning_leaves_the_garbage_collector_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_overlapping_pauses_in_two_threads_leave_the_collector_on_until_the_last_ends():
+    # Thread A enters, thread B enters, A leaves while B still builds: the collector stays off
+    # until B leaves, then is on again (as it was before A entered).
+    import gc
+    import threading
+
+    from ckptmerge.gcpause import paused_gc
+
+    was = gc.isenabled()
+    gc.enable()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with paused_gc():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with paused_gc():
+            b_in.set()
+            a_out.wait(5)
+            seen["inside B after A left"] = gc.isenabled()
+
+    try:
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert seen == {"inside B after A left": False}
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
