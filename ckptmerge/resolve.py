@@ -32,31 +32,31 @@ from .errors import (
 )
 from .formats.storage import is_url
 from .resolve_files import (
+    DATA_RE,
     FORMAT_KERAS_H5,
     FORMAT_NUMPY,
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
+    INDEX,
+    NOT_V1_SUFFIXES,
     STATE_FILE,
-    _DATA_RE,
-    _INDEX,
-    _NOT_V1,
     PathArg,
-    _data_files_by_base,
-    _display,
-    _index_exists,
-    _is_h5_name,
-    _is_hdf5,
-    _not_found,
-    _prefix_exists,
-    _shown,
-    _size_of,
-    _step_of,
-    _v1_files,
-    _v1_format,
-    _v1_pattern_exists,
-    _v1_pattern_of,
-    _v1_shard,
+    data_files_by_base,
+    display_path,
+    index_exists,
+    is_h5_name,
+    is_hdf5,
+    not_found_error,
+    prefix_exists,
+    shown_path,
+    size_of,
+    step_of,
+    v1_files,
+    v1_format,
+    v1_pattern_exists,
+    v1_pattern_of,
+    v1_shard,
 )
 from .resolve_state import CheckpointState, _read_state, read_state_file
 from .text import escape_name, quote_name
@@ -148,16 +148,16 @@ def _scan(directory: str) -> List[_Candidate]:
         return []
     for name in names:
         full = os.path.join(abs_dir, name)
-        if name.endswith(_INDEX) and len(name) > len(_INDEX) and os.path.isfile(full):
-            prefix = full[: -len(_INDEX)]
-            out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, _step_of(prefix)))
-        elif _is_h5_name(name) and os.path.isfile(full):
-            out.append(_Candidate(full, FORMAT_KERAS_H5, _step_of(full)))
-        elif not name.startswith(".") and name != STATE_FILE and not name.endswith(_NOT_V1) \
-                and _DATA_RE.search(name) is None:
-            v1 = _v1_format(full)
+        if name.endswith(INDEX) and len(name) > len(INDEX) and os.path.isfile(full):
+            prefix = full[: -len(INDEX)]
+            out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, step_of(prefix)))
+        elif is_h5_name(name) and os.path.isfile(full):
+            out.append(_Candidate(full, FORMAT_KERAS_H5, step_of(full)))
+        elif not name.startswith(".") and name != STATE_FILE and not name.endswith(NOT_V1_SUFFIXES) \
+                and DATA_RE.search(name) is None:
+            v1 = v1_format(full)
             if v1 is not None and all(c.prefix != v1 for c in out):
-                out.append(_Candidate(v1, FORMAT_TF_V1, _step_of(v1)))
+                out.append(_Candidate(v1, FORMAT_TF_V1, step_of(v1)))
     return out
 
 
@@ -177,13 +177,13 @@ def _candidates_with_state(directory: str, state: Optional[CheckpointState]) -> 
         if state.model_checkpoint_path:
             paths.append(state.model_checkpoint_path)
         for p in paths:
-            if _index_exists(p):
-                found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, _step_of(p)))
-            elif os.path.isfile(p) and _is_h5_name(p):
-                found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, _step_of(p)))
-            elif _v1_format(p) is not None:
-                v1 = _v1_format(p) or p
-                found.setdefault(v1, _Candidate(v1, FORMAT_TF_V1, _step_of(v1)))
+            if index_exists(p):
+                found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, step_of(p)))
+            elif os.path.isfile(p) and is_h5_name(p):
+                found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, step_of(p)))
+            elif v1_format(p) is not None:
+                v1 = v1_format(p) or p
+                found.setdefault(v1, _Candidate(v1, FORMAT_TF_V1, step_of(v1)))
             else:
                 logger.debug("state file lists %s but it does not exist", p)
     for c in _scan(directory):
@@ -234,7 +234,7 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
             f"{escape_name(parent)}' lists the checkpoints of its directory; 'ckptmerge ls {escape_name(given)}' "
             "shows this one.")
     if not os.path.exists(given):
-        raise _not_found(given)
+        raise not_found_error(given)
     if not os.path.isdir(given):
         raise ArgumentError(
             f"{quote_name(given)} is not a directory. Pass the directory holding the checkpoints; "
@@ -243,21 +243,21 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     state = _read_state(given, given)
     cands = _candidates_with_state(given, state)
     sm = _saved_model_prefix(given)
-    if sm is not None and _index_exists(sm) and all(c.prefix != sm for c in cands):
+    if sm is not None and index_exists(sm) and all(c.prefix != sm for c in cands):
         cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
     latest = state.model_checkpoint_path if state is not None else None
     infos = []
     shards: Dict[str, Dict[str, List[str]]] = {}  # directory -> its data files by base: one listing each
     for c in sorted(cands, key=_sort_key):
         ts = state.timestamp_of(c.prefix) if state is not None else None
-        stat_path = {FORMAT_KERAS_H5: c.prefix, FORMAT_TF_V1: _v1_files(c.prefix)[0]}.get(
-            c.format, c.prefix + _INDEX)
+        stat_path = {FORMAT_KERAS_H5: c.prefix, FORMAT_TF_V1: v1_files(c.prefix)[0]}.get(
+            c.format, c.prefix + INDEX)
         directory, base = os.path.split(c.prefix)
         if directory not in shards:
-            shards[directory] = _data_files_by_base(directory)
+            shards[directory] = data_files_by_base(directory)
         try:
             t = ts if ts is not None else os.path.getmtime(stat_path)
-            size = _size_of(c.prefix, c.format, shards[directory].get(base, []))
+            size = size_of(c.prefix, c.format, shards[directory].get(base, []))
         except OSError:  # deleted while we looked
             continue
         infos.append(CheckpointInfo(
@@ -275,14 +275,14 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     fmt = _array_file_format(abs_path)
     if fmt:
         return ResolvedCheckpoint(abs_path, fmt, None, note or f"{fmt} file {given}")
-    if _is_h5_name(abs_path) or _is_hdf5(abs_path):
-        return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
+    if is_h5_name(abs_path) or is_hdf5(abs_path):
+        return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")
     if abs_path.endswith(".keras"):
         from .formats.h5 import is_keras_archive
 
         if is_keras_archive(abs_path):  # its weights are read in place, named from config.json
-            return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, _step_of(abs_path),
+            return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
                                       note or f"Keras model archive {given}")
         raise CheckpointFormatError(
             f"{quote_name(given)} is not a Keras '.keras' model archive: it is not a zip file holding "
@@ -290,14 +290,14 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
             "save the model again with model.save('model.keras').",
             path=given,
         )
-    v1 = _v1_format(abs_path)
+    v1 = v1_format(abs_path)
     if v1 is not None:
         if v1 != abs_path:
             note = note or f"all shards of V1 checkpoint {given}"
-        return ResolvedCheckpoint(v1, FORMAT_TF_V1, _step_of(v1), note or f"V1 checkpoint {given}")
+        return ResolvedCheckpoint(v1, FORMAT_TF_V1, step_of(v1), note or f"V1 checkpoint {given}")
     hint = ""
     for ext in (".meta", ".pb", ".pbtxt", ".json"):
-        if abs_path.endswith(ext) and _prefix_exists(abs_path[: -len(ext)]):
+        if abs_path.endswith(ext) and prefix_exists(abs_path[: -len(ext)]):
             hint = f" Did you mean the checkpoint prefix {quote_name(given[: -len(ext)])}?"
             break
     raise CheckpointFormatError(
@@ -310,7 +310,7 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
 
 
 def _from_prefix(given: str, abs_prefix: str, note: str) -> ResolvedCheckpoint:
-    return ResolvedCheckpoint(abs_prefix, FORMAT_TF_BUNDLE, _step_of(abs_prefix), note)
+    return ResolvedCheckpoint(abs_prefix, FORMAT_TF_BUNDLE, step_of(abs_prefix), note)
 
 
 def _array_file_format(path: str) -> str:
@@ -342,20 +342,20 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
                       recorded: str, what: str) -> Tuple[str, str, str]:
     """Check that a checkpoint named by the state file exists; return (prefix, format,
     relocation note)."""
-    shown_state = _display(given_dir, STATE_FILE)
+    shown_state = display_path(given_dir, STATE_FILE)
     located = prefix
     fmt = ""
-    if _index_exists(prefix):
+    if index_exists(prefix):
         fmt = FORMAT_TF_BUNDLE
-    elif os.path.isfile(prefix) and (_is_h5_name(prefix) or _is_hdf5(prefix)):
+    elif os.path.isfile(prefix) and (is_h5_name(prefix) or is_hdf5(prefix)):
         fmt = FORMAT_KERAS_H5
-    elif _v1_format(prefix) is not None or _v1_shard(prefix):
-        prefix, fmt = _v1_format(prefix) or _v1_pattern_of(_v1_shard(prefix) or ""), FORMAT_TF_V1
+    elif v1_format(prefix) is not None or v1_shard(prefix):
+        prefix, fmt = v1_format(prefix) or v1_pattern_of(v1_shard(prefix) or ""), FORMAT_TF_V1
     if not fmt:
-        shown_index = _shown(prefix, abs_dir, given_dir) + _INDEX
+        shown_index = shown_path(prefix, abs_dir, given_dir) + INDEX
         also = ""
         if os.path.isabs(recorded):
-            local = _display(given_dir, os.path.basename(recorded.rstrip("/\\"))) + _INDEX
+            local = display_path(given_dir, os.path.basename(recorded.rstrip("/\\"))) + INDEX
             if local != shown_index:
                 also = f" (nor does {quote_name(local)})"
         others = [c for c in _candidates_with_state(given_dir, state)]
@@ -376,10 +376,10 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     abs_dir = os.path.abspath(given)
     sm = _saved_model_prefix(given)
     if sm is not None:
-        if not _index_exists(sm):
+        if not index_exists(sm):
             raise CheckpointNotFoundError(
                 f"{quote_name(given)} is a SavedModel directory without variables: "
-                f"{quote_name(_display(given, os.path.join('variables', 'variables.index')))} does not exist "
+                f"{quote_name(display_path(given, os.path.join('variables', 'variables.index')))} does not exist "
                 "(a model without variables, or an incomplete copy).",
                 path=given,
             )
@@ -392,7 +392,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         return ResolvedCheckpoint(sm, FORMAT_TF_BUNDLE, None, f"variables of SavedModel {given}")
 
     state = _read_state(given, given)
-    shown_state = _display(given, STATE_FILE)
+    shown_state = display_path(given, STATE_FILE)
 
     if step is not None:
         cands = _candidates_with_state(given, state)
@@ -404,7 +404,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
                 path=given,
             )
         if len(matching) > 1:
-            shown = [_shown(c.prefix, abs_dir, given) for c in matching]
+            shown = [shown_path(c.prefix, abs_dir, given) for c in matching]
             raise ArgumentError(
                 f"several checkpoints of step {step} in {escape_name(given)}: {format_list(shown)}. Pass "
                 "the one you mean as a prefix instead of the directory."
@@ -417,7 +417,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         prefix, fmt, reloc = _resolve_recorded(given, abs_dir, state, prefix,
                                        state.recorded_model_checkpoint_path or "",
                                        "latest checkpoint")
-        s = _step_of(prefix)
+        s = step_of(prefix)
         detail = f"step {s}" if s is not None else os.path.basename(prefix)
         return ResolvedCheckpoint(prefix, fmt, s,
                                   f"latest checkpoint per {shown_state} ({detail}{reloc})")
@@ -435,7 +435,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
                                   f"only checkpoint in {given} ({why})")
     if len(pool) > 1:
         stepped = [c for c in pool if c.step is not None]
-        shown = [_shown(c.prefix, abs_dir, given) for c in sorted(pool, key=_sort_key)]
+        shown = [shown_path(c.prefix, abs_dir, given) for c in sorted(pool, key=_sort_key)]
         if stepped:
             top = max(c.step for c in stepped)
             best = [c for c in stepped if c.step == top]
@@ -462,7 +462,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         subdirs = sorted(n for n in os.listdir(given) if os.path.isdir(os.path.join(given, n)))
     except OSError:
         subdirs = []
-    holding = [_display(given, n) for n in subdirs
+    holding = [display_path(given, n) for n in subdirs
                if _scan(os.path.join(given, n)) or os.path.isfile(os.path.join(given, n, STATE_FILE))
                or _saved_model_prefix(os.path.join(given, n))]
     if holding:
@@ -516,21 +516,21 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
     abs_path = os.path.abspath(given)
     resolved: Optional[ResolvedCheckpoint] = None
 
-    if given.endswith(_INDEX) and os.path.isfile(abs_path):
-        prefix = abs_path[: -len(_INDEX)]
+    if given.endswith(INDEX) and os.path.isfile(abs_path):
+        prefix = abs_path[: -len(INDEX)]
         resolved = _from_prefix(given, prefix, f"prefix of {given}")
-    elif _DATA_RE.search(given) and os.path.isfile(abs_path):
-        m = _DATA_RE.search(abs_path)
+    elif DATA_RE.search(given) and os.path.isfile(abs_path):
+        m = DATA_RE.search(abs_path)
         prefix = abs_path[: m.start()]
-        shown_prefix = given[: _DATA_RE.search(given).start()]
-        if not _index_exists(prefix):
+        shown_prefix = given[: DATA_RE.search(given).start()]
+        if not index_exists(prefix):
             raise CheckpointNotFoundError(
-                f"{quote_name(given)} is a data shard, but its index file {quote_name(shown_prefix + _INDEX)} does not "
+                f"{quote_name(given)} is a data shard, but its index file {quote_name(shown_prefix + INDEX)} does not "
                 "exist, so the checkpoint is incomplete (deleted, or still being written?).",
                 path=given,
             )
         resolved = _from_prefix(given, prefix, f"prefix of {given}")
-    elif _index_exists(abs_path):
+    elif index_exists(abs_path):
         resolved = _from_prefix(given, abs_path, f"checkpoint prefix {given}")
     elif os.path.isdir(abs_path):
         return _resolve_dir(given, step)
@@ -539,14 +539,14 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         return _resolve_dir(os.path.dirname(given) or ".", step)
     elif os.path.isfile(abs_path):
         resolved = _resolve_file(given, abs_path, "")
-    elif _v1_pattern_exists(abs_path):
-        resolved = ResolvedCheckpoint(abs_path, FORMAT_TF_V1, _step_of(abs_path), f"V1 checkpoint {given}")
-    elif _v1_shard(abs_path):
-        pattern = _v1_pattern_of(_v1_shard(abs_path) or "")
-        resolved = ResolvedCheckpoint(pattern, FORMAT_TF_V1, _step_of(pattern),
+    elif v1_pattern_exists(abs_path):
+        resolved = ResolvedCheckpoint(abs_path, FORMAT_TF_V1, step_of(abs_path), f"V1 checkpoint {given}")
+    elif v1_shard(abs_path):
+        pattern = v1_pattern_of(v1_shard(abs_path) or "")
+        resolved = ResolvedCheckpoint(pattern, FORMAT_TF_V1, step_of(pattern),
                                       f"all shards of V1 checkpoint {given}")
     else:
-        raise _not_found(given)
+        raise not_found_error(given)
 
     if step is not None and resolved.step != step:
         has = f"is step {resolved.step}" if resolved.step is not None else "has no step in its name"

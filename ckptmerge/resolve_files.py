@@ -4,7 +4,9 @@ The low layer of :mod:`ckptmerge.resolve`: the checkpoint formats it names, the 
 V2 bundle (``prefix.index`` and its ``.data-*`` shards) and of V1 sets, Keras ``.h5`` names,
 telling an HDF5 or LevelDB-table file from its first and last bytes, checkpoint sizes, and the
 message that says why a path is not a checkpoint (what is there instead, or the closest name).
-Nothing here reads tensors; nothing here imports TensorFlow.
+Nothing here reads tensors; nothing here imports TensorFlow. Its names without a leading
+underscore are shared with :mod:`ckptmerge.resolve` and :mod:`ckptmerge.resolve_state` (they are
+not part of the package's API, which :mod:`ckptmerge` re-exports).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ FORMAT_NUMPY = "numpy"
 FORMAT_TF_V1 = "tf-v1"
 
 STATE_FILE = "checkpoint"
-_INDEX = ".index"
-_DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+INDEX = ".index"
+DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 _STEP_RE = re.compile(r"-(\d+)$")
 _H5_SUFFIXES = (".weights.h5", ".h5", ".hdf5")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -42,7 +44,7 @@ _TABLE_MAGIC = bytes.fromhex("57fb808b247547db")
 _TABLE_FOOTER_LEN = 48
 
 
-def _step_of(prefix: str) -> Optional[int]:
+def step_of(prefix: str) -> Optional[int]:
     """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
     base = os.path.basename(prefix.rstrip(os.sep))
     base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
@@ -54,7 +56,8 @@ def _step_of(prefix: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-def _is_h5_name(path: str) -> bool:
+def is_h5_name(path: str) -> bool:
+    """True if ``path`` ends like a Keras HDF5 file (``.h5``, ``.hdf5``, ``.keras``, ...)."""
     return path.endswith(_H5_SUFFIXES)
 
 
@@ -68,7 +71,8 @@ def _read_head_tail(path: str, n: int) -> Tuple[bytes, bytes, int]:
     return head, tail, size
 
 
-def _is_hdf5(path: str) -> bool:
+def is_hdf5(path: str) -> bool:
+    """True if ``path`` holds the HDF5 signature where a superblock may start; False if unreadable."""
     try:
         with open(path, "rb") as f:
             # The superblock may sit at 0, 512, 1024, 2048, ... (after a user block).
@@ -90,43 +94,43 @@ def _is_table(path: str) -> bool:
     return size >= _TABLE_FOOTER_LEN and tail == _TABLE_MAGIC
 
 
-_V1_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}$")
+V1_SHARD_RE = re.compile(r"-\d{5}-of-\d{5}$")
 _V1_SET_RE = re.compile(r"-(?:\d{5}|\?{5})-of-\d{5}$")  # a shard or the pattern of the set
 # Files that are never a V1 checkpoint, so directory scans need not open them.
-_NOT_V1 = (_INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hdf5", ".keras",
-           ".safetensors", ".npz", ".npy")
+NOT_V1_SUFFIXES = (INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5", ".hdf5", ".keras",
+                   ".safetensors", ".npz", ".npy")
 
 
-def _v1_pattern_of(shard: str) -> str:
+def v1_pattern_of(shard: str) -> str:
     """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
     from .formats.v1 import v1_pattern
 
     return v1_pattern(shard) or shard
 
 
-def _v1_files(prefix: str) -> List[str]:
+def v1_files(prefix: str) -> List[str]:
     """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
     from .formats.v1 import v1_shard_files
 
     return v1_shard_files(prefix)
 
 
-def _v1_pattern_exists(pattern: str) -> bool:
+def v1_pattern_exists(pattern: str) -> bool:
     """True if ``pattern`` is ``prefix-?????-of-NNNNN`` and its first shard is a table file."""
-    files = _v1_files(pattern)
+    files = v1_files(pattern)
     return bool(files) and files[0] != pattern and _is_table(files[0])
 
 
-def _v1_format(path: str) -> Optional[str]:
+def v1_format(path: str) -> Optional[str]:
     """The V1 checkpoint ``path`` names, as ckptmerge opens it (a file, or a set's pattern)."""
-    if _v1_pattern_exists(path):
+    if v1_pattern_exists(path):
         return path
-    if os.path.isfile(path) and not path.endswith(_INDEX) and _is_table(path):
-        return _v1_pattern_of(path) if _V1_SHARD_RE.search(path) else path
+    if os.path.isfile(path) and not path.endswith(INDEX) and _is_table(path):
+        return v1_pattern_of(path) if V1_SHARD_RE.search(path) else path
     return None
 
 
-def _v1_shard(prefix: str) -> Optional[str]:
+def v1_shard(prefix: str) -> Optional[str]:
     """A V1 sharded checkpoint file of ``prefix`` (``prefix-00000-of-00002``), if one exists."""
     directory, base = os.path.split(prefix)
     try:
@@ -134,23 +138,24 @@ def _v1_shard(prefix: str) -> Optional[str]:
     except OSError:
         return None
     for name in names:
-        if name.startswith(base) and _V1_SHARD_RE.fullmatch(name[len(base):]):
+        if name.startswith(base) and V1_SHARD_RE.fullmatch(name[len(base):]):
             full = os.path.join(directory, name)
             if _is_table(full):
                 return full
     return None
 
 
-def _index_exists(prefix: str) -> bool:
-    return os.path.isfile(prefix + _INDEX)
+def index_exists(prefix: str) -> bool:
+    """True if ``prefix.index`` is a file (a V2 bundle's index)."""
+    return os.path.isfile(prefix + INDEX)
 
 
-def _prefix_exists(prefix: str) -> bool:
+def prefix_exists(prefix: str) -> bool:
     """A V2 prefix (``.index`` exists), a single-file checkpoint (V1 or ``.h5``) or a V1 set."""
-    return _index_exists(prefix) or os.path.isfile(prefix) or _v1_pattern_exists(prefix)
+    return index_exists(prefix) or os.path.isfile(prefix) or v1_pattern_exists(prefix)
 
 
-def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
+def data_files_by_base(directory: str) -> Dict[str, List[str]]:
     """Every ``BASE.data-NNNNN-of-NNNNN`` file of a directory, by ``BASE``, each list sorted:
     one listing serves every checkpoint there."""
     try:
@@ -159,7 +164,7 @@ def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
         return {}
     out: Dict[str, List[str]] = {}
     for name in names:
-        m = _DATA_RE.search(name)
+        m = DATA_RE.search(name)
         if m is not None:
             out.setdefault(name[:m.start()], []).append(os.path.join(directory, name))
     return out
@@ -168,28 +173,28 @@ def _data_files_by_base(directory: str) -> Dict[str, List[str]]:
 def _data_files(prefix: str) -> List[str]:
     """The ``prefix.data-NNNNN-of-NNNNN`` files that exist, sorted."""
     directory, base = os.path.split(prefix)
-    return _data_files_by_base(directory).get(base, [])
+    return data_files_by_base(directory).get(base, [])
 
 
-def _size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
+def size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
     """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
     (``data_files`` when the caller listed the directory already)."""
     if fmt == FORMAT_KERAS_H5:
         return os.path.getsize(prefix)
     if fmt == FORMAT_TF_V1:
-        return sum(os.path.getsize(f) for f in _v1_files(prefix))
-    total = os.path.getsize(prefix + _INDEX)
+        return sum(os.path.getsize(f) for f in v1_files(prefix))
+    total = os.path.getsize(prefix + INDEX)
     for f in _data_files(prefix) if data_files is None else data_files:
         total += os.path.getsize(f)
     return total
 
 
-def _display(given_dir: str, name: str) -> str:
+def display_path(given_dir: str, name: str) -> str:
     """A path to show in messages: joined to the directory as the user gave it."""
     return os.path.join(given_dir, name)
 
 
-def _shown(abs_path: str, abs_dir: str, given_dir: str) -> str:
+def shown_path(abs_path: str, abs_dir: str, given_dir: str) -> str:
     """Show ``abs_path`` relative to the directory the user gave when it lies inside it."""
     try:
         rel = os.path.relpath(abs_path, abs_dir)
@@ -197,7 +202,7 @@ def _shown(abs_path: str, abs_dir: str, given_dir: str) -> str:
         return abs_path
     if rel.startswith(os.pardir):
         return abs_path
-    return _display(given_dir, rel)
+    return display_path(given_dir, rel)
 
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
@@ -228,10 +233,11 @@ def _not_a_file(path: str) -> Optional[str]:
     return None
 
 
-def _not_found(given: str) -> CheckpointNotFoundError:
+def not_found_error(given: str) -> CheckpointNotFoundError:
+    """The error for a path that is no checkpoint: what is there instead, or the closest name."""
     # Something that is not a regular file where the checkpoint should be: say what it is (a
     # directory named 'x.index', a FIFO, a dangling link) rather than "does not exist".
-    for path in (given + _INDEX, given):
+    for path in (given + INDEX, given):
         kind = _not_a_file(path)
         if kind is not None:
             what = "" if path == given else f" cannot be read: {quote_name(path)}"
@@ -259,9 +265,9 @@ def _not_found(given: str) -> CheckpointNotFoundError:
         if name.startswith("."):  # hidden files, e.g. a writer's temporary files
             continue
         siblings.append(name)
-        if name.endswith(_INDEX):
-            siblings.append(name[: -len(_INDEX)])
-        m = _DATA_RE.search(name)
+        if name.endswith(INDEX):
+            siblings.append(name[: -len(INDEX)])
+        m = DATA_RE.search(name)
         if m:
             siblings.append(name[: m.start()])
     base = os.path.basename(given.rstrip("/\\"))
@@ -275,6 +281,6 @@ def _not_found(given: str) -> CheckpointNotFoundError:
     listing = f" Run 'ckptmerge checkpoints {escape_name(shown_parent or '.')}' to list the checkpoints there."
     return CheckpointNotFoundError(
         f"Checkpoint path {quote_name(given)} does not exist (no such file or directory, and no "
-        f"{quote_name(given + _INDEX)}).{hint}{listing}",
+        f"{quote_name(given + INDEX)}).{hint}{listing}",
         path=given,
     )

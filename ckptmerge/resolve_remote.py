@@ -31,9 +31,9 @@ from .resolve_files import (
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
-    _V1_SHARD_RE,
-    _step_of,
-    _v1_pattern_of,
+    V1_SHARD_RE,
+    step_of,
+    v1_pattern_of,
 )
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
@@ -123,10 +123,10 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}
     prefixes = sorted(n[: -len(_INDEX)] for n in names if n.endswith(_INDEX) and len(n) > len(_INDEX))
-    steps = sorted({s for s in map(_step_of, prefixes) if s is not None})
+    steps = sorted({s for s in map(step_of, prefixes) if s is not None})
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
-        match = [p for p in prefixes if _step_of(p) == step]
+        match = [p for p in prefixes if step_of(p) == step]
         if len(match) != 1:
             raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {given}; steps there: {shown_steps}. Run 'ckptmerge checkpoints "
@@ -144,15 +144,15 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
                 f"'{join(url, _STATE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{_INDEX}' "
                 f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
                 path=given)
-        s = _step_of(latest)
+        s = step_of(latest)
         return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
                                   f"latest checkpoint per {join(given.rstrip('/'), _STATE)} "
                                   f"({'step ' + str(s) if s is not None else latest})")
     if len(prefixes) == 1:
-        return ResolvedCheckpoint(join(url, prefixes[0]), FORMAT_TF_BUNDLE, _step_of(prefixes[0]),
+        return ResolvedCheckpoint(join(url, prefixes[0]), FORMAT_TF_BUNDLE, step_of(prefixes[0]),
                                   f"only checkpoint in {given} (no 'checkpoint' state file)")
     if steps:
-        top = [p for p in prefixes if _step_of(p) == steps[-1]]
+        top = [p for p in prefixes if step_of(p) == steps[-1]]
         if len(top) == 1:
             return ResolvedCheckpoint(join(url, top[0]), FORMAT_TF_BUNDLE, steps[-1],
                                       f"no 'checkpoint' state file in {given}; took the highest step {steps[-1]} "
@@ -173,11 +173,11 @@ def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # 
     from .resolve import ResolvedCheckpoint
 
     if remote_exists(url + _INDEX):
-        return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, _step_of(url), f"checkpoint prefix {given}")
+        return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
     if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
         return _resolve_file(given, url)
     if V1_PATTERN_RE.search(url) and remote_exists(v1_shard_files(url)[0]):
-        return ResolvedCheckpoint(url, FORMAT_TF_V1, _step_of(url), f"V1 checkpoint {given}")
+        return ResolvedCheckpoint(url, FORMAT_TF_V1, step_of(url), f"V1 checkpoint {given}")
     return None
 
 
@@ -195,14 +195,14 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
     if lower.endswith(".npz") or (not lower.endswith(_KERAS_NAMES) and is_npz(url)):
         return ResolvedCheckpoint(url, FORMAT_NUMPY, None, f"NumPy archive {given}")
     if lower.endswith(_KERAS_NAMES[:2]) or is_hdf5(url):
-        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, _step_of(url), f"Keras HDF5 weights file {given}")
+        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, step_of(url), f"Keras HDF5 weights file {given}")
     if lower.endswith(".keras") and is_keras_archive(url):
-        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, _step_of(url), f"Keras model archive {given}")
+        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, step_of(url), f"Keras model archive {given}")
     if is_leveldb_table(url):
-        if _V1_SHARD_RE.search(url):  # one shard means its whole set, as for a local path
-            pattern = _v1_pattern_of(url)
-            return ResolvedCheckpoint(pattern, FORMAT_TF_V1, _step_of(pattern), f"all shards of V1 checkpoint {given}")
-        return ResolvedCheckpoint(url, FORMAT_TF_V1, _step_of(url), f"V1 checkpoint {given}")
+        if V1_SHARD_RE.search(url):  # one shard means its whole set, as for a local path
+            pattern = v1_pattern_of(url)
+            return ResolvedCheckpoint(pattern, FORMAT_TF_V1, step_of(pattern), f"all shards of V1 checkpoint {given}")
+        return ResolvedCheckpoint(url, FORMAT_TF_V1, step_of(url), f"V1 checkpoint {given}")
     raise CheckpointFormatError(
         f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint prefix (with a "
         "'.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a Keras '.h5'/'.keras' "
@@ -243,5 +243,5 @@ def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - r
             continue
         prefix = n[: -len(_INDEX)]
         size = e["size"] + data.get(prefix, 0)
-        out.append(CheckpointInfo(join(url, prefix), _step_of(prefix), e["mtime"] or 0.0, size, prefix == latest))
+        out.append(CheckpointInfo(join(url, prefix), step_of(prefix), e["mtime"] or 0.0, size, prefix == latest))
     return sorted(out, key=lambda c: (c.step is None, c.step or 0, c.path))

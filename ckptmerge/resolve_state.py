@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 
 from .args import check_path
 from .errors import CheckpointFormatError
-from .resolve_files import STATE_FILE, PathArg, _display, _not_found, _prefix_exists
+from .resolve_files import STATE_FILE, PathArg, display_path, not_found_error, prefix_exists
 from .text import quote_name
 
 logger = logging.getLogger(__name__)
@@ -168,11 +168,11 @@ def _locate(recorded: str, abs_dir: str) -> str:
     """Resolve a recorded checkpoint path against the state file's directory."""
     if not os.path.isabs(recorded):
         return os.path.normpath(os.path.join(abs_dir, recorded))
-    if _prefix_exists(recorded):
+    if prefix_exists(recorded):
         return os.path.normpath(recorded)
     # An absolute path from another machine (or a moved directory): try the base name here.
     local = os.path.join(abs_dir, os.path.basename(recorded.rstrip("/\\")))
-    if _prefix_exists(local):
+    if prefix_exists(local):
         logger.info("state file path %s does not exist; using %s", recorded, local)
         return os.path.normpath(local)
     return os.path.normpath(recorded)
@@ -182,7 +182,7 @@ def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
     state_path = os.path.join(directory, STATE_FILE)
     if not os.path.isfile(state_path):
         return None
-    shown_path = _display(shown_dir, STATE_FILE)
+    shown_path = display_path(shown_dir, STATE_FILE)
     try:
         with open(state_path, "rb") as f:
             data = f.read()
@@ -231,5 +231,5 @@ def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
     if os.path.isfile(given) and os.path.basename(given) == STATE_FILE:
         return _read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
     if not os.path.isdir(given):
-        raise _not_found(given)
+        raise not_found_error(given)
     return _read_state(given, given)
