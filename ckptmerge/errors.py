@@ -20,6 +20,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "UnreadableTensorError",
     "RuleError",
+    "TransformError",
     "PlanError",
     "ConfigError",
     "RestoreError",
@@ -112,6 +113,27 @@ class UnreadableTensorError(CheckpointFormatError):
 
 class RuleError(CkptMergeError, ValueError):
     """A rename/selection rule is invalid (bad regex, bad backreference, bad glob, bad map entry)."""
+
+
+class TransformError(RuleError):
+    """A value transform is invalid, or does not fit the tensor it is applied to.
+
+    Attributes:
+        target: the transform's target name or glob, if known.
+        path: the vocabulary file concerned, if any.
+        line: the 1-based line in ``path`` concerned, if any.
+
+    Example:
+        >>> isinstance(TransformError("bad axis"), ValueError)
+        True
+    """
+
+    def __init__(self, message: str, *, target: Optional[str] = None, path: Optional[str] = None,
+                 line: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.target = target
+        self.path = path
+        self.line = line
 
 
 class PlanError(CkptMergeError, ValueError):
