@@ -38,6 +38,7 @@ def big(tmp_path_factory):
     p = write_saver_checkpoint(str(root / "P" / "model"), [
         {"name": "w", "dtype": "float32", "value": value.reshape(-1, 1024), "partitions": 3}])
     pr = save_tf1(root / "R" / "model", {"w": value.reshape(-1, 1024)})
+    run("diff", a, b, "--values")  # the commands' modules are imported before memory is measured
     return {"value": value, "A": a, "B": b, "P": p, "R": pr}
 
 
