@@ -94,6 +94,76 @@ def test_ls_stats_still_checks_the_checksum_of_a_streamed_tensor(big, tmp_path, 
     assert run("ls", tmp_path / "model", "--stats", "--no-verify").exit_code == 0
 
 
+@pytest.fixture(scope="module")
+def files(big, tmp_path_factory):
+    """A's and B's values as a .safetensors file (written by the safetensors package), a folder
+    of .npy files (one big-endian, so pieces are byte-swapped) and a .npz of stored members."""
+    from safetensors.numpy import save_file
+
+    root = tmp_path_factory.mktemp("formats")
+    value = big["value"]
+    other = value.copy()
+    other[-1] += 0.5
+    out = {}
+    for label, v in (("A", value), ("B", other)):
+        save_file({"w": v}, str(root / f"{label}.safetensors"))
+        (root / f"{label}-npy").mkdir()
+        np.save(root / f"{label}-npy" / "w.npy", v.astype(">f4") if label == "A" else v)
+        np.savez(root / f"{label}.npz", w=v)
+        out[label] = {"safetensors": root / f"{label}.safetensors", "npy": root / f"{label}-npy",
+                      "npz": root / f"{label}.npz"}
+    return out
+
+
+FORMATS = ["safetensors", "npy", "npz"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ls_stats_streams_a_big_tensor_of_other_formats_from_the_file(big, files, fmt, small_pieces):
+    run("ls", files["A"][fmt])  # the reader's modules are imported before memory is measured
+    r, peak = _peak(lambda: run("ls", files["A"][fmt], "--stats", "--json"))
+    assert r.exit_code == 0, r.output
+    assert peak < N * 4 / 8, peak  # the tensor is 8 MiB; a piece 16 KiB
+    want = json.loads(run("ls", big["A"], "--stats", "--json").stdout)[0]["stats"]
+    assert json.loads(r.stdout)[0]["stats"] == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_diff_values_streams_big_tensors_of_other_formats_from_the_files(files, fmt, small_pieces):
+    r, peak = _peak(lambda: run("diff", files["A"][fmt], files["B"][fmt], "--values"))
+    assert r.exit_code == 1, r.output
+    assert peak < N * 4 / 8, peak
+    assert "Values differ (1):\n  w: max abs diff 0.5\n" in r.stdout
+
+
+def test_streamed_npz_member_still_checks_its_crc_before_the_last_piece(files, tmp_path, small_pieces):
+    raw = bytearray(files["A"]["npz"].read_bytes())
+    end = raw.index(b"PK\x01\x02")  # the central directory follows the member's data
+    raw[end - 1] ^= 0x01  # the member's last byte: only the last piece reads it
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(bytes(raw))
+    assert_one_line_error(run("ls", bad, "--stats"), "CRC-32 mismatch for 'w' in bad.npz")
+    assert run("ls", bad, "--stats", "--no-verify").exit_code == 0
+
+
+def test_pieces_are_read_as_they_are_asked_for(files, tmp_path):
+    import shutil
+
+    import ckptmerge as cm
+
+    path = tmp_path / "w.safetensors"
+    shutil.copy(files["A"]["safetensors"], path)
+    with cm.open(str(path)) as reader:
+        pieces = reader.iter_chunks("w", PIECE)
+        first = next(pieces)
+        with open(path, "r+b") as f:  # cut the file after the first piece was read
+            f.truncate(os.path.getsize(path) - N * 2)
+        assert first.size == PIECE
+        with pytest.raises(cm.CheckpointFormatError, match="ended early"):
+            for _ in pieces:
+                pass
+
+
 # --------------------------------------------------------------------------------------------
 # diff --values streams
 # --------------------------------------------------------------------------------------------

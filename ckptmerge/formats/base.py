@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -21,8 +21,8 @@ from ckptmerge.errors import (ArgumentError, ArgumentTypeError, UnknownTensorErr
 from ckptmerge.formats.dtypes import tf_dtype_name
 from ckptmerge.specs import VariableInfo
 
-__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "unreadable_dtype_error", "ALIGN",
-           "CHUNK_ELEMENTS"]
+__all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguous_chunks", "unreadable_dtype_error",
+           "ALIGN", "CHUNK_ELEMENTS"]
 
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
@@ -47,6 +47,26 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     buf = np.empty(n + ALIGN, np.uint8)
     off = (-buf.ctypes.data) % ALIGN
     return buf[off:off + n].view(dt).reshape(shape)
+
+
+def contiguous_chunks(dtype: np.dtype, count: int, max_elements: int,
+                      fill: Callable[[int, memoryview], None]) -> Iterator[np.ndarray]:
+    """Flat pieces of at most ``max_elements`` of a tensor of ``count`` elements stored
+    contiguously in C order: ``fill(offset, view)`` reads the tensor's bytes from ``offset``
+    (counted from its first byte) into ``view``. Each piece is read as it is asked for, so memory
+    holds one piece, whatever the size of the tensor.
+
+    Example:
+        >>> data = np.arange(5, dtype="<i4").tobytes()
+        >>> def fill(offset, view):
+        ...     view[:] = data[offset:offset + len(view)]
+        >>> [c.tolist() for c in contiguous_chunks(np.dtype("<i4"), 5, 2, fill)]
+        [[0, 1], [2, 3], [4]]
+    """
+    for start in range(0, count, max_elements):
+        piece = aligned_empty(min(max_elements, count - start), dtype)
+        fill(start * dtype.itemsize, memoryview(piece.view(np.uint8)))
+        yield piece
 
 
 def unreadable_dtype_error(checkpoint: str, key: str, dtype_enum: int, path: str) -> UnreadableTensorError:
@@ -179,8 +199,10 @@ class CheckpointReader:
         Their concatenation is ``get(name).reshape(-1)``. The TF bundle reader reads each piece
         from the file as it is asked for (checksums are checked as the pieces go by, the last
         one before the last piece is yielded), so statistics and comparisons of any tensor
-        need memory for a piece, not for the tensor; so does the Keras h5 reader (one hyperslab
-        per piece); other formats read the whole tensor once.
+        need memory for a piece, not for the tensor; so do the Keras h5 reader (one hyperslab
+        per piece), the safetensors reader and the NumPy reader (``.npy`` files and ``.npz``
+        members stored uncompressed, in C order). Other tensors (compressed or Fortran-order
+        NumPy arrays, V1 checkpoints, strings) are read whole once, then handed out in pieces.
         Name and size problems are raised by this call, before any piece is read.
 
         Raises:

@@ -19,12 +19,12 @@ import struct
 import threading
 import zipfile
 import zlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats import storage
 from ckptmerge.formats.fileio import Descriptors, Handle, pread_into
@@ -253,17 +253,11 @@ class NumpyReader(CheckpointReader):
         stored_shape = a.shape[::-1] if a.fortran else a.shape
         raw = aligned_empty(stored_shape, a.dtype)
         view = memoryview(raw.reshape(-1).view(np.uint8))
-        where = f"{info.name!r} in {os.path.basename(a.file)}"
+        where = self._where(info, a)
         if a.member is None or a.offset >= 0:  # a plain file, or a stored member: read in place
-            try:
-                got = pread_into(self._fd(a.file), a.offset, view, key=info.name)
-            except OSError as e:
-                raise self._error(f"reading {where} failed ({e.strerror or e})", a.file) from None
-            if got < len(view):
-                raise self._error(f"the file ended early while reading {where}", a.file)
+            self._pread(a, 0, view, where, info.name)
             if self.verify and a.crc is not None and zlib.crc32(view, zlib.crc32(a.header)) != a.crc:
-                raise self._error(f"CRC-32 mismatch for {where}: the archive is corrupt; re-copy it, or "
-                                  "read it anyway with verify=False", a.file)
+                raise self._crc_error(a, where)
         else:
             self._inflate(a, view, where)
         arr = raw.T if a.fortran else raw
@@ -274,6 +268,49 @@ class NumpyReader(CheckpointReader):
             np.copyto(out, arr)
             return out
         return raw
+
+    def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        """Pieces read from the file as they are asked for (memory for one piece) when the array
+        lies in it as it is, in C order: an ``.npy`` file or a stored ``.npz`` member. The CRC-32
+        of a member is accumulated on the way and checked before its last piece is yielded."""
+        a = self._arrays[info.raw_key]
+        if a.fortran or (a.member is not None and a.offset < 0) or info.size <= max_elements:
+            return super()._iter_chunks(info, max_elements)
+        return self._stream(info, a, max_elements)
+
+    def _stream(self, info: VariableInfo, a: _Array, max_elements: int) -> Iterator[np.ndarray]:
+        where, nbytes = self._where(info, a), info.size * a.dtype.itemsize
+        check = self.verify and a.crc is not None
+        crc = zlib.crc32(a.header)
+
+        def fill(offset: int, view: memoryview) -> None:
+            nonlocal crc
+            self._pread(a, offset, view, where, info.name)
+            if check:
+                crc = zlib.crc32(view, crc)
+                if offset + len(view) == nbytes and crc != a.crc:
+                    raise self._crc_error(a, where)
+
+        native = a.dtype.newbyteorder("=")
+        for piece in contiguous_chunks(a.dtype, info.size, max_elements, fill):
+            yield piece if a.dtype.isnative else piece.byteswap().view(native)
+
+    @staticmethod
+    def _where(info: VariableInfo, a: _Array) -> str:
+        return f"{info.name!r} in {os.path.basename(a.file)}"
+
+    def _pread(self, a: _Array, offset: int, view: memoryview, where: str, key: str) -> None:
+        """Read the array's bytes from ``offset`` (from its first byte) into ``view``, in place."""
+        try:
+            got = pread_into(self._fd(a.file), a.offset + offset, view, key=key)
+        except OSError as e:
+            raise self._error(f"reading {where} failed ({e.strerror or e})", a.file) from None
+        if got < len(view):
+            raise self._error(f"the file ended early while reading {where}", a.file)
+
+    def _crc_error(self, a: _Array, where: str) -> CheckpointFormatError:
+        return self._error(f"CRC-32 mismatch for {where}: the archive is corrupt; re-copy it, or "
+                           "read it anyway with verify=False", a.file)
 
     def _inflate(self, a: _Array, view: memoryview, where: str) -> None:
         """Decompress a member straight into ``view``, in pieces (never a second full copy)."""

@@ -21,13 +21,13 @@ import os
 import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import ml_dtypes
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats import storage
 from ckptmerge.formats.fileio import Descriptors, Handle, pread_into, size_of
@@ -282,6 +282,15 @@ class SafetensorsReader(CheckpointReader):
         if len(view):
             self._fill(info.name, e, self._data_start[e.shard] + e.begin, view)
         return arr
+
+    def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
+        """Pieces read from the file as they are asked for: memory for one piece."""
+        e = self._entries[info.raw_key]
+        if e.dtype is None or info.size <= max_elements:  # the dtype error, or one piece anyway
+            return super()._iter_chunks(info, max_elements)
+        start = self._data_start[e.shard] + e.begin
+        return contiguous_chunks(e.dtype, info.size, max_elements,
+                                 lambda offset, view: self._fill(info.name, e, start + offset, view))
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Read several tensors at once: a thread pool fills the aligned arrays in file order,
