@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from _cli_util import assert_one_line_error, run
+from _cli_util import assert_one_line_error, run, run_subprocess
 
 import ckptmerge as cm
 from ckptmerge.offline import MergeReport
@@ -310,3 +310,16 @@ def test_demo_names_its_folder_escaped(tmp_path, tf):
     assert r.exit_code == 0, r.output
     no_forged_line(r.stdout)
     assert f"Demo folder: {escape_name(str(tmp_path / RED))}" in r.stdout.splitlines()
+
+
+def test_a_warning_names_a_hostile_file_on_one_escaped_line(tmp_path):
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    np.save(folder / "w.npy", np.ones(2, np.float32))
+    (folder / f"{RED}.npy").symlink_to(folder / "w.npy")  # skipped, with a warning naming it
+    r = run_subprocess(["ls", folder], tmp_path)
+    assert r["code"] == 0, r["stderr"]
+    warning = [line for line in r["stderr"].splitlines() if line.startswith("WARNING:")]
+    assert len(warning) == 1 and warning[0].endswith("skipping symbolic link runs\\x1b[31m\\nError: forged.npy "
+                                                     "(ckptmerge reads only files inside the directory)"), r["stderr"]
+    no_forged_line(r["stderr"])

@@ -230,11 +230,22 @@ _NO_VERIFY = click.option("--no-verify", "no_verify", is_flag=True,
 # ============================================================================================
 
 
+def _escaped_arg(arg: Any) -> Any:
+    return escape_name(os.fspath(arg)) if isinstance(arg, (str, os.PathLike)) else arg
+
+
 class _EchoHandler(logging.Handler):
-    """Library log records (warnings; info with -v) to whatever stderr is at the time."""
+    """Library log records (warnings; info with -v) to whatever stderr is at the time.
+
+    The arguments of a record (paths, names from files) are escaped one by one
+    (:func:`~ckptmerge.text.escape_name`), so a newline in one cannot start a line of its own;
+    the message around them keeps its newlines (a traceback with -v)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if isinstance(record.args, tuple) and record.args:
+                record = logging.makeLogRecord({**record.__dict__,
+                                                "args": tuple(map(_escaped_arg, record.args))})
             click.echo(escape_text(self.format(record)), err=True)
         except Exception:  # noqa: BLE001 - logging must never raise  # pragma: no cover
             self.handleError(record)
