@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from .rules import _q
-from .specs import VariableInfo
+from .specs import VariableInfo, frozen_slots, trusted_maker
 
 __all__ = ["Assignment", "Mismatch", "Conflict"]
 
@@ -27,6 +27,7 @@ def _and_list(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
+@frozen_slots
 @dataclass(frozen=True)
 class Assignment:
     """One target restored from one checkpoint variable.
@@ -87,6 +88,12 @@ class Assignment:
                 "target_shape": list(self.target_spec.shape), "cast": self.cast,
                 "rule": self.rule, "transforms": list(self.transforms),
                 "via": self.via, "nbytes": self.spec.nbytes}
+
+
+#: ``trusted_assignment(target, source, name, key, spec, target_spec, cast, rule, transforms, via)``:
+#: an :class:`Assignment` from checked fields (``transforms`` a tuple), built without its
+#: ``__init__`` (see :func:`ckptmerge.specs.trusted_maker`); a plan makes one per target.
+trusted_assignment = trusted_maker(Assignment)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from typing import (
 )
 
 from .errors import PlanError, RuleError
-from .findings import Assignment, Conflict, Mismatch  # noqa: F401 - re-exported
+from .findings import Assignment, Conflict, Mismatch, trusted_assignment  # noqa: F401 - re-exported
 from .gcpause import paused_gc
 from .nameshifts import root_swaps, series_shifts
 from .planmodel import CHECK_LIMIT, OptionError, Plan, SourceView  # noqa: F401 - re-exported
@@ -369,8 +369,8 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         spec = variables[chosen.label][chosen.name]
         rule = chosen.rule.describe() if chosen.rule else None
         if plain[chosen.label] and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
-            assignments[tname] = Assignment(tname, chosen.label, chosen.name, spec.raw_key, spec, tspec,
-                                            False, rule, (), chosen.via)
+            assignments[tname] = trusted_assignment(tname, chosen.label, chosen.name, spec.raw_key, spec, tspec,
+                                                    False, rule, (), chosen.via)
             continue
         src = source_by_label[chosen.label]
         src_shape, tgt_shape = tuple(spec.shape), tuple(tspec.shape)

@@ -10,8 +10,8 @@ its shape (a tuple) and its dtype (a numpy-style name such as ``"float32"``, ``"
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Tuple, Type, TypeVar
 
 __all__ = ["VariableInfo", "normalize_name", "KIND_VARIABLE", "KIND_OPTIMIZER", "KIND_BOOKKEEPING"]
 
@@ -35,6 +35,39 @@ def normalize_name(name: str) -> str:
     return _OUTPUT_SUFFIX.sub("", name).lstrip("/") if name != "/" else name
 
 
+_T = TypeVar("_T")
+
+
+def frozen_slots(cls: Type[_T]) -> Type[_T]:
+    """The frozen dataclass ``cls`` again, with ``__slots__`` instead of a ``__dict__``.
+
+    What ``@dataclass(frozen=True, slots=True)`` does on Python 3.10+, here for 3.9 too: the
+    class is made again (slots cannot be added to an existing class), and pickling goes through
+    ``__getstate__``/``__setstate__`` because the frozen ``__setattr__`` refuses the default.
+    A slotted instance is about a third smaller and quicker to build, which counts at 100k.
+
+    Example:
+        >>> VariableInfo.__slots__[:3], hasattr(VariableInfo("x", (1,), "float32"), "__dict__")
+        (('name', 'shape', 'dtype'), False)
+    """
+    names = tuple(f.name for f in fields(cls))
+    body = {k: v for k, v in cls.__dict__.items() if k not in names and k not in ("__dict__", "__weakref__")}
+    body["__slots__"] = names
+
+    def __getstate__(self: Any) -> tuple:
+        return tuple(getattr(self, n) for n in names)
+
+    def __setstate__(self: Any, state: tuple) -> None:
+        for n, v in zip(names, state):
+            object.__setattr__(self, n, v)
+
+    body["__getstate__"], body["__setstate__"] = __getstate__, __setstate__
+    new = type(cls)(cls.__name__, cls.__bases__, body)
+    new.__qualname__ = cls.__qualname__
+    return new
+
+
+@frozen_slots
 @dataclass(frozen=True)
 class VariableInfo:
     """One tensor of a checkpoint, or one target variable.
@@ -77,3 +110,34 @@ class VariableInfo:
         """JSON-ready dict: name, key, dtype, shape (list), kind, nbytes."""
         return {"name": self.name, "key": self.raw_key, "dtype": self.dtype,
                 "shape": list(self.shape), "kind": self.kind, "nbytes": self.nbytes}
+
+
+
+def trusted_maker(cls: Type[_T]) -> Callable[..., _T]:
+    """A constructor of the frozen slotted dataclass ``cls`` (see :func:`frozen_slots`) that
+    takes every field positionally and checks nothing: no ``__init__``, no ``__post_init__``,
+    each slot filled through its descriptor. About twice as fast as ``cls(...)``, for the
+    places that build one per checkpoint entry (100k at a time) from fields already checked.
+
+    Example:
+        >>> make = trusted_maker(VariableInfo)
+        >>> make("x", (2,), "float32", None, "variable", 8) == VariableInfo("x", (2,), "float32")
+        True
+    """
+    names = [f.name for f in fields(cls)]
+    args = ", ".join(names)
+    lines = [f"def make({args}):", "    obj = new(cls)"]
+    lines += [f"    set_{n}(obj, {n})" for n in names]
+    lines.append("    return obj")
+    scope: dict = {"new": object.__new__, "cls": cls}
+    scope.update((f"set_{n}", getattr(cls, n).__set__) for n in names)
+    exec("\n".join(lines), scope)  # unrolled, as dataclasses writes its __init__
+    make = scope["make"]
+    make.__qualname__ = f"trusted_maker({cls.__name__})"
+    return make
+
+
+#: ``trusted_info(name, shape, dtype, key, kind, nbytes)``: a :class:`VariableInfo` from fields
+#: the caller already checked (all six given, ``shape`` a tuple of ints): see
+#: :func:`trusted_maker`. For readers that build one per index entry.
+trusted_info: Callable[[str, Tuple[int, ...], str, Optional[str], str, int], VariableInfo] = trusted_maker(VariableInfo)

@@ -81,7 +81,7 @@ from ckptmerge.formats.table import (
 )
 from ckptmerge.formats.tfproto import parse_shape
 from ckptmerge.gcpause import paused_gc
-from ckptmerge.specs import VariableInfo
+from ckptmerge.specs import VariableInfo, trusted_info
 
 __all__ = [
     "BundleReader",
@@ -330,12 +330,18 @@ class BundleReader(CheckpointReader):
         shapes: List[Tuple[int, ...]] = []
         append = shapes.append
         redo = []
+        # encoded shape -> its tuple: shapes repeat a lot, so 100k entries parse and hold a few
+        parsed: Dict[bytes, Tuple[int, ...]] = {}
         for i, (a, b) in enumerate(zip(shape_starts.tolist(), shape_ends.tolist())):
-            try:
-                append(parse_shape(data[a:b]))
-            except DecodeError:  # the careful parser explains it
-                append(())
-                redo.append(i)
+            raw = data[a:b]
+            shape = parsed.get(raw)
+            if shape is None:
+                try:
+                    shape = parsed[raw] = parse_shape(raw)
+                except DecodeError:  # the careful parser explains it
+                    shape = ()
+                    redo.append(i)
+            append(shape)
         if redo:
             careful = np.union1d(careful, redo).astype(np.int64)
         special: Dict[int, BundleEntry] = {}
@@ -440,7 +446,7 @@ class BundleReader(CheckpointReader):
             nbytes = d[1]
             if nbytes is None:
                 nbytes = 0 if i in cols.special and cols.special[i].slices else size
-            append(VariableInfo(name, shape, d[0], key, kind, nbytes))
+            append(trusted_info(name, shape, d[0], key, kind, nbytes))
         return infos
 
     @property
