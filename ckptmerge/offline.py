@@ -66,7 +66,7 @@ from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
 from .source import CheckpointHandle, SourceHandle
-from .specs import KIND_VARIABLE, VariableInfo
+from .specs import KIND_VARIABLE, VariableInfo, trusted_info
 from .text import human_bytes, join_lines, plural, quote_name
 from .transforms import (
     Slice,
@@ -281,7 +281,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
             except TransformError:
                 pass  # the plan reports the transform mismatch with its reason
         nbytes = spec.nbytes if shape == tuple(spec.shape) else 0
-        specs.append(VariableInfo(tname, shape, spec.dtype, key=tname, kind=spec.kind, nbytes=nbytes))
+        specs.append(trusted_info(tname, shape, spec.dtype, tname, spec.kind, nbytes))
     if slices:
         raise TransformError(
             f"{plural(len(slices), 'slice transform')} cannot apply in a merge without a template: a "
@@ -439,6 +439,10 @@ def _entry_order(raw: Optional[_RawFiles], key: str) -> Tuple[int, int]:
     return (0, 0) if where is None else where
 
 
+def _no_order(raw: Optional[_RawFiles], key: str) -> Tuple[int, int]:
+    return 0, 0
+
+
 def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
     """Why each target without an assignment has none."""
     reasons: Dict[str, str] = {}
@@ -456,8 +460,12 @@ def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
 
 
 def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
-                template_prefix: str) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
-    """The write jobs (in read order), the names taken from the template, and those left out."""
+                template_prefix: str, *, read_order: bool = True
+                ) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """The write jobs (in read order: by source, then where each tensor is stored; with
+    ``read_order=False``, for a dry run that reads nothing, by source and target name, which
+    spares one index lookup per tensor), the names taken from the template, and those left out."""
+    entry_order = _entry_order if read_order else _no_order
     by_label = {h.label: (i, h) for i, h in enumerate(handles)}
     raws: Dict[str, Optional[_RawFiles]] = {}
     for h in handles:
@@ -493,7 +501,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
         jobs.append(_Job(target=a.target_spec, origin=f"source '{a.source}'", name=a.name,
                          nbytes=a.spec.nbytes, read=(lambda h=h, n=a.name: h.read([n])[n]),
                          raw=raw, key=a.key, cast=a.cast, transforms=ts, current=current,
-                         sort_key=(si, *_entry_order(raw, a.key), a.target)))
+                         sort_key=(si, *entry_order(raw, a.key), a.target)))
     if needs_current:
         raise TransformError(
             f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
@@ -516,7 +524,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
         from_template.append((spec.name, why))
         jobs.append(_Job(target=spec, origin=f"the template '{template_prefix}'", name=spec.name,
                          nbytes=info.nbytes, read=template_value(spec.name), raw=t_raw, key=info.raw_key,
-                         sort_key=(n_sources, *_entry_order(t_raw, info.raw_key), spec.name)))
+                         sort_key=(n_sources, *entry_order(t_raw, info.raw_key), spec.name)))
     jobs.sort(key=lambda j: j.sort_key)
     return jobs, from_template, skipped
 
@@ -816,7 +824,8 @@ def merge(
                 plan.check(strict=strict, action="write")
             except PlanError as e:
                 raise PlanError(f"{e}\nNothing was written to '{given}'.", plan=e.plan) from None
-            jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
+            jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix,
+                                                        read_order=not dry_run)
         if not jobs:
             raise CkptMergeError(
                 f"Nothing to write to '{given}': no variable is left after the rules and the plan"

@@ -131,6 +131,7 @@ class _SourceMatch:
     structure: List[str] = field(default_factory=list)
 
 
+_new_tuple = tuple.__new__
 _NAME_AND_TARGET = operator.itemgetter(0, 1)
 _FIRST = operator.itemgetter(0)
 _THIRD = operator.itemgetter(2)
@@ -196,17 +197,23 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     if via:
         notes = [note if rule is None or (note or "").startswith("layout:") else None
                  for note, rule in zip(map(via.get, map(_FIRST, landed)), map(_THIRD, landed))]
-    # (each candidate holds its target's own name string, so the rules' copies can go now)
-    candidates = [_Candidate(target_by_name[t].name, si, label, n, rule, note)
-                  for (n, t, rule), note in zip(landed, notes)]
     lost = [p for p in pairs if p[1] not in target_by_name] if len(landed) < len(pairs) else []
+    landed_rules = {r.describe() for r in {id(r): r for r in map(_THIRD, landed) if r is not None}.values()}
+    # Each candidate holds its target's own name string, so the rules' copies can go now: each
+    # (name, target, rule) is replaced by its candidate in place, once nothing else holds the
+    # triples, so that the two never all coexist (at 100k names that is the plan's peak memory).
+    # (tuple.__new__ skips the namedtuple's Python-level __new__: one per target)
+    del pairs
+    res.triples.clear()
+    candidates = landed
+    for i, ((n, t, rule), note) in enumerate(zip(landed, notes)):
+        candidates[i] = _new_tuple(_Candidate, (target_by_name[t].name, si, label, n, rule, note))
     for name, tname, rule in lost:
         if isinstance(rule, MapRule) and not rule.is_scope:
             unmatched.append(UnmatchedRule(
                 "map", rule.describe(), tuple(suggest(tname, target_names)), True, label,
                 reason=f"names no target variable {_q(tname)}"))
     # A scope or regex rule that renamed names but put none on a target does nothing.
-    landed_rules = {r.describe() for r in {id(r): r for r in map(_THIRD, landed) if r is not None}.values()}
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)], none landed
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
     for name, tname, rule in lost:
@@ -344,6 +351,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         ambiguous.extend(found.ambiguous)
         dropped[src.label] = found.dropped
         selected[src.label] = found.selected
+        found.candidates.clear()  # `first` holds them now; each goes as its target is decided
 
     assignments: Dict[str, Assignment] = {}
     conflicts: List[Conflict] = []
@@ -354,7 +362,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     plain = {s.label: not s.transforms for s in sources}  # no value transforms: the usual case
     variables = {s.label: s.variables for s in sources}
     for tname, tspec in target_by_name.items():
-        chosen: Optional[_Candidate] = first.get(tname)
+        chosen: Optional[_Candidate] = first.pop(tname, None)  # (popped: the plan's peak memory)
         if chosen is None:
             (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
             continue

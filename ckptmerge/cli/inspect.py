@@ -22,6 +22,7 @@ from typing import (
 import click
 
 from ..errors import UnreadableTensorError, did_you_mean
+from ..gcpause import paused_gc
 from ..patterns import PatternError, UserPattern, compile_pattern
 from ..specs import KIND_VARIABLE, VariableInfo
 from ..text import escape_name, human_bytes, plural, quote_name
@@ -524,7 +525,8 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     except BaseException:
         oa.reader.close()
         raise
-    with oa.reader as ra, ob.reader as rb:
+    # (paused_gc: two listings of 100,000s of small acyclic objects; see ckptmerge.gcpause)
+    with oa.reader as ra, ob.reader as rb, paused_gc():
         def pool(r: Any) -> Dict[str, VariableInfo]:
             return {v.name: v for v in r.variables() if show_all or v.kind == KIND_VARIABLE}
         va, vb = pool(ra), pool(rb)
