@@ -355,7 +355,7 @@ class _Job:
     origin: str                      # source label, or _TEMPLATE_LABEL
     name: str                        # name in the origin checkpoint
     nbytes: int                      # bytes read from the origin (progress, report)
-    read: Callable[[], Any]          # whole value (decode path)
+    read: Callable[[str], Any]       # name -> whole value (decode path); one per origin, not per job
     raw: Optional[_RawFiles] = None  # set when the bytes can be streamed from a bundle shard
     key: Optional[str] = None        # raw key in the origin checkpoint
     cast: bool = False
@@ -420,7 +420,7 @@ class _Job:
         writer.add_raw(key, out_enum, e.shape, converted())
 
     def _write_decoded(self, writer: BundleWriter) -> None:
-        value = np.asarray(self.read())
+        value = np.asarray(self.read(self.name))
         if self.cast:
             value = cast_array(value, self.target.dtype)
         if self.transforms:
@@ -483,6 +483,9 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
     def template_value(name: str) -> Callable[[], np.ndarray]:
         return lambda: template.get(name)
 
+    # One origin text and one read function per source (not per job: a merge makes 100,000s).
+    origins = {h.label: f"source '{h.label}'" for h in handles}
+    reads = {h.label: (lambda n, h=h: h.read([n])[n]) for h in handles}
     for a in plan.assignments.values():
         si, h = by_label[a.source]
         if a.key == OBJECT_GRAPH_KEY:
@@ -498,8 +501,8 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
             else:
                 current = template_value(a.target)
         raw = raws[a.source]
-        jobs.append(_Job(target=a.target_spec, origin=f"source '{a.source}'", name=a.name,
-                         nbytes=a.spec.nbytes, read=(lambda h=h, n=a.name: h.read([n])[n]),
+        jobs.append(_Job(target=a.target_spec, origin=origins[a.source], name=a.name,
+                         nbytes=a.spec.nbytes, read=reads[a.source],
                          raw=raw, key=a.key, cast=a.cast, transforms=ts, current=current,
                          sort_key=(si, *entry_order(raw, a.key), a.target)))
     if needs_current:
@@ -511,6 +514,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
 
     reasons = _unassigned_reasons(plan)
     n_sources = len(handles)
+    template_origin = f"the template '{template_prefix}'"
     for spec in plan.targets:
         if spec.name in plan.assignments:
             continue
@@ -522,8 +526,8 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
             continue
         info = template.info(spec.name)
         from_template.append((spec.name, why))
-        jobs.append(_Job(target=spec, origin=f"the template '{template_prefix}'", name=spec.name,
-                         nbytes=info.nbytes, read=template_value(spec.name), raw=t_raw, key=info.raw_key,
+        jobs.append(_Job(target=spec, origin=template_origin, name=spec.name,
+                         nbytes=info.nbytes, read=template.get, raw=t_raw, key=info.raw_key,
                          sort_key=(n_sources, *entry_order(t_raw, info.raw_key), spec.name)))
     jobs.sort(key=lambda j: j.sort_key)
     return jobs, from_template, skipped

@@ -570,12 +570,16 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
             lines.append(f"{title} ({len(items)}):")
             lines.extend(f"  {escape_name(i)}" for i in items)
 
-    def listing(names: List[str], infos: Dict[str, VariableInfo]) -> List[str]:
-        text = table([[n, infos[n].dtype, _shape(infos[n].shape)] for n in names])
-        return text.split("\n") if names else []
+    def listing(title: str, names: List[str], infos: Dict[str, VariableInfo]) -> None:
+        # One indented block of table text (its cells are escaped already), not a string per
+        # row: at 100,000s of names the rows would be built, split and joined again.
+        if names:
+            lines.append(f"{title} ({len(names)}):")
+            lines.append("  " + table([[n, infos[n].dtype, _shape(infos[n].shape)] for n in names]
+                                      ).replace("\n", "\n  "))
 
-    section("Only in A", listing(only_a, va))
-    section("Only in B", listing(only_b, vb))
+    listing("Only in A", only_a, va)
+    listing("Only in B", only_b, vb)
     section("Shape/dtype differ", [f"{n}: A {va[n].dtype} {_shape(va[n].shape)}, B {vb[n].dtype} "
                                    f"{_shape(vb[n].shape)}" for n in mismatched])
     section("Values differ", [
