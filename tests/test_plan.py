@@ -835,3 +835,24 @@ def test_overlapping_pauses_in_two_threads_leave_the_collector_on_until_the_last
         assert gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_specs_and_assignments_are_slotted_and_still_pickle_copy_replace_and_compare():
+    import copy
+    import dataclasses
+    import pickle
+
+    from ckptmerge.findings import trusted_assignment
+    from ckptmerge.specs import trusted_info
+
+    v = VariableInfo("d/k", (3, 4), "float32", "d/k", "variable", 48)
+    fast = trusted_info("d/k", (3, 4), "float32", "d/k", "variable", 0)
+    assert not hasattr(v, "__dict__") and fast == v and hash(fast) == hash(v)  # nbytes is not compared
+    assert pickle.loads(pickle.dumps(v)) == v and pickle.loads(pickle.dumps(v)).nbytes == 48
+    assert copy.deepcopy(v) == v and dataclasses.replace(v, name="x").name == "x"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.name = "y"
+    a = make_plan([v], [SourceView("A", "<memory>", "", {"d/k": v}, Rules())]).assignments["d/k"]
+    assert a == trusted_assignment("d/k", "A", "d/k", "d/k", v, v, False, None, (), None)
+    assert not hasattr(a, "__dict__") and pickle.loads(pickle.dumps(a)) == a
+    assert repr(fast) == "VariableInfo(name='d/k', shape=(3, 4), dtype='float32', key='d/k', kind='variable', nbytes=0)"
