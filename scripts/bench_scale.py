@@ -63,8 +63,10 @@ def run_process(args: list, cache: str) -> tuple:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=REPO, PYTHONPYCACHEPREFIX=cache)
     t0 = time.perf_counter()
+    # (cwd=REPO: ``python -m`` imports from the working directory first, so run from another
+    # checkout this would measure that checkout's package, not this one's)
     proc = subprocess.Popen([sys.executable, "-m", "ckptmerge", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
+                            stderr=subprocess.DEVNULL, env=env, cwd=REPO)
     _, status, usage = os.wait4(proc.pid, 0)
     return time.perf_counter() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/ckptmerge-scale")
     args = ap.parse_args(argv)
+    args.dir = os.path.abspath(args.dir)  # the processes run in REPO
     plan_times = {}
     cache = os.path.join(args.dir, "pycache")
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(REPO, "ckptmerge")], check=True,
