@@ -67,7 +67,7 @@ from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
 from .source import CheckpointHandle, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo, trusted_info
-from .text import human_bytes, join_lines, plural, quote_name
+from .text import escape_name, human_bytes, join_lines, plural, quote_name
 from .transforms import (
     Slice,
     TransformError,
@@ -229,8 +229,8 @@ def _check_not_an_input(out_abs: str, given: str, inputs: Sequence[Tuple[str, st
     for label, prefix in inputs:
         if _same_prefix(out_abs, prefix):
             raise ArgumentError(
-                f"The output prefix '{given}' is the checkpoint of {label} ({prefix}): merging into "
-                "a checkpoint that is being read would destroy it, even with overwrite=True. "
+                f"The output prefix {quote_name(given)} is the checkpoint of {label} ({escape_name(prefix)}): "
+                "merging into a checkpoint that is being read would destroy it, even with overwrite=True. "
                 "Write to another prefix, then move the result if you want to replace the input.")
 
 
@@ -295,7 +295,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
 def _template_targets(reader: Any, prefix: str) -> List[VariableInfo]:
     specs = [v for v in reader.variables() if v.kind == KIND_VARIABLE]
     if not specs:
-        raise CkptMergeError(f"The template checkpoint '{prefix}' has no model variables (only optimizer "
+        raise CkptMergeError(f"The template checkpoint {quote_name(prefix)} has no model variables (only optimizer "
                              "state or bookkeeping), so the output would be empty. Pass another template, "
                              "or template=None to write every name the sources produce.")
     return specs
@@ -792,11 +792,11 @@ def merge(
 
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
     resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
-    inputs = [(f"source '{s.label}'", r.prefix) for s, r in zip(srcs, resolved) if r is not None]
+    inputs = [(f"source {quote_name(s.label)}", r.prefix) for s, r in zip(srcs, resolved) if r is not None]
     template_prefix = ""
     if kind == "path":
         template_prefix = resolve_checkpoint(tvalue).prefix
-        inputs.append((f"the template '{tvalue}'", template_prefix))
+        inputs.append((f"the template {quote_name(tvalue)}", template_prefix))
     _check_not_an_input(out_abs, given, inputs)
     if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock
         if fmt == FORMAT_TF:

@@ -42,6 +42,7 @@ import numpy as np
 from .casts import cast_array, cast_problem, dtype_name, numpy_dtype
 from .errors import TransformError, did_you_mean
 from .localfile import NotARegularFileError, read_regular_file
+from .text import quote_name
 
 __all__ = [
     "TransformError",
@@ -106,24 +107,24 @@ def read_vocab(path: Union[str, "os.PathLike[str]"]) -> Tuple[str, ...]:
     try:
         data = read_regular_file(path)
     except FileNotFoundError:
-        raise TransformError(f"vocab file '{path}' does not exist.", path=path) from None
+        raise TransformError(f"vocab file {quote_name(path)} does not exist.", path=path) from None
     except NotARegularFileError as e:
-        raise TransformError(f"vocab file '{path}' {e.reason}; expected a text file with one "
+        raise TransformError(f"vocab file {quote_name(path)} {e.reason}; expected a text file with one "
                              "token per line.", path=path) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise TransformError(f"vocab file '{path}' is not valid UTF-8: line {line} has the byte "
+        raise TransformError(f"vocab file {quote_name(path)} is not valid UTF-8: line {line} has the byte "
                              f"{data[e.start:e.start + 1]!r}; save it as UTF-8.",
                              path=path, line=line) from None
     if text == "":
-        raise TransformError(f"vocab file '{path}' is empty; expected one token per line.", path=path)
+        raise TransformError(f"vocab file {quote_name(path)} is empty; expected one token per line.", path=path)
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()
     tokens = tuple(t[:-1] if t.endswith("\r") else t for t in lines)
-    _check_unique(tokens, f"vocab file '{path}'", "line", 1, path=path)
+    _check_unique(tokens, f"vocab file {quote_name(path)}", "line", 1, path=path)
     return tokens
 
 
@@ -376,7 +377,7 @@ class VocabRemap:
 
     def _vocab_label(self, which: str) -> str:
         spec = self.old_vocab if which == "old" else self.new_vocab
-        return f"'{spec}'" if isinstance(spec, str) else "(a list)"
+        return quote_name(spec) if isinstance(spec, str) else "(a list)"
 
     # protocol ---------------------------------------------------------------------------
     def output_shape(self, source_shape: Sequence[int], target_shape: Optional[Sequence[int]] = None) -> Shape:

@@ -21,6 +21,8 @@ from ckptmerge.report import render_plan
 from ckptmerge.rules import Rules
 from ckptmerge.specs import VariableInfo as V
 from ckptmerge.text import escape_name, escape_text, join_lines, quote_name
+from ckptmerge.errors import TransformError
+from ckptmerge.transforms import read_vocab
 
 #: The audit's forged row: a title-setting OSC sequence, then a newline and a fake table row.
 FORGED = "x\x1b]0;t\x07\nhidden_backdoor  float32  (1,)  4 B"
@@ -323,3 +325,57 @@ def test_a_warning_names_a_hostile_file_on_one_escaped_line(tmp_path):
     assert len(warning) == 1 and warning[0].endswith("skipping symbolic link runs\\x1b[31m\\nError: forged.npy "
                                                      "(ckptmerge reads only files inside the directory)"), r["stderr"]
     no_forged_line(r["stderr"])
+
+
+def test_merging_into_a_source_names_the_output_and_the_source_escaped(red_dir):
+    config = red_dir / "warm.yaml"
+    config.write_text("sources:\n  - name: A\n    path: model\n")
+    r = run("merge", config, "-o", red_dir / "model")
+    assert_one_line_error(r, "The output prefix '", "runs\\x1b[31m\\nError: forged/model' is the checkpoint of "
+                          "source 'A' (", "runs\\x1b[31m\\nError: forged/model): merging into")
+    no_forged_line(r.stderr)
+
+
+def test_a_template_without_model_variables_is_named_escaped(red_dir, tf):
+    save_v2(tf, red_dir / "steps", {"global_step": np.int64(7)})
+    config = red_dir / "warm.yaml"
+    config.write_text("sources:\n  - name: A\n    path: model\n")
+    r = run("merge", config, "--template", red_dir / "steps", "-o", red_dir / "out")
+    assert_one_line_error(r, "The template checkpoint '", "runs\\x1b[31m\\nError: forged/steps' has no model variables")
+    no_forged_line(r.stderr)
+
+
+@pytest.mark.parametrize("text,problem", [(None, "does not exist"), ("", "is empty"), ("a\na\n", "has the duplicate"),
+                                          (b"\xff\n", "is not valid UTF-8")])
+def test_a_vocab_file_is_named_escaped(tmp_path, text, problem):
+    (tmp_path / RED).mkdir()
+    path = tmp_path / RED / "vocab.txt"
+    if isinstance(text, str):
+        path.write_text(text)
+    elif text is not None:
+        path.write_bytes(text)
+    with pytest.raises(TransformError) as err:
+        read_vocab(str(path))
+    message = str(err.value)
+    assert message.startswith(f"vocab file {quote_name(str(path))} {problem}"), message
+    assert len(message.splitlines()) == 1
+    no_forged_line(message)
+    # the CLI names it once, on the config problem's one line
+    (tmp_path / RED / "model.txt").write_text("a\n")
+    config = tmp_path / RED / "warm.yaml"
+    config.write_text("sources:\n  - name: A\n    path: model\n    vocab:\n"
+                      "      - {name: v, old_vocab: vocab.txt, new_vocab: model.txt}\n")
+    r = run("check", config)
+    assert r.exit_code == 2, r.output
+    no_forged_line(r.stderr)
+    assert f"{quote_name(str(path))} {problem}" in r.stderr
+
+
+def test_a_vocab_remap_names_its_file_escaped(tmp_path):
+    (tmp_path / RED).mkdir()
+    old = tmp_path / RED / "old.txt"
+    old.write_text("a\nb\n")
+    with pytest.raises(TransformError) as err:
+        cm.VocabRemap("v", str(old), ["b", "a"]).output_shape((1, 4))  # fewer rows than tokens
+    assert f"the old vocabulary {quote_name(str(old))} has 2 tokens" in str(err.value), err.value
+    no_forged_line(str(err.value))
