@@ -28,7 +28,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -46,13 +45,13 @@ from .formats.storage import (
     remote_exists,
     remote_listdir,
 )
+from .resolve_files import DATA_RE, INDEX
 from .text import quote_name
 
 __all__ = ["merge_to_url"]
 
 logger = logging.getLogger(__name__)
 
-_DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
 
 
 def _remote_checkpoint_objects(url: str) -> List[str]:
@@ -63,7 +62,7 @@ def _remote_checkpoint_objects(url: str) -> List[str]:
     except Exception:  # noqa: BLE001 - no such "directory": nothing there
         return []
     return [join(parent, n) for n in names
-            if n == base + ".index" or (n.startswith(base) and _DATA_RE.fullmatch(n[len(base):]))]
+            if n == base + INDEX or (n.startswith(base) and DATA_RE.fullmatch(n[len(base):]))]
 
 
 class _RemoteLock:

@@ -31,6 +31,9 @@ from .resolve_files import (
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
+    DATA_RE,
+    INDEX,
+    STATE_FILE,
     V1_SHARD_RE,
     step_of,
     v1_pattern_of,
@@ -38,9 +41,6 @@ from .resolve_files import (
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
-_INDEX = ".index"
-_DATA_RE = re.compile(r"\.data-\d{5}-of-\d{5}$")
-_STATE = "checkpoint"
 _KERAS_NAMES = (".h5", ".hdf5", ".keras")
 
 
@@ -71,7 +71,7 @@ def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821
     from .resolve_state import CheckpointState, _parse_state_text
 
     directory = directory.rstrip("/")
-    url = join(directory, _STATE)
+    url = join(directory, STATE_FILE)
     if not remote_exists(url):
         return None
     fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url)
@@ -88,7 +88,7 @@ def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821
 
 def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     """The base name the directory's state file names as latest, if there is a state file."""
-    if _STATE not in names:
+    if STATE_FILE not in names:
         return None
     state = read_state_url(directory)
     latest = state.model_checkpoint_path if state is not None else None
@@ -105,10 +105,10 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     from .resolve import ResolvedCheckpoint
 
     url = given.rstrip("/")
-    if url.endswith(_INDEX):
-        url = url[: -len(_INDEX)]
-    elif _DATA_RE.search(url):
-        url = url[: _DATA_RE.search(url).start()]
+    if url.endswith(INDEX):
+        url = url[: -len(INDEX)]
+    elif DATA_RE.search(url):
+        url = url[: DATA_RE.search(url).start()]
     single = _resolve_single(given, url)
     if single is not None:
         if step is not None and single.step != step:
@@ -118,11 +118,11 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         return single
     if not remote_isdir(url):
         raise CheckpointNotFoundError(
-            f"Checkpoint '{given}' does not exist: no object '{url}{_INDEX}' and no directory there. Check "
+            f"Checkpoint '{given}' does not exist: no object '{url}{INDEX}' and no directory there. Check "
             f"the URL, or run 'ckptmerge checkpoints {dirname(url)}' to list the checkpoints of its parent.",
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}
-    prefixes = sorted(n[: -len(_INDEX)] for n in names if n.endswith(_INDEX) and len(n) > len(_INDEX))
+    prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
     steps = sorted({s for s in map(step_of, prefixes) if s is not None})
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
@@ -138,15 +138,15 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     if latest is not None:
         other = _resolve_single(given, join(url, latest)) if latest not in prefixes else None
         if other is not None:  # the state file names a V1 checkpoint (a file, or a set's pattern)
-            return dataclasses.replace(other, note=f"latest checkpoint per {join(given.rstrip('/'), _STATE)}")
+            return dataclasses.replace(other, note=f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)}")
         if latest not in prefixes:
             raise CheckpointNotFoundError(
-                f"'{join(url, _STATE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{_INDEX}' "
+                f"'{join(url, STATE_FILE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{INDEX}' "
                 f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
                 path=given)
         s = step_of(latest)
         return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
-                                  f"latest checkpoint per {join(given.rstrip('/'), _STATE)} "
+                                  f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)} "
                                   f"({'step ' + str(s) if s is not None else latest})")
     if len(prefixes) == 1:
         return ResolvedCheckpoint(join(url, prefixes[0]), FORMAT_TF_BUNDLE, step_of(prefixes[0]),
@@ -172,7 +172,7 @@ def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # 
     from .formats.v1 import V1_PATTERN_RE, v1_shard_files
     from .resolve import ResolvedCheckpoint
 
-    if remote_exists(url + _INDEX):
+    if remote_exists(url + INDEX):
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
     if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
         return _resolve_file(given, url)
@@ -234,14 +234,14 @@ def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - r
     latest = _latest_name(url, names)
     data: Dict[str, int] = {}  # prefix -> bytes of its data shards, in one pass (linear in the listing)
     for n, e in names.items():
-        m = _DATA_RE.search(n)
+        m = DATA_RE.search(n)
         if m:
             data[n[: m.start()]] = data.get(n[: m.start()], 0) + e["size"]
     out = []
     for n, e in names.items():
-        if not n.endswith(_INDEX) or len(n) == len(_INDEX):
+        if not n.endswith(INDEX) or len(n) == len(INDEX):
             continue
-        prefix = n[: -len(_INDEX)]
+        prefix = n[: -len(INDEX)]
         size = e["size"] + data.get(prefix, 0)
         out.append(CheckpointInfo(join(url, prefix), step_of(prefix), e["mtime"] or 0.0, size, prefix == latest))
     return sorted(out, key=lambda c: (c.step is None, c.step or 0, c.path))
