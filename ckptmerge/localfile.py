@@ -13,7 +13,7 @@ import stat
 from typing import Optional, Union
 
 from .errors import CkptMergeError
-from .text import human_bytes
+from .text import human_bytes, quote_name
 
 __all__ = ["NotARegularFileError", "read_regular_file", "describe_kind"]
 
@@ -37,7 +37,7 @@ class NotARegularFileError(CkptMergeError, OSError):
     """
 
     def __init__(self, path: str, reason: str, *, is_directory: bool = False) -> None:
-        super().__init__(f"'{path}' {reason}.")
+        super().__init__(f"{quote_name(path)} {reason}.")
         self.path = path
         self.reason = reason
         self.is_directory = is_directory

@@ -189,11 +189,11 @@ def _check_out_prefix(out_prefix: Any) -> str:
         raise ArgumentError(
             f"out_prefix must be a checkpoint prefix, not a directory: the merge writes "
             f"'<prefix>.index' and '<prefix>.data-*'. Pass a prefix inside the directory, e.g. "
-            f"'{example}'. Received: out_prefix={given!r}")
+            f"{quote_name(example)}. Received: out_prefix={given!r}")
     if given.endswith(".index") or _DATA_RE.search(given):
         stem = given[:-len(".index")] if given.endswith(".index") else given[:_DATA_RE.search(given).start()]
         raise ArgumentError(f"out_prefix must be the checkpoint prefix without '.index' or '.data-*', "
-                            f"e.g. '{stem}'. Received: out_prefix={given!r}")
+                            f"e.g. {quote_name(stem)}. Received: out_prefix={given!r}")
     return given
 
 
@@ -292,6 +292,11 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     return specs
 
 
+def _source_origin(label: str) -> str:
+    """How a job's origin names a source in messages (and in the report's per-source counts)."""
+    return f"source {quote_name(label)}"
+
+
 def _template_targets(reader: Any, prefix: str) -> List[VariableInfo]:
     specs = [v for v in reader.variables() if v.kind == KIND_VARIABLE]
     if not specs:
@@ -339,9 +344,9 @@ class _RawFiles:
     def crc_error(self, e: Any, label: str, source: str) -> CheckpointFormatError:
         path = self.path(e.shard_id)
         return CheckpointFormatError(
-            f"Checksum mismatch for tensor {quote_name(label)} of {source} in {os.path.basename(path)} (expected "
-            f"0x{unmask_crc(e.crc32c):08x}): the file is corrupt or was modified. Re-copy it, or pass "
-            f"verify=False to copy it anyway. Nothing was written. (File: {path})", path=path, key=e.key)
+            f"Checksum mismatch for tensor {quote_name(label)} of {source} in {escape_name(os.path.basename(path))} "
+            f"(expected 0x{unmask_crc(e.crc32c):08x}): the file is corrupt or was modified. Re-copy it, or pass "
+            f"verify=False to copy it anyway. Nothing was written. (File: {escape_name(path)})", path=path, key=e.key)
 
     def close(self) -> None:
         """Nothing to release: the descriptors belong to the reader."""
@@ -389,9 +394,9 @@ class _Job:
         if e.size != numel * src_dt.itemsize:
             path = raw.path(e.shard_id)
             raise CheckpointFormatError(
-                f"Corrupt tensor {quote_name(self.name)} of {self.origin} in {os.path.basename(path)}: the index says "
-                f"{e.size} bytes but shape {e.shape} of {src_dt.name} needs {numel * src_dt.itemsize}. "
-                f"(File: {path})", path=path, key=e.key)
+                f"Corrupt tensor {quote_name(self.name)} of {self.origin} in {escape_name(os.path.basename(path))}: "
+                f"the index says {e.size} bytes but shape {e.shape} of {src_dt.name} needs "
+                f"{numel * src_dt.itemsize}. (File: {escape_name(path)})", path=path, key=e.key)
         key = self.target.name
         if not self.cast:
             try:
@@ -484,7 +489,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
         return lambda: template.get(name)
 
     # One origin text and one read function per source (not per job: a merge makes 100,000s).
-    origins = {h.label: f"source '{h.label}'" for h in handles}
+    origins = {h.label: _source_origin(h.label) for h in handles}
     reads = {h.label: (lambda n, h=h: h.read([n])[n]) for h in handles}
     for a in plan.assignments.values():
         si, h = by_label[a.source]
@@ -514,7 +519,7 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
 
     reasons = _unassigned_reasons(plan)
     n_sources = len(handles)
-    template_origin = f"the template '{template_prefix}'"
+    template_origin = f"the template {quote_name(template_prefix)}"
     for spec in plan.targets:
         if spec.name in plan.assignments:
             continue
@@ -564,8 +569,8 @@ def _check_space(out_abs: str, given: str, needed: int) -> None:
     free = st.f_bavail * st.f_frsize
     if needed > free:
         raise CheckpointWriteError(
-            f"Not enough space to write checkpoint '{given}': it needs about {human_bytes(needed)} but "
-            f"only {human_bytes(free)} is free on the disk of '{probe}'. Free some space on that disk, "
+            f"Not enough space to write checkpoint {quote_name(given)}: it needs about {human_bytes(needed)} but "
+            f"only {human_bytes(free)} is free on the disk of {quote_name(probe)}. Free some space on that disk, "
             "or write the checkpoint elsewhere. No checkpoint was written.", path=probe, errno_=errno.ENOSPC)
 
 
@@ -639,8 +644,9 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
         except OSError:
             pass
         raise CheckpointWriteError(
-            f"The checkpoint '{given}' was written, but its directory's state file '{final}' could not be "
-            f"updated: {e.strerror or e}. Check that you may write to '{directory}'; the checkpoint itself is "
+            f"The checkpoint {quote_name(given)} was written, but its directory's state file {quote_name(final)} "
+            f"could not be updated: {escape_name(e.strerror or e)}. Check that you may write to "
+            f"{quote_name(directory)}; the checkpoint itself is "
             "complete and can be used by its prefix.", path=final, errno_=e.errno) from e
     return final
 
@@ -792,7 +798,7 @@ def merge(
 
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
     resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
-    inputs = [(f"source {quote_name(s.label)}", r.prefix) for s, r in zip(srcs, resolved) if r is not None]
+    inputs = [(_source_origin(s.label), r.prefix) for s, r in zip(srcs, resolved) if r is not None]
     template_prefix = ""
     if kind == "path":
         template_prefix = resolve_checkpoint(tvalue).prefix
@@ -827,13 +833,13 @@ def merge(
             try:
                 plan.check(strict=strict, action="write")
             except PlanError as e:
-                raise PlanError(f"{e}\nNothing was written to '{given}'.", plan=e.plan) from None
+                raise PlanError(f"{e}\nNothing was written to {quote_name(given)}.", plan=e.plan) from None
             jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix,
                                                         read_order=not dry_run)
         if not jobs:
             raise CkptMergeError(
-                f"Nothing to write to '{given}': no variable is left after the rules and the plan"
-                + (f" ({len(skipped)} left out: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
+                f"Nothing to write to {quote_name(given)}: no variable is left after the rules and the plan"
+                + (f" ({len(skipped)} left out: {quote_name(skipped[0][0])}: {skipped[0][1]})" if skipped else "")
                 + ". Check the sources' include/exclude and map; optimizer state and bookkeeping are "
                 "left out unless Source(..., optimizer=True).")
         total = sum(j.nbytes for j in jobs)
@@ -882,7 +888,7 @@ def merge(
     written = [j.target.name for j in jobs]
     per_source = []
     for h in handles:
-        origin = f"source '{h.label}'"
+        origin = _source_origin(h.label)
         mine = [j for j in jobs if j.origin == origin]
         per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": len(mine),
                            "bytes": sum(j.nbytes for j in mine)})

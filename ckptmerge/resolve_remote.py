@@ -38,6 +38,7 @@ from .resolve_files import (
     step_of,
     v1_pattern_of,
 )
+from .text import escape_name, quote_name
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -112,14 +113,15 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     single = _resolve_single(given, url)
     if single is not None:
         if step is not None and single.step != step:
-            raise ArgumentError(f"step={step} was given, but checkpoint '{given}' is "
+            raise ArgumentError(f"step={step} was given, but checkpoint {quote_name(given)} is "
                                 f"{'step ' + str(single.step) if single.step is not None else 'not of a step'}. "
                                 "Pass the directory with the step, or drop the step.")
         return single
     if not remote_isdir(url):
         raise CheckpointNotFoundError(
-            f"Checkpoint '{given}' does not exist: no object '{url}{INDEX}' and no directory there. Check "
-            f"the URL, or run 'ckptmerge checkpoints {dirname(url)}' to list the checkpoints of its parent.",
+            f"Checkpoint {quote_name(given)} does not exist: no object {quote_name(url + INDEX)} and no directory "
+            f"there. Check the URL, or run 'ckptmerge checkpoints {escape_name(dirname(url))}' to list the "
+            "checkpoints of its parent.",
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}
     prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
@@ -129,9 +131,10 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         match = [p for p in prefixes if step_of(p) == step]
         if len(match) != 1:
             raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {given}; steps there: {shown_steps}. Run 'ckptmerge checkpoints "
-                f"{given}' to list them." if not match else
-                f"several checkpoints of step {step} in {given}: {', '.join(match)}; pass one as a prefix.",
+                f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run 'ckptmerge "
+                f"checkpoints {escape_name(given)}' to list them." if not match else
+                f"several checkpoints of step {step} in {quote_name(given)}: {', '.join(map(quote_name, match))}; "
+                "pass one as a prefix.",
                 path=given)
         return ResolvedCheckpoint(join(url, match[0]), FORMAT_TF_BUNDLE, step, f"step {step} of {given}")
     latest = _latest_name(url, names)
@@ -141,7 +144,8 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
             return dataclasses.replace(other, note=f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)}")
         if latest not in prefixes:
             raise CheckpointNotFoundError(
-                f"'{join(url, STATE_FILE)}' names '{latest}' as the latest checkpoint, but '{join(url, latest)}{INDEX}' "
+                f"{quote_name(join(url, STATE_FILE))} names {quote_name(latest)} as the latest checkpoint, but "
+                f"{quote_name(join(url, latest) + INDEX)} "
                 f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
                 path=given)
         s = step_of(latest)
@@ -158,13 +162,13 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
                                       f"no 'checkpoint' state file in {given}; took the highest step {steps[-1]} "
                                       f"of {len(prefixes)} checkpoints")
     if prefixes:
-        raise ArgumentError(f"'{given}' holds {len(prefixes)} checkpoints and no 'checkpoint' state file; pass "
-                            "one of them as a prefix, or a step.")
+        raise ArgumentError(f"{quote_name(given)} holds {len(prefixes)} checkpoints and no 'checkpoint' state "
+                            "file; pass one of them as a prefix, or a step.")
     fmt = _array_dir_format(names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
-    raise CheckpointNotFoundError(f"No checkpoint in '{given}': no '*.index' object and no 'checkpoint' state "
-                                  "file there.", path=given)
+    raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object and no "
+                                  "'checkpoint' state file there.", path=given)
 
 
 def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # noqa: F821
@@ -204,9 +208,9 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
             return ResolvedCheckpoint(pattern, FORMAT_TF_V1, step_of(pattern), f"all shards of V1 checkpoint {given}")
         return ResolvedCheckpoint(url, FORMAT_TF_V1, step_of(url), f"V1 checkpoint {given}")
     raise CheckpointFormatError(
-        f"'{given}' is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint prefix (with a "
-        "'.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a Keras '.h5'/'.keras' "
-        "file.", path=given)
+        f"{quote_name(given)} is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint "
+        "prefix (with a '.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a "
+        "Keras '.h5'/'.keras' file.", path=given)
 
 
 def _array_dir_format(names: Dict[str, dict]) -> str:
@@ -229,7 +233,8 @@ def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - r
 
     url = directory.rstrip("/")
     if not remote_isdir(url):
-        raise CheckpointNotFoundError(f"'{directory}' is not a directory (no objects below it).", path=directory)
+        raise CheckpointNotFoundError(f"{quote_name(directory)} is not a directory (no objects below it).",
+                                      path=directory)
     names = {e["name"]: e for e in remote_listdir(url)}
     latest = _latest_name(url, names)
     data: Dict[str, int] = {}  # prefix -> bytes of its data shards, in one pass (linear in the listing)

@@ -21,7 +21,7 @@ from ckptmerge.report import render_plan
 from ckptmerge.rules import Rules
 from ckptmerge.specs import VariableInfo as V
 from ckptmerge.text import escape_name, escape_text, join_lines, quote_name
-from ckptmerge.errors import TransformError
+from ckptmerge.errors import CheckpointFormatError, TransformError
 from ckptmerge.transforms import read_vocab
 
 #: The audit's forged row: a title-setting OSC sequence, then a newline and a fake table row.
@@ -378,4 +378,78 @@ def test_a_vocab_remap_names_its_file_escaped(tmp_path):
     with pytest.raises(TransformError) as err:
         cm.VocabRemap("v", str(old), ["b", "a"]).output_shape((1, 4))  # fewer rows than tokens
     assert f"the old vocabulary {quote_name(str(old))} has 2 tokens" in str(err.value), err.value
+    no_forged_line(str(err.value))
+
+
+# --------------------------------------------------------------------------------------------
+# URLs (object storage, through memory://)
+
+
+@pytest.fixture
+def red_url(tmp_path, tf):
+    """A memory:// folder whose name holds ESC and a newline, with checkpoints ckpt-1 and ckpt-2."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://escape-{tmp_path.name}/{RED}"
+    for step in (1, 2):
+        save_v2(tf, tmp_path / f"ckpt-{step}", {"v": np.ones((2,), np.float32)})
+        for name in (f"ckpt-{step}.index", f"ckpt-{step}.data-00000-of-00001"):
+            fs.pipe(f"{url}/{name}", (tmp_path / name).read_bytes())
+    fs.pipe(f"{url}/notes.txt", b"hello")
+    yield url
+    fs.rm(f"memory://escape-{tmp_path.name}", recursive=True)
+
+
+def test_a_missing_url_is_one_escaped_error_line_with_an_escaped_hint(red_url):
+    r = run("ls", f"{red_url}/ckpt-9")
+    assert_one_line_error(r, "Checkpoint '", "runs\\x1b[31m\\nError: forged/ckpt-9' does not exist: no object '",
+                          "runs\\x1b[31m\\nError: forged/ckpt-9.index' and no directory there",
+                          "run 'ckptmerge checkpoints ", "runs\\x1b[31m\\nError: forged' to list")
+    no_forged_line(r.stderr)
+
+
+def test_a_url_folder_without_the_step_or_a_state_file_is_named_escaped(red_url):
+    r = run("ls", red_url, "--step", 7)
+    assert_one_line_error(r, "no checkpoint of step 7 in '", "runs\\x1b[31m\\nError: forged'; steps there: 1, 2. "
+                          "Run 'ckptmerge checkpoints ", "runs\\x1b[31m\\nError: forged' to list them.")
+    no_forged_line(r.stderr)
+
+
+def test_a_url_state_file_naming_a_missing_checkpoint_is_named_escaped(red_url):
+    import fsspec
+
+    fsspec.filesystem("memory").pipe(f"{red_url}/checkpoint", b'model_checkpoint_path: "ckpt-\x1b[2J5"\n')
+    r = run("ls", red_url)
+    assert_one_line_error(r, "runs\\x1b[31m\\nError: forged/checkpoint' names 'ckpt-\\x1b[2J5' as the latest "
+                          "checkpoint, but '", "runs\\x1b[31m\\nError: forged/ckpt-\\x1b[2J5.index' does not exist")
+    no_forged_line(r.stderr)
+
+
+def test_a_url_that_is_not_a_checkpoint_is_named_escaped(red_url):
+    r = run("ls", f"{red_url}/notes.txt")
+    assert_one_line_error(r, "runs\\x1b[31m\\nError: forged/notes.txt' is a file but not a checkpoint")
+    no_forged_line(r.stderr)
+
+
+def test_storage_errors_quote_the_url_escaped(red_url):
+    from ckptmerge.formats import storage
+
+    with pytest.raises(cm.CheckpointNotFoundError) as err:
+        storage.read_small(f"{red_url}/gone")
+    assert str(err.value) == f"{quote_name(red_url + '/gone')} does not exist (while looking up)."
+    no_forged_line(str(err.value))
+    with pytest.raises(CheckpointFormatError) as err:
+        storage.read_small(f"{red_url}/notes.txt", limit=2)
+    assert str(err.value).startswith(f"{quote_name(red_url + '/notes.txt')} has 5 bytes, more than")
+    no_forged_line(str(err.value))
+
+
+def test_a_path_that_is_not_a_regular_file_is_named_escaped(tmp_path):
+    from ckptmerge.localfile import NotARegularFileError, read_regular_file
+
+    (tmp_path / RED).mkdir()
+    with pytest.raises(NotARegularFileError) as err:
+        read_regular_file(str(tmp_path / RED))
+    assert str(err.value).startswith(f"{quote_name(str(tmp_path / RED))} is a directory"), err.value
     no_forged_line(str(err.value))

@@ -30,6 +30,7 @@ import zipfile
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
            "remote_listdir", "remote_size", "join", "basename", "dirname", "create_exclusive", "RETRIES",
@@ -105,13 +106,13 @@ def filesystem(url: str) -> Tuple[Any, str]:
     try:
         from fsspec.core import url_to_fs
     except ImportError:
-        raise CkptMergeError(f"Reading {url!r} needs fsspec: pip install \"ckptmerge[{extra}]\"") from None
+        raise CkptMergeError(f"Reading {quote_name(url)} needs fsspec: pip install \"ckptmerge[{extra}]\"") from None
     try:
         with _FS_LOCK:
             fs, path = url_to_fs(url)
     except (ImportError, ValueError) as e:
-        raise CkptMergeError(f"Cannot open {url!r}: the filesystem for '{scheme}://' is not installed "
-                             f"({e}). Install it with: pip install \"ckptmerge[{extra}]\"") from None
+        raise CkptMergeError(f"Cannot open {quote_name(url)}: the filesystem for '{scheme}://' is not installed "
+                             f"({escape_name(e)}). Install it with: pip install \"ckptmerge[{extra}]\"") from None
     return fs, path
 
 
@@ -138,18 +139,18 @@ def _with_retries(what: str, url: str, fn: Callable[[], T], *, key: Optional[str
         try:
             return fn()
         except FileNotFoundError:
-            raise CheckpointNotFoundError(f"{url!r} does not exist (while {what}).", path=url) from None
+            raise CheckpointNotFoundError(f"{quote_name(url)} does not exist (while {what}).", path=url) from None
         except PermissionError as e:
-            raise CheckpointFormatError(f"Access denied to {url!r} while {what}: {e}. Check the credentials "
-                                        "your storage library uses (ckptmerge passes none).", path=url,
+            raise CheckpointFormatError(f"Access denied to {quote_name(url)} while {what}: {escape_name(e)}. Check "
+                                        "the credentials your storage library uses (ckptmerge passes none).", path=url,
                                         key=key) from None
         except CkptMergeError:
             raise
         except Exception as e:  # noqa: BLE001 - every library raises its own types
             if not _transient(e) or attempt == RETRIES:
                 tail = f" after {attempt} attempts" if attempt > 1 else ""
-                raise CheckpointFormatError(f"Remote error while {what} from {url!r}{tail}: "
-                                            f"{type(e).__name__}: {e}", path=url, key=key) from None
+                raise CheckpointFormatError(f"Remote error while {what} from {quote_name(url)}{tail}: "
+                                            f"{type(e).__name__}: {escape_name(e)}", path=url, key=key) from None
             logger.info("retrying %s from %s after %s: %s (attempt %d of %d)", what, url, type(e).__name__,
                         e, attempt, RETRIES)
             time.sleep(delay)
@@ -166,8 +167,8 @@ def read_small(url: str, limit: int = MAX_SMALL) -> bytes:
     fs, path = filesystem(url)
     size = remote_size(url)
     if size > limit:
-        raise CheckpointFormatError(f"{url!r} has {size} bytes, more than the {limit}-byte limit for this file.",
-                                    path=url)
+        raise CheckpointFormatError(f"{quote_name(url)} has {size} bytes, more than the {limit}-byte limit for "
+                                    "this file.", path=url)
     return _with_retries("fetching", url, lambda: fs.cat_file(path))
 
 
@@ -176,7 +177,7 @@ def remote_size(url: str) -> int:
     fs, path = filesystem(url)
     info = _with_retries("looking up", url, lambda: fs.info(path))
     if info.get("type") == "directory":
-        raise CheckpointFormatError(f"{url!r} is a directory, not a file.", path=url)
+        raise CheckpointFormatError(f"{quote_name(url)} is a directory, not a file.", path=url)
     return int(info.get("size") or 0)
 
 
@@ -246,13 +247,13 @@ def create_exclusive(url: str, data: bytes) -> bool:
         except FileExistsError:
             return False
         except OSError as e:
-            raise CheckpointFormatError(f"Cannot create {url!r}: {e}", path=url) from None
+            raise CheckpointFormatError(f"Cannot create {quote_name(url)}: {escape_name(e)}", path=url) from None
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return True
     if not _has_exclusive_create(fs):
         raise CkptMergeError(
-            f"Cannot create the lock {url!r}: the {type(fs).__name__} filesystem has no atomic "
+            f"Cannot create the lock {quote_name(url)}: the {type(fs).__name__} filesystem has no atomic "
             "create-if-absent, so two merges to one output could not be kept apart. Make sure only one "
             "merge writes there and set CKPTMERGE_REMOTE_LOCK=0 to merge without the lock.")
 
