@@ -164,7 +164,7 @@ class Restorer:
                 if h.label == source:
                     return h
             raise CkptMergeError(
-                f"No checkpoint source labelled {quote_name(source)}; sources: {', '.join(h.label for h in disk)}."
+                f"No checkpoint source labelled {quote_name(source)}; sources: {', '.join(quote_name(h.label) for h in disk)}."
             )
         if len(disk) != 1:
             raise CkptMergeError(
@@ -216,14 +216,14 @@ class Restorer:
                 continue
             got = new_vars.get(a.name)
             if got is None:
-                problems.append(f"{quote_name(a.name)} is not in {handle.path}")
+                problems.append(f"{quote_name(a.name)} is not in {quote_name(handle.path)}")
             elif got.shape != a.spec.shape or got.dtype != a.spec.dtype:
-                problems.append(f"{quote_name(a.name)} is {got.dtype} {got.shape} in {handle.path}, "
+                problems.append(f"{quote_name(a.name)} is {got.dtype} {got.shape} in {quote_name(handle.path)}, "
                                 f"was {a.spec.dtype} {a.spec.shape}")
         if problems:
             handle.close()
             raise PlanError(
-                f"Checkpoint {handle.path} does not have the layout this restorer was planned for "
+                f"Checkpoint {quote_name(handle.path)} does not have the layout this restorer was planned for "
                 f"({len(problems)} difference(s)): " + "; ".join(problems[:10])
                 + ". Make a new Restorer for it.", plan=self.plan,
             )

@@ -453,3 +453,12 @@ def test_a_path_that_is_not_a_regular_file_is_named_escaped(tmp_path):
         read_regular_file(str(tmp_path / RED))
     assert str(err.value).startswith(f"{quote_name(str(tmp_path / RED))} is a directory"), err.value
     no_forged_line(str(err.value))
+
+
+def test_a_corrupt_safetensors_file_is_named_escaped(tmp_path):
+    (tmp_path / RED).mkdir()
+    path = tmp_path / RED / "model.safetensors"
+    path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    r = run("ls", path)
+    assert_one_line_error(r, f"(File: {escape_name(str(path))})")
+    no_forged_line(r.stderr)

@@ -52,7 +52,7 @@ from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
 from ckptmerge.formats.kerasnames import archive_names
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
-from ckptmerge.text import human_bytes, plural
+from ckptmerge.text import escape_name, human_bytes, plural
 
 __all__ = ["H5Reader", "HDF5_SIGNATURE", "MAX_EXPANSION", "is_hdf5", "is_keras_archive"]
 
@@ -391,8 +391,8 @@ class H5Reader(CheckpointReader):
 
     def _error(self, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
         return CheckpointFormatError(
-            f"Cannot read Keras weights file {os.path.basename(self.path)}: {problem}. The file "
-            f"is corrupt or not an HDF5 weights file; re-copy it. (File: {self.path})",
+            f"Cannot read Keras weights file {escape_name(os.path.basename(self.path))}: {problem}. The file "
+            f"is corrupt or not an HDF5 weights file; re-copy it. (File: {escape_name(self.path)})",
             path=self.path, key=key)
 
     def _open(self) -> Any:

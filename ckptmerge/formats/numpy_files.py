@@ -29,6 +29,7 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats import storage
 from ckptmerge.formats.fileio import Descriptors, Handle, pread_into
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
+from ckptmerge.text import escape_name
 
 __all__ = ["NumpyReader", "is_npz", "NPY_MAGIC"]
 
@@ -154,7 +155,7 @@ class NumpyReader(CheckpointReader):
     def _error(self, problem: str, file: Optional[str] = None) -> CheckpointFormatError:
         file = file or self.path
         return CheckpointFormatError(f"Cannot read NumPy data {os.path.basename(file)!r}: {problem}. "
-                                     f"(File: {file})", path=file)
+                                     f"(File: {escape_name(file)})", path=file)
 
     # -- listing ---------------------------------------------------------------------------
     def _scan_dir(self, root: str) -> None:

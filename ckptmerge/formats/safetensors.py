@@ -32,6 +32,7 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats import storage
 from ckptmerge.formats.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
+from ckptmerge.text import escape_name
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
            "MAX_HEADER", "safetensors_dtype"]
@@ -145,8 +146,8 @@ class SafetensorsReader(CheckpointReader):
     def _error(self, problem: str, file: Optional[str] = None, key: Optional[str] = None) -> CheckpointFormatError:
         file = file or self.path
         return CheckpointFormatError(
-            f"Cannot read safetensors file {os.path.basename(file)}: {problem}. The file is corrupt, "
-            f"truncated or not a safetensors file; re-copy it. (File: {file})", path=file, key=key)
+            f"Cannot read safetensors file {escape_name(os.path.basename(file))}: {problem}. The file is corrupt, "
+            f"truncated or not a safetensors file; re-copy it. (File: {escape_name(file)})", path=file, key=key)
 
     def _shards_from_index(self, index: str) -> List[str]:
         data = _read_json_file(index, self._error)

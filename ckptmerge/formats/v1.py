@@ -38,6 +38,7 @@ from ckptmerge.formats.slices import (Extents, SliceError, encode_tensor_name_sl
 from ckptmerge.formats.table import Table, TableError
 from ckptmerge.formats.tfproto import decode_tensor_values, int64_field, parse_shape, parse_slice
 from ckptmerge.specs import VariableInfo
+from ckptmerge.text import escape_name
 
 __all__ = ["V1Reader", "V1_SHARD_RE", "V1_PATTERN_RE", "v1_pattern", "v1_shard_files"]
 
@@ -175,8 +176,8 @@ class _File:
             data = self._pread(offset, size)
         if len(data) != size:
             raise CheckpointFormatError(
-                f"Checkpoint file {os.path.basename(self.path)} ended early ({len(data)} of {size} "
-                f"bytes at offset {offset}); it was truncated after it was opened. (File: {self.path})",
+                f"Checkpoint file {escape_name(os.path.basename(self.path))} ended early ({len(data)} of {size} "
+                f"bytes at offset {offset}); it was truncated after it was opened. (File: {escape_name(self.path)})",
                 path=self.path)
         return data
 
@@ -269,8 +270,8 @@ class V1Reader(CheckpointReader):
     # -- opening ---------------------------------------------------------------------------
     def _error(self, file_path: str, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
         return CheckpointFormatError(
-            f"Corrupt V1 checkpoint {os.path.basename(file_path)}: {problem}. The file is damaged "
-            f"or not a TensorFlow checkpoint; re-copy it. (File: {file_path})", path=file_path, key=key)
+            f"Corrupt V1 checkpoint {escape_name(os.path.basename(file_path))}: {problem}. The file is damaged "
+            f"or not a TensorFlow checkpoint; re-copy it. (File: {escape_name(file_path)})", path=file_path, key=key)
 
     def _load(self, number: int, f: _File) -> None:
         try:
