@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import tracemalloc
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,6 +26,17 @@ from ckptmerge.formats.bundle import crc32c, encode_tensor_name_slice, mask_crc 
 ALL_DTYPES = ["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",
               "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128", "string",
               "float8_e5m2", "float8_e4m3fn", "int4", "uint4"]
+
+
+def traced_peak(fn: Callable[[], Any]) -> Tuple[Any, int]:
+    """(result of ``fn()``, peak bytes Python allocated while it ran, per ``tracemalloc``)."""
+    tracemalloc.start()
+    try:
+        out = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return out, peak
 
 
 def tf():

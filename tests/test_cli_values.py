@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tracemalloc
 
 import numpy as np
 import pytest
 
 from _cli_util import assert_one_line_error, run, save_tf1
-from _reader_util import write_saver_checkpoint
+from _reader_util import traced_peak, write_saver_checkpoint
 from ckptmerge.cli import inspect as cli_inspect
 
 N = 1 << 21  # 8 MiB of float32
@@ -47,22 +46,11 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(cli_inspect, "_STATS_CHUNK", PIECE)
 
 
-def _peak(fn):
-    """(result of fn(), peak bytes traced while it ran)."""
-    tracemalloc.start()
-    try:
-        out = fn()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return out, peak
-
-
 # --------------------------------------------------------------------------------------------
 # ls --stats streams
 # --------------------------------------------------------------------------------------------
 def test_ls_stats_reads_a_big_tensor_in_bounded_pieces(big, small_pieces):
-    r, peak = _peak(lambda: run("ls", big["A"], "--stats", "--json"))
+    r, peak = traced_peak(lambda: run("ls", big["A"], "--stats", "--json"))
     assert r.exit_code == 0, r.output
     assert peak < N * 4 / 8, peak  # the tensor is 8 MiB; a piece 16 KiB
     stats = json.loads(r.stdout)[0]["stats"]
@@ -74,7 +62,7 @@ def test_ls_stats_reads_a_big_tensor_in_bounded_pieces(big, small_pieces):
 
 
 def test_ls_stats_of_a_partitioned_variable_streams_its_slices(big, small_pieces):
-    (r, peak), whole = _peak(lambda: run("ls", big["P"], "--stats", "--json")), run("ls", big["R"], "--stats", "--json")
+    (r, peak), whole = traced_peak(lambda: run("ls", big["P"], "--stats", "--json")), run("ls", big["R"], "--stats", "--json")
     assert r.exit_code == 0, r.output
     assert peak < N * 4 / 8, peak
     got, want = json.loads(r.stdout)[0]["stats"], json.loads(whole.stdout)[0]["stats"]
@@ -121,7 +109,7 @@ FORMATS = ["safetensors", "npy", "npz"]
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_ls_stats_streams_a_big_tensor_of_other_formats_from_the_file(big, files, fmt, small_pieces):
     run("ls", files["A"][fmt])  # the reader's modules are imported before memory is measured
-    r, peak = _peak(lambda: run("ls", files["A"][fmt], "--stats", "--json"))
+    r, peak = traced_peak(lambda: run("ls", files["A"][fmt], "--stats", "--json"))
     assert r.exit_code == 0, r.output
     assert peak < N * 4 / 8, peak  # the tensor is 8 MiB; a piece 16 KiB
     want = json.loads(run("ls", big["A"], "--stats", "--json").stdout)[0]["stats"]
@@ -130,7 +118,7 @@ def test_ls_stats_streams_a_big_tensor_of_other_formats_from_the_file(big, files
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_diff_values_streams_big_tensors_of_other_formats_from_the_files(files, fmt, small_pieces):
-    r, peak = _peak(lambda: run("diff", files["A"][fmt], files["B"][fmt], "--values"))
+    r, peak = traced_peak(lambda: run("diff", files["A"][fmt], files["B"][fmt], "--values"))
     assert r.exit_code == 1, r.output
     assert peak < N * 4 / 8, peak
     assert "Values differ (1):\n  w: max abs diff 0.5\n" in r.stdout
@@ -168,14 +156,14 @@ def test_pieces_are_read_as_they_are_asked_for(files, tmp_path):
 # diff --values streams
 # --------------------------------------------------------------------------------------------
 def test_diff_values_compares_big_tensors_in_bounded_pieces(big, small_pieces):
-    r, peak = _peak(lambda: run("diff", big["A"], big["B"], "--values"))
+    r, peak = traced_peak(lambda: run("diff", big["A"], big["B"], "--values"))
     assert r.exit_code == 1, r.output
     assert peak < N * 4 / 8, peak
     assert "Values differ (1):\n  w: max abs diff 0.5\n" in r.stdout
 
 
 def test_diff_values_of_a_partitioned_and_a_plain_copy_are_equal(big, small_pieces):
-    r, peak = _peak(lambda: run("diff", big["P"], big["R"], "--values"))
+    r, peak = traced_peak(lambda: run("diff", big["P"], big["R"], "--values"))
     assert r.exit_code == 0, r.output
     assert peak < N * 4 / 8, peak
     assert r.stdout.endswith("Equal: 1 variable, same names, dtypes, shapes and values (1 compared)\n")

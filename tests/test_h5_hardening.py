@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import tracemalloc
 import zipfile
 
 import h5py
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 from _cli_util import REPO, assert_one_line_error, run, write_config
+from _reader_util import traced_peak
 
 import ckptmerge as cm
 from ckptmerge.errors import CheckpointFormatError, UnreadableTensorError, UnsafeCheckpointError
@@ -220,12 +220,7 @@ def test_compressed_weights_within_the_ratio_are_read_into_one_buffer(tmp_path):
         f.create_dataset(KEY, data=values, chunks=(1 << 18,), compression="gzip", compression_opts=1)
         f.create_dataset("layers/dense/vars/1", data=values.astype(">f4"))  # big-endian: converted
     with open_checkpoint(str(path)) as reader:
-        tracemalloc.start()
-        try:
-            got = reader.get(KEY)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        got, peak = traced_peak(lambda: reader.get(KEY))
         np.testing.assert_array_equal(got, values)
         assert peak < values.nbytes * 1.25, f"peak {peak} for a {values.nbytes}-byte tensor: a second copy"
         big_endian = reader.get("layers/dense/vars/1")
@@ -261,12 +256,7 @@ def test_ls_stats_reads_a_big_dataset_in_pieces(tmp_path):
     path = tmp_path / "m.weights.h5"
     with h5py.File(path, "w") as f:
         f[KEY] = values
-    tracemalloc.start()
-    try:
-        r = run("ls", path, "--stats", "--json")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    r, peak = traced_peak(lambda: run("ls", path, "--stats", "--json"))
     assert r.exit_code == 0, r.output
     stats = json.loads(r.stdout)[0]["stats"]
     assert (stats["min"], stats["max"], stats["mean"]) == (0.0, float((1 << 24) - 1), ((1 << 24) - 1) / 2)
@@ -304,12 +294,7 @@ def test_a_compressed_keras_member_is_streamed_not_held_in_memory(tmp_path):
     archive = tmp_path / "m.keras"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         z.write(plain, "model.weights.h5")
-    tracemalloc.start()
-    try:
-        reader = open_checkpoint(str(archive))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    reader, peak = traced_peak(lambda: open_checkpoint(str(archive)))
     with reader:
         assert peak < 4 << 20, f"opening the archive held {peak} bytes: the member is in memory"
         np.testing.assert_array_equal(reader.get(KEY), values)
@@ -327,12 +312,7 @@ def test_a_keras_archive_config_bomb_is_ignored_not_inflated(tmp_path, caplog):
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
         z.writestr("config.json", b" " * (32 << 20) + b"{}")  # 32 MiB of JSON in ~32 KiB
         z.writestr("model.weights.h5", _tiny_weights())
-    tracemalloc.start()
-    try:
-        reader = open_checkpoint(str(archive))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    reader, peak = traced_peak(lambda: open_checkpoint(str(archive)))
     with reader:
         assert peak < 4 << 20, f"opening the archive held {peak} bytes: config.json was inflated"
         assert reader.names() == [KEY]  # raw keys, as for an archive without config.json

@@ -9,7 +9,6 @@ then break the slice metadata the way a damaged or hostile file could.
 from __future__ import annotations
 
 import itertools
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 
 import ckptmerge as cm
 from _cli_util import assert_one_line_error, run
-from _reader_util import (entry_proto, partitioned_entry_proto, random_value, tf, write_bundle,
+from _reader_util import (entry_proto, partitioned_entry_proto, random_value, tf, traced_peak, write_bundle,
                           write_partitioned_bundle, write_saver_checkpoint)
 from ckptmerge.errors import ArgumentError, CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
@@ -112,31 +111,21 @@ def huge(tmp_path):
         raw)
 
 
-def _peak_while(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
-
-
 def test_huge_declared_slice_is_refused_before_allocating(huge):
     def load():
         with pytest.raises(CheckpointFormatError,
                            match=r"index says 4 bytes but shape \(68719476736,\) of float32 needs 274877906944"):
             cm.load(huge)
 
-    assert _peak_while(load) < 1 << 20
+    assert traced_peak(load)[1] < 1 << 20
 
 
 @pytest.mark.parametrize("command", [["show", "{p}", "w"], ["diff", "{p}", "{p}", "--values"],
                                      ["ls", "{p}", "--stats"]])
 def test_huge_declared_slice_exits_2_in_the_cli(huge, command):
     args = [a.format(p=huge) for a in command]
-    peak = _peak_while(lambda: assert_one_line_error(run(*args), "Corrupt tensor 'w (slice [(0, -1)])'",
-                                                     "needs 274877906944"))
+    _, peak = traced_peak(lambda: assert_one_line_error(run(*args), "Corrupt tensor 'w (slice [(0, -1)])'",
+                                                        "needs 274877906944"))
     assert peak < 1 << 20
 
 
@@ -200,7 +189,7 @@ def test_get_reads_slices_of_whole_rows_straight_into_the_result(tmp_path):
         ([(0, 512), (0, -1)], value[:512]), ([(512, 512), (0, -1)], value[512:])])
     got = []
     with open_checkpoint(prefix) as reader:
-        peak = _peak_while(lambda: got.append(reader.get("w")))
+        peak = traced_peak(lambda: got.append(reader.get("w")))[1]
     assert got[0].tobytes() == value.tobytes()
     assert peak < value.nbytes * 1.25, peak
 
