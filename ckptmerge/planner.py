@@ -137,7 +137,6 @@ _FIRST = operator.itemgetter(0)
 _THIRD = operator.itemgetter(2)
 _ORDER = operator.attrgetter("order")
 _NAME = operator.attrgetter("name")
-_ANAME = _NAME
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
@@ -434,12 +433,9 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
                         tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)), False, src.label,
                         reason="applies to no variable this source provides"))
 
-    if len(sources) == 1:
-        taken = {sources[0].label: set(map(_ANAME, assignments.values()))}
-    else:
-        taken = {}
-        for a in assignments.values():
-            taken.setdefault(a.source, set()).add(a.name)
+    taken: Dict[str, Set[str]] = {}
+    for a in assignments.values():
+        taken.setdefault(a.source, set()).add(a.name)
     # "unused" is every name nothing took (the definition); "dropped" says which of
     # those the rules left out on purpose, so reports can tell the two apart.
     unused = {s.label: sorted((selected[s.label] - taken.get(s.label, set())) | set(dropped[s.label]))

@@ -449,8 +449,6 @@ class RuleResult:
     ambiguous: List[Ambiguity]
     explicit: FrozenSet[str] = frozenset()
     via: Dict[Tuple[str, str], Union["MapRule", "RegexRule"]] = field(default_factory=dict)
-    _triples: Optional[List[Tuple[str, str, Optional[Union["MapRule", "RegexRule"]]]]] = field(
-        default=None, repr=False, compare=False)
 
     def pairs(self) -> List[Tuple[str, str]]:
         """Every ``(checkpoint name, target name)`` pair, sorted.
@@ -463,14 +461,12 @@ class RuleResult:
 
     def triples(self) -> List[Tuple[str, str, Optional[Union["MapRule", "RegexRule"]]]]:
         """Every ``(checkpoint name, target name, rule)``, sorted as :meth:`pairs` (rule ``None``
-        for identity); :meth:`Rules.apply` records them as it goes.
+        for identity).
 
         Example:
             >>> Rules().apply(["a"]).triples()
             [('a', 'a', None)]
         """
-        if self._triples is not None:
-            return list(self._triples)
         via = self.via
         return [(n, t, via.get((n, t))) for n, ts in self.mapping.items() for t in ts]
 
@@ -765,7 +761,7 @@ class Rules:
             if rule is not None:
                 via[(n, t)] = rule
         return RuleResult(mapping=mapping, dropped=applied.dropped, unmatched=applied.unmatched,
-                          ambiguous=applied.ambiguous, explicit=applied.explicit, via=via, _triples=applied.triples)
+                          ambiguous=applied.ambiguous, explicit=applied.explicit, via=via)
 
     def _apply(self, names: Sequence[str], hidden: Sequence[str] = ()) -> "_Applied":
         """:meth:`apply` as ``(name, target, rule)`` triples (sorted), without the mapping and
