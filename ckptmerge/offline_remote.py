@@ -79,10 +79,14 @@ class _RemoteLock:
             return self
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                            "token": self.token, "output": self.output}).encode()
-        if create_exclusive(self.url, body) or self._holder().get("token") == self.token:
-            self.held = True  # (the second test: our create landed but its answer was lost, then retried)
+        if create_exclusive(self.url, body):
+            self.held = True
             return self
-        raise self._locked_error()
+        holder = self._holder()
+        if holder.get("token") == self.token:  # our create landed but its answer was lost, then retried
+            self.held = True
+            return self
+        raise self._locked_error(holder)
 
     def _holder(self) -> dict:
         try:
@@ -91,8 +95,7 @@ class _RemoteLock:
             return {}
         return holder if isinstance(holder, dict) else {}
 
-    def _locked_error(self) -> OutputLockedError:
-        h = self._holder()
+    def _locked_error(self, h: dict) -> OutputLockedError:
         started = h.get("started")
         if isinstance(started, (int, float)):
             age = f", started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))} " \
