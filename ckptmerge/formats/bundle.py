@@ -24,7 +24,6 @@ import bisect
 import logging
 import os
 import struct
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -63,7 +62,6 @@ from ckptmerge.formats.slices import (
 )
 from ckptmerge.formats.storage import (
     REMOTE_CONCURRENCY,
-    RemoteFile,
     is_url,
     read_small,
     remote_size,
@@ -230,12 +228,10 @@ class BundleReader(CheckpointReader):
         super().__init__(prefix)
         self.verify = verify
         self.index_path = self.path + ".index"
-        self._lock = threading.Lock()
         self._fds = Descriptors()
         self._index_name = os.path.basename(self.index_path)
         #: True when the checkpoint is a URL (object storage through fsspec): ranged reads.
         self.remote = is_url(self.path)
-        self._remote_files: Dict[int, RemoteFile] = {}
         try:
             if self.remote:
                 data = read_small(self.index_path)
@@ -487,7 +483,8 @@ class BundleReader(CheckpointReader):
         shown = key if label is None else label
         n = len(buf)
         if self.remote:
-            done = self._remote_file(shard).readinto(offset, buf, key=key)
+            # a URL's handle is a RemoteFile, whose errors already name the URL and tensor
+            done = pread_into(self._fds.get(shard, self._shard_path(shard)), offset, buf, key=key)
         else:
             try:
                 done = pread_into(self._fd(shard), offset, buf)
@@ -501,13 +498,6 @@ class BundleReader(CheckpointReader):
                 f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
                 f"{shown!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
                 f"the checkpoint was opened. (File: {path})", path=path, key=key)
-
-    def _remote_file(self, shard: int) -> RemoteFile:
-        f = self._remote_files.get(shard)
-        if f is None:
-            with self._lock:
-                f = self._remote_files.setdefault(shard, RemoteFile(self._shard_path(shard)))
-        return f
 
     def _label(self, e: BundleEntry, label: Optional[str] = None) -> str:
         """The tensor as users know it: its name, or ``name (slice ...)``."""
