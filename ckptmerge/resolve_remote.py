@@ -69,22 +69,14 @@ def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821
         >>> read_state_url("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
-    from .resolve_state import CheckpointState, _parse_state_text
+    from .resolve_state import state_from_text
 
     directory = directory.rstrip("/")
     url = join(directory, STATE_FILE)
     if not remote_exists(url):
         return None
-    fields = _parse_state_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url)
-    latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
-    recorded_all = tuple(fields["all_model_checkpoint_paths"])
-    last = fields["last_preserved_timestamp"]
-    return CheckpointState(
-        path=url, directory=directory, model_checkpoint_path=_locate(latest, directory) if latest else None,
-        all_model_checkpoint_paths=tuple(_locate(p, directory) for p in recorded_all),
-        all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
-        last_preserved_timestamp=last[-1] if last else None, recorded_model_checkpoint_path=latest or None,
-        recorded_all_model_checkpoint_paths=recorded_all)
+    return state_from_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url, url, directory,
+                           _locate)
 
 
 def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:

@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from .args import check_path
 from .errors import CheckpointFormatError
@@ -192,16 +192,30 @@ def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
             "Check its permissions, or pass the checkpoint prefix itself.",
             path=shown_path,
         ) from e
-    fields = _parse_state_text(data.decode("utf-8", "surrogateescape"), shown_path)
-    abs_dir = os.path.abspath(directory)
+    return state_from_text(data.decode("utf-8", "surrogateescape"), shown_path, os.path.abspath(state_path),
+                           os.path.abspath(directory), _locate)
+
+
+def state_from_text(text: str, shown_path: str, path: str, directory: str,
+                    locate: Callable[[str, str], str]) -> CheckpointState:
+    """The :class:`CheckpointState` a state file's ``text`` describes: ``path`` and ``directory``
+    are where it lives (local or URL), ``locate(recorded, directory)`` finds a recorded path there,
+    and problems name the file as ``shown_path``.
+
+    Example:
+        >>> state_from_text('model_checkpoint_path: "ckpt-2"', "checkpoint", "/run/checkpoint", "/run",
+        ...                 lambda p, d: d + "/" + p).model_checkpoint_path
+        '/run/ckpt-2'
+    """
+    fields = _parse_state_text(text, shown_path)
     latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
     recorded_all = tuple(fields["all_model_checkpoint_paths"])
     last = fields["last_preserved_timestamp"]
     return CheckpointState(
-        path=os.path.abspath(state_path),
-        directory=abs_dir,
-        model_checkpoint_path=_locate(latest, abs_dir) if latest else None,
-        all_model_checkpoint_paths=tuple(_locate(p, abs_dir) for p in recorded_all),
+        path=path,
+        directory=directory,
+        model_checkpoint_path=locate(latest, directory) if latest else None,
+        all_model_checkpoint_paths=tuple(locate(p, directory) for p in recorded_all),
         all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
         last_preserved_timestamp=last[-1] if last else None,
         recorded_model_checkpoint_path=latest or None,
