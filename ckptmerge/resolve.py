@@ -42,6 +42,7 @@ from .resolve_files import (
     NOT_V1_SUFFIXES,
     STATE_FILE,
     PathArg,
+    array_dir_format,
     data_files_by_base,
     display_path,
     index_exists,
@@ -328,14 +329,9 @@ def _array_file_format(path: str) -> str:
 def _array_dir_format(directory: str) -> str:
     """The format of a folder of safetensors shards or ``.npy`` files, else ``""``."""
     try:
-        names = os.listdir(directory)
+        return array_dir_format(os.listdir(directory))
     except OSError:
         return ""
-    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
-        return FORMAT_SAFETENSORS
-    if any(n.endswith(".npy") for n in names):
-        return FORMAT_NUMPY
-    return ""
 
 
 def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,

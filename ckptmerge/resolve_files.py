@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import CheckpointNotFoundError, did_you_mean
 from .text import escape_name, quote_name
@@ -143,6 +143,22 @@ def v1_shard(prefix: str) -> Optional[str]:
             if _is_table(full):
                 return full
     return None
+
+
+def array_dir_format(names: Iterable[str]) -> str:
+    """The format of a folder holding ``names``: safetensors shards (or their index) or ``.npy``
+    files, else ``""``.
+
+    Example:
+        >>> array_dir_format(["model-00001-of-00002.safetensors", "README.md"])
+        'safetensors'
+    """
+    names = list(names)
+    if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
+        return FORMAT_SAFETENSORS
+    if any(n.endswith(".npy") for n in names):
+        return FORMAT_NUMPY
+    return ""
 
 
 def index_exists(prefix: str) -> bool:

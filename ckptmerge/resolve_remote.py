@@ -35,6 +35,7 @@ from .resolve_files import (
     INDEX,
     STATE_FILE,
     V1_SHARD_RE,
+    array_dir_format,
     step_of,
     v1_pattern_of,
 )
@@ -156,7 +157,7 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     if prefixes:
         raise ArgumentError(f"{quote_name(given)} holds {len(prefixes)} checkpoints and no 'checkpoint' state "
                             "file; pass one of them as a prefix, or a step.")
-    fmt = _array_dir_format(names)
+    fmt = array_dir_format(names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
     raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object and no "
@@ -203,15 +204,6 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
         f"{quote_name(given)} is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint "
         "prefix (with a '.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a "
         "Keras '.h5'/'.keras' file.", path=given)
-
-
-def _array_dir_format(names: Dict[str, dict]) -> str:
-    """safetensors or numpy for a remote folder of safetensors shards or ``.npy`` files, else ``""``."""
-    if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
-        return FORMAT_SAFETENSORS
-    if any(n.endswith(".npy") for n in names):
-        return FORMAT_NUMPY
-    return ""
 
 
 def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - resolve's class
