@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -238,14 +238,12 @@ class EntryColumns:
         dtype, shard, offset, size, crc = self.fields[:, i].tolist()
         return BundleEntry(self.keys[i], dtype, self.shapes[i], shard, offset, size, crc, ())
 
-    def dtypes(self, indices: Sequence[int]) -> List[int]:
-        """The dtype enum of each entry of ``indices``."""
+    def dtypes(self, indices: range) -> List[int]:
+        """The dtype enum of each entry of ``indices`` (a range of entry positions)."""
         out = self.fields[DTYPE, indices].tolist()
-        if self.special:
-            for j, i in enumerate(indices):
-                e = self.special.get(i)
-                if e is not None:
-                    out[j] = e.dtype
+        for i, e in self.special.items():  # entries decoded one by one: a few, not every entry
+            if i in indices:
+                out[indices.index(i)] = e.dtype
         return out
 
 
