@@ -34,6 +34,7 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import logging
@@ -886,16 +887,20 @@ def merge(
             treader.close()
 
     written = [j.target.name for j in jobs]
+    count: Dict[str, int] = collections.Counter()  # by origin, in one pass over the jobs
+    nbytes: Dict[str, int] = collections.Counter()
+    for j in jobs:
+        count[j.origin] += 1
+        nbytes[j.origin] += j.nbytes
     per_source = []
     for h in handles:
         origin = _source_origin(h.label)
-        mine = [j for j in jobs if j.origin == origin]
-        per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": len(mine),
-                           "bytes": sum(j.nbytes for j in mine)})
+        per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": count[origin],
+                           "bytes": nbytes[origin]})
     if from_template:
-        mine = [j for j in jobs if j.origin.startswith("the template")]
+        mine = [o for o in count if o.startswith("the template")]
         per_source.append({"label": _TEMPLATE_LABEL, "path": template_prefix, "note": "template checkpoint",
-                           "n_restored": len(mine), "bytes": sum(j.nbytes for j in mine)})
+                           "n_restored": sum(count[o] for o in mine), "bytes": sum(nbytes[o] for o in mine)})
     return MergeReport(plan=plan, mode="offline", restored=written, skipped=skipped,
                        elapsed=time.perf_counter() - t0, bytes_read=0 if dry_run else total,
                        sources=per_source, output=given, dry_run=dry_run, bytes_written=bytes_written,
