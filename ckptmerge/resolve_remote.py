@@ -70,12 +70,15 @@ def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821
         >>> read_state_url("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
+    directory = directory.rstrip("/")
+    return _read_state_at(directory) if remote_exists(join(directory, STATE_FILE)) else None
+
+
+def _read_state_at(directory: str) -> "CheckpointState":  # noqa: F821 - resolve's class
+    """:func:`read_state_url` of a directory known to hold a state file (no existence check)."""
     from .resolve_state import state_from_text
 
-    directory = directory.rstrip("/")
     url = join(directory, STATE_FILE)
-    if not remote_exists(url):
-        return None
     return state_from_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url, url, directory,
                            _locate)
 
@@ -84,8 +87,7 @@ def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     """The base name the directory's state file names as latest, if there is a state file."""
     if STATE_FILE not in names:
         return None
-    state = read_state_url(directory)
-    latest = state.model_checkpoint_path if state is not None else None
+    latest = _read_state_at(directory.rstrip("/")).model_checkpoint_path
     return basename(latest) if latest else None
 
 
