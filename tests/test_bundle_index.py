@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from _reader_util import block_spans, rechecksum
 from ckptmerge.formats import protowire as pw
-from ckptmerge.formats.bundleindex import CRC, DTYPE, OFFSET, SHARD, SIZE, decode_fields, parse_entry_checked
+from ckptmerge.formats.bundleindex import (CRC, DTYPE, OFFSET, SHARD, SIZE, decode_fields, parse_entry_checked,
+                                           shape_column)
 from ckptmerge.formats.table import Table, TableError
+from ckptmerge.formats.protowire import DecodeError
 from ckptmerge.formats.tfproto import parse_shape
 from ckptmerge.formats.writer import BundleWriter
 
@@ -141,3 +143,30 @@ def test_usual_entries_are_all_decoded_in_bulk():
     fields, _, _, careful = decode_fields(data, np.array([0, len(protos[0])]), np.array([len(protos[0]), len(data)]))
     assert careful.tolist() == []
     assert fields[:, 1].tolist() == [9, 2, 401408, 8, 2**32 - 1]
+
+
+_SHAPE_BYTES = st.one_of(
+    st.lists(st.integers(0, 2**40), max_size=9).map(  # well formed, short and long
+        lambda dims: b"".join(pw.field_bytes(2, pw.field_varint(1, d)) for d in dims)),
+    st.binary(max_size=20),  # anything: most do not parse
+)
+
+
+@settings(max_examples=300, **_SETTINGS)
+@given(encodings=st.lists(_SHAPE_BYTES, min_size=1, max_size=6), picks=st.lists(st.integers(0, 5), max_size=40))
+def test_shape_column_parses_each_entry_as_parse_shape_does(encodings, picks):
+    # entries repeat a few encodings (as a real index does), some longer than the 16 bytes
+    # compared as words, some broken; each must read as parse_shape reads it alone
+    raws = [encodings[p % len(encodings)] for p in picks] or encodings
+    data = b"".join(raws)
+    ends = np.cumsum([len(r) for r in raws])
+    starts = ends - [len(r) for r in raws]
+    table, ids, bad = shape_column(data, starts, ends)
+    for i, raw in enumerate(raws):
+        try:
+            want = parse_shape(raw)
+        except DecodeError:
+            assert i in bad and table[ids[i]] == ()
+            continue
+        assert i not in bad and table[ids[i]] == want
+    assert len(table) <= len(set(raws)) + 1  # each distinct encoding parsed once (plus ())

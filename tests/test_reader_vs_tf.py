@@ -138,6 +138,23 @@ def test_name_based_kinds_follow_optimizer_naming(tmp_path):
                      "beta2_power": KIND_OPTIMIZER, "global_step": KIND_BOOKKEEPING}
 
 
+def test_name_based_kinds_scan_finds_every_optimizer_and_bookkeeping_name():
+    # name_based_kinds looks closely only at names holding one of a few short words: every
+    # optimizer's naming must contain one, or its state would pass for model variables
+    from ckptmerge.formats.objectgraph import name_based_kind, name_based_kinds
+
+    slots = ["Adam", "AdamW", "Adamax", "Nadam", "LazyAdam", "Momentum", "RMSProp", "Adagrad", "AdagradDA",
+             "ProximalAdagrad", "Ftrl", "Adadelta", "Lamb", "LARS", "Lion"]
+    names = [f"dense/kernel/{s}" for s in slots] + [f"dense/kernel/{s}_1" for s in slots]
+    names += [f"{scope}{opt}/iterations" for scope in ("", "training/", "training_2/")
+              for opt in ("Adam", "SGD", "RMSprop", "Adagrad", "Adadelta", "Ftrl", "Lion", "Adafactor", "Nadam")]
+    names += ["beta1_power", "beta2_power_3", "global_step", "save_counter", "x/global_step",
+              "_CHECKPOINTABLE_OBJECT_GRAPH", "model/.OPTIMIZER_SLOT/opt/m", "dense/kernel", "Adaptive/kernel"]
+    kinds = name_based_kinds(names)
+    assert kinds == [name_based_kind(n) for n in names]
+    assert kinds.count(KIND_VARIABLE) == 2  # dense/kernel, Adaptive/kernel
+
+
 # --------------------------------------------------------------------------------------------
 # Object-based (TF2) checkpoints
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protoco
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import os
@@ -29,6 +30,7 @@ __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguou
 ALIGN = 64
 
 _NAME = operator.attrgetter("name")
+_KEY = operator.attrgetter("key")
 
 #: Elements per piece :meth:`CheckpointReader.iter_chunks` yields by default (8 MiB of float64).
 CHUNK_ELEMENTS = 1 << 20
@@ -115,10 +117,17 @@ class CheckpointReader:
         raise NotImplementedError
 
     def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
-        ordered = sorted(infos, key=_NAME)
-        self._infos = {i.name: i for i in ordered}
+        ordered = list(infos)
+        names = list(map(_NAME, ordered))
+        if not all(map(operator.lt, names, names[1:])):  # (usually sorted already: index order)
+            ordered.sort(key=_NAME)
+            names = list(map(_NAME, ordered))
+        self._infos = dict(zip(names, ordered))
         # raw key -> name, for the keys that differ from their names (lookups try names first)
-        self._by_key = {i.key: i.name for i in ordered if i.key is not None and i.key != i.name}
+        keys = list(map(_KEY, ordered))
+        differ = list(map(operator.ne, keys, names))
+        self._by_key = ({k: n for k, n in itertools.compress(zip(keys, names), differ) if k is not None}
+                        if any(differ) else {})
 
     # -- public API ------------------------------------------------------------------------
     def variables(self) -> List[VariableInfo]:

@@ -42,6 +42,7 @@ from ckptmerge.formats.bundleindex import (
     decode_fields,
     parse_entry_checked,
     parse_header,
+    shape_column,
 )
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.fileio import Descriptors, pread_into
@@ -77,7 +78,6 @@ from ckptmerge.formats.table import (
     read_table,
     unmask_crc,
 )
-from ckptmerge.formats.tfproto import parse_shape
 from ckptmerge.gcpause import paused_gc
 from ckptmerge.specs import VariableInfo, trusted_info
 
@@ -323,22 +323,8 @@ class BundleReader(CheckpointReader):
                     break
         data, starts, ends = cols.data, cols.starts[1:], cols.ends[1:]
         fields, shape_starts, shape_ends, careful = decode_fields(data, starts, ends)
-        shapes: List[Tuple[int, ...]] = []
-        append = shapes.append
-        redo = []
-        # encoded shape -> its tuple: shapes repeat a lot, so 100k entries parse and hold a few
-        parsed: Dict[bytes, Tuple[int, ...]] = {}
-        for i, (a, b) in enumerate(zip(shape_starts.tolist(), shape_ends.tolist())):
-            raw = data[a:b]
-            shape = parsed.get(raw)
-            if shape is None:
-                try:
-                    shape = parsed[raw] = parse_shape(raw)
-                except DecodeError:  # the careful parser explains it
-                    shape = ()
-                    redo.append(i)
-            append(shape)
-        if redo:
+        shape_table, shape_ids, redo = shape_column(data, shape_starts, shape_ends)
+        if redo:  # the careful parser explains them
             careful = np.union1d(careful, redo).astype(np.int64)
         special: Dict[int, BundleEntry] = {}
         for i in careful.tolist():
@@ -349,9 +335,11 @@ class BundleReader(CheckpointReader):
             except DecodeError as err:
                 raise self._index_error(f"bad entry for tensor {keys[i]!r}: {err}", keys[i]) from None
             fields[SHARD, i], fields[OFFSET, i], fields[SIZE, i] = e.shard_id, e.offset, e.size
+            shape_ids[i] = len(shape_table)  # (a few: no need to share them)
+            shape_table.append(e.shape)
         if bad_utf8 < len(raw_keys):
             raise self._index_error(f"key {raw_keys[bad_utf8]!r} is not valid UTF-8") from None
-        return EntryColumns(keys, fields, shapes, special)
+        return EntryColumns(keys, fields, shape_table, shape_ids, special)
 
     def _check_shards(self) -> None:
         """Every data shard an entry needs exists and holds the entry's bytes (the first problem
@@ -425,25 +413,29 @@ class BundleReader(CheckpointReader):
             kinds = [named[k][1] for k in keys]
         else:
             names, kinds = keys, name_based_kinds(keys)
+        # Described once per distinct (dtype, shape), not per entry: 100,000 entries hold a few.
         indices = range(first, len(cols))
-        dtypes = cols.dtypes(indices)
-        sizes = cols.fields[SIZE, first:].tolist()
-        # (dtype, shape) -> (dtype name, bytes; None: the stored size): shapes repeat a lot
-        described: Dict[Tuple[int, Tuple[int, ...]], Tuple[str, Optional[int]]] = {}
-        infos = []
-        append = infos.append
-        for name, key, kind, dtype, shape, size, i in zip(names, keys, kinds, dtypes, cols.shapes[first:],
-                                                             sizes, indices):
-            d = described.get((dtype, shape))
-            if d is None:
-                dt = TF_TO_NUMPY.get(dtype)
-                nbytes = None if dtype == DT_STRING or dt is None else numel(shape) * dt.itemsize
-                d = described[dtype, shape] = (tf_dtype_name(dtype), nbytes)
-            nbytes = d[1]
-            if nbytes is None:
-                nbytes = 0 if i in cols.special and cols.special[i].slices else size
-            append(trusted_info(name, shape, d[0], key, kind, nbytes))
-        return infos
+        dtypes, shape_ids = np.array(cols.dtypes(indices), np.int64), cols.shape_ids[first:]
+        kinds_of_dtype, dtype_at = np.unique(dtypes, return_inverse=True)
+        n_shapes = len(cols.shape_table)
+        pairs, pair_at = np.unique(dtype_at.reshape(-1) * n_shapes + shape_ids, return_inverse=True)
+        dtype_names: List[str] = []
+        nbytes: List[Optional[int]] = []  # None: the stored size (strings, unknown dtypes)
+        for p in pairs.tolist():
+            dtype, shape = int(kinds_of_dtype[p // n_shapes]), cols.shape_table[p % n_shapes]
+            dt = TF_TO_NUMPY.get(dtype)
+            dtype_names.append(tf_dtype_name(dtype))
+            nbytes.append(None if dtype == DT_STRING or dt is None else numel(shape) * dt.itemsize)
+        at = pair_at.reshape(-1).tolist()
+        entry_nbytes = list(map(nbytes.__getitem__, at))
+        if None in nbytes:
+            stored = cols.fields[SIZE, first:]
+            for j in np.flatnonzero(np.array([b is None for b in nbytes])[pair_at.reshape(-1)]).tolist():
+                e = cols.special.get(first + j)
+                entry_nbytes[j] = 0 if e is not None and e.slices else int(stored[j])
+        shapes = list(map(cols.shape_table.__getitem__, shape_ids.tolist()))
+        return list(map(trusted_info, names, shapes, list(map(dtype_names.__getitem__, at)), keys, kinds,
+                        entry_nbytes))
 
     @property
     def entries(self) -> Mapping[str, BundleEntry]:

@@ -26,7 +26,7 @@ from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, 
 from ckptmerge.formats.tfproto import int64_field, parse_shape, parse_slice
 
 __all__ = ["BundleEntry", "EntryColumns", "EntriesByKey", "EntriesByRawKey", "decode_fields",
-           "parse_entry_checked", "parse_header"]
+           "parse_entry_checked", "parse_header", "shape_column"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,74 @@ def decode_fields(data: bytes, starts: np.ndarray, ends: np.ndarray
     return fields, shape_starts, shape_ends, np.flatnonzero(careful)
 
 
+# Encoded shapes of up to this many bytes (a shape of up to about seven dimensions) are compared
+# as two 64-bit words; longer ones, rare, one at a time.
+_SHORT_SHAPE = 16
+
+
+def shape_column(data: bytes, starts: np.ndarray, ends: np.ndarray
+                 ) -> Tuple[List[Tuple[int, ...]], np.ndarray, List[int]]:
+    """Parse every entry's ``TensorShapeProto`` (``data[starts[i]:ends[i]]``), each distinct
+    encoding once: 100,000 entries usually hold a handful of shapes.
+
+    Returns:
+        ``(table, ids, bad)``: entry ``i``'s shape is ``table[ids[i]]``; ``bad`` lists the entries
+        whose shape does not parse (``ids`` points them at ``()``: the careful parser explains them).
+
+    Example:
+        >>> table, ids, bad = shape_column(b"\\x12\\x02\\x08\\x03", np.array([0, 0]), np.array([4, 0]))
+        >>> [table[i] for i in ids], bad
+        ([(3,), ()], [])
+    """
+    n = len(starts)
+    starts = np.asarray(starts, np.int64)
+    lens = np.asarray(ends, np.int64) - starts
+    table: List[Tuple[int, ...]] = [()]
+    index: Dict[bytes, int] = {b"": 0}
+    bad: List[int] = []
+
+    def intern(i: int) -> int:
+        raw = data[starts[i]:starts[i] + lens[i]]
+        sid = index.get(raw)
+        if sid is None:
+            try:
+                shape = parse_shape(raw)
+            except DecodeError:
+                bad.append(i)
+                return 0
+            sid = index[raw] = len(table)
+            table.append(shape)
+        return sid
+
+    ids = np.zeros(n, np.int64)
+    short = np.flatnonzero((lens >= 0) & (lens <= _SHORT_SHAPE))
+    if short.size:
+        padded = np.zeros(len(data) + _SHORT_SHAPE, np.uint8)
+        padded[:len(data)] = np.frombuffer(data, np.uint8)
+        cols = np.arange(_SHORT_SHAPE)
+        length = lens[short]
+        rows = padded[starts[short, None] + cols]
+        rows[cols >= length[:, None]] = 0
+        words = rows.view(np.uint64)  # (k, 2): with the length, one encoding
+        order = np.lexsort((words[:, 1], words[:, 0], length))
+        w0, w1, ln = words[order, 0], words[order, 1], length[order]
+        new = np.ones(len(order), bool)
+        new[1:] = (w0[1:] != w0[:-1]) | (w1[1:] != w1[:-1]) | (ln[1:] != ln[:-1])
+        firsts = short[order[new]]
+        n_bad = len(bad)
+        group_ids = np.array([intern(i) for i in firsts.tolist()], np.int64)
+        group = np.cumsum(new) - 1
+        ids[short[order]] = group_ids[group]
+        if len(bad) > n_bad:  # every entry of an encoding that does not parse
+            broken = np.isin(group, np.flatnonzero(np.isin(firsts, bad[n_bad:])))
+            del bad[n_bad:]
+            bad += short[order[broken]].tolist()
+    for i in np.flatnonzero((lens < 0) | (lens > _SHORT_SHAPE)).tolist():
+        ids[i] = intern(i)
+    bad.sort()
+    return table, ids, bad
+
+
 class EntryColumns:
     """Every entry of a bundle index (header left out), in key order, as columns.
 
@@ -195,7 +263,8 @@ class EntryColumns:
         keys: the keys as text, sorted (UTF-8; slice keys, which start with ``\\x00``, as
             Latin-1: both keep the order of the stored bytes, so they are searched by bisection).
         fields: ``int64`` array of rows ``DTYPE``, ``SHARD``, ``OFFSET``, ``SIZE``, ``CRC``.
-        shapes: one shape tuple per entry.
+        shape_table: the distinct shapes (tuples); ``shape_ids``: entry ``i``'s shape is
+            ``shape_table[shape_ids[i]]`` (see :func:`shape_column`).
         special: entry index -> its :class:`BundleEntry`, for entries decoded the careful way
             (every partitioned tensor is one); their ``fields`` hold shard, offset and size only.
 
@@ -205,13 +274,14 @@ class EntryColumns:
         (784, 128)
     """
 
-    __slots__ = ("keys", "fields", "shapes", "special")
+    __slots__ = ("keys", "fields", "shape_table", "shape_ids", "special")
 
-    def __init__(self, keys: List[str], fields: np.ndarray, shapes: List[Tuple[int, ...]],
-                 special: Dict[int, BundleEntry]) -> None:
+    def __init__(self, keys: List[str], fields: np.ndarray, shape_table: List[Tuple[int, ...]],
+                 shape_ids: np.ndarray, special: Dict[int, BundleEntry]) -> None:
         self.keys = keys
         self.fields = fields
-        self.shapes = shapes
+        self.shape_table = shape_table
+        self.shape_ids = shape_ids
         self.special = special
 
     def __len__(self) -> int:
@@ -236,7 +306,7 @@ class EntryColumns:
         if e is not None:
             return e
         dtype, shard, offset, size, crc = self.fields[:, i].tolist()
-        return BundleEntry(self.keys[i], dtype, self.shapes[i], shard, offset, size, crc, ())
+        return BundleEntry(self.keys[i], dtype, self.shape_table[self.shape_ids[i]], shard, offset, size, crc, ())
 
     def dtypes(self, indices: range) -> List[int]:
         """The dtype enum of each entry of ``indices`` (a range of entry positions)."""
