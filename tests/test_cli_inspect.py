@@ -602,3 +602,23 @@ def test_ls_of_an_index_that_is_a_directory_says_so(tmp_path):
     (tmp_path / "model-10.index").mkdir()
     assert_one_line_error(run("ls", tmp_path / "model-10"), f"'{tmp_path / 'model-10.index'}' is a directory, "
                           "not a regular file")
+
+
+def test_diff_walk_splits_two_sorted_listings_as_sets_would():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ckptmerge.cli.inspect import _sorted_diff
+    from ckptmerge.specs import VariableInfo
+
+    @settings(max_examples=300, deadline=None)
+    @given(a=st.sets(st.text("abc/", max_size=4)), b=st.sets(st.text("abc/", max_size=4)))
+    def check(a, b):
+        la = [VariableInfo(n, (1,), "float32") for n in sorted(a)]
+        lb = [VariableInfo(n, (2,), "int32") for n in sorted(b)]
+        only_a, only_b, common = _sorted_diff(la, lb)
+        assert [v.name for v in only_a] == sorted(a - b)
+        assert [v.name for v in only_b] == sorted(b - a)
+        assert [(x.name, x.shape, y.shape) for x, y in common] == [(n, (1,), (2,)) for n in sorted(a & b)]
+
+    check()

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import (
     Any,
+    Iterator,
     Optional,
     Sequence,
     Tuple,
@@ -141,25 +142,53 @@ def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: O
         a    1
         bb  22
     """
-    all_rows = ([list(header)] if header else []) + [list(r) for r in rows]
-    if not all_rows:
-        return ""
-    ncol = max(map(len, all_rows))
-    for r in all_rows:
+    rows = [list(r) for r in rows]
+    ncol = max(max(map(len, rows), default=0), len(header) if rows and header else 0)
+    for r in rows:
         if len(r) < ncol:
             r.extend([""] * (ncol - len(r)))
-    # Column by column with C-speed maps: `ls` of 100,000 variables is 400,000 cells.
-    columns = []
-    for i, col in enumerate(zip(*all_rows)):
-        first = 1 if header else 0  # the header is shown as it is
+    return "\n".join(table_pieces(list(zip(*rows)), right=right, header=header, rows_per_piece=None))
+
+
+#: Rows per piece of :func:`table_pieces`: a table of 100,000s of rows is printed a piece at a time.
+TABLE_PIECE_ROWS = 10_000
+
+
+def table_pieces(columns: Sequence[Sequence[str]], *, right: Sequence[int] = (),
+                 header: Optional[Sequence[str]] = None, indent: str = "",
+                 rows_per_piece: Optional[int] = TABLE_PIECE_ROWS) -> Iterator[str]:
+    """:func:`table`, given column by column, as pieces of at most ``rows_per_piece`` lines
+    (``None``: one piece), each line prefixed by ``indent``: the widths come from every row,
+    the text is made a piece at a time, so printing a huge table holds one piece of its text.
+
+    Example:
+        >>> list(table_pieces([["a", "bb", "c"], ["1", "22", "3"]], right=[1], indent="  ", rows_per_piece=2))
+        ['  a    1\\n  bb  22', '  c    3']
+    """
+    if not columns or not columns[0]:
+        if header:
+            yield indent + "  ".join(header).rstrip()
+        return
+    padded = []
+    for i, col in enumerate(columns):
         try:
-            printable = all(map(str.isprintable, col[first:]))
+            printable = all(map(str.isprintable, col))
         except TypeError:  # a cell that is not a str
             printable = False
-        cells = list(col) if printable else list(col[:first]) + list(map(escape_name, col[first:]))
+        cells = list(col) if printable else list(map(escape_name, col))
+        if header:  # the header is shown as it is
+            cells.insert(0, header[i] if i < len(header) else "")
         pad = str.rjust if i in right else str.ljust
-        columns.append(map(pad, cells, itertools.repeat(max(map(len, cells)))))
-    return "\n".join(map(str.rstrip, map("  ".join, zip(*columns))))
+        # (column by column with C-speed maps: `ls` of 100,000 variables is 400,000 cells)
+        padded.append(map(pad, cells, itertools.repeat(max(map(len, cells)))))
+    lines: Iterator[str] = map(str.rstrip, map("  ".join, zip(*padded)))
+    if indent:
+        lines = map(indent.__add__, lines)
+    while True:
+        piece = list(itertools.islice(lines, rows_per_piece))
+        if not piece:
+            return
+        yield "\n".join(piece)
 
 
 def _json_text(data: Any, depth: int, expand: int) -> str:

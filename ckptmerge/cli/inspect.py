@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import fnmatch
 import functools
 import math
+import operator
 import os
 from typing import (
     Any,
@@ -24,7 +26,7 @@ import click
 from ..errors import UnreadableTensorError, did_you_mean
 from ..gcpause import paused_gc
 from ..patterns import PatternError, UserPattern, compile_pattern
-from ..specs import KIND_VARIABLE, VariableInfo
+from ..specs import KIND_VARIABLE, VariableInfo, model_variables
 from ..text import escape_name, human_bytes, plural, quote_name
 from ._common import (
     CliError,
@@ -39,6 +41,7 @@ from ._common import (
     _shape,
     cli,
     table,
+    table_pieces,
 )
 
 
@@ -234,7 +237,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
     opened = _open(path, step, verify=not no_verify)
     with opened.reader as reader:
         everything = reader.variables()
-        pool = everything if show_all else [v for v in everything if v.kind == KIND_VARIABLE]
+        pool = everything if show_all else model_variables(everything)
         shown = _filter(pool, globs, pattern)
         if sort == "size":
             shown.sort(key=lambda v: (-v.nbytes, v.name))
@@ -253,31 +256,27 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
         _echo_json(out, expand=1)
         return
 
-    lines = [opened.header()]
+    click.echo(opened.header())
     if tree:
         rows = _tree_rows(shown, by_size=sort == "size", show_kind=show_all, stats=values_stats)
         size_col = 3 + (1 if show_all else 0)
         right = [size_col] + ([size_col + 1 + i for i in range(6)] if values_stats is not None else [])
         if rows:
-            lines.append(table(rows, right=right))
-    else:
+            click.echo(table(rows, right=right))
+    elif shown:  # column by column, printed a piece at a time (see table_pieces)
         header = ["NAME"] + (["KIND"] if show_all else []) + ["DTYPE", "SHAPE", "SIZE"]
-        rows = []
-        for v in shown:
-            row = [v.name] + ([v.kind] if show_all else []) + [v.dtype, _shape(v.shape), _size_text(v.nbytes)]
-            if values_stats is not None:
-                row += _stats_cells(values_stats[v.name])
-            if show_all:
-                row.append(v.raw_key)
-            rows.append(row)
+        columns = [list(map(_NAME, shown))] + ([[v.kind for v in shown]] if show_all else []) + [
+            list(map(_DTYPE, shown)), [_shape(v.shape) for v in shown], [_size_text(v.nbytes) for v in shown]]
         size_col = len(header) - 1
         if values_stats is not None:
             header += _STATS_HEADER
+            columns += [list(c) for c in zip(*[_stats_cells(values_stats[v.name]) for v in shown])]
         if show_all:
             header.append("KEY")
+            columns.append([v.raw_key for v in shown])
         right = [size_col] + ([size_col + 1 + i for i in range(6)] if values_stats is not None else [])
-        if rows:
-            lines.append(table(rows, right=right, header=header))
+        for piece in table_pieces(columns, right=right, header=header):
+            click.echo(piece)
     word = "tensor" if show_all else "variable"
     total = f"{plural(len(shown), word)}, {human_bytes(sum(v.nbytes for v in shown))}"
     if globs or pattern is not None:
@@ -289,8 +288,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
             total += f"; {matching} hidden optimizer/bookkeeping tensor{'s' if matching > 1 else ''} match too (--all shows them)"
     elif hidden:
         total += f"; {hidden} optimizer/bookkeeping hidden (--all shows them)"
-    lines.append(total)
-    click.echo("\n".join(lines))
+    click.echo(total)
 
 
 # ============================================================================================
@@ -527,72 +525,70 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
         raise
     # (paused_gc: two listings of 100,000s of small acyclic objects; see ckptmerge.gcpause)
     with oa.reader as ra, ob.reader as rb, paused_gc():
-        def pool(r: Any) -> Dict[str, VariableInfo]:
-            return {v.name: v for v in r.variables() if show_all or v.kind == KIND_VARIABLE}
-        va, vb = pool(ra), pool(rb)
-        names_a, names_b = set(va), set(vb)
-        only_a = sorted(names_a - names_b)
-        only_b = sorted(names_b - names_a)
-        common = sorted(names_a & names_b)
-        mismatched = [n for n in common if va[n].shape != vb[n].shape or va[n].dtype != vb[n].dtype]
+        def pool(r: Any) -> List[VariableInfo]:
+            return r.variables() if show_all else model_variables(r.variables())
+        only_a, only_b, common = _sorted_diff(pool(ra), pool(rb))
+        mismatched = [(x, y) for x, y in common if x.shape != y.shape or x.dtype != y.dtype]
         compared: List[Dict[str, Any]] = []
-        not_compared: List[str] = []  # no values to read (e.g. an HDF5 compound dataset)
+        not_compared: List[Tuple[VariableInfo, VariableInfo]] = []  # no values to read (e.g. HDF5 compound)
         if values:
-            for n in common:
-                if va[n].shape != vb[n].shape:
+            for x, y in common:
+                if x.shape != y.shape:
                     continue
                 try:
-                    d, eq = _compare_values(ra, rb, n)
+                    d, eq = _compare_values(ra, rb, x.name)
                 except UnreadableTensorError:
-                    not_compared.append(n)
+                    not_compared.append((x, y))
                     continue
-                compared.append({"name": n, "max_abs_diff": d, "equal": eq})
+                compared.append({"name": x.name, "max_abs_diff": d, "equal": eq})
     value_diffs = [c for c in compared if not c["equal"]]
     equal = not (only_a or only_b or mismatched or value_diffs)
 
     if as_json:
         _echo_json({
-            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": only_a, "only_in_b": only_b,
-            "mismatched": [{"name": n, "a": {"dtype": va[n].dtype, "shape": list(va[n].shape)},
-                            "b": {"dtype": vb[n].dtype, "shape": list(vb[n].shape)}} for n in mismatched],
+            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": [v.name for v in only_a],
+            "only_in_b": [v.name for v in only_b],
+            "mismatched": [{"name": x.name, "a": {"dtype": x.dtype, "shape": list(x.shape)},
+                            "b": {"dtype": y.dtype, "shape": list(y.shape)}} for x, y in mismatched],
             **({"values": [{**c, "max_abs_diff": (c["max_abs_diff"] if c["max_abs_diff"] is None
                                                   else _finite_or_text(c["max_abs_diff"]))}
-                           for c in compared], "not_compared": not_compared} if values else {}),
+                           for c in compared], "not_compared": [x.name for x, _ in not_compared]} if values else {}),
         })
         if not equal:
             raise SystemExit(EXIT_FINDINGS)
         return
 
-    lines = [escape_name(f"A: {oa.prefix} ({oa.note})"), escape_name(f"B: {ob.prefix} ({ob.note})")]
+    # Printed a section, and a piece of a long listing, at a time: the text of 100,000s of
+    # names is never held whole.
+    click.echo(escape_name(f"A: {oa.prefix} ({oa.note})") + "\n" + escape_name(f"B: {ob.prefix} ({ob.note})"))
 
     def section(title: str, items: List[str]) -> None:
         if items:
-            lines.append(f"{title} ({len(items)}):")
-            lines.extend(f"  {escape_name(i)}" for i in items)
+            click.echo(f"{title} ({len(items)}):")
+            click.echo("\n".join(f"  {escape_name(i)}" for i in items))
 
-    def listing(title: str, names: List[str], infos: Dict[str, VariableInfo]) -> None:
-        # One indented block of table text (its cells are escaped already), not a string per
-        # row: at 100,000s of names the rows would be built, split and joined again.
-        if names:
-            lines.append(f"{title} ({len(names)}):")
-            lines.append("  " + table([[n, infos[n].dtype, _shape(infos[n].shape)] for n in names]
-                                      ).replace("\n", "\n  "))
+    def listing(title: str, infos: List[VariableInfo]) -> None:
+        if infos:
+            click.echo(f"{title} ({len(infos)}):")
+            columns = [list(map(_NAME, infos)), list(map(_DTYPE, infos)), [_shape(v.shape) for v in infos]]
+            for piece in table_pieces(columns, indent="  "):
+                click.echo(piece)
 
-    listing("Only in A", only_a, va)
-    listing("Only in B", only_b, vb)
-    section("Shape/dtype differ", [f"{n}: A {va[n].dtype} {_shape(va[n].shape)}, B {vb[n].dtype} "
-                                   f"{_shape(vb[n].shape)}" for n in mismatched])
+    listing("Only in A", only_a)
+    listing("Only in B", only_b)
+    section("Shape/dtype differ", [f"{x.name}: A {x.dtype} {_shape(x.shape)}, B {y.dtype} {_shape(y.shape)}"
+                                   for x, y in mismatched])
     section("Values differ", [
         f"{c['name']}: " + ("strings differ" if c["max_abs_diff"] is None else f"max abs diff {c['max_abs_diff']:.6g}")
         for c in value_diffs])
     section("Values not readable, not compared", [
-        f"{n}: {va[n].dtype}" if va[n].dtype == vb[n].dtype else f"{n}: A {va[n].dtype}, B {vb[n].dtype}"
-        for n in not_compared])
+        f"{x.name}: {x.dtype}" if x.dtype == y.dtype else f"{x.name}: A {x.dtype}, B {y.dtype}"
+        for x, y in not_compared])
     what = "names, dtypes, shapes" + (" and values" if values else "")
     if equal:
-        lines.append(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
-                     + (f" ({len(compared)} compared{f', {len(not_compared)} not' if not_compared else ''})"
-                        if values else ""))
+        click.echo(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
+                   + (f" ({len(compared)} compared{f', {len(not_compared)} not' if not_compared else ''})"
+                      if values else ""))
     else:
         parts = []
         if only_a:
@@ -603,10 +599,36 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
             parts.append(f"{len(mismatched)} with another shape/dtype")
         if value_diffs:
             parts.append(f"{len(value_diffs)} of {len(compared)} compared with other values")
-        lines.append("Different: " + ", ".join(parts))
-    click.echo("\n".join(lines))
+        click.echo("Different: " + ", ".join(parts))
     if not equal:
         raise SystemExit(EXIT_FINDINGS)
+
+
+_NAME, _DTYPE = operator.attrgetter("name"), operator.attrgetter("dtype")
+
+
+def _sorted_diff(a: List[VariableInfo], b: List[VariableInfo]
+                 ) -> Tuple[List[VariableInfo], List[VariableInfo], List[Tuple[VariableInfo, VariableInfo]]]:
+    """``(only in a, only in b, [(in a, in b)])`` of two lists sorted by unique names, in one
+    walk (no set or dict of 100,000s of names)."""
+    only_a: List[VariableInfo] = []
+    only_b: List[VariableInfo] = []
+    common: List[Tuple[VariableInfo, VariableInfo]] = []
+    names_b = list(map(_NAME, b))
+    j, nb = 0, len(b)
+    for x in a:
+        name = x.name
+        if j < nb and names_b[j] < name:
+            k = bisect.bisect_left(names_b, name, j)
+            only_b += b[j:k]
+            j = k
+        if j < nb and names_b[j] == name:
+            common.append((x, b[j]))
+            j += 1
+        else:
+            only_a.append(x)
+    only_b += b[j:]
+    return only_a, only_b, common
 
 
 # ============================================================================================
