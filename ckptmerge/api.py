@@ -9,7 +9,6 @@ specs to the pure engine (``plan.make_plan``) and attaches the live objects to t
 from __future__ import annotations
 
 import dataclasses
-import operator
 
 import os
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from .errors import ArgumentError, ArgumentTypeError, CkptMergeError
 from .gcpause import paused_gc
 from .planner import Plan, make_plan
 from .source import Source, SourceHandle
-from .specs import KIND_VARIABLE, VariableInfo
+from .specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
 from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +34,6 @@ __all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open",
 #: The options of :func:`plan` that :func:`restore` and :class:`~ckptmerge.Restorer` pass on.
 PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify")
 
-_NAME = operator.attrgetter("name")
 
 SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
 SourcesArg = Union[SourceArg, Sequence[SourceArg]]
@@ -192,7 +190,7 @@ def _collect(target: Any) -> Any:
         from .targets import TargetSet
 
         check_specs(target, "target")
-        return TargetSet(variables={t.name: t for t in sorted(target, key=_NAME)}, mode="specs")
+        return TargetSet(variables=by_name(target), mode="specs")
     from .targets import collect_targets
 
     return collect_targets(target)
@@ -376,10 +374,8 @@ def list_variables(path: Any, *, step: Optional[int] = None, optimizer: bool = T
     """
     check_bool(optimizer, "optimizer")
     with _resolve_reader(path, step, True) as reader:
-        infos = list(reader.variables())
-    if not optimizer:
-        infos = [v for v in infos if v.kind == KIND_VARIABLE]
-    return sorted(infos, key=_NAME)
+        infos = reader.variables()  # (sorted by name)
+    return infos if optimizer else model_variables(infos)
 
 
 def open(path: Any, *, step: Optional[int] = None, verify: bool = True) -> Any:  # noqa: A001

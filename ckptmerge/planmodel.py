@@ -61,7 +61,8 @@ class SourceView:
         path: resolved checkpoint prefix, or ``"<memory>"``.
         note: how it was resolved, e.g. ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
         variables: name -> :class:`~ckptmerge.specs.VariableInfo`, already filtered (e.g.
-            optimizer state left out); stored as a read-only mapping sorted by name.
+            optimizer state left out); stored as a read-only mapping sorted by name (a
+            ``types.MappingProxyType`` sorted by name is kept as it is, not copied).
         rules: the source's selection/rename rules (identity by default).
         transforms: value transforms (:mod:`ckptmerge.transforms`: objects with
             ``applies_to(target_name)``, ``output_shape(source_shape, target_shape)`` and
@@ -150,7 +151,9 @@ class SourceView:
             object.__setattr__(self, "order", tuple(self.order))
         names = list(self.variables)
         if all(map(operator.lt, names, names[1:])):  # usually sorted already: copy as it is
-            frozen = types.MappingProxyType(dict(self.variables))
+            # (a read-only view is kept as it is: whoever made it decides who may change the dict)
+            frozen = (self.variables if type(self.variables) is types.MappingProxyType
+                      else types.MappingProxyType(dict(self.variables)))
         else:
             frozen = types.MappingProxyType({k: self.variables[k] for k in sorted(names)})
         object.__setattr__(self, "variables", frozen)

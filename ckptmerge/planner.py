@@ -55,7 +55,7 @@ from .rules import (
     did_you_mean_text,
     suggest,
 )
-from .specs import VariableInfo
+from .specs import VariableInfo, by_name
 from .transforms import TransformError, cast_problem, chain_output_shape
 
 __all__ = [
@@ -106,24 +106,21 @@ def _as_allow_missing(value: Any) -> Tuple[GlobFilter, ...]:
 
 
 class _Candidate(NamedTuple):
-    """A checkpoint name that lands on a target (a tuple: a plan makes one per target)."""
+    """A checkpoint name that lands on a target but does not fit it as it is (a transform, a
+    cast or a shape to check): the planner decides. Names that fit become an
+    :class:`Assignment` at once; both have ``target``, ``source``, ``name`` and ``via``."""
 
     target: str
     source_index: int
-    label: str
+    source: str
     name: str
     rule: Optional[Union[MapRule, RegexRule]]
     via: Optional[str] = None
 
-    @property
-    def order(self) -> Tuple[int, str]:
-        """(source index, checkpoint name): the resolution order."""
-        return self.source_index, self.name
-
 
 @dataclass
 class _SourceMatch:
-    candidates: List[_Candidate]
+    candidates: List[Union[_Candidate, Assignment]]
     unmatched: List[UnmatchedRule]
     ambiguous: List[Ambiguity]
     dropped: List[str]
@@ -135,7 +132,6 @@ _new_tuple = tuple.__new__
 _NAME_AND_TARGET = operator.itemgetter(0, 1)
 _FIRST = operator.itemgetter(0)
 _THIRD = operator.itemgetter(2)
-_ORDER = operator.attrgetter("order")
 _NAME = operator.attrgetter("name")
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
@@ -204,9 +200,18 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     # (tuple.__new__ skips the namedtuple's Python-level __new__: one per target)
     del pairs
     res.triples.clear()
-    candidates = landed
+    # A name whose spec fits its target as it is (no transform, same shape and dtype: nearly
+    # all of them) becomes its Assignment now; the planner only settles conflicts and misfits.
+    candidates: List[Union[_Candidate, Assignment]] = landed  # type: ignore[assignment]
+    variables, plain = src.variables, not src.transforms
+    described = {id(r): r.describe() for r in map(_THIRD, landed) if r is not None}
     for i, ((n, t, rule), note) in enumerate(zip(landed, notes)):
-        candidates[i] = _new_tuple(_Candidate, (target_by_name[t].name, si, label, n, rule, note))
+        tspec, spec = target_by_name[t], variables[n]
+        if plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
+            candidates[i] = trusted_assignment(tspec.name, label, n, spec.raw_key, spec, tspec, False,
+                                               described[id(rule)] if rule is not None else None, (), note)
+        else:
+            candidates[i] = _new_tuple(_Candidate, (tspec.name, si, label, n, rule, note))
     for name, tname, rule in lost:
         if isinstance(rule, MapRule) and not rule.is_scope:
             unmatched.append(UnmatchedRule(
@@ -298,7 +303,8 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         raise OptionError("targets must be a list of VariableInfo; received "
                           f"{_received(targets)}.")
     targets = list(targets)
-    bad = [i for i, t in enumerate(targets) if not isinstance(t, VariableInfo)]
+    bad = [] if all(map(isinstance, targets, itertools.repeat(VariableInfo))) else [
+        i for i, t in enumerate(targets) if not isinstance(t, VariableInfo)]
     if bad:
         raise OptionError(f"targets must be VariableInfo objects; targets[{bad[0]}] is "
                           f"{_received(targets[bad[0]])} ({len(bad)} bad in all).")
@@ -310,7 +316,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         raise OptionError(f"sources must be SourceView objects; sources[{bad[0]}] is "
                           f"{_received(sources[bad[0]])}.")
 
-    target_by_name = {t.name: t for t in sorted(targets, key=_NAME)}
+    target_by_name = by_name(targets)
     if len(target_by_name) != len(targets):
         counts: Dict[str, int] = {}
         for t in targets:
@@ -360,28 +366,28 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     allowed: List[str] = []
     plain = {s.label: not s.transforms for s in sources}  # no value transforms: the usual case
     variables = {s.label: s.variables for s in sources}
+    order = {s.label: i for i, s in enumerate(sources)}
     for tname, tspec in target_by_name.items():
-        chosen: Optional[_Candidate] = first.pop(tname, None)  # (popped: the plan's peak memory)
+        chosen: Optional[Union[_Candidate, Assignment]] = first.pop(tname, None)  # (popped: the plan's peak memory)
         if chosen is None:
             (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
             continue
         if tname in more:
-            cands = sorted(more[tname], key=_ORDER)
+            cands = sorted(more[tname], key=lambda c: (order[c.source], c.name))
             chosen = {"first": cands[0], "last": cands[-1]}.get(on_conflict)
             conflicts.append(Conflict(
-                tname, tuple((c.label, c.name) for c in cands),
-                None if chosen is None else (chosen.label, chosen.name)))
+                tname, tuple((c.source, c.name) for c in cands),
+                None if chosen is None else (chosen.source, chosen.name)))
             if chosen is None:
                 continue
-        spec = variables[chosen.label][chosen.name]
-        rule = chosen.rule.describe() if chosen.rule else None
-        if plain[chosen.label] and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
-            assignments[tname] = trusted_assignment(tname, chosen.label, chosen.name, spec.raw_key, spec, tspec,
-                                                    False, rule, (), chosen.via)
+        if type(chosen) is Assignment:  # it fits as it is (see _match_source)
+            assignments[tname] = chosen
             continue
-        src = source_by_label[chosen.label]
+        spec = variables[chosen.source][chosen.name]
+        rule = chosen.rule.describe() if chosen.rule else None
+        src = source_by_label[chosen.source]
         src_shape, tgt_shape = tuple(spec.shape), tuple(tspec.shape)
-        mismatch = functools.partial(Mismatch, tname, chosen.label, chosen.name, spec.raw_key,
+        mismatch = functools.partial(Mismatch, tname, chosen.source, chosen.name, spec.raw_key,
                                      tgt_shape, src_shape, tspec.dtype, spec.dtype)
         # Cast first, then the value transforms (as the backends do).
         dtype_differs = spec.dtype != tspec.dtype
@@ -405,7 +411,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             skipped.append(tname)
             continue
         assignments[tname] = Assignment(
-            tname, chosen.label, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
+            tname, chosen.source, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
             rule=rule, via=chosen.via,
             transforms=tuple(t.describe(src_shape, tgt_shape) if hasattr(t, "describe") else repr(t)
                              for t in ts))
@@ -434,13 +440,15 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
                         reason="applies to no variable this source provides"))
 
     taken: Dict[str, Set[str]] = {}
-    for a in assignments.values():
-        taken.setdefault(a.source, set()).add(a.name)
+    if len(sources) == 1:  # (one pass at C speed)
+        taken[sources[0].label] = set(map(_NAME, assignments.values()))
+    else:
+        for a in assignments.values():
+            taken.setdefault(a.source, set()).add(a.name)
     # "unused" is every name nothing took (the issue's definition); "dropped" says which of
     # those the rules left out on purpose, so reports can tell the two apart.
     unused = {s.label: sorted((selected[s.label] - taken.get(s.label, set())) | set(dropped[s.label]))
               for s in sources}
-    order = {s.label: i for i, s in enumerate(sources)}
     ambiguous.sort(key=lambda a: (order[a.source], a.name))
 
     return Plan(

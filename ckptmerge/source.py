@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -31,7 +32,7 @@ from .align import ALIGN_MODES
 from .args import check_bool, check_path, check_step, check_str
 from .errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from .rules import Rules, map_pairs
-from .specs import KIND_VARIABLE, VariableInfo, normalize_name
+from .specs import VariableInfo, by_name, model_variables, normalize_name
 from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -334,9 +335,7 @@ class SourceHandle:
 
     def selectable(self) -> Dict[str, VariableInfo]:
         """Variables the rules may use: all of them with ``optimizer=True``, else model variables."""
-        return {
-            v.name: v for v in self.all_variables if self.source.optimizer or v.kind == KIND_VARIABLE
-        }
+        return by_name(self.all_variables if self.source.optimizer else model_variables(self.all_variables))
 
     def view(self, rules: Rules) -> "SourceView":
         """What the planner needs of this source: label, path, note, variables, rules, ...
@@ -347,8 +346,11 @@ class SourceHandle:
         from .planner import SourceView
 
         selectable = self.selectable()
-        hidden = tuple(v.name for v in self.all_variables if v.name not in selectable)
-        return SourceView(label=self.label, path=self.path, note=self.note, variables=selectable,
+        hidden = () if len(selectable) == len(self.all_variables) else tuple(
+            v.name for v in self.all_variables if v.name not in selectable)
+        # (a read-only view of a dict nothing else holds: SourceView keeps it without a copy)
+        return SourceView(label=self.label, path=self.path, note=self.note,
+                          variables=types.MappingProxyType(selectable),
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
                           hidden=hidden, notes=self.notes, findings=tuple(self.findings), order=self.order)
 

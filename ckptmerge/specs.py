@@ -9,9 +9,11 @@ its shape (a tuple) and its dtype (a numpy-style name such as ``"float32"``, ``"
 
 from __future__ import annotations
 
+import itertools
+import operator
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type, TypeVar
 
 __all__ = ["VariableInfo", "normalize_name", "KIND_VARIABLE", "KIND_OPTIMIZER", "KIND_BOOKKEEPING"]
 
@@ -141,3 +143,36 @@ def trusted_maker(cls: Type[_T]) -> Callable[..., _T]:
 #: the caller already checked (all six given, ``shape`` a tuple of ints): see
 #: :func:`trusted_maker`. For readers that build one per index entry.
 trusted_info: Callable[[str, Tuple[int, ...], str, Optional[str], str, int], VariableInfo] = trusted_maker(VariableInfo)
+
+
+_NAME = operator.attrgetter("name")
+_KIND = operator.attrgetter("kind")
+
+
+def model_variables(infos: Iterable[VariableInfo]) -> List[VariableInfo]:
+    """The infos of kind ``"variable"`` (optimizer state and bookkeeping left out), in order, in
+    passes at C speed.
+
+    Example:
+        >>> [v.name for v in model_variables([VariableInfo("w", (), "float32"),
+        ...                                   VariableInfo("step", (), "int64", kind=KIND_BOOKKEEPING)])]
+        ['w']
+    """
+    infos = list(infos)
+    return list(itertools.compress(infos, map(operator.eq, map(_KIND, infos), itertools.repeat(KIND_VARIABLE))))
+
+
+def by_name(infos: Iterable[VariableInfo]) -> Dict[str, VariableInfo]:
+    """``{name: info}`` sorted by name (of two infos with one name, the later one stays), in a
+    few passes at C speed when the infos come sorted already, as readers give them.
+
+    Example:
+        >>> list(by_name([VariableInfo("b", (), "int32"), VariableInfo("a", (), "int32")]))
+        ['a', 'b']
+    """
+    ordered = list(infos)
+    names = list(map(_NAME, ordered))
+    if not all(map(operator.lt, names, names[1:])):
+        ordered.sort(key=_NAME)
+        names = list(map(_NAME, ordered))
+    return dict(zip(names, ordered))

@@ -93,6 +93,8 @@ class TargetSet:
     @property
     def infos(self) -> List[VariableInfo]:
         """The target specs, sorted by name."""
+        if self.mode == "specs":  # (VariableInfo objects already)
+            return list(self.variables.values())
         return [t if isinstance(t, VariableInfo) else t.info for t in self.variables.values()]
 
     def name_of(self, variable: Any) -> Optional[str]:

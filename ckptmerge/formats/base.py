@@ -20,7 +20,7 @@ import numpy as np
 from ckptmerge.errors import (ArgumentError, ArgumentTypeError, UnknownTensorError, UnreadableTensorError,
                               did_you_mean)
 from ckptmerge.formats.dtypes import tf_dtype_name
-from ckptmerge.specs import VariableInfo
+from ckptmerge.specs import VariableInfo, by_name
 
 __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguous_chunks", "unreadable_dtype_error",
            "ALIGN", "CHUNK_ELEMENTS"]
@@ -117,14 +117,10 @@ class CheckpointReader:
         raise NotImplementedError
 
     def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
-        ordered = list(infos)
-        names = list(map(_NAME, ordered))
-        if not all(map(operator.lt, names, names[1:])):  # (usually sorted already: index order)
-            ordered.sort(key=_NAME)
-            names = list(map(_NAME, ordered))
-        self._infos = dict(zip(names, ordered))
+        infos = list(infos)
+        self._infos = by_name(infos)
         # raw key -> name, for the keys that differ from their names (lookups try names first)
-        keys = list(map(_KEY, ordered))
+        names, keys = list(map(_NAME, infos)), list(map(_KEY, infos))
         differ = list(map(operator.ne, keys, names))
         self._by_key = ({k: n for k, n in itertools.compress(zip(keys, names), differ) if k is not None}
                         if any(differ) else {})
