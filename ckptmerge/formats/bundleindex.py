@@ -232,13 +232,14 @@ def shape_column(data: bytes, starts: np.ndarray, ends: np.ndarray
     if short.size:
         padded = np.zeros(len(data) + _SHORT_SHAPE, np.uint8)
         padded[:len(data)] = np.frombuffer(data, np.uint8)
-        cols = np.arange(_SHORT_SHAPE)
-        length = lens[short]
-        rows = padded[starts[short, None] + cols]
-        rows[cols >= length[:, None]] = 0
-        words = rows.view(np.uint64)  # (k, 2): with the length, one encoding
-        order = np.lexsort((words[:, 1], words[:, 0], length))
-        w0, w1, ln = words[order, 0], words[order, 1], length[order]
+        length, at = lens[short], starts[short]
+        words = np.zeros((2, len(short)), np.uint64)  # with the length, one encoding
+        for j in range(_SHORT_SHAPE):  # (a byte column at a time: no index matrix per entry)
+            byte = padded[at + j].astype(np.uint64)
+            byte[length <= j] = 0
+            words[j // 8] |= byte << np.uint64(8 * (j % 8))
+        order = np.lexsort((words[1], words[0], length))
+        w0, w1, ln = words[0, order], words[1, order], length[order]
         new = np.ones(len(order), bool)
         new[1:] = (w0[1:] != w0[:-1]) | (w1[1:] != w1[:-1]) | (ln[1:] != ln[:-1])
         firsts = short[order[new]]
