@@ -124,7 +124,7 @@ class _SourceMatch:
     unmatched: List[UnmatchedRule]
     ambiguous: List[Ambiguity]
     dropped: List[str]
-    selected: Set[str]
+    not_landed: Set[str]  # selected (not dropped) names that landed on no target
     structure: List[str] = field(default_factory=list)
 
 
@@ -137,25 +137,24 @@ _NAME = operator.attrgetter("name")
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
-    res = src.rules._apply(list(src.variables), src.hidden)
+    res = src.rules._apply(list(src.variables), src.hidden, target_by_name)
     label = src.label
     target_names = list(target_by_name)
     unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]
     ambiguous: List[Ambiguity] = []
     drop = list(res.dropped)
     pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = res.triples
-    selected = set(map(_FIRST, pairs))
+    unresolved: List[str] = []  # ambiguous names left on no target
     for amb in res.ambiguous:
         if on_conflict == "error":
             ambiguous.append(dataclasses.replace(amb, source=label))
-            selected.add(amb.name)
+            unresolved.append(amb.name)
             continue
         chosen = amb.targets[0 if on_conflict == "first" else -1]
         ambiguous.append(dataclasses.replace(amb, source=label, resolved=True, resolved_to=chosen))
         if chosen is None:
             drop.append(amb.name)
         else:
-            selected.add(amb.name)
             pairs.append((amb.name, chosen, None))
 
     structure: List[str] = []
@@ -180,7 +179,6 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         listed = {n for n, _, _ in pairs}
         extra = [n for n in src.aligned if n not in listed]
         pairs += [(n, src.aligned[n], None) for n in extra]
-        selected.update(extra)
         drop = [n for n in drop if n not in src.aligned]
     keys = map(_NAME_AND_TARGET, pairs)
     if not all(map(operator.le, keys, map(_NAME_AND_TARGET, pairs[1:]))):  # (the rules give them sorted)
@@ -193,6 +191,11 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         notes = [note if rule is None or (note or "").startswith("layout:") else None
                  for note, rule in zip(map(via.get, map(_FIRST, landed)), map(_THIRD, landed))]
     lost = [p for p in pairs if p[1] not in target_by_name] if len(landed) < len(pairs) else []
+    not_landed = set(unresolved)
+    if lost:
+        landed_names = set(map(_FIRST, landed))
+        not_landed.update(n for n, _, _ in lost if n not in landed_names)
+        del landed_names
     landed_rules = {r.describe() for r in {id(r): r for r in map(_THIRD, landed) if r is not None}.values()}
     # Each candidate holds its target's own name string, so the rules' copies can go now: each
     # (name, target, rule) is replaced by its candidate in place, once nothing else holds the
@@ -239,7 +242,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             kind, d, tuple(sugg), False, label,
             reason=(f"renamed {k} checkpoint variable{'s' if k != 1 else ''} but none to a "
                     f"target variable (e.g. {_q(n0)} -> {_q(t0)})")))
-    return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), selected,
+    return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), not_landed,
                         list(src.findings) + structure)
 
 
@@ -342,7 +345,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     unmatched: List[UnmatchedRule] = []
     ambiguous: List[Ambiguity] = []
     dropped: Dict[str, List[str]] = {}
-    selected: Dict[str, Set[str]] = {}
+    not_landed: Dict[str, Set[str]] = {}
     structure: List[Tuple[str, str]] = []
 
     for si, src in enumerate(sources):
@@ -355,7 +358,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         unmatched.extend(found.unmatched)
         ambiguous.extend(found.ambiguous)
         dropped[src.label] = found.dropped
-        selected[src.label] = found.selected
+        not_landed[src.label] = found.not_landed
         found.candidates.clear()  # `first` holds them now; each goes as its target is decided
 
     assignments: Dict[str, Assignment] = {}
@@ -367,7 +370,19 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     plain = {s.label: not s.transforms for s in sources}  # no value transforms: the usual case
     variables = {s.label: s.variables for s in sources}
     order = {s.label: i for i, s in enumerate(sources)}
-    for tname, tspec in target_by_name.items():
+    untaken: List[Union[_Candidate, Assignment]] = []  # candidates that restore nothing
+    landed_names = list(first)
+    if not more and all(map(operator.lt, landed_names, landed_names[1:])) and all(
+            map(operator.is_, map(type, first.values()), itertools.repeat(Assignment))):
+        # The usual warm start: one provider per target, each fitting as it is, found in target
+        # order: `first` is the assignments (no second dict), what it lacks is missing.
+        assignments, first = first, {}
+        if len(assignments) < len(target_by_name):
+            for tname in itertools.compress(target_names, map(operator.not_, map(assignments.__contains__,
+                                                                                   target_names))):
+                (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
+    del landed_names
+    for tname, tspec in target_by_name.items() if first else ():
         chosen: Optional[Union[_Candidate, Assignment]] = first.pop(tname, None)  # (popped: the plan's peak memory)
         if chosen is None:
             (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
@@ -378,6 +393,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             conflicts.append(Conflict(
                 tname, tuple((c.source, c.name) for c in cands),
                 None if chosen is None else (chosen.source, chosen.name)))
+            untaken += [c for c in cands if c is not chosen]
             if chosen is None:
                 continue
         if type(chosen) is Assignment:  # it fits as it is (see _match_source)
@@ -401,6 +417,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             except TransformError as e:
                 mismatched.append(mismatch("transform", str(e)))
                 skipped.append(tname)
+                untaken.append(chosen)
                 continue
             if out_shape != tgt_shape:
                 detail = "; ".join(x for x in (problem, f"{out_shape} after the transforms") if x)
@@ -409,6 +426,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             kind = "shape+dtype" if shape_differs and dtype_bad else ("shape" if shape_differs else "dtype")
             mismatched.append(mismatch(kind, detail))
             skipped.append(tname)
+            untaken.append(chosen)
             continue
         assignments[tname] = Assignment(
             tname, chosen.source, chosen.name, spec.raw_key, spec, tspec, cast=dtype_differs,
@@ -439,16 +457,19 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
                         tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)), False, src.label,
                         reason="applies to no variable this source provides"))
 
-    taken: Dict[str, Set[str]] = {}
-    if len(sources) == 1:  # (one pass at C speed)
-        taken[sources[0].label] = set(map(_NAME, assignments.values()))
-    else:
+    # "unused" is every name nothing took (the issue's definition): the dropped ones, those that
+    # landed on no target, and those whose every candidate restores nothing (a lost conflict, a
+    # misfit), which only a check against what was taken tells (no set of every name taken unless
+    # some candidate was left). "dropped" says which the rules left out on purpose.
+    unused = {s.label: not_landed[s.label] | set(dropped[s.label]) for s in sources}
+    if untaken:
+        taken: Dict[str, Set[str]] = {}
         for a in assignments.values():
             taken.setdefault(a.source, set()).add(a.name)
-    # "unused" is every name nothing took (the issue's definition); "dropped" says which of
-    # those the rules left out on purpose, so reports can tell the two apart.
-    unused = {s.label: sorted((selected[s.label] - taken.get(s.label, set())) | set(dropped[s.label]))
-              for s in sources}
+        for c in untaken:
+            if c.name not in taken.get(c.source, ()):
+                unused[c.source].add(c.name)
+    unused_sorted = {label: sorted(names) for label, names in unused.items()}
     ambiguous.sort(key=lambda a: (order[a.source], a.name))
 
     return Plan(
@@ -457,7 +478,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         assignments=assignments,
         missing=missing,
         allowed_missing=allowed,
-        unused=unused,
+        unused=unused_sorted,
         dropped=dropped,
         mismatched=mismatched,
         skipped=skipped,

@@ -6,6 +6,8 @@ CLI tests can assert exact output. Nothing here reads files or imports TensorFlo
 
 from __future__ import annotations
 
+import collections
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -17,6 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .planner import Plan
 
 __all__ = ["render_plan", "align_hint", "Report", "RESTORE_MODES"]
+
+_SOURCE = operator.attrgetter("source")
 
 #: Valid values of :attr:`Report.mode`.
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
@@ -91,19 +95,16 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         f"on_shape_mismatch={_q(plan.on_shape_mismatch)}, cast={plan.cast}, "
         "allow_missing=[" + ", ".join(_q(g) for g in plan.allow_missing) + "]",
     ]
-    used: Dict[str, set] = {}
-    fed: Dict[str, int] = {}
-    for a in plan.assignments.values():
-        used.setdefault(a.source, set()).add(a.name)
-        fed[a.source] = fed.get(a.source, 0) + 1
+    # (each source variable is assigned or unused, so the used ones are counted, not collected)
+    fed = collections.Counter(map(_SOURCE, plan.assignments.values()))
     if plan.sources:
         out.append("Sources:")
     for s in plan.sources:
         note = f" ({s.note})" if s.note else ""
         out.append(f"  {s.label}: {s.path}{note}")
         out.append("    rules: " + "; ".join(s.rules.describe()))
-        n_used = len(used.get(s.label, ()))
-        feeds = (f" (feeding {fed[s.label]} targets)" if fed.get(s.label, 0) > n_used else "")
+        n_used = len(s.variables) - len(plan.unused.get(s.label, ()))
+        feeds = (f" (feeding {fed[s.label]} targets)" if fed[s.label] > n_used else "")
         out.append(f"    {plural(len(s.variables), 'variable')}: {n_used} used{feeds}, "
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")

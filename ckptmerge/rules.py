@@ -763,9 +763,12 @@ class Rules:
         return RuleResult(mapping=mapping, dropped=applied.dropped, unmatched=applied.unmatched,
                           ambiguous=applied.ambiguous, explicit=applied.explicit, via=via)
 
-    def _apply(self, names: Sequence[str], hidden: Sequence[str] = ()) -> "_Applied":
+    def _apply(self, names: Sequence[str], hidden: Sequence[str] = (),
+               targets: Optional[Mapping[str, Any]] = None) -> "_Applied":
         """:meth:`apply` as ``(name, target, rule)`` triples (sorted), without the mapping and
-        ``via`` dicts: what a plan needs, in one list."""
+        ``via`` dicts: what a plan needs, in one list. With ``targets`` (name -> spec), a name a
+        scope rule makes that is a target's holds the target's own string (``spec.name``): the
+        100,000s of renamed names of a warm start are then not held twice."""
         all_names = _sorted_unique(names)
         dropped: List[str] = []
         unmatched: List[UnmatchedRule] = []
@@ -815,9 +818,12 @@ class Rules:
         # ranges of the sorted names are found by bisection.
         only_scope, owning = _scope_owners(selected, self._scopes)
         exact_rules = self._exact
+        target_spec = (targets or {}).get
         for n, owner in zip(selected, only_scope):
             if owner is not None and n not in exact_rules:
-                triples.append((n, owner._target_prefix + n[len(owner._source_prefix):], owner))
+                t = owner._target_prefix + n[len(owner._source_prefix):]
+                spec = target_spec(t)
+                triples.append((n, t if spec is None else spec.name, owner))
                 continue
             rules = exact_rules.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
             if rules:
