@@ -196,7 +196,10 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         landed_names = set(map(_FIRST, landed))
         not_landed.update(n for n, _, _ in lost if n not in landed_names)
         del landed_names
-    landed_rules = {r.describe() for r in {id(r): r for r in map(_THIRD, landed) if r is not None}.values()}
+    rules = list(map(_THIRD, landed))
+    described = {i: r.describe() for i, r in dict(zip(map(id, rules), rules)).items() if r is not None}
+    landed_rules = set(described.values())
+    del rules
     # Each candidate holds its target's own name string, so the rules' copies can go now: each
     # (name, target, rule) is replaced by its candidate in place, once nothing else holds the
     # triples, so that the two never all coexist (at 100k names that is the plan's peak memory).
@@ -207,7 +210,6 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     # all of them) becomes its Assignment now; the planner only settles conflicts and misfits.
     candidates: List[Union[_Candidate, Assignment]] = landed  # type: ignore[assignment]
     variables, plain = src.variables, not src.transforms
-    described = {id(r): r.describe() for r in map(_THIRD, landed) if r is not None}
     for i, ((n, t, rule), note) in enumerate(zip(landed, notes)):
         tspec, spec = target_by_name[t], variables[n]
         if plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
