@@ -10,7 +10,9 @@ ckptmerge's TF-free writer), and a realistic warm-start config: a scope map (``s
 - ``python -m ckptmerge --version``: the fixed start-up cost (interpreter, imports) inside each
   of the rows above, so the reader sees what part of a small run is start-up;
 - baseline: ``tf.train.list_variables`` of both checkpoints in a process that already imported
-  TensorFlow (only the two calls are timed).
+  TensorFlow (only the two calls are timed), once per round, between the rows: medians of
+  the same rounds are compared, so a machine whose speed drifts during the run (a shared VM)
+  shifts both sides alike.
 
 The processes run with Python's bytecode cache on (in ``DIR/pycache``, compiled first, untimed),
 as an installed package does: with ``PYTHONDONTWRITEBYTECODE=1`` every process would compile
@@ -71,15 +73,31 @@ def run_process(args: list, cache: str) -> tuple:
     return time.perf_counter() - t0, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
 
-def tf_listing(prefixes: list, rounds: int) -> float:
-    """Median time of ``tf.train.list_variables`` on both checkpoints, TF already imported."""
-    code = ("import sys, time, statistics, os\nos.environ['TF_CPP_MIN_LOG_LEVEL']='3'\nimport tensorflow as tf\n"
-            "ts=[]\nfor _ in range(int(sys.argv[1])):\n    t0=time.perf_counter()\n"
-            "    for p in sys.argv[2:]: tf.train.list_variables(p)\n    ts.append(time.perf_counter()-t0)\n"
-            "print(statistics.median(ts))")
-    out = subprocess.run([sys.executable, "-c", code, str(rounds), *prefixes], capture_output=True, text=True,
-                         check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+class TFListing:
+    """A process that imported TensorFlow once and times ``tf.train.list_variables`` of both
+    checkpoints whenever asked: the baseline is measured between the ckptmerge rows of every
+    round, so a machine that speeds up or slows down during the run shifts both alike."""
+
+    CODE = ("import sys, time, os\nos.environ['TF_CPP_MIN_LOG_LEVEL']='3'\nimport tensorflow as tf\n"
+            "print('ready', flush=True)\n"
+            "for line in sys.stdin:\n    t0=time.perf_counter()\n"
+            "    for p in sys.argv[1:]: tf.train.list_variables(p)\n"
+            "    print(time.perf_counter()-t0, flush=True)\n")
+
+    def __init__(self, prefixes: list) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, *prefixes], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the TensorFlow baseline process did not start")
+
+    def time(self) -> float:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
 
 
 def main(argv=None) -> int:
@@ -102,11 +120,19 @@ def main(argv=None) -> int:
         commands = (("plan", ["plan", config, "--target", tgt]), ("ls", ["ls", src]), ("diff", ["diff", src, tgt]),
                     ("merge --dry-run", ["merge", config, "-o", os.path.join(args.dir, f"{n}", "out", "m"),
                                          "--dry-run", "-q"]))
-        rows = {}
-        for name, cmd in commands:
-            runs = [run_process(cmd, cache) for _ in range(args.rounds)]
-            rows[name] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[0][2])
-        base = tf_listing([src, tgt], args.rounds)
+        runs: dict = {name: [] for name, _ in commands}
+        base_runs = []
+        tf_list = TFListing([src, tgt])
+        try:
+            for _ in range(args.rounds):  # round by round: the baseline, then every row
+                base_runs.append(tf_list.time())
+                for name, cmd in commands:
+                    runs[name].append(run_process(cmd, cache))
+        finally:
+            tf_list.close()
+        rows = {name: (statistics.median(r[0] for r in rs), max(r[1] for r in rs), rs[0][2])
+                for name, rs in runs.items()}
+        base = statistics.median(base_runs)
         plan_times[n] = rows["plan"][0]
         bound = 4 * index_bytes + 100 * 2**20
         print(f"{n:,} variables per checkpoint (index files {index_bytes / 2**20:.1f} MiB; "
