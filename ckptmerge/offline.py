@@ -38,10 +38,11 @@ import collections
 import errno
 import json
 import logging
+import operator
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -252,6 +253,10 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
         TransformError: a :class:`~ckptmerge.transforms.Slice` applies to a produced name (a
             slice needs a target shape, which only a template gives).
     """
+    if len(views) == 1 and not views[0].transforms:
+        one = _produced_by_one(views[0], on_conflict)
+        if one is not None:
+            return one
     chosen: Dict[str, Tuple[Tuple[int, str], VariableInfo, SourceView]] = {}
     for si, view in enumerate(views):
         res = view.rules._apply(list(view.variables))
@@ -291,6 +296,27 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
             + "). Pass template=<checkpoint or list of VariableInfo> with the shapes you want, or "
             "remove the slice.")
     return specs
+
+
+def _produced_by_one(view: SourceView, on_conflict: str) -> Optional[List[VariableInfo]]:
+    """:func:`_produced_targets` of one source without transforms whose rules give each target
+    one name (the usual merge), in passes at C speed; ``None`` when that is not the case."""
+    res = view.rules._apply(list(view.variables))
+    if res.ambiguous and on_conflict != "error":  # (picks to add: the general way)
+        return None
+    names, tnames = list(map(_FIRST, res.triples)), list(map(_SECOND, res.triples))
+    del res
+    if not all(map(operator.lt, tnames, tnames[1:])):  # a target named twice: a conflict to report
+        return None
+    specs = list(map(view.variables.__getitem__, names))
+    del names
+    return list(map(trusted_info, tnames, map(_SHAPE, specs), map(_DTYPE, specs), tnames, map(_KIND, specs),
+                    map(_NBYTES, specs)))
+
+
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_KIND, _NBYTES = operator.attrgetter("kind"), operator.attrgetter("nbytes")
 
 
 def _source_origin(label: str) -> str:
@@ -466,12 +492,43 @@ def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
 
 
 def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
-                template_prefix: str, *, read_order: bool = True
-                ) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
-    """The write jobs (in read order: by source, then where each tensor is stored; with
-    ``read_order=False``, for a dry run that reads nothing, by source and target name, which
-    spares one index lookup per tensor), the names taken from the template, and those left out."""
-    entry_order = _entry_order if read_order else _no_order
+                template_prefix: str) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
+    """The write jobs in read order (by source, then where each tensor is stored), the names
+    taken from the template, and those left out."""
+    from_template: List[Tuple[str, str]] = []
+    skipped: List[Tuple[str, str]] = []
+    jobs = list(_iter_jobs(plan, handles, kind, template, template_prefix, from_template, skipped, _entry_order))
+    jobs.sort(key=lambda j: j.sort_key)
+    return jobs, from_template, skipped
+
+
+class _Tally:
+    """What a merge writes, per origin: the report's counts without keeping a job per tensor
+    (a dry run tallies the jobs as they are made)."""
+
+    def __init__(self, jobs: Iterable[_Job]) -> None:
+        self.names: List[str] = []
+        self.count: Dict[str, int] = collections.Counter()
+        self.nbytes: Dict[str, int] = collections.Counter()
+        append = self.names.append
+        for j in jobs:
+            append(j.target.name)
+            self.count[j.origin] += 1
+            self.nbytes[j.origin] += j.nbytes
+        self.total = sum(self.nbytes.values())
+
+
+def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
+               template_prefix: str, from_template: List[Tuple[str, str]], skipped: List[Tuple[str, str]],
+               entry_order: Callable[[Optional["_RawFiles"], str], Tuple[int, int]] = _no_order) -> Iterator[_Job]:
+    """The write jobs, made one at a time (sources first, then the template), appending the
+    names taken from the template to ``from_template`` and those left out to ``skipped``;
+    ``entry_order`` gives a job's place in its file (for sorting: a dry run needs none).
+
+    Raises:
+        TransformError: an ``init="keep"`` transform without a template to give the current value
+            (after the sources' jobs).
+    """
     by_label = {h.label: (i, h) for i, h in enumerate(handles)}
     raws: Dict[str, Optional[_RawFiles]] = {}
     for h in handles:
@@ -481,9 +538,6 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
     t_raw = _RawFiles(template) if isinstance(template, BundleReader) and not template.remote else None
     views = {v.label: v for v in plan.sources}
 
-    jobs: List[_Job] = []
-    skipped: List[Tuple[str, str]] = []
-    from_template: List[Tuple[str, str]] = []
     needs_current: List[str] = []
 
     def template_value(name: str) -> Callable[[], np.ndarray]:
@@ -507,10 +561,10 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
             else:
                 current = template_value(a.target)
         raw = raws[a.source]
-        jobs.append(_Job(target=a.target_spec, origin=origins[a.source], name=a.name,
-                         nbytes=a.spec.nbytes, read=reads[a.source],
-                         raw=raw, key=a.key, cast=a.cast, transforms=ts, current=current,
-                         sort_key=(si, *entry_order(raw, a.key), a.target)))
+        yield _Job(target=a.target_spec, origin=origins[a.source], name=a.name,
+                   nbytes=a.spec.nbytes, read=reads[a.source],
+                   raw=raw, key=a.key, cast=a.cast, transforms=ts, current=current,
+                   sort_key=(si, *entry_order(raw, a.key), a.target))
     if needs_current:
         raise TransformError(
             f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
@@ -532,11 +586,9 @@ def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template
             continue
         info = template.info(spec.name)
         from_template.append((spec.name, why))
-        jobs.append(_Job(target=spec, origin=template_origin, name=spec.name,
-                         nbytes=info.nbytes, read=template.get, raw=t_raw, key=info.raw_key,
-                         sort_key=(n_sources, *entry_order(t_raw, info.raw_key), spec.name)))
-    jobs.sort(key=lambda j: j.sort_key)
-    return jobs, from_template, skipped
+        yield _Job(target=spec, origin=template_origin, name=spec.name,
+                   nbytes=info.nbytes, read=template.get, raw=t_raw, key=info.raw_key,
+                   sort_key=(n_sources, *entry_order(t_raw, info.raw_key), spec.name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -835,15 +887,19 @@ def merge(
                 plan.check(strict=strict, action="write")
             except PlanError as e:
                 raise PlanError(f"{e}\nNothing was written to {quote_name(given)}.", plan=e.plan) from None
-            jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix,
-                                                        read_order=not dry_run)
-        if not jobs:
+            if dry_run:  # (tallied as made: no job per tensor is kept)
+                from_template, skipped = [], []
+                tally = _Tally(_iter_jobs(plan, handles, kind, treader, template_prefix, from_template, skipped))
+            else:
+                jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
+                tally = _Tally(jobs)
+        if not tally.names:
             raise CkptMergeError(
                 f"Nothing to write to {quote_name(given)}: no variable is left after the rules and the plan"
                 + (f" ({len(skipped)} left out: {quote_name(skipped[0][0])}: {skipped[0][1]})" if skipped else "")
                 + ". Check the sources' include/exclude and map; optimizer state and bookkeeping are "
                 "left out unless Source(..., optimizer=True).")
-        total = sum(j.nbytes for j in jobs)
+        total = tally.total
         bytes_written = 0
         state_path = None
         if not dry_run:
@@ -886,12 +942,7 @@ def merge(
         if treader is not None:
             treader.close()
 
-    written = [j.target.name for j in jobs]
-    count: Dict[str, int] = collections.Counter()  # by origin, in one pass over the jobs
-    nbytes: Dict[str, int] = collections.Counter()
-    for j in jobs:
-        count[j.origin] += 1
-        nbytes[j.origin] += j.nbytes
+    written, count, nbytes = tally.names, tally.count, tally.nbytes
     per_source = []
     for h in handles:
         origin = _source_origin(h.label)
