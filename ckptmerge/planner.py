@@ -131,7 +131,9 @@ class _SourceMatch:
 _new_tuple = tuple.__new__
 _NAME_AND_TARGET = operator.itemgetter(0, 1)
 _FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 _THIRD = operator.itemgetter(2)
+_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _NAME = operator.attrgetter("name")
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
@@ -145,6 +147,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     drop = list(res.dropped)
     pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = res.triples
     unresolved: List[str] = []  # ambiguous names left on no target
+    reordered = False  # (the rules give the triples sorted by name and target)
     for amb in res.ambiguous:
         if on_conflict == "error":
             ambiguous.append(dataclasses.replace(amb, source=label))
@@ -156,6 +159,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             drop.append(amb.name)
         else:
             pairs.append((amb.name, chosen, None))
+            reordered = True
 
     structure: List[str] = []
     via = dict(src.notes)
@@ -163,6 +167,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         lost = [n for n, t, rule in pairs if rule is None and t not in target_by_name]
         swaps, structure = root_swaps(lost, target_names, model_root)
         pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
+        reordered = True
         for n, t in swaps.items():
             via[n] = f"model root: {_q(n)} as {_q(t)}"
         shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
@@ -179,11 +184,11 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         listed = {n for n, _, _ in pairs}
         extra = [n for n in src.aligned if n not in listed]
         pairs += [(n, src.aligned[n], None) for n in extra]
+        reordered = True
         drop = [n for n in drop if n not in src.aligned]
-    keys = map(_NAME_AND_TARGET, pairs)
-    if not all(map(operator.le, keys, map(_NAME_AND_TARGET, pairs[1:]))):  # (the rules give them sorted)
+    if reordered:
         pairs.sort(key=_NAME_AND_TARGET)
-    landed = [p for p in pairs if p[1] in target_by_name]
+    landed = list(itertools.compress(pairs, map(target_by_name.__contains__, map(_SECOND, pairs))))
     # How a name met its target: shown when no rule says so, and always for what a source's
     # layout did to the value (a transpose is worth seeing beside any rule).
     notes: Iterable[Optional[str]] = itertools.repeat(None)
@@ -210,13 +215,21 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     # all of them) becomes its Assignment now; the planner only settles conflicts and misfits.
     candidates: List[Union[_Candidate, Assignment]] = landed  # type: ignore[assignment]
     variables, plain = src.variables, not src.transforms
-    for i, ((n, t, rule), note) in enumerate(zip(landed, notes)):
-        tspec, spec = target_by_name[t], variables[n]
-        if plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
-            candidates[i] = trusted_assignment(tspec.name, label, n, spec.raw_key, spec, tspec, False,
-                                               described[id(rule)] if rule is not None else None, (), note)
+    tspecs = list(map(target_by_name.__getitem__, map(_SECOND, landed)))
+    specs = list(map(variables.__getitem__, map(_FIRST, landed)))
+    texts = list(map(described.get, map(id, map(_THIRD, landed))))  # (None for no rule)
+    fit = plain and all(map(operator.eq, map(_SHAPE, specs), map(_SHAPE, tspecs))) and all(
+        map(operator.eq, map(_DTYPE, specs), map(_DTYPE, tspecs)))
+    make = trusted_assignment
+    for i, (tspec, spec, text, note) in enumerate(zip(tspecs, specs, texts, notes)):
+        n, _, rule = landed[i]
+        key = spec.key  # (spec.raw_key, without a property call per name)
+        if fit or (plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype):
+            candidates[i] = make(tspec.name, label, n, spec.name if key is None else key, spec, tspec, False, text,
+                                 (), note)
         else:
             candidates[i] = _new_tuple(_Candidate, (tspec.name, si, label, n, rule, note))
+    del tspecs, specs, texts
     for name, tname, rule in lost:
         if isinstance(rule, MapRule) and not rule.is_scope:
             unmatched.append(UnmatchedRule(

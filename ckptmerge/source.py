@@ -9,7 +9,9 @@ variables, keeping optimizer state and bookkeeping out unless ``optimizer=True``
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import os
 import sys
 import types
@@ -346,8 +348,8 @@ class SourceHandle:
         from .planner import SourceView
 
         selectable = self.selectable()
-        hidden = () if len(selectable) == len(self.all_variables) else tuple(
-            v.name for v in self.all_variables if v.name not in selectable)
+        names = [v.name for v in self.all_variables] if len(selectable) != len(self.all_variables) else []
+        hidden = tuple(itertools.compress(names, map(operator.not_, map(selectable.__contains__, names))))
         # (a read-only view of a dict nothing else holds: SourceView keeps it without a copy)
         return SourceView(label=self.label, path=self.path, note=self.note,
                           variables=types.MappingProxyType(selectable),
