@@ -109,7 +109,8 @@ class CheckpointReader:
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
-        self._infos: Dict[str, VariableInfo] = {}
+        self._ordered: List[VariableInfo] = []  # sorted by name, names unique
+        self._by_name: Optional[Dict[str, VariableInfo]] = {}  # None: not made yet (see _infos)
         self._by_key: Dict[str, str] = {}
 
     # -- to be provided by subclasses ------------------------------------------------------
@@ -118,12 +119,24 @@ class CheckpointReader:
 
     def _set_infos(self, infos: Iterable[VariableInfo]) -> None:
         infos = list(infos)
-        self._infos = by_name(infos)
-        # raw key -> name, for the keys that differ from their names (lookups try names first)
         names, keys = list(map(_NAME, infos)), list(map(_KEY, infos))
+        if all(map(operator.lt, names, names[1:])):  # (sorted and unique, as indexes give them)
+            self._ordered, self._by_name = infos, None  # a listing never needs the dict: made when looked up
+        else:
+            self._by_name = by_name(infos)
+            self._ordered = list(self._by_name.values())
+        # raw key -> name, for the keys that differ from their names (lookups try names first)
         differ = list(map(operator.ne, keys, names))
         self._by_key = ({k: n for k, n in itertools.compress(zip(keys, names), differ) if k is not None}
                         if any(differ) else {})
+
+    @property
+    def _infos(self) -> Dict[str, VariableInfo]:
+        """Name -> info, sorted by name (made at the first lookup; a race makes it twice, alike)."""
+        d = self._by_name
+        if d is None:
+            d = self._by_name = dict(zip(map(_NAME, self._ordered), self._ordered))
+        return d
 
     # -- public API ------------------------------------------------------------------------
     def variables(self) -> List[VariableInfo]:
@@ -133,7 +146,7 @@ class CheckpointReader:
             >>> [v.name for v in reader.variables()]  # doctest: +SKIP
             ['dense/bias', 'dense/kernel', 'save_counter']
         """
-        return list(self._infos.values())
+        return list(self._ordered)
 
     def names(self, *, optimizer: bool = True) -> List[str]:
         """The tensor names, sorted; ``optimizer=False`` leaves out optimizer state and bookkeeping.
@@ -142,7 +155,7 @@ class CheckpointReader:
             >>> reader.names(optimizer=False)  # doctest: +SKIP
             ['dense/bias', 'dense/kernel']
         """
-        return [n for n, v in self._infos.items() if optimizer or v.kind == "variable"]
+        return [v.name for v in self._ordered if optimizer or v.kind == "variable"]
 
     def spec(self, name: str) -> VariableInfo:
         """Name, shape, dtype, raw key and kind of tensor ``name`` (same as :meth:`info`).
@@ -157,7 +170,7 @@ class CheckpointReader:
         return name in self._infos or name in self._by_key
 
     def __len__(self) -> int:
-        return len(self._infos)
+        return len(self._ordered)
 
     def info(self, name: str) -> VariableInfo:
         """Return the :class:`VariableInfo` of tensor ``name`` (a name or a raw checkpoint key).
@@ -261,4 +274,4 @@ class CheckpointReader:
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {os.path.basename(self.path)!r} format={self.format!r} "
-                f"tensors={len(self._infos)}>")
+                f"tensors={len(self._ordered)}>")

@@ -251,7 +251,7 @@ class BundleReader(CheckpointReader):
             self._check_shards()
             self.object_graph: Optional[ObjectGraph] = self._load_object_graph()
             self._set_infos(self._make_infos())
-        logger.debug("opened %s: %d tensors in %d shards", self.path, len(self._infos), self.num_shards)
+        logger.debug("opened %s: %d tensors in %d shards", self.path, len(self._ordered), self.num_shards)
 
     # -- index -----------------------------------------------------------------------------
     def _index_error(self, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
