@@ -9,6 +9,7 @@ specs to the pure engine (``plan.make_plan``) and attaches the live objects to t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import os
 from dataclasses import dataclass
@@ -166,7 +167,8 @@ def open_sources(sources: List[Source], *, verify: bool = True,
 
 
 def _is_spec_list(target: Any) -> bool:
-    return isinstance(target, (list, tuple)) and bool(target) and all(isinstance(t, VariableInfo) for t in target)
+    return (isinstance(target, (list, tuple)) and bool(target)
+            and all(map(isinstance, target, itertools.repeat(VariableInfo))))
 
 
 def _keras_names(target: Any, targets: Any, handles: List[SourceHandle]) -> Optional[str]:

@@ -134,6 +134,7 @@ _FIRST = operator.itemgetter(0)
 _SECOND = operator.itemgetter(1)
 _THIRD = operator.itemgetter(2)
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
+_TARGET = operator.attrgetter("target")
 _NAME = operator.attrgetter("name")
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
@@ -366,10 +367,18 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     for si, src in enumerate(sources):
         found = _match_source(si, src, target_by_name, on_conflict, model_root)
         structure += [(src.label, text) for text in found.structure]
-        for c in found.candidates:
-            prev = first.setdefault(c.target, c)
-            if prev is not c:
-                more.setdefault(c.target, [prev]).append(c)
+        cands = found.candidates
+        at_once = False
+        if not first:  # the first source with candidates: its targets are usually distinct (C speed)
+            first = dict(zip(map(_TARGET, cands), cands))
+            at_once = len(first) == len(cands)
+            if not at_once:  # a target twice: one by one, to record the conflict
+                first = {}
+        if not at_once:
+            for c in cands:
+                prev = first.setdefault(c.target, c)
+                if prev is not c:
+                    more.setdefault(c.target, [prev]).append(c)
         unmatched.extend(found.unmatched)
         ambiguous.extend(found.ambiguous)
         dropped[src.label] = found.dropped

@@ -24,6 +24,7 @@ ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict`
 from __future__ import annotations
 
 import bisect
+import itertools
 import fnmatch
 import functools
 import operator
@@ -494,11 +495,10 @@ def _sorted_unique(names: Sequence[str]) -> List[str]:
     return sorted(set(out))
 
 
-def _scope_owners(names: List[str], scopes: Sequence[MapRule]) -> Tuple[List[Optional[MapRule]], List[MapRule]]:
-    """For each of the sorted ``names``, the one scope entry covering it, or ``None`` when none
-    or several do (those are looked at name by name); and the entries that got names this way."""
-    owners: List[Optional[MapRule]] = [None] * len(names)
-    owning: List[MapRule] = []
+def _scope_owners(names: List[str], scopes: Sequence[MapRule]) -> List[Tuple[int, int, MapRule]]:
+    """The runs ``names[lo:hi]`` of the sorted ``names`` that exactly one scope entry covers, as
+    ``(lo, hi, entry)`` in order (names under several entries, or none, are looked at one by one)."""
+    owned: List[Tuple[int, int, MapRule]] = []
     ranges = []
     for m in scopes:
         prefix = m._source_prefix
@@ -513,9 +513,8 @@ def _scope_owners(names: List[str], scopes: Sequence[MapRule]) -> Tuple[List[Opt
         overlaps = reach > lo or (k + 1 < len(ranges) and ranges[k + 1][0] < hi)
         reach = max(reach, hi)
         if not overlaps:  # (overlapping scopes' names are looked at name by name)
-            owners[lo:hi] = [m] * (hi - lo)
-            owning.append(m)
-    return owners, owning
+            owned.append((lo, hi, m))
+    return owned
 
 
 def _as_globs(option: str, value: Any, problems: List[str]) -> Tuple[GlobFilter, ...]:
@@ -816,30 +815,25 @@ class Rules:
         # A name under exactly one scope entry and no exact entry (the usual warm start: a whole
         # scope moves) is renamed without looking at the other entries: the scope entries'
         # ranges of the sorted names are found by bisection.
-        only_scope, owning = _scope_owners(selected, self._scopes)
         exact_rules = self._exact
         target_spec = (targets or {}).get
-        for n, owner in zip(selected, only_scope):
-            if owner is not None and n not in exact_rules:
-                t = owner._target_prefix + n[len(owner._source_prefix):]
-                spec = target_spec(t)
-                triples.append((n, t if spec is None else spec.name, owner))
-                continue
+
+        def rename_one(n: str) -> None:
             rules = exact_rules.get(n, ()) + tuple(s for s in self._scopes if s.matches(n))
             if rules:
-                targets: Dict[str, MapRule] = {}
+                renamed: Dict[str, MapRule] = {}
                 for rule in rules:
-                    targets.setdefault(rule.rename(n), rule)
+                    renamed.setdefault(rule.rename(n), rule)
                     used_maps.add(rule)
-                triples.extend((n, t, targets[t]) for t in sorted(targets))
+                triples.extend((n, t, renamed[t]) for t in sorted(renamed))
                 if n in exact_rules:
                     explicit.add(n)
-                continue
+                return
             tries = [(i, r, r.try_rename(n)) for i, r in enumerate(self.regexes)]
             hits = [(i, r) for i, r, (ok, _) in tries if ok]
             if not hits:
                 dropped.append(n)
-                continue
+                return
             used_regexes.update(i for i, _ in hits)
             results = [new for _, _, (ok, new) in tries if ok]
             if len(set(results)) > 1:
@@ -848,7 +842,29 @@ class Rules:
                 dropped.append(n)
             else:
                 triples.append((n, results[0], hits[0][1]))
-        used_maps.update(owning)
+
+        done = 0
+        for lo, hi, owner in _scope_owners(selected, self._scopes) + [(len(selected), len(selected), None)]:
+            for n in selected[done:lo]:
+                rename_one(n)
+            run = selected[lo:hi]
+            done = hi
+            if owner is None or not run:
+                continue
+            used_maps.add(owner)
+            if exact_rules and any(map(exact_rules.__contains__, run)):
+                for n in run:
+                    rename_one(n)
+                continue
+            # The run moves as a whole (the usual warm start), its names renamed in one pass; a
+            # renamed name that is a target's holds the target's own string.
+            cut, prefix = len(owner._source_prefix), owner._target_prefix
+            renamed_run = [prefix + n[cut:] for n in run]
+            if targets:
+                specs = list(map(target_spec, renamed_run))
+                renamed_run = [t if spec is None else spec.name for t, spec in zip(renamed_run, specs)]
+                del specs
+            triples.extend(zip(run, renamed_run, itertools.repeat(owner)))
 
         selected_set = set(selected)
         for m in self.maps:
