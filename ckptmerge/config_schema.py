@@ -14,12 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .align import ALIGN_MODES
 from .config_env import _expand, _is_remote, _resolve
 from .config_model import Config, SourceConfig
 from .config_problems import KeyPath, _Problems, _q, _show
 from .errors import RuleError, did_you_mean
-from .layouts import LAYOUTS
 from .patterns import PatternError, UserPattern, compile_pattern
 from .rules import MapRule
 from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
@@ -424,8 +422,8 @@ def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
         exclude=_get_globs(entry, "exclude", path, ctx),
         optimizer=_get_bool(entry, "optimizer", path, ctx, False),
         cast=_get_bool(entry, "cast", path, ctx, None),
-        align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, ALIGN_MODES, None),
-        layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, LAYOUTS, None),
+        align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, _align_modes(), None),
+        layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, _layouts(), None),
         vocab=_get_vocab(entry, path, ctx),
         slice=_get_slices(entry, path, ctx),
     )
@@ -501,3 +499,15 @@ def _report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: _Ctx) -> 
 # ============================================================================================
 # The front door
 # ============================================================================================
+
+
+def _align_modes() -> Tuple[str, ...]:
+    from .align import ALIGN_MODES  # (loaded only for a config that names one)
+
+    return ALIGN_MODES
+
+
+def _layouts() -> Tuple[str, ...]:
+    from .layouts import LAYOUTS  # (loaded only for a config that names one)
+
+    return LAYOUTS

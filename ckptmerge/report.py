@@ -148,6 +148,8 @@ def align_hint(plan: "Plan") -> str:
         >>> align_hint(make_plan([], []))
         ''
     """
+    if not plan.missing:  # (no alignment module to load)
+        return ""
     from .suggestion import alignable
 
     n, labels = alignable(plan)

@@ -30,7 +30,6 @@ from typing import (
 
 import numpy as np
 
-from .align import ALIGN_MODES
 from .args import check_bool, check_path, check_step, check_str
 from .errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from .rules import Rules, map_pairs
@@ -165,12 +164,15 @@ class Source:
         self.name = name
         self.cast = cast
         self.transforms = tuple(transforms)
-        from .layouts import LAYOUTS
+        if layout is not None:  # (the modules are loaded only for a source that names one)
+            from .layouts import LAYOUTS
 
-        if layout is not None and layout not in LAYOUTS:
-            raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
-                            f"layout={layout!r:.80}")
+            if layout not in LAYOUTS:
+                raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
+                                f"layout={layout!r:.80}")
         self.layout = layout
+        if align is not None:
+            from .align import ALIGN_MODES
         if align is not None and align not in ALIGN_MODES:
             raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
                             f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")

@@ -284,6 +284,8 @@ def alignable(plan: Plan) -> Tuple[int, List[str]]:
         >>> alignable(make_plan([], []))
         (0, [])
     """
+    if not plan.missing:
+        return 0, []
     want: Dict[Tuple[Tuple[int, ...], str], int] = {}
     missing = set(plan.missing)
     for t in plan.targets:
