@@ -44,17 +44,20 @@ def index_bytes(tmp_path_factory):
 def _both(data: bytes):
     """(columns as pairs, or the error text) and (items, or the error text)."""
     out = []
-    for how in ("columns", "items"):
+    for how in ("columns", "text columns", "items"):
         try:
             table = Table(len(data), lambda o, n: data[o:o + n])
-            if how == "columns":
-                c = table.columns()
-                out.append([(k, c.data[a:b]) for k, a, b in zip(c.keys, c.starts.tolist(), c.ends.tolist())])
-            else:
+            if how == "items":
                 out.append(table.items())
+            else:  # keys read as Latin-1 text must be the stored bytes, one character each
+                c = table.columns(text=how == "text columns")
+                keys = [k.encode("latin-1") if isinstance(k, str) else k for k in c.keys]
+                out.append([(k, c.data[a:b]) for k, a, b in zip(keys, c.starts.tolist(), c.ends.tolist())])
         except TableError as e:
             out.append(f"error: {e}")
-    return out
+    bulk, text, one_by_one = out
+    assert text == bulk
+    return bulk, one_by_one
 
 
 def test_bulk_table_reading_equals_entry_by_entry_reading(index_bytes):

@@ -263,10 +263,10 @@ class BundleReader(CheckpointReader):
     def _load_index(self, data: bytes) -> None:
         try:
             cols = Table(len(data), lambda offset, size: data[offset:offset + size],
-                         verify=self.verify).columns()
+                         verify=self.verify).columns(text=True)
         except TableError as e:
             raise self._index_error(str(e)) from None
-        if not cols.keys or cols.keys[0] != b"":
+        if not cols.keys or cols.keys[0] != "":
             raise self._index_error("no bundle header entry (empty key)")
         try:
             num_shards, endianness, min_consumer, bad = parse_header(cols.data[cols.starts[0]:cols.ends[0]])
@@ -308,16 +308,16 @@ class BundleReader(CheckpointReader):
     def _decode_entries(self, cols: Columns) -> EntryColumns:
         """Decode every entry but the header (in bulk; see :mod:`ckptmerge.formats.bundleindex`),
         raising the first problem in key order, as reading them one by one would."""
-        raw_keys = cols.keys[1:]
-        hidden = bisect.bisect_left(raw_keys, b"\x01")  # slice keys start with \x00: binary, never shown
-        keys = [k.decode("latin-1") for k in raw_keys[:hidden]]
+        raw_keys = cols.keys[1:]  # (as Latin-1 text: one character per stored byte)
+        hidden = bisect.bisect_left(raw_keys, "\x01")  # slice keys start with \x00: binary, never shown
+        keys = raw_keys[:hidden]
         bad_utf8 = len(raw_keys)
-        try:
-            keys += [k.decode("utf-8") for k in raw_keys[hidden:]]
-        except UnicodeDecodeError:
+        if all(map(str.isascii, raw_keys[hidden:])):  # (then Latin-1 is UTF-8: the usual case)
+            keys += raw_keys[hidden:]
+        else:
             for i in range(hidden, len(raw_keys)):
                 try:
-                    keys.append(raw_keys[i].decode("utf-8"))
+                    keys.append(raw_keys[i].encode("latin-1").decode("utf-8"))
                 except UnicodeDecodeError:
                     bad_utf8 = i
                     break
@@ -338,7 +338,7 @@ class BundleReader(CheckpointReader):
             shape_ids[i] = len(shape_table)  # (a few: no need to share them)
             shape_table.append(e.shape)
         if bad_utf8 < len(raw_keys):
-            raise self._index_error(f"key {raw_keys[bad_utf8]!r} is not valid UTF-8") from None
+            raise self._index_error(f"key {raw_keys[bad_utf8].encode('latin-1')!r} is not valid UTF-8") from None
         return EntryColumns(keys, fields, shape_table, shape_ids, special)
 
     def _check_shards(self) -> None:

@@ -19,7 +19,7 @@ import bisect
 import operator
 import os
 import struct
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import crc32c as _crc32c
 import numpy as np
@@ -139,9 +139,10 @@ def _parse_block(block: bytes, what: str) -> List[Tuple[bytes, bytes]]:
 _MAX_RUN = 128  # the fast path walks at most this many entries from each restart point
 
 
-def _block_spans_fast(block: bytes) -> Optional[Tuple[List[bytes], np.ndarray, np.ndarray]]:
+def _block_spans_fast(block: bytes, text: bool = False) -> Optional[Tuple[List[Any], np.ndarray, np.ndarray]]:
     """:func:`_block_spans` for a well-formed block, walking from every restart point at once
     (numpy, one step per entry of the longest run), so its cost hardly grows with the entry count.
+    With ``text``, the keys are Latin-1 text (see :meth:`Table.columns`).
 
     Returns ``None`` whenever anything is unusual (restart points that do not start entries,
     entries crossing them, long varints, long runs): :func:`_block_spans` then reads the block
@@ -197,11 +198,12 @@ def _block_spans_fast(block: bytes) -> Optional[Tuple[List[bytes], np.ndarray, n
     key_start_l = np.concatenate([s[2] for s in steps])[order].tolist()
     value_start = np.concatenate([s[3] for s in steps])[order]
     value_end = np.concatenate([s[4] for s in steps])[order]
-    keys: List[bytes] = []
+    keys: List[Any] = []
     append = keys.append
-    prev = b""
+    source: Any = block.decode("latin-1") if text else block  # (one character per byte)
+    prev = source[:0]
     for shared_n, a, b in zip(shared_l, key_start_l, value_start.tolist()):
-        prev = prev[:shared_n] + block[a:b]
+        prev = prev[:shared_n] + source[a:b]
         append(prev)
     return keys, value_start, value_end
 
@@ -231,19 +233,24 @@ def _snappy_decompress(data: bytes, what: str) -> bytes:
     return out
 
 
-def _ordered(keys: List[bytes], what: str) -> None:
+def _bytes(key: Any) -> bytes:
+    """A key as stored (keys read as Latin-1 text go back to their bytes), for messages."""
+    return key.encode("latin-1") if isinstance(key, str) else key
+
+
+def _ordered(keys: List[Any], what: str) -> None:
     if all(map(operator.lt, keys, keys[1:])):  # (at C speed; the loop finds the culprit)
         return
     for a, b in zip(keys, keys[1:]):
         if a >= b:
-            raise TableError(f"{what}: keys out of order ({b!r} after {a!r})")
+            raise TableError(f"{what}: keys out of order ({_bytes(b)!r} after {_bytes(a)!r})")
 
 
 class Columns(NamedTuple):
     """A whole table in bulk (:meth:`Table.columns`): value ``i`` of ``keys[i]`` is
     ``data[starts[i]:ends[i]]``."""
 
-    keys: List[bytes]
+    keys: List[Any]  # bytes, or Latin-1 text (Table.columns(text=True))
     data: bytes
     starts: np.ndarray
     ends: np.ndarray
@@ -336,16 +343,18 @@ class Table:
         self._check_order(i, [k for k, _ in entries], after)
         return entries
 
-    def columns(self) -> "Columns":
+    def columns(self, *, text: bool = False) -> "Columns":
         """The whole table as :class:`Columns`: sorted keys, the data blocks' contents back to back,
         and where each value lies in them. Checked as :meth:`items` checks (same errors), but a
         well-formed block is read in bulk (see :func:`_block_spans_fast`), with no object per value.
+        With ``text``, the keys are ``str`` decoded as Latin-1 (one character per byte, so the
+        same order and lengths): a caller that wants text keys skips a bytes object per key.
 
         Example:
             >>> table.columns().keys[:1]  # doctest: +SKIP
             [b'']
         """
-        keys: List[bytes] = []
+        keys: List[Any] = []
         blocks: List[bytes] = []
         starts: List[np.ndarray] = []
         ends: List[np.ndarray] = []
@@ -353,12 +362,16 @@ class Table:
         for i in range(len(self.index)):
             what = f"data block {i}"
             block = self._block(self.index[i][1], what)
-            spans = _block_spans_fast(block)
+            spans = _block_spans_fast(block, text)
             if spans is None:
                 block_keys, s, e = _block_spans(block, what)
+                if text:
+                    block_keys = [k.decode("latin-1") for k in block_keys]
                 spans = block_keys, np.array(s, np.int64), np.array(e, np.int64)
             block_keys = spans[0]
-            self._check_order(i, block_keys, keys[-1] if keys else None)
+            index_key = self._index_keys[i]
+            self._check_order(i, block_keys, keys[-1] if keys else None,
+                              index_key.decode("latin-1") if text else index_key)
             keys.extend(block_keys)
             blocks.append(block)
             starts.append(spans[1] + base)
@@ -368,15 +381,17 @@ class Table:
             return Columns([], b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
         return Columns(keys, b"".join(blocks), np.concatenate(starts), np.concatenate(ends))
 
-    def _check_order(self, i: int, keys: List[bytes], last: Optional[bytes]) -> None:
-        """Data block ``i``'s keys are sorted, none past its index key, and after ``last``."""
+    def _check_order(self, i: int, keys: List[Any], last: Any, index_key: Any = None) -> None:
+        """Data block ``i``'s keys are sorted, none past its index key (``index_key``: that key
+        in the keys' own type), and after ``last``."""
         what = f"data block {i}"
         _ordered(keys, what)
-        if keys and keys[-1] > self._index_keys[i]:
-            raise TableError(f"{what} holds key {keys[-1]!r}, past its index key "
+        index_key = self._index_keys[i] if index_key is None else index_key
+        if keys and keys[-1] > index_key:
+            raise TableError(f"{what} holds key {_bytes(keys[-1])!r}, past its index key "
                              f"{self._index_keys[i]!r}")
         if keys and last is not None and keys[0] <= last:
-            raise TableError(f"data block {i} is out of order (key {keys[0]!r} after {last!r})")
+            raise TableError(f"data block {i} is out of order (key {_bytes(keys[0])!r} after {_bytes(last)!r})")
 
     def get(self, key: bytes) -> Optional[bytes]:
         """The value of ``key``, or ``None``; reads only the block that holds it (and keeps it
