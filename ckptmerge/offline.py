@@ -60,7 +60,8 @@ from .formats import open_checkpoint
 from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
-from .formats.output_prefix import _DATA_RE, check_no_output
+from .formats.bundle import DATA_RE
+from .formats.output_prefix import check_no_output
 from .formats.storage import is_url
 from .formats.writer import BundleWriter
 from .gcpause import paused_gc
@@ -192,8 +193,8 @@ def _check_out_prefix(out_prefix: Any) -> str:
             f"out_prefix must be a checkpoint prefix, not a directory: the merge writes "
             f"'<prefix>.index' and '<prefix>.data-*'. Pass a prefix inside the directory, e.g. "
             f"{quote_name(example)}. Received: out_prefix={given!r}")
-    if given.endswith(".index") or _DATA_RE.search(given):
-        stem = given[:-len(".index")] if given.endswith(".index") else given[:_DATA_RE.search(given).start()]
+    if given.endswith(".index") or DATA_RE.search(given):
+        stem = given[:-len(".index")] if given.endswith(".index") else given[:DATA_RE.search(given).start()]
         raise ArgumentError(f"out_prefix must be the checkpoint prefix without '.index' or '.data-*', "
                             f"e.g. {quote_name(stem)}. Received: out_prefix={given!r}")
     return given

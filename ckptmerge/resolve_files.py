@@ -17,6 +17,7 @@ import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import CheckpointNotFoundError, did_you_mean
+from .formats.bundle import DATA_RE as DATA_FILE_RE
 from .text import escape_name, quote_name
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -34,7 +35,7 @@ FORMAT_TF_V1 = "tf-v1"
 
 STATE_FILE = "checkpoint"
 INDEX = ".index"
-DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+DATA_RE = DATA_FILE_RE  # (the bundle format's own: groups shard, shard count)
 _STEP_RE = re.compile(r"-(\d+)$")
 _H5_SUFFIXES = (".weights.h5", ".h5", ".hdf5")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"

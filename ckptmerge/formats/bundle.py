@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
@@ -92,6 +93,7 @@ __all__ = [
     "crc32c_combine",
     "encode_tensor_name_slice",
     "data_file_name",
+    "DATA_RE",
     "is_leveldb_table",
 ]
 
@@ -169,6 +171,10 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
         len2 >>= 1
         k += 1
     return crc1 ^ crc2
+
+
+#: A data file's name ending, ``.data-<shard>-of-<shards>`` (groups: shard, shard count).
+DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 
 
 def data_file_name(prefix: str, shard: int, num_shards: int) -> str:

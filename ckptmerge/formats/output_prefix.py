@@ -11,19 +11,18 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 from typing import Any, List, Optional
 
 import crc32c as _crc32c
 
 from ckptmerge.errors import CheckpointWriteError, OutputExistsError
+from ckptmerge.formats.bundle import DATA_RE
 from ckptmerge.text import quote_name
 
 logger = logging.getLogger(__name__)
 
 _TMP_MARK = ".ckptmerge-tmp-"
 _LOCK_MARK = ".ckptmerge-lock"
-_DATA_RE = re.compile(r"\.data-\d{5}-of-(\d{5})$")
 
 
 # Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
@@ -67,7 +66,7 @@ def existing_checkpoint_files(abs_prefix: str) -> List[str]:
     except OSError:
         names = []
     return found + [os.path.join(directory, n) for n in names
-                    if n.startswith(base) and _DATA_RE.fullmatch(n[len(base):])]
+                    if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])]
 
 
 def check_no_output(abs_prefix: str, prefix: str, how_to_replace: str = "pass overwrite=True") -> None:
@@ -113,9 +112,9 @@ def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
 
 def _shard_count(path: str) -> int:
     """The ``N`` of a ``.data-NNNNN-of-N`` file name (one :func:`existing_checkpoint_files` lists)."""
-    m = _DATA_RE.search(path)
+    m = DATA_RE.search(path)
     assert m is not None
-    return int(m.group(1))
+    return int(m.group(2))
 
 
 class _OutputLock:

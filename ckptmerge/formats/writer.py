@@ -70,11 +70,10 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import data_file_name, mask_crc, string_lengths_crc
+from ckptmerge.formats.bundle import DATA_RE, data_file_name, mask_crc, string_lengths_crc
 from ckptmerge.formats.bytecopy import _array_chunks, _Checksum, _kernel_copy, _pread_pieces
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
 from ckptmerge.formats.output_prefix import (
-    _DATA_RE,
     _HOST_TAG,
     _TMP_MARK,
     _io_message,
@@ -201,7 +200,7 @@ class BundleWriter:
                 f"prefix must name a checkpoint file prefix such as 'out/merged', not a "
                 f"directory. Received: prefix={prefix!r}"
             )
-        if given.endswith(".index") or _DATA_RE.search(given):
+        if given.endswith(".index") or DATA_RE.search(given):
             raise ArgumentError(
                 f"prefix must be the checkpoint prefix without '.index' or '.data-*'. "
                 f"Received: prefix={given!r}"
