@@ -261,7 +261,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     chosen: Dict[str, Tuple[Tuple[int, str], VariableInfo, SourceView]] = {}
     for si, view in enumerate(views):
         res = view.rules._apply(list(view.variables))
-        pairs = [(name, tname) for name, tname, _ in res.triples]
+        pairs = list(zip(res.names, res.targets))
         if on_conflict != "error":
             for amb in res.ambiguous:
                 picked = amb.targets[0 if on_conflict == "first" else -1]
@@ -305,7 +305,7 @@ def _produced_by_one(view: SourceView, on_conflict: str) -> Optional[List[Variab
     res = view.rules._apply(list(view.variables))
     if res.ambiguous and on_conflict != "error":  # (picks to add: the general way)
         return None
-    names, tnames = list(map(_FIRST, res.triples)), list(map(_SECOND, res.triples))
+    names, tnames = res.names, res.targets
     del res
     if not all(map(operator.lt, tnames, tnames[1:])):  # a target named twice: a conflict to report
         return None
@@ -315,7 +315,6 @@ def _produced_by_one(view: SourceView, on_conflict: str) -> Optional[List[Variab
                     map(_NBYTES, specs)))
 
 
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _KIND, _NBYTES = operator.attrgetter("kind"), operator.attrgetter("nbytes")
 

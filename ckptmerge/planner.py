@@ -130,11 +130,9 @@ class _SourceMatch:
 
 _new_tuple = tuple.__new__
 _NAME_AND_TARGET = operator.itemgetter(0, 1)
-_FIRST = operator.itemgetter(0)
-_SECOND = operator.itemgetter(1)
-_THIRD = operator.itemgetter(2)
 _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _TARGET = operator.attrgetter("target")
+_KEY = operator.attrgetter("key")
 _NAME = operator.attrgetter("name")
 
 def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
@@ -146,9 +144,10 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
     unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]
     ambiguous: List[Ambiguity] = []
     drop = list(res.dropped)
-    pairs: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = res.triples
+    # The renames as columns (name, target, rule), sorted by name and target: no tuple per name.
+    names, tnames, rules = res.names, res.targets, res.rules
     unresolved: List[str] = []  # ambiguous names left on no target
-    reordered = False  # (the rules give the triples sorted by name and target)
+    picks: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = []
     for amb in res.ambiguous:
         if on_conflict == "error":
             ambiguous.append(dataclasses.replace(amb, source=label))
@@ -159,78 +158,84 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
         if chosen is None:
             drop.append(amb.name)
         else:
-            pairs.append((amb.name, chosen, None))
-            reordered = True
+            picks.append((amb.name, chosen, None))
+    del res
 
     structure: List[str] = []
     via = dict(src.notes)
-    if model_root is not None:  # a Keras target: its model's own name is no barrier
-        lost = [n for n, t, rule in pairs if rule is None and t not in target_by_name]
-        swaps, structure = root_swaps(lost, target_names, model_root)
-        pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
-        reordered = True
-        for n, t in swaps.items():
-            via[n] = f"model root: {_q(n)} as {_q(t)}"
-        shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
-        if shifted:  # layers numbered from where another model in the saving process left off
-            pairs = [(n, shifted.get(t, t) if rule is None else t, rule) for n, t, rule in pairs]
-            for n, t, rule in pairs:
-                if rule is None and n not in via and t != n and t in shifted.values():
-                    via[n] = f"auto-name shift: {_q(n)} as {_q(t)}"
-    if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
-        # (the alignment already left out what include/exclude or a None regex drop on purpose)
-        landed = {n for n, t, _ in pairs if t in target_by_name}
-        pairs = [(n, src.aligned[n], None) if n in src.aligned and n not in landed else (n, t, rule)
-                 for n, t, rule in pairs]
-        listed = {n for n, _, _ in pairs}
-        extra = [n for n in src.aligned if n not in listed]
-        pairs += [(n, src.aligned[n], None) for n in extra]
-        reordered = True
-        drop = [n for n in drop if n not in src.aligned]
-    if reordered:
+    if picks or model_root is not None or src.aligned:  # (rare: these rework the renames as triples)
+        pairs = list(zip(names, tnames, rules)) + picks
+        if model_root is not None:  # a Keras target: its model's own name is no barrier
+            lost = [n for n, t, rule in pairs if rule is None and t not in target_by_name]
+            swaps, structure = root_swaps(lost, target_names, model_root)
+            pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
+            for n, t in swaps.items():
+                via[n] = f"model root: {_q(n)} as {_q(t)}"
+            shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
+            if shifted:  # layers numbered from where another model in the saving process left off
+                pairs = [(n, shifted.get(t, t) if rule is None else t, rule) for n, t, rule in pairs]
+                for n, t, rule in pairs:
+                    if rule is None and n not in via and t != n and t in shifted.values():
+                        via[n] = f"auto-name shift: {_q(n)} as {_q(t)}"
+        if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
+            # (the alignment already left out what include/exclude or a None regex drop on purpose)
+            landed_set = {n for n, t, _ in pairs if t in target_by_name}
+            pairs = [(n, src.aligned[n], None) if n in src.aligned and n not in landed_set else (n, t, rule)
+                     for n, t, rule in pairs]
+            listed = {n for n, _, _ in pairs}
+            extra = [n for n in src.aligned if n not in listed]
+            pairs += [(n, src.aligned[n], None) for n in extra]
+            drop = [n for n in drop if n not in src.aligned]
         pairs.sort(key=_NAME_AND_TARGET)
-    landed = list(itertools.compress(pairs, map(target_by_name.__contains__, map(_SECOND, pairs))))
+        names, tnames, rules = (list(c) for c in zip(*pairs)) if pairs else ([], [], [])
+        del pairs
+    hit = list(map(target_by_name.__contains__, tnames))
+    lost: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = []
+    if not all(hit):
+        missed = list(map(operator.not_, hit))
+        lost = list(zip(itertools.compress(names, missed), itertools.compress(tnames, missed),
+                        itertools.compress(rules, missed)))
+        names, tnames, rules = (list(itertools.compress(c, hit)) for c in (names, tnames, rules))
+    del hit
     # How a name met its target: shown when no rule says so, and always for what a source's
     # layout did to the value (a transpose is worth seeing beside any rule).
     notes: Iterable[Optional[str]] = itertools.repeat(None)
     if via:
         notes = [note if rule is None or (note or "").startswith("layout:") else None
-                 for note, rule in zip(map(via.get, map(_FIRST, landed)), map(_THIRD, landed))]
-    lost = [p for p in pairs if p[1] not in target_by_name] if len(landed) < len(pairs) else []
+                 for note, rule in zip(map(via.get, names), rules)]
     not_landed = set(unresolved)
     if lost:
-        landed_names = set(map(_FIRST, landed))
+        landed_names = set(names)
         not_landed.update(n for n, _, _ in lost if n not in landed_names)
         del landed_names
-    rules = list(map(_THIRD, landed))
     described = {i: r.describe() for i, r in dict(zip(map(id, rules), rules)).items() if r is not None}
     landed_rules = set(described.values())
-    del rules
-    # Each candidate holds its target's own name string, so the rules' copies can go now: each
-    # (name, target, rule) is replaced by its candidate in place, once nothing else holds the
-    # triples, so that the two never all coexist (at 100k names that is the plan's peak memory).
-    # (tuple.__new__ skips the namedtuple's Python-level __new__: one per target)
-    del pairs
-    res.triples.clear()
     # A name whose spec fits its target as it is (no transform, same shape and dtype: nearly
     # all of them) becomes its Assignment now; the planner only settles conflicts and misfits.
-    candidates: List[Union[_Candidate, Assignment]] = landed  # type: ignore[assignment]
+    # Each holds its target's own name string. (tuple.__new__ skips the namedtuple's Python-level
+    # __new__: one per misfit)
     variables, plain = src.variables, not src.transforms
-    tspecs = list(map(target_by_name.__getitem__, map(_SECOND, landed)))
-    specs = list(map(variables.__getitem__, map(_FIRST, landed)))
-    texts = list(map(described.get, map(id, map(_THIRD, landed))))  # (None for no rule)
+    tspecs = list(map(target_by_name.__getitem__, tnames))
+    del tnames
+    specs = list(map(variables.__getitem__, names))
+    texts = list(map(described.get, map(id, rules)))  # (None for no rule)
+    keys = list(map(_KEY, specs))
+    if None in keys:  # (spec.raw_key, without a property call per name)
+        keys = [s.raw_key for s in specs]
     fit = plain and all(map(operator.eq, map(_SHAPE, specs), map(_SHAPE, tspecs))) and all(
         map(operator.eq, map(_DTYPE, specs), map(_DTYPE, tspecs)))
-    make = trusted_assignment
-    for i, (tspec, spec, text, note) in enumerate(zip(tspecs, specs, texts, notes)):
-        n, _, rule = landed[i]
-        key = spec.key  # (spec.raw_key, without a property call per name)
-        if fit or (plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype):
-            candidates[i] = make(tspec.name, label, n, spec.name if key is None else key, spec, tspec, False, text,
-                                 (), note)
-        else:
-            candidates[i] = _new_tuple(_Candidate, (tspec.name, si, label, n, rule, note))
-    del tspecs, specs, texts
+    candidates: List[Union[_Candidate, Assignment]]
+    if fit:  # (in one pass at C speed)
+        candidates = list(map(trusted_assignment, map(_NAME, tspecs), itertools.repeat(label), names, keys, specs,
+                              tspecs, itertools.repeat(False), texts, itertools.repeat(()), notes))
+    else:
+        candidates = []
+        for tspec, spec, n, key, text, rule, note in zip(tspecs, specs, names, keys, texts, rules, notes):
+            if plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
+                candidates.append(trusted_assignment(tspec.name, label, n, key, spec, tspec, False, text, (), note))
+            else:
+                candidates.append(_new_tuple(_Candidate, (tspec.name, si, label, n, rule, note)))
+    del tspecs, specs, texts, keys, names, rules
     for name, tname, rule in lost:
         if isinstance(rule, MapRule) and not rule.is_scope:
             unmatched.append(UnmatchedRule(

@@ -24,7 +24,6 @@ ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict`
 from __future__ import annotations
 
 import bisect
-import itertools
 import fnmatch
 import functools
 import operator
@@ -473,9 +472,12 @@ class RuleResult:
 
 
 class _Applied(NamedTuple):
-    """What :meth:`Rules._apply` found (the parts of a :class:`RuleResult`)."""
+    """What :meth:`Rules._apply` found (the parts of a :class:`RuleResult`): the renames as three
+    columns (checkpoint name, target, rule; sorted by name and target), not a tuple per name."""
 
-    triples: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]]
+    names: List[str]
+    targets: List[str]
+    rules: List[Optional[Union[MapRule, RegexRule]]]
     dropped: List[str]
     unmatched: List[UnmatchedRule]
     ambiguous: List[Ambiguity]
@@ -755,7 +757,7 @@ class Rules:
         applied = self._apply(names, hidden)
         mapping: Dict[str, Tuple[str, ...]] = {}
         via: Dict[Tuple[str, str], Union[MapRule, RegexRule]] = {}
-        for n, t, rule in applied.triples:
+        for n, t, rule in zip(applied.names, applied.targets, applied.rules):
             mapping[n] = mapping[n] + (t,) if n in mapping else (t,)
             if rule is not None:
                 via[(n, t)] = rule
@@ -764,8 +766,8 @@ class Rules:
 
     def _apply(self, names: Sequence[str], hidden: Sequence[str] = (),
                targets: Optional[Mapping[str, Any]] = None) -> "_Applied":
-        """:meth:`apply` as ``(name, target, rule)`` triples (sorted), without the mapping and
-        ``via`` dicts: what a plan needs, in one list. With ``targets`` (name -> spec), a name a
+        """:meth:`apply` as columns of ``(name, target, rule)`` (sorted), without the mapping and
+        ``via`` dicts: what a plan needs. With ``targets`` (name -> spec), a name a
         scope rule makes that is a target's holds the target's own string (``spec.name``): the
         100,000s of renamed names of a warm start are then not held twice."""
         all_names = _sorted_unique(names)
@@ -804,10 +806,13 @@ class Rules:
 
         # 2. identity
         if not self.renames:
-            return _Applied([(n, n, None) for n in selected], sorted(dropped), unmatched, [], frozenset())
+            return _Applied(selected, list(selected), [None] * len(selected), sorted(dropped), unmatched, [],
+                            frozenset())
 
         # 3. map, then regex
-        triples: List[Tuple[str, str, Optional[Union[MapRule, RegexRule]]]] = []
+        out_names: List[str] = []
+        out_targets: List[str] = []
+        out_rules: List[Optional[Union[MapRule, RegexRule]]] = []
         explicit = set()
         ambiguous: List[Ambiguity] = []
         used_maps = set()
@@ -825,7 +830,10 @@ class Rules:
                 for rule in rules:
                     renamed.setdefault(rule.rename(n), rule)
                     used_maps.add(rule)
-                triples.extend((n, t, renamed[t]) for t in sorted(renamed))
+                for t in sorted(renamed):
+                    out_names.append(n)
+                    out_targets.append(t)
+                    out_rules.append(renamed[t])
                 if n in exact_rules:
                     explicit.add(n)
                 return
@@ -841,7 +849,9 @@ class Rules:
             elif results[0] is None:
                 dropped.append(n)
             else:
-                triples.append((n, results[0], hits[0][1]))
+                out_names.append(n)
+                out_targets.append(results[0])
+                out_rules.append(hits[0][1])
 
         done = 0
         for lo, hi, owner in _scope_owners(selected, self._scopes) + [(len(selected), len(selected), None)]:
@@ -864,7 +874,9 @@ class Rules:
                 specs = list(map(target_spec, renamed_run))
                 renamed_run = [t if spec is None else spec.name for t, spec in zip(renamed_run, specs)]
                 del specs
-            triples.extend(zip(run, renamed_run, itertools.repeat(owner)))
+            out_names += run
+            out_targets += renamed_run
+            out_rules += [owner] * len(run)
 
         selected_set = set(selected)
         for m in self.maps:
@@ -895,4 +907,5 @@ class Rules:
                            f"{_q(partial)})")
             unmatched.append(UnmatchedRule("regex", r.describe(), (), reason=reason))
 
-        return _Applied(triples, sorted(dropped), unmatched, ambiguous, frozenset(explicit))
+        return _Applied(out_names, out_targets, out_rules, sorted(dropped), unmatched, ambiguous,
+                        frozenset(explicit))
