@@ -69,7 +69,7 @@ from .planner import Plan, SourceView, make_plan
 from .report import Report, _section
 from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
 from .source import CheckpointHandle, SourceHandle
-from .specs import KIND_VARIABLE, VariableInfo, trusted_info
+from .specs import KIND_VARIABLE, VariableInfo, frozen_slots, trusted_info, trusted_maker
 from .text import escape_name, human_bytes, join_lines, plural, quote_name
 from .transforms import (
     Slice,
@@ -379,9 +379,11 @@ class _RawFiles:
         """Nothing to release: the descriptors belong to the reader."""
 
 
-@dataclass
+@frozen_slots
+@dataclass(frozen=True)
 class _Job:
-    """One output tensor: where its value comes from and what happens to it on the way."""
+    """One output tensor: where its value comes from and what happens to it on the way (slotted,
+    and made by :data:`_make_job` where a merge makes one per tensor)."""
 
     target: VariableInfo
     origin: str                      # source label, or _TEMPLATE_LABEL
@@ -491,6 +493,11 @@ def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
     return reasons
 
 
+#: ``_make_job(target, origin, name, nbytes, read, raw, key, cast, transforms, current, sort_key)``
+#: (every field, checked by the caller: see :func:`ckptmerge.specs.trusted_maker`).
+_make_job = trusted_maker(_Job)
+
+
 def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
                 template_prefix: str) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
     """The write jobs in read order (by source, then where each tensor is stored), the names
@@ -561,10 +568,8 @@ def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template:
             else:
                 current = template_value(a.target)
         raw = raws[a.source]
-        yield _Job(target=a.target_spec, origin=origins[a.source], name=a.name,
-                   nbytes=a.spec.nbytes, read=reads[a.source],
-                   raw=raw, key=a.key, cast=a.cast, transforms=ts, current=current,
-                   sort_key=(si, *entry_order(raw, a.key), a.target))
+        yield _make_job(a.target_spec, origins[a.source], a.name, a.spec.nbytes, reads[a.source], raw, a.key, a.cast,
+                        ts, current, (si, *entry_order(raw, a.key), a.target))
     if needs_current:
         raise TransformError(
             f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
