@@ -517,12 +517,13 @@ class _Tally:
         self.names: List[str] = []
         self.count: Dict[str, int] = collections.Counter()
         self.nbytes: Dict[str, int] = collections.Counter()
-        append = self.names.append
+        append, count, nbytes = self.names.append, self.count, self.nbytes
         for j in jobs:
             append(j.target.name)
-            self.count[j.origin] += 1
-            self.nbytes[j.origin] += j.nbytes
-        self.total = sum(self.nbytes.values())
+            origin = j.origin
+            count[origin] += 1
+            nbytes[origin] += j.nbytes
+        self.total = sum(nbytes.values())
 
 
 def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
@@ -536,7 +537,6 @@ def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template:
         TransformError: an ``init="keep"`` transform without a template to give the current value
             (after the sources' jobs).
     """
-    by_label = {h.label: (i, h) for i, h in enumerate(handles)}
     raws: Dict[str, Optional[_RawFiles]] = {}
     for h in handles:
         reader = getattr(h, "reader", None) if isinstance(h, CheckpointHandle) else None
@@ -551,25 +551,29 @@ def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template:
         return lambda: template.get(name)
 
     # One origin text and one read function per source (not per job: a merge makes 100,000s).
-    origins = {h.label: _source_origin(h.label) for h in handles}
-    reads = {h.label: (lambda n, h=h: h.read([n])[n]) for h in handles}
+    # (source index, origin, read, raw files, transforms) per source label
+    per_source = {h.label: (i, _source_origin(h.label), (lambda n, h=h: h.read([n])[n]), raws[h.label],
+                            views[h.label].transforms) for i, h in enumerate(handles)}
+    make = _make_job
     for a in plan.assignments.values():
-        si, h = by_label[a.source]
-        if a.key == OBJECT_GRAPH_KEY:
-            skipped.append((a.target, "the object graph of an object-based checkpoint is not copied: the "
-                                      "merged checkpoint is name-based (its keys are variable names)"))
+        si, origin, read, raw, transforms = per_source[a.source]
+        key, target = a.key, a.target
+        if key == OBJECT_GRAPH_KEY:
+            skipped.append((target, "the object graph of an object-based checkpoint is not copied: the "
+                                    "merged checkpoint is name-based (its keys are variable names)"))
             continue
-        transforms = views[a.source].transforms
-        ts = tuple(t for t in transforms if t.applies_to(a.target)) if transforms else ()
+        ts: Tuple[Any, ...] = ()
         current = None
-        if any(getattr(t, "needs_current", False) for t in ts):
-            if template is None:
-                needs_current.append(f"{quote_name(a.target)} ({'; '.join(a.transforms) or 'transform'})")
-            else:
-                current = template_value(a.target)
-        raw = raws[a.source]
-        yield _make_job(a.target_spec, origins[a.source], a.name, a.spec.nbytes, reads[a.source], raw, a.key, a.cast,
-                        ts, current, (si, *entry_order(raw, a.key), a.target))
+        if transforms:
+            ts = tuple(t for t in transforms if t.applies_to(target))
+            if any(getattr(t, "needs_current", False) for t in ts):
+                if template is None:
+                    needs_current.append(f"{quote_name(target)} ({'; '.join(a.transforms) or 'transform'})")
+                else:
+                    current = template_value(target)
+        order = entry_order(raw, key)
+        yield make(a.target_spec, origin, a.name, a.spec.nbytes, read, raw, key, a.cast, ts, current,
+                   (si, order[0], order[1], target))
     if needs_current:
         raise TransformError(
             f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
