@@ -159,10 +159,10 @@ class MergeReport(Report):
             out.append(f"State file: {self.state_file}")
         return join_lines(out)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, *, lazy: bool = False) -> dict:
         """JSON-ready: :meth:`Report.to_dict` plus ``output``, ``dry_run``, ``bytes_written``,
         ``from_template`` (``[{"name", "reason"}]``) and ``state_file``."""
-        d = super().to_dict()
+        d = super().to_dict(lazy=lazy)
         d.update({"output": self.output, "dry_run": self.dry_run, "bytes_written": int(self.bytes_written),
                   "from_template": [{"name": n, "reason": r} for n, r in self.from_template],
                   "state_file": self.state_file})

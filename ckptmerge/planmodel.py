@@ -17,10 +17,11 @@ import logging
 import operator
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import CkptMergeError, PlanError
 from .findings import Assignment, Conflict, Mismatch
+from .jsonout import Entries, Records
 from .rules import Ambiguity, Rules, UnmatchedRule, _q, _received
 from .specs import VariableInfo
 from .text import escape_name
@@ -399,8 +400,12 @@ class Plan:
         """A copy of this plan with live readers/variables attached (used by the restore layer)."""
         return dataclasses.replace(self, _binding=binding)
 
-    def to_dict(self) -> dict:
-        """JSON-ready dict (shapes as lists, everything sorted as in the plan).
+    def to_dict(self, *, lazy: bool = False) -> dict:
+        """JSON-ready dict (shapes as lists, everything sorted as in the plan). With ``lazy``,
+        the parts with one item per target or name are :class:`~ckptmerge.jsonout.Records` and
+        :class:`~ckptmerge.jsonout.Entries` that make their items while they are written
+        (:func:`~ckptmerge.jsonout.json_pieces`; ``ckptmerge plan --json`` writes a plan of
+        100,000 targets so), and :func:`~ckptmerge.jsonout.materialize` makes them plain.
 
         Schema::
 
@@ -424,21 +429,23 @@ class Plan:
             True
         """
         blocking = self.blocking(strict=True)
+        records: Callable[[Iterable[Any]], Any] = Records if lazy else list
+        entries: Callable[[Iterable[Tuple[str, Any]]], Any] = Entries if lazy else dict
         return {
             "ok": not blocking,
             "blocking": blocking,
             "blocking_non_strict": self.blocking(strict=False),
             "options": {"allow_missing": list(self.allow_missing), "on_conflict": self.on_conflict,
                         "on_shape_mismatch": self.on_shape_mismatch, "cast": self.cast},
-            "targets": [t.to_dict() for t in self.targets],
+            "targets": records(t.to_dict() for t in self.targets),
             "sources": [s.to_dict() for s in self.sources],
-            "assignments": {k: a.to_dict() for k, a in self.assignments.items()},
+            "assignments": entries((k, a.to_dict()) for k, a in self.assignments.items()),
             "missing": list(self.missing),
             "allowed_missing": list(self.allowed_missing),
             "skipped": list(self.skipped),
             "unused": {k: list(v) for k, v in self.unused.items()},
             "dropped": {k: list(v) for k, v in self.dropped.items()},
-            "mismatched": [m.to_dict() for m in self.mismatched],
+            "mismatched": records(m.to_dict() for m in self.mismatched),
             "conflicts": [c.to_dict() for c in self.conflicts],
             "ambiguous": [a.to_dict() for a in self.ambiguous],
             "unmatched_rules": [u.to_dict() for u in self.unmatched_rules],

@@ -240,8 +240,8 @@ class Report:
 
         return report_html(self)
 
-    def to_dict(self) -> dict:
-        """JSON-ready dict.
+    def to_dict(self, *, lazy: bool = False) -> dict:
+        """JSON-ready dict (``lazy``: the plan's as :meth:`Plan.to_dict(lazy=True) <ckptmerge.Plan.to_dict>`).
 
         Schema::
 
@@ -253,4 +253,4 @@ class Report:
         return {"summary": self.summary(), "mode": self.mode, "restored": list(self.restored),
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped],
                 "elapsed": float(self.elapsed), "bytes_read": int(self.bytes_read),
-                "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict()}
+                "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict(lazy=lazy)}

@@ -6,7 +6,8 @@ ckptmerge's TF-free writer), and a realistic warm-start config: a scope map (``s
 ``model/``) plus an exclude. Measured, each as a whole fresh process, median of ROUNDS:
 
 - ``ckptmerge plan CONFIG --target T`` (TF-free): wall time and peak RSS;
-- ``ckptmerge ls``, ``diff`` and ``merge --dry-run`` on the same checkpoints;
+- ``ckptmerge ls``, ``diff`` and ``merge --dry-run`` on the same checkpoints, and ``plan --json``
+  (the whole plan as JSON, written a piece at a time);
 - ``python -m ckptmerge --version``: the fixed start-up cost (interpreter, imports) inside each
   of the rows above, so the reader sees what part of a small run is start-up;
 - baseline: ``tf.train.list_variables`` of both checkpoints in a process that already imported
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
     for n in args.sizes:
         src, tgt, config = write_pair(args.dir, n)
         index_bytes = os.path.getsize(src + ".index") + os.path.getsize(tgt + ".index")
-        commands = (("plan", ["plan", config, "--target", tgt]), ("ls", ["ls", src]), ("diff", ["diff", src, tgt]),
+        commands = (("plan", ["plan", config, "--target", tgt]), ("plan --json", ["plan", config, "--target", tgt, "--json"]),
+                    ("ls", ["ls", src]), ("diff", ["diff", src, tgt]),
                     ("merge --dry-run", ["merge", config, "-o", os.path.join(args.dir, f"{n}", "out", "m"),
                                          "--dry-run", "-q"]))
         runs: dict = {name: [] for name, _ in commands}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import os
 import shlex
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import (
     Any,
     Iterator,
+    List,
     Optional,
     Sequence,
     Tuple,
@@ -25,6 +25,7 @@ import click
 
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
+from ..jsonout import json_pieces
 from ..text import escape_name, escape_text
 
 
@@ -193,20 +194,25 @@ def table_pieces(columns: Sequence[Sequence[str]], *, right: Sequence[int] = (),
 
 def _json_text(data: Any, depth: int, expand: int) -> str:
     """JSON with the first ``expand`` levels of containers one item per line, the rest compact."""
-    if depth >= expand or not isinstance(data, (dict, list)) or not data:
-        return json.dumps(data, allow_nan=False)
-    pad, inner = "  " * depth, "  " * (depth + 1)
-    if isinstance(data, dict):
-        items = [f"{inner}{json.dumps(str(k))}: {_json_text(v, depth + 1, expand)}" for k, v in data.items()]
-        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
-    items = [f"{inner}{_json_text(v, depth + 1, expand)}" for v in data]
-    return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return "".join(json_pieces(data, expand=expand, depth=depth))
+
+
+_JSON_PIECE = 1 << 16  # characters written at a time
 
 
 def _echo_json(data: Any, *, expand: int = 2) -> None:
     """Print strict JSON (no NaN literals) that people can read too: the top levels one item
-    per line, each record compact on its line (``expand=0``: all on one line)."""
-    click.echo(_json_text(data, 0, expand))
+    per line, each record compact on its line (``expand=0``: all on one line). Written a piece
+    at a time (see :mod:`ckptmerge.jsonout`): ``data`` may hold records made while writing."""
+    pending: List[str] = []
+    size = 0
+    for piece in json_pieces(data, expand=expand):
+        pending.append(piece)
+        size += len(piece)
+        if size >= _JSON_PIECE:
+            click.echo("".join(pending), nl=False)
+            pending, size = [], 0
+    click.echo("".join(pending))
 
 
 # ============================================================================================

@@ -25,6 +25,7 @@ import click
 
 from ..errors import UnreadableTensorError, did_you_mean
 from ..gcpause import paused_gc
+from ..jsonout import Records
 from ..patterns import PatternError, UserPattern, compile_pattern
 from ..specs import KIND_VARIABLE, VariableInfo, model_variables
 from ..text import escape_name, human_bytes, plural, quote_name
@@ -247,13 +248,12 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
             values_stats = {v.name: (chunk_stats(reader.iter_chunks(v.name, _STATS_CHUNK), v.dtype)
                                      if _numeric_kind(v.dtype) else None) for v in shown}
     if as_json:
-        out = []
-        for v in shown:
+        def record(v: VariableInfo) -> Dict[str, Any]:
             d = v.to_dict()
             if values_stats is not None:
                 d["stats"] = values_stats[v.name]
-            out.append(d)
-        _echo_json(out, expand=1)
+            return d
+        _echo_json(Records(map(record, shown)), expand=1)  # (made while written)
         return
 
     click.echo(opened.header())
@@ -546,8 +546,8 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
 
     if as_json:
         _echo_json({
-            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": [v.name for v in only_a],
-            "only_in_b": [v.name for v in only_b],
+            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": Records(map(_NAME, only_a)),
+            "only_in_b": Records(map(_NAME, only_b)),
             "mismatched": [{"name": x.name, "a": {"dtype": x.dtype, "shape": list(x.shape)},
                             "b": {"dtype": y.dtype, "shape": list(y.shape)}} for x, y in mismatched],
             **({"values": [{**c, "max_abs_diff": (c["max_abs_diff"] if c["max_abs_diff"] is None

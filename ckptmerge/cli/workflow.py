@@ -28,7 +28,6 @@ from ._common import (
     _CONFIG_KEYS_HINT,
     _JSON,
     _echo_json,
-    _json_text,
     _stderr_is_tty,
     cli,
     logger,
@@ -274,7 +273,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     try:
         blocking = _blocking(plan, cfg.strict)
         if as_json:
-            _echo_json(plan.to_dict())
+            _echo_json(plan.to_dict(lazy=True))  # (written a piece at a time)
         else:
             click.echo(plan.report(limit=None if show_all else 50))
             if not cfg.strict:
@@ -380,13 +379,16 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
                        durable=durable, format=out_format)
     except PlanError as e:
         if dry_run and e.plan is not None:  # a dry run is for reading the findings: show them all
-            click.echo(_json_text(e.plan.to_dict(), 0, 2) if as_json else e.plan.report())
+            if as_json:
+                _echo_json(e.plan.to_dict(lazy=True))
+            else:
+                click.echo(e.plan.report())
         raise
     finally:
         if progress is not None:
             progress.close()
     if as_json:
-        _echo_json(report.to_dict())
+        _echo_json(report.to_dict(lazy=True))
     elif quiet:
         click.echo(report.summary())
     else:
