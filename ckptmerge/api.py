@@ -254,7 +254,8 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
             from .suggestion import aligned_views
             from .targets import creation_order
 
-            views = aligned_views(result, views, which, target_order=creation_order(target, targets))
+            views = aligned_views(result, views, which, target_order=creation_order(target, targets),
+                                  source_orders=[h.order if on else None for h, on in zip(handles, which)])
             result = make_plan(targets.infos, views, **options)
     except BaseException:
         for h in handles:
@@ -286,7 +287,8 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
     p = plan(target, sources, **plan_options)
     try:
         with paused_gc():  # the alignment's small objects have no cycles either: see ckptmerge.gcpause
-            found = make_suggestion(p, target_order=creation_order(target, p._binding.targets))
+            found = make_suggestion(p, target_order=creation_order(target, p._binding.targets),
+                                    source_orders=[h.order for h in p._binding.handles])
         layouts = {h.label: h.source.layout for h in p._binding.handles if getattr(h.source, "layout", None)}
         return dataclasses.replace(found, layouts=layouts) if layouts else found
     finally:

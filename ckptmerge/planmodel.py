@@ -80,7 +80,9 @@ class SourceView:
         aligned: ``{checkpoint name: target}`` from structural alignment
             (``Source(align="structure")``), used for names the rules put on no target.
         order: checkpoint names in the order the checkpoint saved them, where it records one
-            (a TF2 object graph), else ``None``: evidence for structural alignment.
+            (a TF2 object graph), else ``None``: evidence for structural alignment. Plans made by
+            :func:`ckptmerge.plan` leave it ``None`` (walking a large object graph on every plan
+            would cost for nothing): alignment asks the source's handle when it runs.
 
     Raises:
         OptionError: a field has the wrong type or the label is empty.

@@ -345,7 +345,8 @@ class SourceHandle:
         """What the planner needs of this source: label, path, note, variables, rules, ...
 
         ``rules`` are this source's compiled rules (map values that were variables already
-        named, see :meth:`Source.rules`).
+        named, see :meth:`Source.rules`). The saving :attr:`order` is left out: alignment, the
+        only one to use it, asks for it when it runs.
         """
         from .planner import SourceView
 
@@ -356,7 +357,7 @@ class SourceHandle:
         return SourceView(label=self.label, path=self.path, note=self.note,
                           variables=types.MappingProxyType(selectable),
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
-                          hidden=hidden, notes=self.notes, findings=tuple(self.findings), order=self.order)
+                          hidden=hidden, notes=self.notes, findings=tuple(self.findings))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""

@@ -200,8 +200,8 @@ def _left_out(rules: Any, name: str) -> bool:
 _NAME = operator.attrgetter("name")
 
 
-def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
-                  target_order: Optional[Sequence[str]]) -> Alignment:
+def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_order: Optional[Sequence[str]],
+                  source_order: Optional[Sequence[str]] = None) -> Alignment:
     want = set(missing)
     variables, rules = src.variables, src.rules
     unused = plan.unused.get(src.label, [])
@@ -213,15 +213,18 @@ def _align_source(plan: Plan, src: SourceView, missing: Sequence[str],
         names = [variables[n] if variables[n].name == n else dataclasses.replace(variables[n], name=n)
                  for n in unused if n in variables and not _left_out(rules, n)]
     return align([t for t in plan.targets if t.name in want], names, target_order=target_order,
-                 source_order=src.order)
+                 source_order=src.order if source_order is None else source_order)
 
 
-def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None) -> Suggestion:
+def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
+                    source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None) -> Suggestion:
     """Propose, per source in plan order, a map for the targets the plan leaves missing.
 
     Args:
         plan: a plan (e.g. from :func:`ckptmerge.plan`); only its names and specs are used.
         target_order: target names in creation order, if known (evidence for order).
+        source_orders: per source, its names in saving order where known (see
+            :attr:`SourceHandle.order <ckptmerge.source.SourceHandle.order>`); else each view's ``order``.
 
     Returns:
         The :class:`Suggestion`.
@@ -238,8 +241,9 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None)
     missing = list(plan.missing)
     all_targets = [t.name for t in plan.targets]
     out = []
-    for src in plan.sources:
-        found = _align_source(plan, src, missing, target_order)
+    orders = source_orders or [None] * len(plan.sources)
+    for src, order in zip(plan.sources, orders):
+        found = _align_source(plan, src, missing, target_order, order)
         taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
@@ -249,8 +253,10 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None)
 
 
 def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool], *,
-                  target_order: Optional[Sequence[str]] = None) -> List[SourceView]:
-    """The views again, the ``which`` ones with the plan's unambiguous structural matches added.
+                  target_order: Optional[Sequence[str]] = None,
+                  source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None) -> List[SourceView]:
+    """The views again, the ``which`` ones with the plan's unambiguous structural matches added
+    (``source_orders``: as for :func:`make_suggestion`).
 
     Each match becomes a ``(name -> target)`` pair the planner uses for a name its rules did not
     put on a target (explicit ``map``/``regex`` entries win), with the note
@@ -261,11 +267,12 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
     """
     missing = list(plan.missing)
     out = []
-    for src, on in zip(views, which):
+    orders = source_orders or [None] * len(views)
+    for src, on, order in zip(views, which, orders):
         if not on:
             out.append(src)
             continue
-        found = _align_source(plan, src, missing, target_order)
+        found = _align_source(plan, src, missing, target_order, order)
         taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
