@@ -296,7 +296,8 @@ class BundleReader(CheckpointReader):
                 "ckptmerge, or read it with that TensorFlow.", path=self.index_path)
         self.num_shards = num_shards
         self._columns = self._decode_entries(cols)
-        self._raw_entries = EntriesByRawKey(self._columns)
+        self._entries = EntriesByKey(self._columns)  # by key as text: names and keys are text
+        self._raw_entries = EntriesByRawKey(self._columns)  # by key as stored: slice keys are bytes
         fields = self._columns.fields
         has_data = np.ones(len(self._columns), bool)
         for i, e in self._columns.special.items():
@@ -397,7 +398,7 @@ class BundleReader(CheckpointReader):
         return path
 
     def _load_object_graph(self) -> Optional[ObjectGraph]:
-        entry = self._raw_entries.get(OBJECT_GRAPH_KEY.encode())
+        entry = self._entries.get(OBJECT_GRAPH_KEY)
         if entry is None or entry.dtype != DT_STRING or entry.shape != () or entry.slices:
             return None
         raw = self._read_entry(entry)[()]
@@ -447,7 +448,7 @@ class BundleReader(CheckpointReader):
     def entries(self) -> Mapping[str, BundleEntry]:
         """Every decoded index entry by key, slice entries included (keys start with ``\\x00``),
         as a read-only mapping that builds each :class:`BundleEntry` when it is looked up."""
-        return EntriesByKey(self._columns)
+        return self._entries
 
     # -- file access -----------------------------------------------------------------------
     def data_fd(self, shard: int) -> int:
@@ -670,7 +671,7 @@ class BundleReader(CheckpointReader):
     def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
         """Numeric tensors piece by piece, from their entry or their slices (checked first);
         strings whole (they are as big in memory as in the file)."""
-        e = self._raw_entries[info.raw_key.encode("utf-8")]
+        e = self._entries[info.raw_key]
         if e.dtype == DT_STRING:
             return super()._iter_chunks(info, max_elements)
         dt = TF_TO_NUMPY.get(e.dtype)
@@ -714,7 +715,7 @@ class BundleReader(CheckpointReader):
             yield out.reshape(-1)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
-        e = self._raw_entries[info.raw_key.encode("utf-8")]
+        e = self._entries[info.raw_key]
         if e.slices:
             return self._read_sliced(e)
         return self._read_entry(e)
@@ -750,7 +751,7 @@ class BundleReader(CheckpointReader):
         for name, info in zip(names, infos):
             if name in out or info.raw_key in by_key:
                 continue
-            e = self._raw_entries[info.raw_key.encode("utf-8")]
+            e = self._entries[info.raw_key]
             if e.slices or e.dtype == DT_STRING:
                 out[name] = self._read(info)
             else:
