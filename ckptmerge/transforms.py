@@ -150,11 +150,11 @@ def _load_tokens(spec: VocabSpec, which: str, target: str) -> Tuple[Union[str, T
     if isinstance(spec, (list, tuple)) and all(isinstance(t, str) for t in spec):
         tokens = tuple(spec)
         if not tokens:
-            raise TransformError(f"vocab remap of '{target}': {which} is an empty list; expected "
+            raise TransformError(f"vocab remap of {quote_name(target)}: {which} is an empty list; expected "
                                  "a file path or a non-empty list of tokens.", target=target)
-        _check_unique(tokens, f"vocab remap of '{target}': {which}", "position", 0)
+        _check_unique(tokens, f"vocab remap of {quote_name(target)}: {which}", "position", 0)
         return tokens, tokens
-    raise TransformError(f"vocab remap of '{target}': {which} must be a vocabulary file path or a "
+    raise TransformError(f"vocab remap of {quote_name(target)}: {which} must be a vocabulary file path or a "
                          f"list of token strings, received {type(spec).__name__} {spec!r:.60}.",
                          target=target)
 
@@ -167,7 +167,7 @@ def _check_target(kind: str, target: object) -> None:
 
 def _check_axis(kind: str, target: str, axis: object) -> None:
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or axis < 0:
-        raise TransformError(f"{kind} of '{target}': axis must be a non-negative integer, "
+        raise TransformError(f"{kind} of {quote_name(target)}: axis must be a non-negative integer, "
                              f"received {axis!r}.", target=target)
 
 
@@ -176,7 +176,7 @@ def _check_init(kind: str, target: str, init: object, choices: Sequence[str], ex
         quoted = [f"'{c}'" for c in choices]
         options = ", ".join(quoted[:-1]) + " or " + quoted[-1]
         hint = did_you_mean(init, choices) if isinstance(init, str) else ""
-        raise TransformError(f"{kind} of '{target}': init must be {options}{extra}, received "
+        raise TransformError(f"{kind} of {quote_name(target)}: init must be {options}{extra}, received "
                              f"{init!r}.{hint}", target=target)
 
 
@@ -204,7 +204,7 @@ def _check_size(target: str, option: str, size: object, n_tokens: int, *, minus_
         return n_tokens
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 < size <= n_tokens:
         allowed = "-1 (all), or " if minus_one else ""
-        raise TransformError(f"vocab remap of '{target}': {option} must be {allowed}an integer from 1 "
+        raise TransformError(f"vocab remap of {quote_name(target)}: {option} must be {allowed}an integer from 1 "
                              f"to the vocabulary's {_plural(n_tokens, 'token')}, received {size!r}.",
                              target=target)
     return int(size)
@@ -224,11 +224,11 @@ def _initial_values(init: Callable[..., Any], shape: Shape, dtype: np.dtype, tar
     try:
         arr = np.array(got, dtype=dtype, copy=True)
     except (TypeError, ValueError, NotImplementedError) as e:
-        raise TransformError(f"vocab remap of '{target}': the backup initializer gave "
+        raise TransformError(f"vocab remap of {quote_name(target)}: the backup initializer gave "
                              f"{type(got).__name__}, not values ({e}); pass a callable that returns "
                              "an array, or an initializer name such as 'zeros'.", target=target) from None
     if arr.shape != tuple(shape):
-        raise TransformError(f"vocab remap of '{target}': the backup initializer gave shape "
+        raise TransformError(f"vocab remap of {quote_name(target)}: the backup initializer gave shape "
                              f"{arr.shape}, expected {tuple(shape)}.", target=target)
     return arr
 
@@ -239,11 +239,11 @@ def _start(value: np.ndarray, current: Optional[np.ndarray], out_shape: Shape, k
     if not keep:
         return _zeros(out_shape, value.dtype)
     if current is None:
-        raise TransformError(f"{kind} of '{target}' with init='keep' needs the target's current "
+        raise TransformError(f"{kind} of {quote_name(target)} with init='keep' needs the target's current "
                              "value; the restore backend must pass it as `current`.", target=target)
     current = np.asarray(current)
     if tuple(current.shape) != tuple(out_shape):
-        raise TransformError(f"{kind} of '{target}': the target's current value has shape "
+        raise TransformError(f"{kind} of {quote_name(target)}: the target's current value has shape "
                              f"{tuple(current.shape)}, expected {tuple(out_shape)}.", target=target)
     # Keep the target's dtype: the kept part must not round-trip through a narrower source dtype
     # (e.g. float16), whether the backend casts before or after the transform.
@@ -326,7 +326,7 @@ class VocabRemap:
         new = new[:_check_size(self.target, "new_vocab_size", new_size, len(new))]
         oov = self.num_oov_buckets
         if isinstance(oov, bool) or not isinstance(oov, (int, np.integer)) or oov < 0:
-            raise TransformError(f"vocab remap of '{self.target}': num_oov_buckets must be an "
+            raise TransformError(f"vocab remap of {quote_name(self.target)}: num_oov_buckets must be an "
                                  f"integer >= 0, received {oov!r}.", target=self.target)
         new_index = {tok: i for i, tok in enumerate(new)}
         pairs = [(i, new_index[tok]) for i, tok in enumerate(old) if tok in new_index]
@@ -393,11 +393,11 @@ class VocabRemap:
         """
         shape = tuple(int(d) for d in source_shape)
         if self.axis >= len(shape):
-            raise TransformError(f"vocab remap of '{self.target}': axis {self.axis} is out of range "
+            raise TransformError(f"vocab remap of {quote_name(self.target)}: axis {self.axis} is out of range "
                                  f"for the checkpoint tensor of shape {shape}.", target=self.target)
         if shape[self.axis] < len(self._old):
             raise TransformError(
-                f"vocab remap of '{self.target}': the checkpoint tensor has {shape[self.axis]:,} "
+                f"vocab remap of {quote_name(self.target)}: the checkpoint tensor has {shape[self.axis]:,} "
                 f"{_unit(self.axis, len(shape), shape[self.axis])} along axis {self.axis} (shape {shape}) but the old "
                 f"vocabulary {self._vocab_label('old')} has {_plural(len(self._old), 'token')}; "
                 "it must have at least one per token (is old_vocab the vocabulary this checkpoint "
@@ -517,20 +517,20 @@ class Slice:
         """
         src = tuple(int(d) for d in source_shape)
         if target_shape is None:
-            raise TransformError(f"slice of '{self.target}' needs the target's shape.", target=self.target)
+            raise TransformError(f"slice of {quote_name(self.target)} needs the target's shape.", target=self.target)
         tgt = tuple(int(d) for d in target_shape)
         if len(src) != len(tgt):
-            raise TransformError(f"slice of '{self.target}': the checkpoint tensor has shape {src} and "
+            raise TransformError(f"slice of {quote_name(self.target)}: the checkpoint tensor has shape {src} and "
                                  f"the target {tgt}; a slice needs the same number of dimensions.",
                                  target=self.target)
         if self.axis >= len(src):
-            raise TransformError(f"slice of '{self.target}': axis {self.axis} is out of range for shape "
+            raise TransformError(f"slice of {quote_name(self.target)}: axis {self.axis} is out of range for shape "
                                  f"{src}.", target=self.target)
         other = [d for d in range(len(src)) if d != self.axis and src[d] != tgt[d]]
         if other:
             axes = " and ".join(str(d) for d in other)
             raise TransformError(
-                f"slice of '{self.target}' along axis {self.axis}: the checkpoint tensor {src} and the "
+                f"slice of {quote_name(self.target)} along axis {self.axis}: the checkpoint tensor {src} and the "
                 f"target {tgt} also differ along axis {axes}; a slice may change one axis only.",
                 target=self.target)
         return tgt
@@ -611,7 +611,7 @@ class Transpose:
             perm = tuple(self.perm)
             if not all(isinstance(a, int) and not isinstance(a, bool) for a in perm) \
                     or sorted(perm) != list(range(len(perm))):
-                raise TransformError(f"transpose of '{self.target}': perm must be a permutation of 0..n-1. "
+                raise TransformError(f"transpose of {quote_name(self.target)}: perm must be a permutation of 0..n-1. "
                                      f"Received: perm={self.perm!r}", target=self.target)
             object.__setattr__(self, "perm", perm)
 
@@ -625,7 +625,7 @@ class Transpose:
         if self.perm is None:
             return tuple(range(ndim))[::-1]
         if len(self.perm) != ndim:
-            raise TransformError(f"transpose of '{self.target}': perm {self.perm} does not fit a tensor with "
+            raise TransformError(f"transpose of {quote_name(self.target)}: perm {self.perm} does not fit a tensor with "
                                  f"{ndim} dimensions.", target=self.target)
         return self.perm
 

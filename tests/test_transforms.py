@@ -517,3 +517,13 @@ def test_vocab_sizes_round_trip_through_to_dict():
     t = VocabRemap("embed", OLD, NEW, old_vocab_size=3, new_vocab_size=4, num_oov_buckets=1)
     d = t.to_dict()
     assert (d["old_vocab_size"], d["new_vocab_size"], d["num_oov_buckets"]) == (3, 4, 1)
+
+
+def test_transform_errors_escape_the_target_name():
+    # a name from a downloaded config may hold control characters: one visible line, no raw newline
+    from ckptmerge.transforms import Slice, TransformError
+
+    with pytest.raises(TransformError) as e:
+        Slice("head/\nkernel\x1b[2J", axis=-1)
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+    assert "head/\\nkernel" in str(e.value)
