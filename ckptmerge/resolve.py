@@ -60,7 +60,7 @@ from .resolve_files import (
     v1_shard,
 )
 from .resolve_state import CheckpointState, _read_state, read_state_file
-from .text import escape_name, quote_name
+from .text import escape_name, quote_name, quoted_command
 __all__ = [
     "open_resolved",
     "ArgumentError",
@@ -231,15 +231,14 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     if not os.path.isdir(given) and os.path.isfile(given + ".index"):
         parent = os.path.dirname(given) or "."
         raise ArgumentError(
-            f"{quote_name(given)} is a checkpoint prefix, not a directory. 'ckptmerge checkpoints "
-            f"{escape_name(parent)}' lists the checkpoints of its directory; 'ckptmerge ls {escape_name(given)}' "
-            "shows this one.")
+            f"{quote_name(given)} is a checkpoint prefix, not a directory. {quoted_command('checkpoints', parent)} "
+            f"lists the checkpoints of its directory; {quoted_command('ls', given)} shows this one.")
     if not os.path.exists(given):
         raise not_found_error(given)
     if not os.path.isdir(given):
         raise ArgumentError(
             f"{quote_name(given)} is not a directory. Pass the directory holding the checkpoints; "
-            f"'ckptmerge ls {escape_name(given)}' (or ckptmerge.list_variables) inspects a single checkpoint."
+            f"{quoted_command('ls', given)} (or ckptmerge.list_variables) inspects a single checkpoint."
         )
     state = _read_state(given, given)
     cands = _candidates_with_state(given, state)
@@ -359,7 +358,7 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
             f"{quote_name(shown_state)} names {quote_name(recorded)} as the {what}, but its index file "
             f"{quote_name(shown_index)} does not exist{also}: deleted, moved, or still being written? "
             f"Steps there: {_steps_text(others)}. Pass a step (e.g. step=N) or a checkpoint "
-            f"prefix, or run 'ckptmerge checkpoints {escape_name(given_dir)}' to list them.",
+            f"prefix, or run {quoted_command('checkpoints', given_dir)} to list them.",
             path=given_dir,
         )
     reloc = ""
@@ -396,7 +395,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         if not matching:
             raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {escape_name(given)}; steps there: {_steps_text(cands)}. "
-                f"Run 'ckptmerge checkpoints {escape_name(given)}' to list them.",
+                f"Run {quoted_command('checkpoints', given)} to list them.",
                 path=given,
             )
         if len(matching) > 1:
@@ -445,7 +444,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         raise ArgumentError(
             f"{quote_name(given)} holds {len(pool)} checkpoints ({format_list(shown)}) and {why}, so "
             "ckptmerge cannot tell which one you mean. Pass one of them as a prefix, or a step "
-            f"(run 'ckptmerge checkpoints {escape_name(given)}' to list them)."
+            f"(run {quoted_command('checkpoints', given)} to list them)."
         )
 
     fmt = _array_dir_format(given)
@@ -550,7 +549,7 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
         raise ArgumentError(
             f"step={step} was given, but checkpoint {quote_name(given)} {has}. To pick a step, pass the "
             f"directory with the step: Source({quote_name(parent)}, step={step}) in Python, "
-            f"'ckptmerge ls {escape_name(parent)} --step {step}' on the command line; or drop the step."
+            f"{quoted_command('ls', parent, '--step', step)} on the command line; or drop the step."
         )
     return resolved
 

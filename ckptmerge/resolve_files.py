@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import CheckpointNotFoundError, did_you_mean
 from .formats.bundle import DATA_RE as DATA_FILE_RE
-from .text import escape_name, quote_name
+from .text import quote_name, quoted_command
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -295,7 +295,7 @@ def not_found_error(given: str) -> CheckpointNotFoundError:
              if len(s) == len(base) and sum(a != b for a, b in zip(s, base)) <= 2]
     candidates = [os.path.join(shown_parent, s) if shown_parent else s for s in (close or siblings)]
     hint = did_you_mean(given.rstrip("/\\"), candidates)
-    listing = f" Run 'ckptmerge checkpoints {escape_name(shown_parent or '.')}' to list the checkpoints there."
+    listing = f" Run {quoted_command('checkpoints', shown_parent or '.')} to list the checkpoints there."
     return CheckpointNotFoundError(
         f"Checkpoint path {quote_name(given)} does not exist (no such file or directory, and no "
         f"{quote_name(given + INDEX)}).{hint}{listing}",

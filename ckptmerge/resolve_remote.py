@@ -39,7 +39,7 @@ from .resolve_files import (
     step_of,
     v1_pattern_of,
 )
-from .text import escape_name, quote_name
+from .text import escape_name, quote_name, quoted_command
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -115,7 +115,7 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     if not remote_isdir(url):
         raise CheckpointNotFoundError(
             f"Checkpoint {quote_name(given)} does not exist: no object {quote_name(url + INDEX)} and no directory "
-            f"there. Check the URL, or run 'ckptmerge checkpoints {escape_name(dirname(url))}' to list the "
+            f"there. Check the URL, or run {quoted_command('checkpoints', dirname(url))} to list the "
             "checkpoints of its parent.",
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}

@@ -8,9 +8,10 @@ or a bidi override must not forge a table row or drive the terminal.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+import shlex
+from typing import Any, Iterable, Optional
 
-__all__ = ["escape_name", "escape_text", "quote_name", "join_lines", "plural", "human_bytes"]
+__all__ = ["escape_name", "escape_text", "quote_name", "command_hint", "quoted_command", "join_lines", "plural", "human_bytes"]
 
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -71,6 +72,29 @@ def quote_name(name: Optional[str]) -> str:
         'a\nb' None
     """
     return "None" if name is None else f"'{escape_name(name)}'"
+
+
+def command_hint(*words: Any) -> str:
+    """A ``ckptmerge ...`` command line for a hint: shell-quoted, so it can be pasted, and escaped
+    (:func:`escape_name`), so a path the user typed stays on one visible line.
+
+    Example:
+        >>> command_hint("check", "my config.yaml")
+        "ckptmerge check 'my config.yaml'"
+    """
+    return escape_name(" ".join(["ckptmerge"] + [shlex.quote(str(w)) for w in words]))
+
+
+def quoted_command(*words: Any) -> str:
+    """:func:`command_hint` set off in a message: in single quotes, or in double quotes when the
+    command quotes a word itself (a path with spaces or control characters).
+
+    Example:
+        >>> print(quoted_command("ls", "runs/A"), quoted_command("ls", "my runs/A"))
+        'ckptmerge ls runs/A' "ckptmerge ls 'my runs/A'"
+    """
+    hint = command_hint(*words)
+    return f'"{hint}"' if "'" in hint else f"'{hint}'"
 
 
 def join_lines(lines: Iterable[str]) -> str:

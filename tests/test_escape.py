@@ -266,7 +266,8 @@ def test_suggest_names_its_output_file_escaped(red_dir):
     assert r.exit_code == 0, r.output
     no_forged_line(r.stdout)
     wrote = r.stdout.splitlines()[-1]
-    assert wrote.startswith(f"Wrote {escape_name(str(out))}: check it with 'ckptmerge check ")
+    # (a path with control characters: shell-quoted inside the command, the command in double quotes)
+    assert wrote.startswith(f"Wrote {escape_name(str(out))}: check it with \"ckptmerge check '")
     assert out.exists()
 
 
@@ -405,7 +406,7 @@ def test_a_missing_url_is_one_escaped_error_line_with_an_escaped_hint(red_url):
     r = run("ls", f"{red_url}/ckpt-9")
     assert_one_line_error(r, "Checkpoint '", "runs\\x1b[31m\\nError: forged/ckpt-9' does not exist: no object '",
                           "runs\\x1b[31m\\nError: forged/ckpt-9.index' and no directory there",
-                          "run 'ckptmerge checkpoints ", "runs\\x1b[31m\\nError: forged' to list")
+                          "run \"ckptmerge checkpoints 'memory://", "runs\\x1b[31m\\nError: forged'\" to list")
     no_forged_line(r.stderr)
 
 

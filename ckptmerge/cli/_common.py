@@ -9,7 +9,6 @@ import functools
 import itertools
 import logging
 import os
-import shlex
 import sys
 from dataclasses import dataclass
 from typing import (
@@ -26,7 +25,7 @@ import click
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
 from ..jsonout import json_pieces
-from ..text import escape_name, escape_text
+from ..text import command_hint, escape_name, escape_text  # noqa: F401 - command_hint re-exported
 
 
 
@@ -233,17 +232,6 @@ class _Opened:
 
     def ls_command(self) -> str:
         return command_hint("ls", self.given, *(("--step", self.step) if self.step is not None else ()))
-
-
-def command_hint(*words: Any) -> str:
-    """A ``ckptmerge ...`` command line for a hint: shell-quoted, so it can be pasted, and escaped
-    (:func:`~ckptmerge.text.escape_name`), so a path the user typed stays on one visible line.
-
-    Example:
-        >>> command_hint("check", "my config.yaml")
-        "ckptmerge check 'my config.yaml'"
-    """
-    return escape_name(" ".join(["ckptmerge"] + [shlex.quote(str(w)) for w in words]))
 
 
 def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:

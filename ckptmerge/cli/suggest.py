@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import click
 
-from ..text import escape_name, quote_name
+from ..text import escape_name, quote_name, quoted_command
 from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli, command_hint
 from .workflow import _checkpoint_specs, _model_target
 
@@ -48,7 +48,7 @@ def suggest_command(sources: Sequence[str], target_path: Optional[str], model_sp
     else:
         click.echo(suggestion.report())
         if output is not None:
-            click.echo(f"Wrote {escape_name(output)}: check it with '{command_hint('check', output)}', then "
+            click.echo(f"Wrote {escape_name(output)}: check it with {quoted_command('check', output)}, then "
                        f"'{command_hint('plan', output)} --target ...'.")
     if suggestion.missing or any(s.unresolved for s in suggestion.sources):
         raise SystemExit(EXIT_FINDINGS)
