@@ -36,10 +36,11 @@ from .resolve_files import (
     STATE_FILE,
     V1_SHARD_RE,
     array_dir_format,
+    is_h5_name,
     step_of,
     v1_pattern_of,
 )
-from .text import escape_name, quote_name, quoted_command
+from .text import quote_name, quoted_command
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -124,10 +125,13 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
         match = [p for p in prefixes if step_of(p) == step]
+        h5_match = [n for n in names if is_h5_name(n) and step_of(n) == step]
+        if not match and len(h5_match) == 1:  # a Keras weights file of that step, as in a local directory
+            return ResolvedCheckpoint(join(url, h5_match[0]), FORMAT_KERAS_H5, step, f"step {step} of {given}")
         if len(match) != 1:
             raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run 'ckptmerge "
-                f"checkpoints {escape_name(given)}' to list them." if not match else
+                f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run "
+                f"{quoted_command('checkpoints', given)} to list them." if not match else
                 f"several checkpoints of step {step} in {quote_name(given)}: {', '.join(map(quote_name, match))}; "
                 "pass one as a prefix.",
                 path=given)
@@ -159,6 +163,19 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
     if prefixes:
         raise ArgumentError(f"{quote_name(given)} holds {len(prefixes)} checkpoints and no 'checkpoint' state "
                             "file; pass one of them as a prefix, or a step.")
+    h5 = sorted(n for n in names if is_h5_name(n))  # Keras weights files, as in a local directory
+    if len(h5) == 1:
+        return ResolvedCheckpoint(join(url, h5[0]), FORMAT_KERAS_H5, step_of(h5[0]),
+                                  f"only checkpoint in {given} (no 'checkpoint' state file)")
+    if h5:
+        h5_steps = sorted(s for s in map(step_of, h5) if s is not None)
+        top = [n for n in h5 if h5_steps and step_of(n) == h5_steps[-1]]
+        if len(top) == 1:
+            return ResolvedCheckpoint(join(url, top[0]), FORMAT_KERAS_H5, h5_steps[-1],
+                                      f"no 'checkpoint' state file in {given}; took the highest step "
+                                      f"{h5_steps[-1]} of {len(h5)} Keras weights files")
+        raise ArgumentError(f"{quote_name(given)} holds {len(h5)} Keras weights files ({', '.join(map(quote_name, h5))}) "
+                            "and no 'checkpoint' state file; pass one of them.")
     fmt = array_dir_format(names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
@@ -230,6 +247,9 @@ def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - r
             data[n[: m.start()]] = data.get(n[: m.start()], 0) + e["size"]
     out = []
     for n, e in names.items():
+        if is_h5_name(n):  # a Keras weights file, as a local listing shows it
+            out.append(CheckpointInfo(join(url, n), step_of(n), e["mtime"] or 0.0, e["size"], False))
+            continue
         if not n.endswith(INDEX) or len(n) == len(INDEX):
             continue
         prefix = n[: -len(INDEX)]

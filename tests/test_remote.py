@@ -632,3 +632,32 @@ def test_a_persistent_s3_failure_reading_safetensors_names_the_url_and_tensor(s3
         s3["proxy"].fail_ranged = 0
         reader.close()
     assert url in str(info.value) and "'big'" in str(info.value)
+
+
+def test_a_remote_directory_of_keras_weights_files_resolves_as_a_local_one(format_files, tmp_path):
+    # the only .weights.h5 of a directory, the highest step of several, or the step asked for;
+    # and `checkpoints` lists them: the same answers for the directory on disk and by URL
+    import shutil
+
+    import fsspec
+
+    from ckptmerge.resolve import resolve_checkpoint
+
+    fs = fsspec.filesystem("memory")
+    local = tmp_path / "kdir"
+    local.mkdir()
+    shutil.copy(format_files / "net.weights.h5", local / "model-3.weights.h5")
+    url = f"memory://kdir-{tmp_path.name}"
+    fs.pipe(f"{url}/model-3.weights.h5", (local / "model-3.weights.h5").read_bytes())
+    try:
+        for where in (str(local), url):
+            assert resolve_checkpoint(where).prefix.endswith("model-3.weights.h5")
+            np.testing.assert_array_equal(cm.load(where)["layers/dense/vars/0"], np.arange(12, dtype=np.float32).reshape(4, 3))
+        shutil.copy(format_files / "net.weights.h5", local / "model-7.weights.h5")
+        fs.pipe(f"{url}/model-7.weights.h5", (local / "model-7.weights.h5").read_bytes())
+        for where in (str(local), url):
+            assert resolve_checkpoint(where).step == 7
+            assert resolve_checkpoint(where, step=3).prefix.endswith("model-3.weights.h5")
+            assert [c.step for c in cm.checkpoints(where)] == [3, 7]
+    finally:
+        fs.rm(url, recursive=True)
