@@ -661,3 +661,37 @@ def test_a_remote_directory_of_keras_weights_files_resolves_as_a_local_one(forma
             assert [c.step for c in cm.checkpoints(where)] == [3, 7]
     finally:
         fs.rm(url, recursive=True)
+
+
+@pytest.mark.parametrize("package, name", [("gcsfs", "GCSFileSystem"), ("adlfs", "AzureBlobFileSystem")])
+def test_gcs_and_azure_filesystems_count_as_stores_with_an_atomic_create(package, name, monkeypatch):
+    # the lock of a remote merge needs pipe_file(mode="create") to be a conditional upload: gcsfs
+    # takes `mode` itself, adlfs through **kwargs from 2024.12.0 on (the real classes, looked at as
+    # create_exclusive looks at them)
+    import importlib
+
+    from ckptmerge.formats import storage
+
+    fs = object.__new__(getattr(importlib.import_module(package), name))
+    assert storage._has_exclusive_create(fs)
+    if package == "adlfs":  # an adlfs older than the one that honours mode="create" is refused
+        monkeypatch.setitem(storage._CREATE_BY_KWARGS, "adlfs", (2999, 1, 0))
+        assert not storage._has_exclusive_create(fs)
+
+
+def test_a_url_whose_filesystem_is_not_installed_names_the_pip_command():
+    # fsspec knows the scheme but cannot import its package: one clear error naming the extra
+    import fsspec
+
+    fsspec.register_implementation("nopkgfs", "ckptmerge_no_such_package.NoFileSystem", clobber=True,
+                                   errtxt="install ckptmerge_no_such_package")
+    for call in (lambda: cm.list_variables("nopkgfs://bucket/run/ckpt-1"),
+                 lambda: cm.merge([cm.Source("nopkgfs://bucket/run/ckpt-1")], "out")):
+        with pytest.raises(cm.CkptMergeError, match=r"the filesystem for 'nopkgfs://' is not installed.*"
+                                                     r"pip install \"ckptmerge\[remote\]\""):
+            call()
+    from _cli_util import assert_one_line_error, run
+
+    r = run("ls", "nopkgfs://bucket/run/ckpt-1")
+    assert r.exit_code == 2
+    assert_one_line_error(r, "the filesystem for 'nopkgfs://' is not installed", 'pip install "ckptmerge[remote]"')

@@ -211,10 +211,17 @@ def remote_listdir(url: str) -> List[Dict[str, Any]]:
     return out
 
 
+# Filesystems whose pipe_file takes ``mode="create"`` through ``**kwargs`` and honours it from a
+# version on: adlfs (an Azure conditional upload) since 2024.12.0 (fsspec/adlfs#491).
+_CREATE_BY_KWARGS = {"adlfs": (2024, 12, 0)}
+
+
 def _has_exclusive_create(fs: Any) -> bool:
     """Whether ``fs.pipe_file(..., mode="create")`` is an atomic create-if-absent on this store:
     the filesystem implements ``mode`` itself (s3fs: a conditional PUT with ``If-None-Match: *``;
-    memory://), rather than inheriting fsspec's generic check-then-write."""
+    gcsfs: a conditional upload, ``ifGenerationMatch=0``; memory://), or is a known one that
+    takes it through ``**kwargs`` (adlfs from 2024.12.0), rather than inheriting fsspec's generic
+    check-then-write."""
     from fsspec.asyn import AsyncFileSystem
     from fsspec.spec import AbstractFileSystem
 
@@ -223,6 +230,16 @@ def _has_exclusive_create(fs: Any) -> bool:
         if own is not None and own is not getattr(base, name, None) and \
                 "mode" in inspect.signature(own).parameters:
             return True
+    package = type(fs).__module__.split(".")[0]
+    since = _CREATE_BY_KWARGS.get(package)
+    if since is not None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = tuple(int(p) for p in re.findall(r"\d+", version(package))[:3])
+        except PackageNotFoundError:
+            return False
+        return found >= since
     return False
 
 
