@@ -566,8 +566,10 @@ def open_resolved(path: PathArg, *, step: Optional[int] = None, verify: bool = T
         >>> resolved.note, len(reader)                      # doctest: +SKIP
         ('latest checkpoint per runs/A/checkpoint (step 10)', 3)
     """
-    from .formats import open_checkpoint
+    from .formats import BundleReader, open_checkpoint
 
     if resolved is None:
         resolved = resolve_checkpoint(path, step=step)
+    if resolved.format == FORMAT_TF_BUNDLE:  # resolving found its index: not looked for again (a request less by URL)
+        return resolved, BundleReader(resolved.prefix, verify=verify)
     return resolved, open_checkpoint(resolved.prefix, verify=verify)
