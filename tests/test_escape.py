@@ -413,7 +413,7 @@ def test_a_missing_url_is_one_escaped_error_line_with_an_escaped_hint(red_url):
 def test_a_url_folder_without_the_step_or_a_state_file_is_named_escaped(red_url):
     r = run("ls", red_url, "--step", 7)
     assert_one_line_error(r, "no checkpoint of step 7 in '", "runs\\x1b[31m\\nError: forged'; steps there: 1, 2. "
-                          "Run 'ckptmerge checkpoints ", "runs\\x1b[31m\\nError: forged' to list them.")
+                          "Run \"ckptmerge checkpoints 'memory://", "runs\\x1b[31m\\nError: forged'\" to list them.")
     no_forged_line(r.stderr)
 
 
