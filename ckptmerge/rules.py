@@ -24,6 +24,7 @@ ever resolved silently here (the plan decides, see ``on_conflict`` and ``strict`
 from __future__ import annotations
 
 import bisect
+import itertools
 import fnmatch
 import functools
 import operator
@@ -307,18 +308,12 @@ class GlobFilter:
         """
         literal = self._literal
         if literal is None:
-            match = self._regex.match
-            return [n for n in names if match(n) is not None]
+            return list(itertools.compress(names, map(self._regex.match, names)))
         how, text = literal
         if how == "all":
             return list(names)
-        if how == "in":
-            return [n for n in names if text in n]
-        if how == "suffix":
-            return [n for n in names if n.endswith(text)]
-        if how == "prefix":
-            return [n for n in names if n.startswith(text)]
-        return [n for n in names if n == text]
+        test = {"in": str.__contains__, "suffix": str.endswith, "prefix": str.startswith, "equal": str.__eq__}[how]
+        return list(itertools.compress(names, map(test, names, itertools.repeat(text))))  # (at C speed)
 
 
 # --------------------------------------------------------------------------------------------
