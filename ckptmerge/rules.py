@@ -772,16 +772,17 @@ class Rules:
         # 1. include / exclude (each glob in one pass over the names)
         selected = all_names
         included = [g.select(all_names) for g in self.include]
+        # (names kept and left out in passes at C speed: 100,000s of names, a few globs)
         if self.include:
             keep = set().union(*included)
-            selected = [n for n in all_names if n in keep]
+            selected = list(itertools.compress(all_names, map(keep.__contains__, all_names)))
         if self.exclude:
             out = set().union(*(g.select(selected) for g in self.exclude))
             if out:
-                selected = [n for n in selected if n not in out]
+                selected = list(itertools.compress(selected, map(operator.not_, map(out.__contains__, selected))))
         if len(selected) != len(all_names):
             kept = set(selected)
-            dropped.extend(n for n in all_names if n not in kept)
+            dropped.extend(itertools.compress(all_names, map(operator.not_, map(kept.__contains__, all_names))))
         # An include that matches nothing leaves the source empty: report it. An exclude that
         # matches nothing is a safety filter with nothing to do (e.g. '*/Adam*' once optimizer
         # state is already left out), so it is not a finding.
@@ -873,12 +874,11 @@ class Rules:
             out_targets += renamed_run
             out_rules += [owner] * len(run)
 
-        selected_set = set(selected)
         for m in self.maps:
             if m in used_maps:
                 continue
             if not m.is_scope:
-                if m.source in all_names and m.source not in selected_set:
+                if m.source in all_names and m.source not in selected:
                     reason = (f"matched no checkpoint variable ({_q(m.source)} exists but "
                               "include/exclude leave it out)")
                     unmatched.append(UnmatchedRule("map", m.describe(), (), True, reason=reason))
