@@ -11,6 +11,7 @@ Nothing here reads files or imports TensorFlow.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Iterable, Iterator, Tuple
 
@@ -103,21 +104,16 @@ def json_pieces(data: Any, *, expand: int = 2, depth: int = 0) -> Iterator[str]:
     if not isinstance(data, (dict, list, Records, Entries)):
         yield _dumps(data)
         return
-    if depth >= expand:  # compact, as json.dumps writes it; lazy containers item by item
-        if isinstance(data, Records):
-            yield "["
-            for i, item in enumerate(data.items):
-                yield (", " if i else "") + _dumps(item)
-            yield "]"
-        elif isinstance(data, Entries):
-            yield "{"
-            for i, (key, value) in enumerate(data.pairs):
-                yield (", " if i else "") + _dumps(str(key)) + ": " + _dumps(value)
-            yield "}"
-        else:
-            yield _dumps(data)
+    if depth >= expand and not isinstance(data, (Records, Entries)):
+        yield _dumps(data)  # compact, as json.dumps writes it
         return
     is_object, pairs = _items(data)
+    if depth >= expand:  # a lazy container, compact, item by item
+        yield "{" if is_object else "["
+        for i, (key, value) in enumerate(pairs):
+            yield (", " if i else "") + (_dumps(str(key)) + ": " if is_object else "") + _dumps(value)
+        yield "}" if is_object else "]"
+        return
     first = next(pairs, None)
     if first is None:
         yield "{}" if is_object else "[]"
@@ -125,13 +121,8 @@ def json_pieces(data: Any, *, expand: int = 2, depth: int = 0) -> Iterator[str]:
     pad, inner = "  " * depth, "  " * (depth + 1)
     yield "{\n" if is_object else "[\n"
     sep = ""
-    for key, value in _chain(first, pairs):
+    for key, value in itertools.chain((first,), pairs):
         yield sep + inner + (_dumps(str(key)) + ": " if is_object else "")
         yield from json_pieces(value, expand=expand, depth=depth + 1)
         sep = ",\n"
     yield f"\n{pad}}}" if is_object else f"\n{pad}]"
-
-
-def _chain(first: Tuple[Any, Any], rest: Iterator[Tuple[Any, Any]]) -> Iterator[Tuple[Any, Any]]:
-    yield first
-    yield from rest

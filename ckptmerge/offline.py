@@ -57,10 +57,9 @@ from .errors import (
     PlanError,
 )
 from .formats import open_checkpoint
-from .formats.bundle import BundleReader, crc32c, data_file_name, unmask_crc
+from .formats.bundle import DATA_RE, BundleReader, crc32c, data_file_name, unmask_crc
 from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
 from .formats.objectgraph import OBJECT_GRAPH_KEY
-from .formats.bundle import DATA_RE
 from .formats.output_prefix import check_no_output
 from .formats.storage import is_url
 from .formats.writer import BundleWriter

@@ -111,7 +111,6 @@ class _Candidate(NamedTuple):
     :class:`Assignment` at once; both have ``target``, ``source``, ``name`` and ``via``."""
 
     target: str
-    source_index: int
     source: str
     name: str
     rule: Optional[Union[MapRule, RegexRule]]
@@ -135,7 +134,7 @@ _TARGET = operator.attrgetter("target")
 _KEY = operator.attrgetter("key")
 _NAME = operator.attrgetter("name")
 
-def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, VariableInfo],
+def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
     res = src.rules._apply(list(src.variables), src.hidden, target_by_name)
@@ -234,7 +233,7 @@ def _match_source(si: int, src: SourceView, target_by_name: Mapping[str, Variabl
             if plain and spec.shape == tspec.shape and spec.dtype == tspec.dtype:
                 candidates.append(trusted_assignment(tspec.name, label, n, key, spec, tspec, False, text, (), note))
             else:
-                candidates.append(_new_tuple(_Candidate, (tspec.name, si, label, n, rule, note)))
+                candidates.append(_new_tuple(_Candidate, (tspec.name, label, n, rule, note)))
     del tspecs, specs, texts, keys, names, rules
     for name, tname, rule in lost:
         if isinstance(rule, MapRule) and not rule.is_scope:
@@ -369,8 +368,8 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     not_landed: Dict[str, Set[str]] = {}
     structure: List[Tuple[str, str]] = []
 
-    for si, src in enumerate(sources):
-        found = _match_source(si, src, target_by_name, on_conflict, model_root)
+    for src in sources:
+        found = _match_source(src, target_by_name, on_conflict, model_root)
         structure += [(src.label, text) for text in found.structure]
         cands = found.candidates
         at_once = False
@@ -400,6 +399,10 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     variables = {s.label: s.variables for s in sources}
     order = {s.label: i for i, s in enumerate(sources)}
     untaken: List[Union[_Candidate, Assignment]] = []  # candidates that restore nothing
+
+    def unprovided(tname: str) -> None:
+        (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
+
     landed_names = list(first)
     if not more and all(map(operator.lt, landed_names, landed_names[1:])) and all(
             map(operator.is_, map(type, first.values()), itertools.repeat(Assignment))):
@@ -409,12 +412,12 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         if len(assignments) < len(target_by_name):
             for tname in itertools.compress(target_names, map(operator.not_, map(assignments.__contains__,
                                                                                    target_names))):
-                (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
+                unprovided(tname)
     del landed_names
     for tname, tspec in target_by_name.items() if first else ():
         chosen: Optional[Union[_Candidate, Assignment]] = first.pop(tname, None)  # (popped: the plan's peak memory)
         if chosen is None:
-            (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
+            unprovided(tname)
             continue
         if tname in more:
             cands = sorted(more[tname], key=lambda c: (order[c.source], c.name))

@@ -173,9 +173,10 @@ class Source:
         self.layout = layout
         if align is not None:
             from .align import ALIGN_MODES
-        if align is not None and align not in ALIGN_MODES:
-            raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
-                            f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")
+
+            if align not in ALIGN_MODES:
+                raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
+                                f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")
         self.align = align
         self._values = dict(_values) if _values is not None else None
         # Validate every rule now, so a bad regex fails where the source is written.

@@ -124,7 +124,9 @@ def trusted_maker(cls: Type[_T]) -> Callable[..., _T]:
     The object is made as an instance of a mutable twin of ``cls`` (the same slots, nothing
     else), its slots filled by plain attribute stores (the interpreter's fastest way), then
     turned into a ``cls``: the layouts are the same, so the result is an ordinary frozen ``cls``.
-    Where that cannot be done, each slot is filled through its descriptor instead.
+
+    Raises:
+        TypeError: ``cls`` is not a class :func:`frozen_slots` made (another layout).
 
     Example:
         >>> make = trusted_maker(VariableInfo)
@@ -133,18 +135,13 @@ def trusted_maker(cls: Type[_T]) -> Callable[..., _T]:
         (True, True)
     """
     names = [f.name for f in fields(cls)]
-    args = ", ".join(names)
+    if getattr(cls, "__slots__", None) != tuple(names) or cls.__bases__ != (object,):
+        raise TypeError(f"trusted_maker needs a frozen_slots dataclass; {cls.__name__} has another layout")
     twin = type(f"_Mutable{cls.__name__}", (object,), {"__slots__": tuple(names)})
-    if getattr(cls, "__slots__", None) == tuple(names) and cls.__bases__ == (object,):
-        lines = [f"def make({args}):", "    obj = new(twin)"]
-        lines += [f"    obj.{n} = {n}" for n in names]
-        lines += ["    obj.__class__ = cls", "    return obj"]
-    else:  # pragma: no cover - a class with another layout (no such class here today)
-        lines = [f"def make({args}):", "    obj = new(cls)"]
-        lines += [f"    set_{n}(obj, {n})" for n in names]
-        lines.append("    return obj")
+    lines = [f"def make({', '.join(names)}):", "    obj = new(twin)"]
+    lines += [f"    obj.{n} = {n}" for n in names]
+    lines += ["    obj.__class__ = cls", "    return obj"]
     scope: dict = {"new": object.__new__, "cls": cls, "twin": twin}
-    scope.update((f"set_{n}", getattr(cls, n).__set__) for n in names)
     exec("\n".join(lines), scope)  # unrolled, as dataclasses writes its __init__
     make = scope["make"]
     make.__qualname__ = f"trusted_maker({cls.__name__})"

@@ -25,7 +25,7 @@ import click
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
 from ..jsonout import json_pieces
-from ..text import command_hint, escape_name, escape_text  # noqa: F401 - command_hint re-exported
+from ..text import command_hint, escape_name, escape_text
 
 
 
@@ -189,11 +189,6 @@ def table_pieces(columns: Sequence[Sequence[str]], *, right: Sequence[int] = (),
         if not piece:
             return
         yield "\n".join(piece)
-
-
-def _json_text(data: Any, depth: int, expand: int) -> str:
-    """JSON with the first ``expand`` levels of containers one item per line, the rest compact."""
-    return "".join(json_pieces(data, expand=expand, depth=depth))
 
 
 _JSON_PIECE = 1 << 16  # characters written at a time

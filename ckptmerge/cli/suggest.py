@@ -6,8 +6,8 @@ from typing import Optional, Sequence
 
 import click
 
-from ..text import escape_name, quote_name, quoted_command
-from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli, command_hint
+from ..text import command_hint, escape_name, quote_name, quoted_command
+from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli
 from .workflow import _checkpoint_specs, _model_target
 
 
