@@ -17,7 +17,7 @@ import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import CheckpointNotFoundError, did_you_mean
-from .formats.bundle import DATA_RE as DATA_FILE_RE
+from .formats.bundle import DATA_RE  # the bundle format's data-file names (also imported from here)
 from .text import quote_name, quoted_command
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -35,7 +35,6 @@ FORMAT_TF_V1 = "tf-v1"
 
 STATE_FILE = "checkpoint"
 INDEX = ".index"
-DATA_RE = DATA_FILE_RE  # (the bundle format's own: groups shard, shard count)
 _STEP_RE = re.compile(r"-(\d+)$")
 _H5_SUFFIXES = (".weights.h5", ".h5", ".hdf5")
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"

@@ -121,21 +121,21 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}
     prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
-    steps = sorted({s for s in map(step_of, prefixes) if s is not None})
+    # (name, format) of each checkpoint there: TF prefixes, and Keras weights files as in a local directory
+    bundles = [(p, FORMAT_TF_BUNDLE) for p in prefixes]
+    h5 = [(n, FORMAT_KERAS_H5) for n in sorted(names) if is_h5_name(n)]
+    steps = sorted({s for s in (step_of(n) for n, _ in bundles + h5) if s is not None})
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
-        match = [p for p in prefixes if step_of(p) == step]
-        h5_match = [n for n in names if is_h5_name(n) and step_of(n) == step]
-        if not match and len(h5_match) == 1:  # a Keras weights file of that step, as in a local directory
-            return ResolvedCheckpoint(join(url, h5_match[0]), FORMAT_KERAS_H5, step, f"step {step} of {given}")
+        match = [c for c in bundles + h5 if step_of(c[0]) == step]
         if len(match) != 1:
             raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run "
                 f"{quoted_command('checkpoints', given)} to list them." if not match else
-                f"several checkpoints of step {step} in {quote_name(given)}: {', '.join(map(quote_name, match))}; "
-                "pass one as a prefix.",
+                f"several checkpoints of step {step} in {quote_name(given)}: "
+                f"{', '.join(quote_name(n) for n, _ in match)}; pass one as a prefix.",
                 path=given)
-        return ResolvedCheckpoint(join(url, match[0]), FORMAT_TF_BUNDLE, step, f"step {step} of {given}")
+        return ResolvedCheckpoint(join(url, match[0][0]), match[0][1], step, f"step {step} of {given}")
     latest = _latest_name(url, names)
     if latest is not None:
         other = _resolve_single(given, join(url, latest)) if latest not in prefixes else None
@@ -151,31 +151,20 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
         return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
                                   f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)} "
                                   f"({'step ' + str(s) if s is not None else latest})")
-    if len(prefixes) == 1:
-        return ResolvedCheckpoint(join(url, prefixes[0]), FORMAT_TF_BUNDLE, step_of(prefixes[0]),
+    pool = bundles or h5  # TF checkpoints before stray Keras files, as in a local directory
+    if len(pool) == 1:
+        return ResolvedCheckpoint(join(url, pool[0][0]), pool[0][1], step_of(pool[0][0]),
                                   f"only checkpoint in {given} (no 'checkpoint' state file)")
-    if steps:
-        top = [p for p in prefixes if step_of(p) == steps[-1]]
+    pool_steps = sorted(s for s in (step_of(n) for n, _ in pool) if s is not None)
+    if pool_steps:
+        top = [c for c in pool if step_of(c[0]) == pool_steps[-1]]
         if len(top) == 1:
-            return ResolvedCheckpoint(join(url, top[0]), FORMAT_TF_BUNDLE, steps[-1],
-                                      f"no 'checkpoint' state file in {given}; took the highest step {steps[-1]} "
-                                      f"of {len(prefixes)} checkpoints")
-    if prefixes:
-        raise ArgumentError(f"{quote_name(given)} holds {len(prefixes)} checkpoints and no 'checkpoint' state "
-                            "file; pass one of them as a prefix, or a step.")
-    h5 = sorted(n for n in names if is_h5_name(n))  # Keras weights files, as in a local directory
-    if len(h5) == 1:
-        return ResolvedCheckpoint(join(url, h5[0]), FORMAT_KERAS_H5, step_of(h5[0]),
-                                  f"only checkpoint in {given} (no 'checkpoint' state file)")
-    if h5:
-        h5_steps = sorted(s for s in map(step_of, h5) if s is not None)
-        top = [n for n in h5 if h5_steps and step_of(n) == h5_steps[-1]]
-        if len(top) == 1:
-            return ResolvedCheckpoint(join(url, top[0]), FORMAT_KERAS_H5, h5_steps[-1],
+            return ResolvedCheckpoint(join(url, top[0][0]), top[0][1], pool_steps[-1],
                                       f"no 'checkpoint' state file in {given}; took the highest step "
-                                      f"{h5_steps[-1]} of {len(h5)} Keras weights files")
-        raise ArgumentError(f"{quote_name(given)} holds {len(h5)} Keras weights files ({', '.join(map(quote_name, h5))}) "
-                            "and no 'checkpoint' state file; pass one of them.")
+                                      f"{pool_steps[-1]} of {len(pool)} checkpoints")
+    if pool:
+        raise ArgumentError(f"{quote_name(given)} holds {len(pool)} checkpoints and no 'checkpoint' state "
+                            "file; pass one of them as a prefix, or a step.")
     fmt = array_dir_format(names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")

@@ -423,21 +423,22 @@ class BundleReader(CheckpointReader):
         # Described once per distinct (dtype, shape), not per entry: 100,000 entries hold a few.
         indices = range(first, len(cols))
         dtypes, shape_ids = np.array(cols.dtypes(indices), np.int64), cols.shape_ids[first:]
-        kinds_of_dtype, dtype_at = np.unique(dtypes, return_inverse=True)
+        distinct_dtypes, dtype_at = np.unique(dtypes, return_inverse=True)
         n_shapes = len(cols.shape_table)
         pairs, pair_at = np.unique(dtype_at.reshape(-1) * n_shapes + shape_ids, return_inverse=True)
+        pair_at = pair_at.reshape(-1)
         dtype_names: List[str] = []
         nbytes: List[Optional[int]] = []  # None: the stored size (strings, unknown dtypes)
         for p in pairs.tolist():
-            dtype, shape = int(kinds_of_dtype[p // n_shapes]), cols.shape_table[p % n_shapes]
+            dtype, shape = int(distinct_dtypes[p // n_shapes]), cols.shape_table[p % n_shapes]
             dt = TF_TO_NUMPY.get(dtype)
             dtype_names.append(tf_dtype_name(dtype))
             nbytes.append(None if dtype == DT_STRING or dt is None else numel(shape) * dt.itemsize)
-        at = pair_at.reshape(-1).tolist()
+        at = pair_at.tolist()
         entry_nbytes = list(map(nbytes.__getitem__, at))
         if None in nbytes:
             stored = cols.fields[SIZE, first:]
-            for j in np.flatnonzero(np.array([b is None for b in nbytes])[pair_at.reshape(-1)]).tolist():
+            for j in np.flatnonzero(np.array([b is None for b in nbytes])[pair_at]).tolist():
                 e = cols.special.get(first + j)
                 entry_nbytes[j] = 0 if e is not None and e.slices else int(stored[j])
         shapes = list(map(cols.shape_table.__getitem__, shape_ids.tolist()))

@@ -22,7 +22,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError, iter_fields,
-                                         varints_at)
+                                         padded_bytes, varints_at)
 from ckptmerge.formats.tfproto import int64_field, parse_shape, parse_slice
 
 __all__ = ["BundleEntry", "EntryColumns", "EntriesByKey", "EntriesByRawKey", "decode_fields",
@@ -135,8 +135,7 @@ def decode_fields(data: bytes, starts: np.ndarray, ends: np.ndarray
         ([1, 0, 0, 4, 0], [])
     """
     n = len(starts)
-    buf = np.zeros(len(data) + 32, np.uint8)  # zero padding: reads past the end stop there
-    buf[:len(data)] = np.frombuffer(data, np.uint8)
+    buf = padded_bytes(data, len(data))
     fields = np.zeros((5, n), np.int64)
     shape_starts = np.zeros(n, np.int64)
     shape_ends = np.zeros(n, np.int64)
@@ -229,13 +228,12 @@ def shape_column(data: bytes, starts: np.ndarray, ends: np.ndarray
 
     ids = np.zeros(n, np.int64)
     short = np.flatnonzero((lens >= 0) & (lens <= _SHORT_SHAPE))
-    if short.size:
-        padded = np.zeros(len(data) + _SHORT_SHAPE, np.uint8)
-        padded[:len(data)] = np.frombuffer(data, np.uint8)
+    if short.size and data:
+        view, last = np.frombuffer(data, np.uint8), len(data) - 1
         length, at = lens[short], starts[short]
         words = np.zeros((2, len(short)), np.uint64)  # with the length, one encoding
-        for j in range(_SHORT_SHAPE):  # (a byte column at a time: no index matrix per entry)
-            byte = padded[at + j].astype(np.uint64)
+        for j in range(_SHORT_SHAPE):  # (a byte column at a time; bytes past an encoding are masked)
+            byte = view[np.minimum(at + j, last)].astype(np.uint64)
             byte[length <= j] = 0
             words[j // 8] |= byte << np.uint64(8 * (j % 8))
         order = np.lexsort((words[1], words[0], length))

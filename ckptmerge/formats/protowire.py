@@ -90,6 +90,19 @@ def read_varint(buf: Buffer, pos: int = 0, limit: int = -1) -> Tuple[int, int]:
     return result, pos
 
 
+def padded_bytes(data: bytes, length: int) -> np.ndarray:
+    """The first ``length`` bytes of ``data`` as a ``uint8`` array followed by 32 zero bytes, as
+    :func:`varints_at` reads them (a varint read past the end stops in the padding).
+
+    Example:
+        >>> padded_bytes(b"\\x01\\x02\\x03", 2)[:4].tolist()
+        [1, 2, 0, 0]
+    """
+    buf = np.zeros(length + 32, np.uint8)
+    buf[:length] = np.frombuffer(data, np.uint8, length)
+    return buf
+
+
 def varints_at(buf: np.ndarray, pos: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """Decode the varints starting at every position of ``pos`` at once (numpy, vectorised).
 

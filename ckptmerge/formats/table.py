@@ -25,7 +25,7 @@ import crc32c as _crc32c
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError
-from ckptmerge.formats.protowire import DecodeError, read_varint, varints_at
+from ckptmerge.formats.protowire import DecodeError, padded_bytes, read_varint, varints_at
 from ckptmerge.formats.storage import SNIFF_BLOCK, open_binary
 
 __all__ = [
@@ -159,8 +159,7 @@ def _block_spans_fast(block: bytes, text: bool = False) -> Optional[Tuple[List[A
     if restarts[0] != 0 or restarts[-1] >= limit or (num_restarts > 1 and (np.diff(restarts) <= 0).any()):
         return None
     ends = np.append(restarts[1:], limit)
-    buf = np.zeros(limit + 32, np.uint8)  # zero padding: a varint read past the end stops there
-    buf[:limit] = np.frombuffer(block, np.uint8, limit)
+    buf = padded_bytes(block, limit)
     pos = restarts.copy()
     key_len = np.zeros(num_restarts, np.int64)
     active = np.arange(num_restarts)
@@ -369,9 +368,7 @@ class Table:
                     block_keys = [k.decode("latin-1") for k in block_keys]
                 spans = block_keys, np.array(s, np.int64), np.array(e, np.int64)
             block_keys = spans[0]
-            index_key = self._index_keys[i]
-            self._check_order(i, block_keys, keys[-1] if keys else None,
-                              index_key.decode("latin-1") if text else index_key)
+            self._check_order(i, block_keys, keys[-1] if keys else None)
             keys.extend(block_keys)
             blocks.append(block)
             starts.append(spans[1] + base)
@@ -381,13 +378,13 @@ class Table:
             return Columns([], b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
         return Columns(keys, b"".join(blocks), np.concatenate(starts), np.concatenate(ends))
 
-    def _check_order(self, i: int, keys: List[Any], last: Any, index_key: Any = None) -> None:
-        """Data block ``i``'s keys are sorted, none past its index key (``index_key``: that key
-        in the keys' own type), and after ``last``."""
+    def _check_order(self, i: int, keys: List[Any], last: Any) -> None:
+        """Data block ``i``'s keys (bytes, or Latin-1 text) are sorted, none past its index key,
+        and after ``last``."""
         what = f"data block {i}"
         _ordered(keys, what)
-        index_key = self._index_keys[i] if index_key is None else index_key
-        if keys and keys[-1] > index_key:
+        index_key = self._index_keys[i]
+        if keys and keys[-1] > (index_key.decode("latin-1") if isinstance(keys[-1], str) else index_key):
             raise TableError(f"{what} holds key {_bytes(keys[-1])!r}, past its index key "
                              f"{self._index_keys[i]!r}")
         if keys and last is not None and keys[0] <= last:
