@@ -21,18 +21,18 @@ setup(
         "numpy>=1.23",
         "click>=8.0",
         "PyYAML>=5.4",
-        # Reasons in README "Dependencies": TF-free reading and writing of checkpoints.
+        # Reasons in docs/dependencies.md: TF-free reading and writing of checkpoints.
         "crc32c>=2.3",
         "cramjam>=2.6",
         "ml_dtypes>=0.3",
         "h5py>=3.0",
         "scipy>=1.6",  # structural alignment: linear_sum_assignment
         "tomli>=1.1; python_version < '3.11'",
-        # User patterns run in linear time (README "Dependencies").
+        # User patterns run in linear time (docs/dependencies.md).
         "google-re2>=1.1",
     ],
     extras_require={
-        # Object storage (README "Remote checkpoints"): fsspec and each store's own filesystem.
+        # Object storage (docs/remote.md): fsspec and each store's own filesystem.
         "s3": ["fsspec>=2023.1", "s3fs>=2023.1"],
         "gcs": ["fsspec>=2023.1", "gcsfs>=2023.1"],
         "azure": ["fsspec>=2023.1", "adlfs>=2023.1"],

@@ -1,8 +1,10 @@
-"""Every Python example of the README runs, against the small world it talks about.
+"""Every Python example of the README and of the docs pages runs, against the small world it talks about.
 
-Each example block in README.md is preceded by ``<!-- readme-test: NAME -->``; NAME picks the
-world it runs in (the checkpoints ``runs/A``, ``runs/B/model-10``, ... it names). A block that
-stops working, or an example added without a tag, fails here.
+Each example block in README.md and docs/*.md is preceded by ``<!-- readme-test: NAME -->``; NAME
+(unique across the pages) picks the test that runs it, in the world it talks about (the
+checkpoints ``runs/A``, ``runs/B/model-10``, ... it names). A block that stops working, an example
+added without a tag, or a tag that no test runs fails here. A new page in docs/ is picked up
+without a change here.
 """
 
 from __future__ import annotations
@@ -16,24 +18,54 @@ import yaml
 
 from conftest import save_tf1
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"<!-- readme-test: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.S)
+
+#: the tags some test below runs (filled by @runs at import)
+TESTED: set = set()
+
+
+def runs(*tags):
+    """Marks a test as the one that runs the examples tagged ``tags``."""
+    TESTED.update(tags)
+    return lambda test: test
+
+
+def _where(page, text, offset):
+    return f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, offset) + 1}"
 
 
 def _blocks():
-    text = README.read_text(encoding="utf-8")
-    tagged = {m.start(3): (m.group(1), m.group(2), m.group(3)) for m in BLOCK.finditer(text)}
-    untagged = [m.start() for m in re.finditer(r"```python\n", text) if m.end() not in tagged]
-    return list(tagged.values()), untagged
+    """({tag: (page:line, language, code)}, [page:line of untagged python blocks], [repeated tags])."""
+    tagged, untagged, repeated = {}, [], []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        starts = set()
+        for m in BLOCK.finditer(text):
+            starts.add(m.start(3))
+            if m.group(1) in tagged:
+                repeated.append(m.group(1))
+            tagged[m.group(1)] = (_where(page, text, m.start()), m.group(2), m.group(3))
+        untagged += [_where(page, text, m.start()) for m in re.finditer(r"```python\n", text)
+                     if m.end() not in starts]
+    return tagged, untagged, repeated
 
 
 def test_every_python_example_is_tagged():
-    _, untagged = _blocks()
-    assert untagged == [], f"README python blocks without a readme-test tag at offsets {untagged}"
+    _, untagged, _ = _blocks()
+    assert untagged == [], f"python blocks without a readme-test tag at {untagged}"
+
+
+def test_every_tag_is_unique_and_run_by_a_test():
+    tagged, _, repeated = _blocks()
+    assert repeated == [], f"readme-test tags used twice: {repeated}"
+    assert sorted(set(tagged) - TESTED) == [], "tagged examples that no test in tests/test_readme.py runs"
+    assert sorted(TESTED - set(tagged)) == [], "tests whose tagged example no page has any more"
 
 
 def _block(name):
-    return next(code for tag, _, code in _blocks()[0] if tag == name)
+    return _blocks()[0][name][2]
 
 
 @pytest.fixture
@@ -51,7 +83,12 @@ def runs_ab(tmp_path, monkeypatch, tf):
     return a
 
 
-def test_graph_example(tf, runs_ab):
+GRAPH_TAGS = ("graph", "restore-graph")  # the README's example and its page's
+
+
+@runs(*GRAPH_TAGS)
+@pytest.mark.parametrize("tag", GRAPH_TAGS)
+def test_graph_example(tf, runs_ab, tag):
     import ckptmerge as cm
 
     with tf.Graph().as_default() as g:
@@ -61,10 +98,11 @@ def test_graph_example(tf, runs_ab):
             tf.compat.v1.get_variable("z", shape=(2,))
         with tf.compat.v1.Session(graph=g) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            exec(_block("graph"), {"cm": cm, "sess": sess, "print": lambda *a: None})
+            exec(_block(tag), {"cm": cm, "sess": sess, "print": lambda *a: None})
             np.testing.assert_array_equal(sess.run(x1), runs_ab["a1"])
 
 
+@runs("initializers")
 def test_initializers_example(tf, runs_ab, tmp_path):
     import ckptmerge as cm
 
@@ -80,6 +118,7 @@ def test_initializers_example(tf, runs_ab, tmp_path):
     np.testing.assert_array_equal(ns["result"], runs_ab["a1"])
 
 
+@runs("eager")
 def test_eager_example(tf, runs_ab):
     import ckptmerge as cm
 
@@ -88,6 +127,7 @@ def test_eager_example(tf, runs_ab):
     np.testing.assert_array_equal(model["a1"].numpy(), runs_ab["a1"])  # the last restore: model-2000
 
 
+@runs("files")
 def test_files_example(runs_ab):
     import ckptmerge as cm
 
@@ -96,29 +136,48 @@ def test_files_example(runs_ab):
     np.testing.assert_array_equal(ns["kernel"], runs_ab["a1"])
 
 
-def test_warm_start_example(tf, tmp_path, monkeypatch):
-    import ckptmerge as cm
-
+@pytest.fixture
+def warm_world(tf, tmp_path, monkeypatch):
+    """The world of the README's warm-start config (written as warm.yaml) and a model for it."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RUNS", str(tmp_path / "pretrained"))
     (tmp_path / "pretrained" / "bert-base").mkdir(parents=True)
     (tmp_path / "runs" / "classifier").mkdir(parents=True)
-    enc = {"bert/encoder/w": np.full((4, 4), 2, np.float32), "bert/encoder/b": np.full(4, 2, np.float32)}
-    save_tf1(tmp_path / "pretrained" / "bert-base" / "model", enc, step=200000)
+    save_tf1(tmp_path / "pretrained" / "bert-base" / "model", WARM_ENCODER, step=200000)
     save_tf1(tmp_path / "runs" / "classifier" / "ckpt", {"head/kernel": np.full((4, 2), 3, np.float32),
                                                          "head/bias": np.full(2, 3, np.float32)}, step=12)
     (tmp_path / "warm.yaml").write_text(_block("warm-config"))
-    model = {"model/encoder/w": tf.Variable(np.zeros((4, 4), np.float32)),
-             "model/encoder/b": tf.Variable(np.zeros(4, np.float32)),
-             "model/head/kernel": tf.Variable(np.zeros((4, 3), np.float32)),  # one class more
-             "model/head/bias": tf.Variable(np.zeros(2, np.float32)),
-             "model/head/new_bias": tf.Variable(np.zeros(1, np.float32))}
-    exec(_block("warm"), {"cm": cm, "model": model})
-    np.testing.assert_array_equal(model["model/encoder/w"].numpy(), enc["bert/encoder/w"])
+    return {"model/encoder/w": tf.Variable(np.zeros((4, 4), np.float32)),
+            "model/encoder/b": tf.Variable(np.zeros(4, np.float32)),
+            "model/head/kernel": tf.Variable(np.zeros((4, 3), np.float32)),  # one class more
+            "model/head/bias": tf.Variable(np.zeros(2, np.float32)),
+            "model/head/new_bias": tf.Variable(np.zeros(1, np.float32))}
+
+
+WARM_ENCODER = {"bert/encoder/w": np.full((4, 4), 2, np.float32), "bert/encoder/b": np.full(4, 2, np.float32)}
+
+
+def _assert_warm_started(model):
+    np.testing.assert_array_equal(model["model/encoder/w"].numpy(), WARM_ENCODER["bert/encoder/w"])
     np.testing.assert_array_equal(model["model/head/kernel"].numpy()[:, :2], np.full((4, 2), 3, np.float32))
     np.testing.assert_array_equal(model["model/head/kernel"].numpy()[:, 2], np.zeros(4, np.float32))
 
 
+@runs("warm-config", "warm")
+def test_warm_start_example(warm_world):
+    import ckptmerge as cm
+
+    exec(_block("warm"), {"cm": cm, "model": warm_world})
+    _assert_warm_started(warm_world)
+
+
+@runs("config-api")
+def test_config_api_example(warm_world):
+    exec(_block("config-api"), {"model": warm_world, "print": lambda *a: None})
+    _assert_warm_started(warm_world)
+
+
+@runs("merge")
 def test_merge_example(tf, tmp_path, monkeypatch):
     import ckptmerge as cm
 
@@ -143,6 +202,7 @@ def test_merge_example(tf, tmp_path, monkeypatch):
     assert tf.train.latest_checkpoint("runs/C").endswith("merged")
 
 
+@runs("keras-jax")
 def test_keras_jax_example(tmp_path):
     from test_keras_backends import run_backend
 
@@ -160,6 +220,7 @@ def test_keras_jax_example(tmp_path):
     np.testing.assert_array_equal(np.float32(result["kernel"]), kernel)
 
 
+@runs("suggest")
 def test_suggest_example(tf, tmp_path, monkeypatch):
     import keras
 
