@@ -238,7 +238,9 @@ class Restorer:
         """Restore now; with ``step`` or ``path`` first switch a source to that checkpoint.
 
         Args:
-            step, path, source: see :meth:`switch`.
+            step: first switch to this step of the source's directory (see :meth:`switch`).
+            path: first switch to this checkpoint (prefix, directory, ...).
+            source: the label of the source to switch; needed when there are several.
             progress: optional ``progress(done_bytes, total_bytes)`` callback.
 
         Returns:
