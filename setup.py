@@ -40,7 +40,9 @@ setup(
         "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4",
                  "fsspec>=2023.1", "s3fs>=2023.1", "moto[server]>=5.0", "gcsfs>=2023.1", "adlfs>=2024.12",
                  # The docs site, built with --strict by tests/test_docs.py (docs/architecture.md).
-                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=2.0"],
+                 "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=2.0",
+                 # The cross-framework tests (tests/test_xframe_*.py) read KerasHub's converters.
+                 "keras-hub>=0.32"],
     },
     entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
     classifiers=[
