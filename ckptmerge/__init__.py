@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
+from . import compat
 from .errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -35,6 +36,8 @@ from .errors import (
 )
 from .specs import VariableInfo
 
+compat.install()  # old module paths (ckptmerge.planner, ...) still import, with a warning
+
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it (imported on first access); keep in step with
@@ -42,25 +45,25 @@ __version__ = "0.1.0"
 _LAZY: Dict[str, str] = {
     "Config": ".config",
     "load_config": ".config",
-    "CheckpointInfo": ".resolve",
-    "checkpoints": ".resolve",
-    "MergeReport": ".offline",
-    "merge": ".offline",
-    "Plan": ".planner",
-    "Report": ".report",
+    "CheckpointInfo": ".sources.resolve",
+    "checkpoints": ".sources.resolve",
+    "MergeReport": ".merging.dispatch",
+    "merge": ".merging.dispatch",
+    "Plan": ".planning.planner",
+    "Report": ".render.report",
     "Restorer": ".restorer",
     "snapshot": ".restorer",
-    "Slice": ".transforms",
-    "Transpose": ".transforms",
-    "VocabRemap": ".transforms",
-    "Source": ".source",
+    "Slice": ".planning.transforms",
+    "Transpose": ".planning.transforms",
+    "VocabRemap": ".planning.transforms",
+    "Source": ".sources.source",
     "list_variables": ".api",
     "load": ".api",
     "open": ".api",
     "plan": ".api",
     "restore": ".api",
     "suggest": ".api",
-    "Suggestion": ".suggestion",
+    "Suggestion": ".planning.suggestion",
     "warm_start": ".api",
 }
 
@@ -118,12 +121,12 @@ def __dir__() -> List[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
-    from .config import Config, load_config
-    from .offline import MergeReport, merge
-    from .planner import Plan
-    from .report import Report
-    from .resolve import CheckpointInfo, checkpoints
+    from .config.load import Config, load_config
+    from .merging.dispatch import MergeReport, merge
+    from .planning.planner import Plan
+    from .planning.suggestion import Suggestion
+    from .planning.transforms import Slice, Transpose, VocabRemap
+    from .render.report import Report
     from .restorer import Restorer, snapshot
-    from .source import Source
-    from .suggestion import Suggestion
-    from .transforms import Slice, Transpose, VocabRemap
+    from .sources.resolve import CheckpointInfo, checkpoints
+    from .sources.source import Source

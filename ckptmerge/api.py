@@ -10,34 +10,47 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Union,
+)
 
 import numpy as np
 
-from .args import check_bool, check_callable, check_names, check_options, check_specs, received
-from .backends.tensors import cast_value
-from .errors import ArgumentError, ArgumentTypeError, CkptMergeError
+from .args import (
+    check_bool,
+    check_callable,
+    check_names,
+    check_options,
+    check_specs,
+)
 from .gcpause import paused_gc
-from .planner import Plan, make_plan
-from .source import Source, SourceHandle
+from .planning.planner import Plan, make_plan
+from .restoring.backends.tensors import cast_value
+from .sources.opening import (
+    SourcesArg,
+    as_sources,
+    check_unique_labels,
+    open_sources,
+)
+from .sources.source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
-from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
-    from .suggestion import Suggestion
+    from .planning.suggestion import Suggestion
+    from .render.report import Report
 
 __all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open", "load", "Binding", "PLAN_OPTIONS"]
 
 #: The options of :func:`plan` that :func:`restore` and :class:`~ckptmerge.Restorer` pass on.
 PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify")
-
-
-SourceArg = Union[Source, str, "os.PathLike[str]", Mapping[str, Any]]
-SourcesArg = Union[SourceArg, Sequence[SourceArg]]
 
 
 @dataclass
@@ -51,7 +64,7 @@ class Binding:
     session: Any = None
 
     def _transforms(self, assignment: Any) -> List[Any]:
-        from .transforms import select
+        from .planning.transforms import select
 
         for h in self.handles:
             if h.label == assignment.source:
@@ -72,7 +85,7 @@ class Binding:
         transforms = self._transforms(assignment)
         if not transforms:
             return value
-        from .transforms import chain_apply
+        from .planning.transforms import chain_apply
 
         needs = any(getattr(t, "needs_current", True) for t in transforms)
         if needs and current is None:
@@ -90,12 +103,12 @@ class Binding:
         if self.targets.mode == "graph":
             vals = self.session.run([v for v, _ in target.parts]) if self.session is not None else None
         elif self.targets.mode == "keras":
-            from .backends.keras_native import keras_numpy
+            from .restoring.backends.keras_native import keras_numpy
 
             vals = [keras_numpy(v) for v, _ in target.parts]
         else:
             vals = [v.numpy() for v, _ in target.parts]
-        from .backends.tensors import join_parts
+        from .restoring.backends.tensors import join_parts
 
         return join_parts(target, vals)
 
@@ -103,67 +116,6 @@ class Binding:
         """Close every source's files."""
         for h in self.handles:
             h.close()
-
-
-def as_sources(sources: SourcesArg) -> List[Source]:
-    """Sources as :class:`Source` objects: paths and dicts of arrays/tensors (in memory) are
-    wrapped; several dicts are labelled ``memory[i]`` by their position."""
-    if isinstance(sources, (Source, str, os.PathLike, Mapping)):
-        sources = [sources]
-    if not hasattr(sources, "__iter__"):
-        raise ArgumentTypeError("sources must be a ckptmerge.Source, a checkpoint path, a dict of arrays, or "
-                                f"a list of them, got {type(sources).__name__}. {received('sources', sources)}")
-    sources = list(sources)
-    n_dicts = sum(isinstance(s, Mapping) for s in sources)
-    out = []
-    for i, s in enumerate(sources):
-        if isinstance(s, Source):
-            out.append(s)
-        elif isinstance(s, (str, os.PathLike)):
-            out.append(Source(s))
-        elif isinstance(s, Mapping):
-            out.append(Source.from_values(s, name="memory" if n_dicts == 1 else f"memory[{i}]"))
-        else:
-            raise ArgumentTypeError(
-                "sources must be ckptmerge.Source objects, checkpoint paths or dicts of "
-                f"arrays; sources[{i}] is {s!r:.60} ({type(s).__name__}). {received('sources', sources)}"
-            )
-    if not out:
-        raise ArgumentError("No sources given: pass at least one ckptmerge.Source or checkpoint path. "
-                            f"{received('sources', sources)}")
-    return out
-
-
-def check_unique_labels(sources: List[Source]) -> None:
-    seen: Dict[str, int] = {}
-    for s in sources:
-        seen[s.label] = seen.get(s.label, 0) + 1
-    dups = sorted(k for k, v in seen.items() if v > 1)
-    if dups:
-        raise CkptMergeError(
-            f"Two sources share the label {', '.join(repr(d) for d in dups)}; "
-            "give each a distinct name=..., e.g. Source(path, name='encoder')."
-        )
-
-
-def open_sources(sources: List[Source], *, verify: bool = True,
-                 resolved: Optional[List[Any]] = None) -> List[SourceHandle]:
-    """Open every source (``resolved``: what each already resolved to), closing the ones already
-    opened if one fails."""
-    handles: List[SourceHandle] = []
-    try:
-        for i, s in enumerate(sources):
-            try:
-                handles.append(s.open(verify=verify, resolved=resolved[i] if resolved else None))
-            except CkptMergeError as e:  # say which source, when several could be meant
-                if len(sources) > 1 and e.args and isinstance(e.args[0], str):
-                    e.args = (f"source {quote_name(s.label)}: {e.args[0]}",) + e.args[1:]
-                raise
-    except BaseException:
-        for h in handles:
-            h.close()
-        raise
-    return handles
 
 
 def _is_spec_list(target: Any) -> bool:
@@ -176,11 +128,11 @@ def _keras_names(target: Any, targets: Any, handles: List[SourceHandle]) -> Opti
 
     ``None`` for other targets (names are matched as they are).
     """
-    from .targets import _is_keras_object
+    from .restoring.targets import is_keras_object
 
-    if target is None or isinstance(target, (list, tuple, dict)) or not _is_keras_object(target):
+    if target is None or isinstance(target, (list, tuple, dict)) or not is_keras_object(target):
         return None
-    from .keraswalk import model_root, name_weights_files
+    from .restoring.keraswalk import model_root, name_weights_files
 
     name_weights_files(target, targets, handles)
     return model_root(target, list(targets.variables))
@@ -189,11 +141,11 @@ def _keras_names(target: Any, targets: Any, handles: List[SourceHandle]) -> Opti
 def _collect(target: Any) -> Any:
     """Name the target's variables; a list of VariableInfo is a spec-only target (no TF)."""
     if _is_spec_list(target):
-        from .targets import TargetSet
+        from .restoring.targets import TargetSet
 
         check_specs(target, "target")
         return TargetSet(variables=by_name(target), mode="specs")
-    from .targets import collect_targets
+    from .restoring.targets import collect_targets
 
     return collect_targets(target)
 
@@ -251,8 +203,8 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
         result = make_plan(targets.infos, views, **options)
         which = [s.align == "structure" for s in srcs]
         if any(which) and result.missing:  # align only what names and rules left missing
-            from .suggestion import aligned_views
-            from .targets import creation_order
+            from .planning.suggestion import aligned_views
+            from .restoring.targets import creation_order
 
             views = aligned_views(result, views, which, target_order=creation_order(target, targets),
                                   source_orders=[h.order if on else None for h, on in zip(handles, which)])
@@ -270,18 +222,18 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
     Plans as :func:`plan` does (``plan_options`` are its options), then aligns, source by source,
     the missing targets with the checkpoint names nothing took: shapes and dtypes, scope trees,
     order (the target's creation order, numeric-aware name order) and name tokens, solved as one
-    global assignment per shape (see :mod:`ckptmerge.align`). Nothing is restored.
+    global assignment per shape (see :mod:`ckptmerge.alignment.align`). Nothing is restored.
 
     Returns:
-        A :class:`~ckptmerge.suggestion.Suggestion`: ``report()``, ``to_dict()``,
+        A :class:`~ckptmerge.planning.suggestion.Suggestion`: ``report()``, ``to_dict()``,
         ``to_config()`` and ``write(path)`` (a config ``ckptmerge plan`` uses as it is).
 
     Example:
         >>> s = cm.suggest(model, [cm.Source("runs/estimator")])    # doctest: +SKIP
         >>> print(s.report()); s.write("warm.yaml")                   # doctest: +SKIP
     """
-    from .suggestion import make_suggestion
-    from .targets import creation_order
+    from .planning.suggestion import make_suggestion
+    from .restoring.targets import creation_order
 
     check_options(plan_options, PLAN_OPTIONS, "suggest()")
     p = plan(target, sources, **plan_options)
@@ -304,7 +256,7 @@ def restore(
     progress: Any = None,
     **plan_options: Any,
 ) -> "Report":
-    """Plan and restore in one call; returns the :class:`ckptmerge.report.Report`.
+    """Plan and restore in one call; returns the :class:`ckptmerge.render.report.Report`.
 
     ``plan_options`` are those of :func:`plan`. With ``strict=True`` any finding other than
     ``unused`` raises :class:`ckptmerge.PlanError` before a single variable is changed.
@@ -339,7 +291,7 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
         progress: optional ``progress(done_bytes, total_bytes)`` callback.
 
     Returns:
-        The :class:`ckptmerge.report.Report` of the restore.
+        The :class:`ckptmerge.render.report.Report` of the restore.
 
     Raises:
         ConfigError: the config is invalid (every problem listed).
@@ -348,7 +300,7 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
     Example:
         >>> warm_start(model, "warm.yaml")                      # doctest: +SKIP
     """
-    from .config import load_config
+    from .config.load import load_config
 
     check_bool(strict, "strict", optional=True)
     check_callable(progress, "progress")
@@ -359,7 +311,7 @@ def warm_start(target: Any, config: Any, *, session: Any = None, strict: Optiona
 
 
 def _resolve_reader(path: Any, step: Optional[int], verify: bool) -> Any:
-    from .resolve import open_resolved
+    from .sources.resolve import open_resolved
 
     return open_resolved(path, step=step, verify=verify)[1]
 

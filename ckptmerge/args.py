@@ -34,6 +34,19 @@ def received(what: str, value: Any) -> str:
     return f"Received: {what}={text}"
 
 
+def describe_value(value: Any) -> str:
+    """A received value for an error message: its repr, shortened to 80 characters, and its type.
+
+    Example:
+        >>> describe_value([1])
+        '[1] (type list)'
+    """
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (type {type(value).__name__})"
+
+
 def check_path(value: Any, what: str = "path") -> str:
     """A path argument (str, bytes or os.PathLike, not empty) as a str.
 

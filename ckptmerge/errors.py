@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 from .text import quote_name
 
 __all__ = [
+    "OptionError",
     "CkptMergeError",
     "CheckpointNotFoundError",
     "CheckpointFormatError",
@@ -186,11 +187,24 @@ class ArgumentError(CkptMergeError, ValueError):
 
     Example:
         >>> try:
-        ...     from ckptmerge.resolve import resolve_checkpoint
+        ...     from ckptmerge.sources.resolve import resolve_checkpoint
         ...     resolve_checkpoint("runs/A", step=-1)
         ... except ValueError as e:
         ...     print(type(e).__name__)
         ArgumentError
+    """
+
+
+class OptionError(CkptMergeError, ValueError):
+    """An option has a value ckptmerge does not accept (the message lists the valid values).
+
+    Example:
+        >>> from ckptmerge.planning.planner import make_plan
+        >>> try:
+        ...     make_plan([], [], on_conflict="frist")
+        ... except OptionError as e:
+        ...     print(e)
+        on_conflict must be one of 'error', 'first', 'last'; received 'frist'. Did you mean 'first'?
     """
 
 

@@ -20,12 +20,12 @@ import numpy as np
 from .api import Binding, SourcesArg
 from .args import check_bool, check_callable, check_options, check_step, check_str
 from .errors import CkptMergeError, PlanError
-from .backends.tensors import join_parts
-from .source import Source, SourceHandle
+from .restoring.backends.tensors import join_parts
+from .sources.source import Source, SourceHandle
 from .text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from .render.report import Report
 
 __all__ = ["Restorer", "snapshot"]
 
@@ -49,13 +49,13 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
         >>> # ... fine-tune a few steps, predict ...
         >>> restore(model, [generic])             # back to the generic weights, no disk I/O
     """
-    from .targets import collect_targets
+    from .restoring.targets import collect_targets
 
     check_str(name, "name")
     targets = collect_targets(target)
     values: Dict[str, Any] = {}
     if targets.mode == "keras":  # another Keras backend: host copies, no TensorFlow
-        from .backends.keras_native import keras_numpy
+        from .restoring.backends.keras_native import keras_numpy
 
         values = {n: np.array(keras_numpy(t.parts[0][0])) for n, t in targets.variables.items()}
         return Source(None, name=name, _values=values)
@@ -122,7 +122,8 @@ class Restorer:
 
     def __init__(self, target: Any, sources: SourcesArg, *, session: Any = None, strict: bool = True,
                  **plan_options: Any) -> None:
-        from .api import PLAN_OPTIONS, plan as make
+        from .api import PLAN_OPTIONS
+        from .api import plan as make
 
         check_options(plan_options, PLAN_OPTIONS, "Restorer()")
         check_bool(strict, "strict")
@@ -137,7 +138,7 @@ class Restorer:
         # step resolves against it even after a switch by path.
         self._origin = {h.label: h.source.path for h in binding.handles if not h.source.in_memory}
         if binding.targets.mode == "graph":
-            from .backends.graph import GraphOps
+            from .restoring.backends.graph import GraphOps
 
             binding.graph_ops = GraphOps(self.plan, binding)
 
@@ -244,7 +245,7 @@ class Restorer:
             progress: optional ``progress(done_bytes, total_bytes)`` callback.
 
         Returns:
-            The :class:`ckptmerge.report.Report` of this restore.
+            The :class:`ckptmerge.render.report.Report` of this restore.
 
         Raises:
             RestoreError: a read failed; every target variable kept its value.
@@ -258,7 +259,7 @@ class Restorer:
         check_callable(progress, "progress")
         if step is not None or path is not None:
             self.switch(step=step, path=path, source=source)
-        from .backends import run_plan
+        from .restoring.backends import run_plan
 
         report = run_plan(self.plan, self.session, strict=self.strict, progress=progress)
         self.count += 1

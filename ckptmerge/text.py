@@ -1,6 +1,6 @@
 """Small text helpers for reports, messages and the command line: names, counts, byte sizes.
 
-Kept apart from :mod:`ckptmerge.report` so the CLI's inspection commands can use them without
+Kept apart from :mod:`ckptmerge.render.report` so the CLI's inspection commands can use them without
 loading the planning engine. :func:`escape_name` is the one place names from files become safe
 text: tensor names, keys and paths come from untrusted files, and a name holding ESC, a newline
 or a bidi override must not forge a table row or drive the terminal.
@@ -9,9 +9,9 @@ or a bidi override must not forge a table row or drive the terminal.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
-__all__ = ["escape_name", "escape_text", "quote_name", "command_hint", "quoted_command", "join_lines", "plural", "human_bytes"]
+__all__ = ["escape_name", "escape_text", "quote_name", "command_hint", "quoted_command", "join_lines", "plural", "human_bytes", "and_list"]
 
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -128,3 +128,15 @@ def human_bytes(n: int) -> str:
         if size < 1024 or unit == "TiB":
             break
     return f"{size:.1f} {unit}"
+
+
+def and_list(items: Sequence[str]) -> str:
+    """Join items as prose: ``"a"``, ``"a and b"``, ``"a, b and c"``.
+
+    Example:
+        >>> and_list(["x", "y", "z"])
+        'x, y and z'
+    """
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]

@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 import ckptmerge as cm  # noqa: E402
-from ckptmerge.planner import SourceView, make_plan  # noqa: E402
+from ckptmerge.planning.planner import SourceView, make_plan  # noqa: E402
 from ckptmerge.specs import VariableInfo  # noqa: E402
-from ckptmerge.suggestion import aligned_views  # noqa: E402
+from ckptmerge.planning.suggestion import aligned_views  # noqa: E402
 
 Pair = Tuple[List[VariableInfo], Dict[str, VariableInfo], Dict[str, str], Optional[List[str]], Optional[str]]
 

@@ -6,7 +6,7 @@ other and each in a fresh output directory:
 
 - cp: ``cp A.index A.data-* B.index B.data-* OUT/`` (the same input bytes);
 - merge: ``python -m ckptmerge merge CONFIG -o OUT/merged`` when the CLI exists, else
-  ``python -c "import ckptmerge.offline as m; m.merge([...], OUT)"`` (interpreter start-up included).
+  ``python -c "import ckptmerge.merging.dispatch as m; m.merge([...], OUT)"`` (interpreter start-up included).
 
 Both run under ``/usr/bin/time`` (which also gives the merge's peak RSS, file pages it maps
 included). Dirty pages are flushed with ``os.sync()`` before each timing; the page cache is kept
@@ -48,7 +48,7 @@ RSS_SLACK = 200 * 10 ** 6
 
 def write_inputs(root: str) -> list:
     """Write checkpoints A and B with ckptmerge's BundleWriter (numpy only), once; reuse after."""
-    from ckptmerge.formats.writer import BundleWriter
+    from ckptmerge.formats.tf.writer import BundleWriter
 
     prefixes = []
     for label in ("A", "B"):
@@ -80,7 +80,7 @@ def merge_command(prefixes: list, config: str, out: str, use_cli: bool) -> list:
     spent inside ``merge()``, without interpreter start-up and imports)."""
     if use_cli:
         return [sys.executable, "-m", "ckptmerge", "merge", config, "-o", out, "--quiet", "--json"]
-    code = ("import sys, json, ckptmerge.offline as m; "
+    code = ("import sys, json, ckptmerge.merging.dispatch as m; "
             "print(json.dumps(m.merge(sys.argv[1:3], sys.argv[3]).to_dict()))")
     return [sys.executable, "-c", code, prefixes[0], prefixes[1], out]
 
@@ -128,7 +128,7 @@ def main() -> None:
             while fh.read(64 << 20):
                 pass
     bare = statistics.median(timed([sys.executable, "-c", "pass"])[0] for _ in range(5))
-    start = statistics.median(timed([sys.executable, "-c", "import ckptmerge.offline"])[0] for _ in range(5))
+    start = statistics.median(timed([sys.executable, "-c", "import ckptmerge.merging.dispatch"])[0] for _ in range(5))
 
     cp_times, cps_times, merge_times, inner, rss = [], [], [], [], []
     copies = " ".join(os.path.join(out_root, os.path.basename(f)) for f in files)
@@ -155,7 +155,7 @@ def main() -> None:
 
     cp_med, merge_med = statistics.median(cp_times), statistics.median(merge_times)
     bound = TENSOR_BYTES + RSS_SLACK
-    how = "python -m ckptmerge merge CONFIG -o OUT" if use_cli else "python -c 'ckptmerge.offline.merge(...)'"
+    how = "python -m ckptmerge merge CONFIG -o OUT" if use_cli else "python -c 'ckptmerge.merge(...)'"
     print(f"workload: 2 checkpoints x {N_TENSORS} float32 tensors of {ELEMENTS:,} elements "
           f"= {in_bytes / 2**20:.0f} MiB in; {args.rounds} rounds, medians; page cache warm, os.sync() before each")
     runs = lambda ts: ", ".join(f"{t:.3f}" for t in ts)  # noqa: E731
@@ -166,7 +166,7 @@ def main() -> None:
     print(f"  ratio merge / cp                 : {ratio:.2f}x   (target <= 2.00x: {'OK' if ratio <= 2 else 'MISSED'})")
     print("  where the merge's time goes (medians):")
     print(f"    interpreter start-up (python -c pass)        : {bare:.3f} s")
-    print(f"    + imports (python -c 'import ckptmerge.offline'): {start - bare:.3f} s")
+    print(f"    + imports (python -c 'import ckptmerge.merging.dispatch'): {start - bare:.3f} s")
     print(f"    inside merge() (report.elapsed)               : {statistics.median(inner):.3f} s")
     print(f"  reference: cp + sync of the copies (durable, like merge --durable): "
           f"{statistics.median(cps_times):.3f} s -> merge / (cp + sync) = {merge_med / statistics.median(cps_times):.2f}x")

@@ -133,7 +133,7 @@ def names_and_shapes() -> list:
 
 def write_checkpoint(root: str) -> str:
     """The 512 MiB checkpoint, written once by ckptmerge's BundleWriter (reused across runs)."""
-    from ckptmerge.formats.writer import BundleWriter
+    from ckptmerge.formats.tf.writer import BundleWriter
 
     prefix = os.path.join(root, "model")
     if not os.path.exists(prefix + ".index"):

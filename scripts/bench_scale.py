@@ -41,7 +41,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def write_pair(root: str, n: int) -> tuple:
     """The source and target checkpoints of ``n`` variables (written once, reused), and the config."""
     sys.path.insert(0, REPO)
-    from ckptmerge.formats.writer import BundleWriter
+    from ckptmerge.formats.tf.writer import BundleWriter
 
     out = []
     for side, scope in (("source", "src"), ("target", "model")):

@@ -20,7 +20,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ckptmerge.formats import protowire as pw  # noqa: E402
-from ckptmerge.formats.bundle import crc32c, encode_tensor_name_slice, mask_crc  # noqa: E402
+from ckptmerge.formats.tf.bundle import crc32c, encode_tensor_name_slice, mask_crc  # noqa: E402
 
 #: Every dtype the property test writes (numpy-style names as ckptmerge reports them).
 ALL_DTYPES = ["float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64",

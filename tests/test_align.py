@@ -15,10 +15,10 @@ import yaml
 import ckptmerge as cm
 from _cli_util import run, save_tf1
 from _corpus import corpus
-from ckptmerge.align import align, natural_key, scope_entries, tokens
-from ckptmerge.planner import SourceView, make_plan
+from ckptmerge.alignment.align import align, natural_key, scope_entries, tokens
+from ckptmerge.planning.planner import SourceView, make_plan
 from ckptmerge.specs import VariableInfo as V
-from ckptmerge.suggestion import make_suggestion
+from ckptmerge.planning.suggestion import make_suggestion
 
 
 def f32(name, *shape):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.planner import OptionError
-from ckptmerge.transforms import TransformError
+from ckptmerge.planning.planner import OptionError
+from ckptmerge.planning.transforms import TransformError
 
 
 def test_import_ckptmerge_does_not_import_tensorflow():

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from _reader_util import block_spans, rechecksum
 from ckptmerge.formats import protowire as pw
-from ckptmerge.formats.bundleindex import (CRC, DTYPE, OFFSET, SHARD, SIZE, decode_fields, parse_entry_checked,
+from ckptmerge.formats.tf.bundleindex import (CRC, DTYPE, OFFSET, SHARD, SIZE, decode_fields, parse_entry_checked,
                                            shape_column)
-from ckptmerge.formats.table import Table, TableError
-from ckptmerge.formats.protowire import DecodeError
-from ckptmerge.formats.tfproto import parse_shape
-from ckptmerge.formats.writer import BundleWriter
+from ckptmerge.formats.tf.table import Table, TableError
+from ckptmerge.formats.tf.protowire import DecodeError
+from ckptmerge.formats.tf.tfproto import parse_shape
+from ckptmerge.formats.tf.writer import BundleWriter
 
 _SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _corpus import corpus
-from ckptmerge.resolve import (
+from ckptmerge.sources.resolve import (
     ArgumentError,
     ArgumentTypeError,
     CheckpointInfo,
@@ -544,7 +544,7 @@ def test_resolving_does_not_import_tensorflow(ab_checkpoints):
     import sys
 
     a = ab_checkpoints["A"]
-    code = ("import sys; from ckptmerge.resolve import resolve_checkpoint, checkpoints; "
+    code = ("import sys; from ckptmerge.sources.resolve import resolve_checkpoint, checkpoints; "
             f"resolve_checkpoint({a!r}); assert len(checkpoints({a!r})) == 2; "
             "assert 'tensorflow' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

@@ -27,7 +27,7 @@ from _corpus import corpus, corpus_folders
 
 from ckptmerge import __version__
 from ckptmerge.cli import cli
-from ckptmerge.resolve import checkpoints as list_checkpoints
+from ckptmerge.sources.resolve import checkpoints as list_checkpoints
 
 B_A1 = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
 
@@ -522,7 +522,7 @@ def test_os_errors_on_input_files_are_one_line_errors(ck, monkeypatch):
     def denied(path, step, **kw):
         raise PermissionError(13, "Permission denied", f"{path}/model.index")
 
-    monkeypatch.setattr(cli_module, "_open", denied)
+    monkeypatch.setattr(cli_module, "open_checkpoint_arg", denied)
     assert_one_line_error(run("ls", ck["A"]), f"Error: Permission denied: '{ck['A']}/model.index'")
 
 

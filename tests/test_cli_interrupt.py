@@ -80,7 +80,7 @@ def test_ctrl_c_during_a_merge_exits_130_and_leaves_no_file(tmp_path, two_checkp
     """)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    proc = interrupt(tmp_path, "ckptmerge.formats.writer", "BundleWriter.add_range", "merge", config,
+    proc = interrupt(tmp_path, "ckptmerge.formats.tf.writer", "BundleWriter.add_range", "merge", config,
                      "-o", out_dir / "merged")
     assert os.listdir(out_dir), "the merge had not started writing"  # its temporary files
     proc.send_signal(signal.SIGINT)

@@ -1,4 +1,4 @@
-"""``ckptmerge merge``: the command-line front door of the offline merge (ckptmerge.offline.merge).
+"""``ckptmerge merge``: the command-line front door of the offline merge (ckptmerge.merging.local.merge).
 
 The merge itself (formats, atomicity, streaming) is tested in tests/test_merge.py; here: the
 command's options, output, exit codes, the progress bar (on a real pseudo-terminal) and that a

@@ -43,7 +43,7 @@ def big(tmp_path_factory):
 
 @pytest.fixture
 def small_pieces(monkeypatch):
-    monkeypatch.setattr(cli_inspect, "_STATS_CHUNK", PIECE)
+    monkeypatch.setattr(cli_inspect, "STATS_CHUNK", PIECE)
 
 
 # --------------------------------------------------------------------------------------------

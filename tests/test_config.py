@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ckptmerge.config import SOURCE_KEYS, TOP_LEVEL_KEYS, SourceConfig, load_config
 from ckptmerge.errors import CkptMergeError, ConfigError
-from ckptmerge.transforms import Slice, VocabRemap
+from ckptmerge.planning.transforms import Slice, VocabRemap
 
 
 @pytest.fixture
@@ -237,7 +237,7 @@ def test_source_kwargs_are_the_source_arguments(project):
 
 
 def test_source_kwargs_build_a_source(project):
-    from ckptmerge.source import Source
+    from ckptmerge.sources.source import Source
 
     cfg = load_config(write(project, "warm.yaml", WARM_YAML), env=env_for(project))
     for kwargs, sc in zip(cfg.source_kwargs(), cfg.sources, strict=True):
@@ -247,7 +247,7 @@ def test_source_kwargs_build_a_source(project):
 
 
 def test_every_source_option_is_a_config_key_and_back():
-    from ckptmerge.source import Source
+    from ckptmerge.sources.source import Source
 
     params = {p for p in inspect.signature(Source.__init__).parameters if p != "self" and not p.startswith("_")}
     kwargs = set(SourceConfig(path="x").source_kwargs())

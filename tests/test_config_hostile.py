@@ -18,7 +18,7 @@ from conftest import run_child
 
 from ckptmerge.config import MAX_CONFIG_BYTES, MAX_NESTING, load_config
 from ckptmerge.errors import ConfigError
-from ckptmerge.transforms import TransformError, read_vocab
+from ckptmerge.planning.transforms import TransformError, read_vocab
 
 
 def check_in_subprocess(config: Path, timeout: float = 120) -> dict:
@@ -220,7 +220,7 @@ def test_vocab_file_that_is_a_fifo_or_a_device_is_refused(tmp_path):
     found = run_child("""
         import json, resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # reading /dev/zero stops here
-        from ckptmerge.transforms import TransformError, read_vocab
+        from ckptmerge.planning.transforms import TransformError, read_vocab
         try:
             read_vocab(sys.argv[1])
         except TransformError as e:

@@ -15,14 +15,14 @@ import pytest
 from _cli_util import assert_one_line_error, run, run_subprocess
 
 import ckptmerge as cm
-from ckptmerge.offline import MergeReport
-from ckptmerge.planner import SourceView, make_plan
-from ckptmerge.report import render_plan
-from ckptmerge.rules import Rules
+from ckptmerge.merging.local import MergeReport
+from ckptmerge.planning.planner import SourceView, make_plan
+from ckptmerge.render.report import render_plan
+from ckptmerge.planning.rules import Rules
 from ckptmerge.specs import VariableInfo as V
 from ckptmerge.text import escape_name, escape_text, join_lines, quote_name
 from ckptmerge.errors import CheckpointFormatError, TransformError
-from ckptmerge.transforms import read_vocab
+from ckptmerge.planning.transforms import read_vocab
 
 #: The audit's forged row: a title-setting OSC sequence, then a newline and a fake table row.
 FORGED = "x\x1b]0;t\x07\nhidden_backdoor  float32  (1,)  4 B"
@@ -447,7 +447,7 @@ def test_storage_errors_quote_the_url_escaped(red_url):
 
 
 def test_a_path_that_is_not_a_regular_file_is_named_escaped(tmp_path):
-    from ckptmerge.localfile import NotARegularFileError, read_regular_file
+    from ckptmerge.formats.io.localfile import NotARegularFileError, read_regular_file
 
     (tmp_path / RED).mkdir()
     with pytest.raises(NotARegularFileError) as err:

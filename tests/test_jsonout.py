@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptmerge.jsonout import Entries, Records, json_pieces, materialize
-from ckptmerge.planner import SourceView, make_plan
-from ckptmerge.rules import Rules
+from ckptmerge.planning.planner import SourceView, make_plan
+from ckptmerge.planning.rules import Rules
 from ckptmerge.specs import VariableInfo
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),

@@ -186,7 +186,7 @@ def test_keras_archive_is_a_source_named_from_its_config(tmp_path, tf):
 
 
 def _walk(model):
-    from ckptmerge.keraswalk import weights_file_keys
+    from ckptmerge.restoring.keraswalk import weights_file_keys
 
     targets = {id(v) for v in model.weights}
     return {k: v for k, v in weights_file_keys(model).items() if id(v) in targets}
@@ -279,7 +279,7 @@ def test_names_without_a_model_root_restore_into_a_sequential(tmp_path, tf):
 
 
 def test_ambiguous_root_swap_is_a_finding_never_a_guess():
-    from ckptmerge.planner import root_swaps
+    from ckptmerge.planning.planner import root_swaps
 
     swaps, findings = root_swaps(["m/k"], ["r/m/k", "r/k"], "r")
     assert swaps == {}
@@ -288,7 +288,7 @@ def test_ambiguous_root_swap_is_a_finding_never_a_guess():
 
 
 def test_root_swap_findings_block_a_strict_plan():
-    from ckptmerge.planner import SourceView, make_plan
+    from ckptmerge.planning.planner import SourceView, make_plan
     from ckptmerge.specs import VariableInfo
 
     spec = VariableInfo("m/k", (2,), "float32")

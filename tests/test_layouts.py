@@ -12,7 +12,7 @@ import pytest
 import safetensors.numpy as st_numpy
 
 import ckptmerge as cm
-from ckptmerge.layouts import apply_entry, torch_layout
+from ckptmerge.alignment.layouts import apply_entry, torch_layout
 from ckptmerge.specs import VariableInfo
 
 RNG = np.random.default_rng(2024)

@@ -1,4 +1,4 @@
-"""Offline merge (ckptmerge.offline): a new checkpoint from several, written without TensorFlow.
+"""Offline merge (ckptmerge.merging.local): a new checkpoint from several, written without TensorFlow.
 
 Sources are real checkpoints written by TensorFlow in the test (Saver, SaveV2, tf.train.Checkpoint);
 outputs are read back with tf.train.load_checkpoint, restored with tf.compat.v1.train.Saver and read
@@ -28,9 +28,9 @@ from _reader_util import write_saver_checkpoint
 from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
                               CkptMergeError, OutputExistsError, PlanError)
 from ckptmerge.formats import open_checkpoint
-from ckptmerge.formats.writer import BundleWriter
-from ckptmerge.offline import MergeReport, merge
-from ckptmerge.transforms import Slice, TransformError, VocabRemap
+from ckptmerge.formats.tf.writer import BundleWriter
+from ckptmerge.merging.dispatch import MergeReport, merge
+from ckptmerge.planning.transforms import Slice, TransformError, VocabRemap
 from conftest import run_child, save_tf1
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def flip_byte(prefix, key) -> None:
 
 MERGE_AND_REPORT = """
     import json, sys
-    from ckptmerge.offline import merge
+    from ckptmerge.merging.dispatch import merge
     try:
         merge([sys.argv[1]], sys.argv[2])
         print(json.dumps({"ok": True}))
@@ -493,7 +493,7 @@ def test_update_state_appends_to_an_existing_state_file(ab, tf):
     assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["model-7", "merged-11", "merged-10"]
     assert list(state.all_model_checkpoint_timestamps) == []  # Saver recorded none to line up with
     assert tf.train.latest_checkpoint(str(out.parent)) == str(out.parent / "merged-10")
-    from ckptmerge.resolve import resolve_checkpoint
+    from ckptmerge.sources.resolve import resolve_checkpoint
     assert resolve_checkpoint(str(out.parent)).prefix == str(out.parent / "merged-10")
 
 
@@ -630,7 +630,7 @@ def test_corrupt_source_tensor_is_caught_in_a_streamed_cast(tf, tmp_path):
 
 KILL_CHILD = """
     import sys, time
-    from ckptmerge.offline import merge
+    from ckptmerge.merging.dispatch import merge
 
     def progress(done, total):
         if done:
@@ -736,7 +736,7 @@ def test_memory_stays_near_one_piece_while_streaming_copies_and_casts(tmp_path):
     res = run_child("""
         import json, resource, sys
         import ckptmerge as cm
-        from ckptmerge.offline import merge
+        from ckptmerge.merging.dispatch import merge
         rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         specs = [cm.VariableInfo(f"h{i}", (1 << 22,), "float32") for i in range(8)]
         merge([sys.argv[1]], sys.argv[3] + "/warm-up", dry_run=True)
@@ -755,7 +755,7 @@ def test_merge_does_not_import_tensorflow(ab):
     res = run_child("""
         import json, sys
         import ckptmerge as cm
-        from ckptmerge.offline import merge
+        from ckptmerge.merging.dispatch import merge
         merge([cm.Source(sys.argv[1], map={"enc/": "x/"}), cm.Source(sys.argv[2], include="head/*")], sys.argv[3],
               update_state=True)
         print(json.dumps("tensorflow" in sys.modules))

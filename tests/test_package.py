@@ -12,10 +12,39 @@ def test_every_name_in_all_resolves_to_the_public_object():
         assert not isinstance(obj, type(sys)), f"ckptmerge.{name} is a module, not the API object"
 
 
-def test_merge_stays_the_function_after_its_module_is_imported():
-    code = ("import ckptmerge.offline, ckptmerge.api, ckptmerge; "
-            "assert callable(ckptmerge.merge) and callable(ckptmerge.plan) and callable(ckptmerge.restore)")
+def test_public_names_stay_the_api_objects_after_every_module_is_imported():
+    # A subpackage named like a public function (ckptmerge.merge, ckptmerge.restore) would replace
+    # the function as an attribute of the package the moment it is imported.
+    code = ("import importlib, pkgutil, sys, types, ckptmerge; "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(ckptmerge.__path__, 'ckptmerge.')]; "
+            "bad = [n for n in ckptmerge.__all__ if isinstance(getattr(ckptmerge, n), types.ModuleType)]; "
+            "assert not bad, bad; assert callable(ckptmerge.merge) and callable(ckptmerge.restore)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_old_module_paths_import_the_moved_module_with_a_deprecation_warning():
+    import importlib
+    import warnings
+
+    from ckptmerge.compat import MOVED
+
+    for old, new in sorted(MOVED.items()):
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert [w.category for w in caught] == [DeprecationWarning], old
+        assert new in str(caught[0].message), old
+
+
+def test_an_old_path_that_never_existed_still_fails_to_import():
+    import importlib
+
+    import pytest
+
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("ckptmerge.no_such_module")
 
 
 def test_resolving_every_public_name_does_not_import_tensorflow():

@@ -1,6 +1,6 @@
 """User patterns run on RE2: bounded time, Python's replacement templates, clear refusals.
 
-Pure tests (no TensorFlow) for :mod:`ckptmerge.patterns`, plus the commands that hung before:
+Pure tests (no TensorFlow) for :mod:`ckptmerge.planning.patterns`, plus the commands that hung before:
 ``plan`` with a catastrophic ``regex`` rule and ``ls --regex``, run in a fresh interpreter with a
 time limit so that a regression fails instead of hanging the suite.
 """
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from ckptmerge.config import load_config
 from ckptmerge.errors import ConfigError, RuleError
-from ckptmerge.patterns import PatternError, compile_pattern
-from ckptmerge.rules import RegexRule
+from ckptmerge.planning.patterns import PatternError, compile_pattern
+from ckptmerge.planning.rules import RegexRule
 
 #: 41 characters that make ``(a+)+$`` backtrack through 2**41 ways in Python's re.
 LONG_NAME = "a" * 40 + "_b"
@@ -30,7 +30,7 @@ def test_catastrophic_pattern_is_matched_at_once():
     # In a child process with a time limit: with a backtracking engine this runs for minutes.
     found = run_child("""
         import json, sys
-        from ckptmerge.rules import RegexRule, Rules
+        from ckptmerge.planning.rules import RegexRule, Rules
         rule = RegexRule("(a+)+$", "x")
         result = Rules.from_options(regex=[("(a+)+$", "x")]).apply([sys.argv[1]])
         print(json.dumps([rule.try_rename(sys.argv[1]), rule.try_rename("aaaa"), result.dropped]))

@@ -1,4 +1,4 @@
-"""Tests of ckptmerge.planner: make_plan on literal specs (no TF, no files)."""
+"""Tests of ckptmerge.planning.planner: make_plan on literal specs (no TF, no files)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptmerge.errors import CkptMergeError, PlanError, RuleError
-from ckptmerge.planner import Assignment, Conflict, Mismatch, OptionError, SourceView, make_plan
-from ckptmerge.rules import Rules
+from ckptmerge.planning.planner import Assignment, Conflict, Mismatch, OptionError, SourceView, make_plan
+from ckptmerge.planning.rules import Rules
 from ckptmerge.specs import VariableInfo
-from ckptmerge.transforms import Slice
+from ckptmerge.planning.transforms import Slice
 
 
 def v(name, shape=(2,), dtype="float32", key=None):
@@ -623,7 +623,7 @@ def test_plan_of_a_large_model_assigns_every_target():
 
 
 def test_an_overlapping_auto_name_shift_pairs_layers_by_position_not_by_equal_names():
-    from ckptmerge.planner import series_shifts
+    from ckptmerge.planning.planner import series_shifts
 
     ckpt = [f"m/dense_{i + 3}/{v}" for i in range(12) for v in ("kernel", "bias")]
     targets = [f"m/dense{'_' + str(i) if i else ''}/{v}" for i in range(12) for v in ("kernel", "bias")]
@@ -639,13 +639,13 @@ def test_an_overlapping_auto_name_shift_pairs_layers_by_position_not_by_equal_na
     (["m/dense/kernel", "m/dense_1/kernel"], ["m/dense/kernel", "m/dense_1/kernel"]),  # no shift at all
 ])
 def test_auto_name_shifts_apply_only_where_certain(ckpt, targets):
-    from ckptmerge.planner import series_shifts
+    from ckptmerge.planning.planner import series_shifts
 
     assert series_shifts(ckpt, targets, "m") == {}
 
 
 def test_auto_name_shifts_reach_layers_inside_nested_scopes():
-    from ckptmerge.planner import series_shifts
+    from ckptmerge.planning.planner import series_shifts
 
     # a nested model shifted along with its layers, and a scope named alike whose layers shifted
     ckpt = [f"m/sequential_1/dense_{i}/{v}" for i in (3, 4) for v in ("kernel", "bias")]
@@ -675,7 +675,7 @@ def test_auto_name_shifts_reach_layers_inside_nested_scopes():
     (["m/enc/dense_3/kernel", "m/enc/dense_4/kernel"], ["m/enc/dense/kernel", "m/enc/dense_0/kernel"]),
 ])
 def test_nested_auto_name_shifts_apply_only_where_certain(ckpt, targets):
-    from ckptmerge.planner import series_shifts
+    from ckptmerge.planning.planner import series_shifts
 
     assert series_shifts(ckpt, targets, "m") == {}
 
@@ -842,7 +842,7 @@ def test_specs_and_assignments_are_slotted_and_still_pickle_copy_replace_and_com
     import dataclasses
     import pickle
 
-    from ckptmerge.findings import trusted_assignment
+    from ckptmerge.planning.findings import trusted_assignment
     from ckptmerge.specs import trusted_info
 
     v = VariableInfo("d/k", (3, 4), "float32", "d/k", "variable", 48)

@@ -24,8 +24,8 @@ import pytest
 import ckptmerge as cm
 from _cli_util import write_config
 from ckptmerge.errors import CheckpointNotFoundError, OutputExistsError
-from ckptmerge.formats.writer import BundleWriter
-from ckptmerge.offline import merge
+from ckptmerge.formats.tf.writer import BundleWriter
+from ckptmerge.merging.dispatch import merge
 from conftest import save_tf1
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ CLEAN = ["m.data-00000-of-00001", "m.index"]
 # It prints every step it passed, so a run with KILL_AT=0 lists all steps.
 KILL_AT_STEP = """
     import os, signal, sys
-    from ckptmerge.offline import merge
+    from ckptmerge.merging.dispatch import merge
 
     src, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
     out_dir = os.path.dirname(os.path.abspath(out))
@@ -209,7 +209,7 @@ def test_data_files_without_an_index_are_named_with_the_fix(sources, tmp_path):
 @pytest.mark.parametrize("when", ["before the writer opens", "while tensors are written"])
 def test_a_checkpoint_another_run_publishes_meanwhile_is_kept_with_the_merge_hint(tf, sources, tmp_path,
                                                                                  monkeypatch, when):
-    import ckptmerge.offline as offline
+    import ckptmerge.merging.local as offline
 
     out = tmp_path / "out" / "m"
     published = []
@@ -265,7 +265,7 @@ RACER = """
         return real_replace(src, dst, **kwargs)
 
     os.replace = slow_replace
-    import ckptmerge.cli, ckptmerge.offline  # imported before the start, so the racers start together
+    import ckptmerge.cli, ckptmerge.merging.local  # imported before the start, so the racers start together
     wait_until(start)
     sys.argv = ["ckptmerge", *args]
     runpy.run_module("ckptmerge", run_name="__main__", alter_sys=True)

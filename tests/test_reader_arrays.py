@@ -19,7 +19,7 @@ import safetensors.numpy as st_numpy  # the reference writer (in the test extra)
 from _cli_util import assert_one_line_error, run
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import NumpyReader, SafetensorsReader, open_checkpoint
-from ckptmerge.resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS, resolve_checkpoint
+from ckptmerge.sources.resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS, resolve_checkpoint
 
 
 

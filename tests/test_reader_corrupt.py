@@ -233,7 +233,7 @@ def test_hand_made_snappy_bundle_reads(tmp_path):
 def test_snappy_block_claiming_a_huge_size_is_refused(tmp_path):
     # varint 2**40 as uncompressed length, then garbage; checksum valid
     from _reader_util import _trailer, block_bytes, MAGIC
-    import ckptmerge.formats.protowire as pw
+    import ckptmerge.formats.tf.protowire as pw
 
     bogus = pw.encode_varint(1 << 40) + b"\x00" * 8
     out = bogus + _trailer(bogus, 1)
@@ -311,7 +311,7 @@ def test_header_with_bad_varint_is_a_format_error(tmp_path):
 
 
 def test_masked_crc_layout_matches_leveldb():
-    from ckptmerge.formats.bundle import crc32c, mask_crc
+    from ckptmerge.formats.tf.bundle import crc32c, mask_crc
 
     # LevelDB's crc32c_test: masked crc of "foo" differs from the raw and round-trips
     raw = crc32c(b"foo")
@@ -323,7 +323,7 @@ def test_a_shape_too_large_for_numpy_is_a_format_error(tmp_path):
     """Regression: an empty tensor of shape (0, 2**62) passed every size check, then numpy
     refused the array with a bare ValueError (a traceback from 'ckptmerge show')."""
     from _reader_util import entry_proto
-    from ckptmerge.formats.bundle import mask_crc
+    from ckptmerge.formats.tf.bundle import mask_crc
 
     (tmp_path / "m.index").write_bytes(table_bytes([(b"", header_proto()),
                                                     (b"w", entry_proto(1, (0, 2**62), 0, 0, mask_crc(0)))]))

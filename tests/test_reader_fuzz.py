@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from _reader_util import block_spans, random_value, rechecksum, tf, write_saver_checkpoint
 from ckptmerge.errors import CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
-from ckptmerge.formats.objectgraph import parse_object_graph
+from ckptmerge.formats.tf.objectgraph import parse_object_graph
 
 
 class _Hang(Exception):

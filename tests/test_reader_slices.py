@@ -22,9 +22,9 @@ from _reader_util import (entry_proto, partitioned_entry_proto, random_value, tf
                           write_partitioned_bundle, write_saver_checkpoint)
 from ckptmerge.errors import ArgumentError, CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
-from ckptmerge.formats.bundle import crc32c, encode_tensor_name_slice, mask_crc
+from ckptmerge.formats.tf.bundle import crc32c, encode_tensor_name_slice, mask_crc
 from ckptmerge.formats.dtypes import numpy_to_tf
-from ckptmerge.formats.regions import c_order_blocks, contiguous_span, first_overlap, intersect, volume
+from ckptmerge.formats.tf.regions import c_order_blocks, contiguous_span, first_overlap, intersect, volume
 
 V = np.arange(12, dtype=np.float32).reshape(4, 3)
 F32 = numpy_to_tf(np.dtype(np.float32))

@@ -26,8 +26,8 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats import protowire as pw
 from ckptmerge.formats.dtypes import TF_DTYPE_NAMES, TF_TO_NUMPY
-from ckptmerge.formats.slices import encode_tensor_name_slice
-from ckptmerge.resolve import resolve_checkpoint
+from ckptmerge.formats.tf.slices import encode_tensor_name_slice
+from ckptmerge.sources.resolve import resolve_checkpoint
 
 #: Every dtype TF's V1 writer can save (SaveSlices refuses bfloat16, qint16, quint16, uint32,
 #: uint64 and the float8/int4 family).

@@ -141,7 +141,7 @@ def test_name_based_kinds_follow_optimizer_naming(tmp_path):
 def test_name_based_kinds_scan_finds_every_optimizer_and_bookkeeping_name():
     # name_based_kinds looks closely only at names holding one of a few short words: every
     # optimizer's naming must contain one, or its state would pass for model variables
-    from ckptmerge.formats.objectgraph import name_based_kind, name_based_kinds
+    from ckptmerge.formats.tf.objectgraph import name_based_kind, name_based_kinds
 
     slots = ["Adam", "AdamW", "Adamax", "Nadam", "LazyAdam", "Momentum", "RMSProp", "Adagrad", "AdagradDA",
              "ProximalAdagrad", "Ftrl", "Adadelta", "Lamb", "LARS", "Lion"]

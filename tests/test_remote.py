@@ -252,7 +252,7 @@ def test_transient_s3_faults_mid_read_are_retried(s3, mode):
 def test_persistent_s3_failure_is_a_clear_error_and_restores_nothing(s3, monkeypatch):
     import tensorflow as tf
 
-    import ckptmerge.formats.storage as storage
+    import ckptmerge.formats.io.storage as storage
 
     monkeypatch.setattr(storage, "RETRIES", 2)  # bounded either way; fewer waits in the test
 
@@ -641,7 +641,7 @@ def test_a_remote_directory_of_keras_weights_files_resolves_as_a_local_one(forma
 
     import fsspec
 
-    from ckptmerge.resolve import resolve_checkpoint
+    from ckptmerge.sources.resolve import resolve_checkpoint
 
     fs = fsspec.filesystem("memory")
     local = tmp_path / "kdir"

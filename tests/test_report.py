@@ -1,4 +1,4 @@
-"""Tests of ckptmerge.report: exact plain-text rendering of plans and restore reports."""
+"""Tests of ckptmerge.render.report: exact plain-text rendering of plans and restore reports."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ckptmerge.planner import OptionError, SourceView, make_plan
-from ckptmerge.report import Report, render_plan, verdict
-from ckptmerge.rules import Rules
+from ckptmerge.planning.planner import OptionError, SourceView, make_plan
+from ckptmerge.render.report import Report, render_plan, verdict
+from ckptmerge.planning.rules import Rules
 from ckptmerge.specs import VariableInfo as V
 
 

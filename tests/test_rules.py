@@ -1,4 +1,4 @@
-"""Tests of ckptmerge.rules: pure rule objects on literal names (no TF, no files)."""
+"""Tests of ckptmerge.planning.rules: pure rule objects on literal names (no TF, no files)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptmerge.errors import RuleError
-from ckptmerge.rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule,
+from ckptmerge.planning.rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule,
                              did_you_mean_text, suggest)
 
 
@@ -469,7 +469,7 @@ def test_apply_on_a_large_checkpoint_maps_every_name():
 
 
 def test_dot_scopes_map_pytorch_names_like_slash_scopes():
-    from ckptmerge.rules import MapRule
+    from ckptmerge.planning.rules import MapRule
 
     rule = MapRule("encoder.", "encoder/")
     assert rule.is_scope and rule.rename("encoder.layer.0.weight") == "encoder/layer.0.weight"
@@ -479,7 +479,7 @@ def test_dot_scopes_map_pytorch_names_like_slash_scopes():
 
 
 def test_dot_scope_map_in_a_plan_of_safetensors_names():
-    from ckptmerge.planner import SourceView, make_plan
+    from ckptmerge.planning.planner import SourceView, make_plan
     from ckptmerge.specs import VariableInfo
 
     src = [VariableInfo("encoder.layer.0.weight", (2, 2), "float32"), VariableInfo("head.bias", (2,), "float32")]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ckptmerge.errors import CkptMergeError, RuleError
-from ckptmerge.transforms import (
+from ckptmerge.planning.transforms import (
     Slice,
     TransformError,
     VocabRemap,
@@ -521,7 +521,7 @@ def test_vocab_sizes_round_trip_through_to_dict():
 
 def test_transform_errors_escape_the_target_name():
     # a name from a downloaded config may hold control characters: one visible line, no raw newline
-    from ckptmerge.transforms import Slice, TransformError
+    from ckptmerge.planning.transforms import Slice, TransformError
 
     with pytest.raises(TransformError) as e:
         Slice("head/\nkernel\x1b[2J", axis=-1)

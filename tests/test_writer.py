@@ -21,7 +21,7 @@ import pytest
 
 from ckptmerge.errors import CheckpointFormatError, CkptMergeError
 from ckptmerge.errors import ArgumentError, ArgumentTypeError
-from ckptmerge.formats.writer import BundleWriter, CheckpointWriteError, OutputExistsError
+from ckptmerge.formats.tf.writer import BundleWriter, CheckpointWriteError, OutputExistsError
 from conftest import run_child
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_every_dtype_reads_back_bit_identical_with_tensorflow(tf, tmp_path):
 
 
 def test_entry_checksums_equal_tensorflows(tf, tmp_path):
-    from ckptmerge.formats.bundle import BundleReader
+    from ckptmerge.formats.tf.bundle import BundleReader
 
     tensors = all_dtypes()
     save_with_tf(tf, tmp_path / "tf", tensors)
@@ -190,7 +190,7 @@ def test_ckptmerge_reader_reads_every_dtype_back(tmp_path):
 
 
 def test_shards_split_at_max_shard_bytes(tf, tmp_path):
-    from ckptmerge.formats.bundle import BundleReader
+    from ckptmerge.formats.tf.bundle import BundleReader
 
     tensors = {f"t{i}": np.full(100, i, np.float32) for i in range(5)}  # 400 bytes each
     prefix = write(tmp_path / "ours", tensors, max_shard_bytes=900)
@@ -241,7 +241,7 @@ def test_add_raw_streams_chunks_into_the_same_bytes_as_add(tmp_path):
 
 
 def test_add_raw_with_a_matching_source_checksum_copies_a_tensor(tmp_path):
-    from ckptmerge.formats.bundle import BundleReader
+    from ckptmerge.formats.tf.bundle import BundleReader
 
     src = write(tmp_path / "src", {"v": np.arange(10, dtype=np.int64)})
     with BundleReader(src) as r:
@@ -411,7 +411,7 @@ def test_missing_parent_directories_are_created(tf, tmp_path):
 KILL_CHILD = textwrap.dedent("""
     import sys, time
     import numpy as np
-    from ckptmerge.formats.writer import BundleWriter
+    from ckptmerge.formats.tf.writer import BundleWriter
     w = BundleWriter(sys.argv[1])
     w.add("small", np.ones(3, np.float32))
     def chunks():
@@ -448,7 +448,7 @@ def test_sigkill_mid_write_leaves_no_checkpoint_and_the_next_writer_cleans_up(tf
 WRITE_AND_REPORT = """
     import json, sys
     import numpy as np
-    from ckptmerge.formats.writer import BundleWriter
+    from ckptmerge.formats.tf.writer import BundleWriter
     try:
         with BundleWriter(sys.argv[1]) as w:
             w.add("big", np.ones(1 << 18, np.float32))
@@ -506,7 +506,7 @@ def test_writer_does_not_import_tensorflow(tmp_path):
     res = run_child("""
         import json, sys
         import numpy as np
-        from ckptmerge.formats.writer import BundleWriter
+        from ckptmerge.formats.tf.writer import BundleWriter
         with BundleWriter(sys.argv[1]) as w:
             w.add("a", np.ones(2))
         print(json.dumps("tensorflow" in sys.modules))
@@ -539,7 +539,7 @@ def _source_file(tmp_path, value):
 def _masked_crc(value):
     import crc32c
 
-    from ckptmerge.formats.bundle import mask_crc
+    from ckptmerge.formats.tf.bundle import mask_crc
 
     return mask_crc(crc32c.crc32c(value.tobytes()))
 

@@ -33,12 +33,23 @@ import itertools
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 
-from .specs import VariableInfo
-from .text import plural, quote_name
+from ..specs import VariableInfo
+from ..text import plural, quote_name
 
 __all__ = ["Match", "Unresolved", "Alignment", "align", "tokens", "natural_key", "scope_entries",
            "ALIGN_MODES"]

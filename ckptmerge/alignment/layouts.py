@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .specs import KIND_BOOKKEEPING, VariableInfo
+from ..specs import KIND_BOOKKEEPING, VariableInfo
 
 __all__ = ["LayoutEntry", "Layout", "torch_layout", "LAYOUTS", "apply_entry"]
 

@@ -8,7 +8,7 @@ errors list one problem per line). Exit codes: 0 ok, 1 findings or differences, 
 input errors, 130 interrupted (Ctrl-C).
 
 The inspection commands (``ls``, ``show``, ``diff``, ``checkpoints``, ``check``,
-``plan --target``, ``suggest --target``, ``merge`` without ``--model``) never import TensorFlow; ``demo`` and
+``plan --target``, ``suggest --target``, ``merging`` without ``--model``) never import TensorFlow; ``demo`` and
 ``--model MODULE:FUNCTION`` do.
 
 Example:
@@ -23,7 +23,7 @@ import gc
 from typing import Optional, Sequence
 
 from . import inspect, suggest, workflow  # noqa: F401  (registers the commands)
-from ._common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
+from .common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
 from .inspect import max_abs_diff, tensor_stats, value_to_json
 
 __all__ = ["cli", "main", "CliError", "EXIT_ERROR", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "table", "max_abs_diff", "tensor_stats",

@@ -27,8 +27,6 @@ from ..errors import CkptMergeError, PlanError
 from ..jsonout import json_pieces
 from ..text import command_hint, escape_name, escape_text
 
-
-
 #: Exit code for findings (plan) or differences (diff).
 EXIT_FINDINGS = 1
 #: Exit code for usage and input errors.
@@ -41,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 # Elements per piece read by ls --stats and diff --values: their memory stays bounded whatever
 # the size of the tensors.
-_STATS_CHUNK = 1 << 20
+STATS_CHUNK = 1 << 20
 
 
 # ============================================================================================
@@ -68,10 +66,10 @@ class CliError(click.ClickException):
         if self.exit_code != EXIT_FINDINGS:
             return super().show(file)
         click.echo(f"Blocked: {self.format_message()}", err=True)
-        click.echo(_CONFIG_KEYS_HINT, err=True)
+        click.echo(CONFIG_KEYS_HINT, err=True)
 
 
-_CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-level keys: allow_missing, "
+CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-level keys: allow_missing, "
                      "on_conflict, on_shape_mismatch, cast, strict, verify (see docs/config.md).")
 
 
@@ -123,7 +121,7 @@ def _silence_stdout() -> None:
 # ============================================================================================
 
 
-def _shape(shape: Sequence[int]) -> str:
+def shape_text(shape: Sequence[int]) -> str:
     return _shape_text(shape) if type(shape) is tuple else str(tuple(shape))
 
 
@@ -194,7 +192,7 @@ def table_pieces(columns: Sequence[Sequence[str]], *, right: Sequence[int] = (),
 _JSON_PIECE = 1 << 16  # characters written at a time
 
 
-def _echo_json(data: Any, *, expand: int = 2) -> None:
+def echo_json(data: Any, *, expand: int = 2) -> None:
     """Print strict JSON (no NaN literals) that people can read too: the top levels one item
     per line, each record compact on its line (``expand=0``: all on one line). Written a piece
     at a time (see :mod:`ckptmerge.jsonout`): ``data`` may hold records made while writing."""
@@ -215,7 +213,7 @@ def _echo_json(data: Any, *, expand: int = 2) -> None:
 
 
 @dataclass
-class _Opened:
+class Opened:
     given: str
     step: Optional[int]
     prefix: str
@@ -229,17 +227,17 @@ class _Opened:
         return command_hint("ls", self.given, *(("--step", self.step) if self.step is not None else ()))
 
 
-def _open(path: str, step: Optional[int], *, verify: bool = True) -> _Opened:
-    from ..resolve import open_resolved
+def open_checkpoint_arg(path: str, step: Optional[int], *, verify: bool = True) -> Opened:
+    from ..sources.resolve import open_resolved
 
     resolved, reader = open_resolved(path, step=step, verify=verify)
-    return _Opened(path, step, resolved.prefix, resolved.note, reader)
+    return Opened(path, step, resolved.prefix, resolved.note, reader)
 
 
-_STEP = click.option("--step", type=click.IntRange(min=0), default=None, metavar="N",
+STEP_OPTION = click.option("--step", type=click.IntRange(min=0), default=None, metavar="N",
                      help="With a directory: the checkpoint of global step N (never another one).")
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of text.")
-_NO_VERIFY = click.option("--no-verify", "no_verify", is_flag=True,
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of text.")
+NO_VERIFY_OPTION = click.option("--no-verify", "no_verify", is_flag=True,
                           help="Read tensors even when their CRC32C checksum does not match (corrupt data).")
 
 
@@ -295,7 +293,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 
-def _stderr_is_tty() -> bool:
+def stderr_is_tty() -> bool:
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):

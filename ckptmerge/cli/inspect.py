@@ -26,26 +26,24 @@ import click
 from ..errors import UnreadableTensorError, did_you_mean
 from ..gcpause import paused_gc
 from ..jsonout import Records
-from ..patterns import PatternError, UserPattern, compile_pattern
+from ..planning.patterns import PatternError, UserPattern, compile_pattern
 from ..specs import KIND_VARIABLE, VariableInfo, model_variables
 from ..text import escape_name, human_bytes, plural, quote_name
-from ._common import (
-    CliError,
+from .common import (
     EXIT_FINDINGS,
-    _JSON,
-    _NO_VERIFY,
-    _Opened,
-    _STATS_CHUNK,
-    _STEP,
-    _echo_json,
-    _open,
-    _shape,
+    JSON_OPTION,
+    NO_VERIFY_OPTION,
+    STATS_CHUNK,
+    STEP_OPTION,
+    CliError,
+    Opened,
     cli,
+    echo_json,
+    open_checkpoint_arg,
+    shape_text,
     table,
     table_pieces,
 )
-
-
 
 # ============================================================================================
 # ls
@@ -121,8 +119,8 @@ def chunk_stats(chunks: Iterable[Any], dtype: str) -> Optional[Dict[str, Any]]:
     shift = None  # subtract the first finite value: a stable one-pass variance
     for piece in chunks:
         flat = np.asarray(piece).reshape(-1)
-        for start in range(0, flat.size, _STATS_CHUNK):
-            chunk = flat[start:start + _STATS_CHUNK].astype(np.float64)
+        for start in range(0, flat.size, STATS_CHUNK):
+            chunk = flat[start:start + STATS_CHUNK].astype(np.float64)
             if kind == "float":
                 nan = np.isnan(chunk)
                 inf = np.isinf(chunk)
@@ -201,7 +199,7 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
             else:
                 v = obj
                 row = [f"{indent}{name}"] + ([v.kind] if show_kind else []) + [
-                    v.dtype, _shape(v.shape), human_bytes(v.nbytes)]
+                    v.dtype, shape_text(v.shape), human_bytes(v.nbytes)]
                 if stats is not None:
                     row += _stats_cells(stats.get(v.name))
                 rows.append(row)
@@ -212,7 +210,7 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
 
 @cli.command("ls", short_help="List a checkpoint's variables: name, dtype, shape, size.")
 @click.argument("path")
-@_STEP
+@STEP_OPTION
 @click.option("--match", "globs", multiple=True, metavar="GLOB",
               help="Only names (or raw keys) matching this glob, e.g. 'enc*/kernel'. Repeatable.")
 @click.option("--regex", metavar="RE", help="Only names (or raw keys) in which this regex (RE2 syntax: linear time) is found.")
@@ -222,8 +220,8 @@ def _tree_rows(infos: Sequence[VariableInfo], *, by_size: bool, show_kind: bool,
 @click.option("--stats", is_flag=True, help="Add min/max/mean/std and NaN/Inf counts (reads the values).")
 @click.option("--sort", type=click.Choice(["name", "size"]), default="name", show_default=True,
               help="Order by name, or by size (largest first).")
-@_NO_VERIFY
-@_JSON
+@NO_VERIFY_OPTION
+@JSON_OPTION
 def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Optional[str], tree: bool,
                show_all: bool, stats: bool, sort: str, no_verify: bool, as_json: bool) -> None:
     """List the variables of the checkpoint at PATH: name, dtype, shape, size.
@@ -235,7 +233,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
     finite values, nan, inf; null for non-numeric tensors). --tree does not apply to --json.
     """
     pattern = _compile_regex(regex)
-    opened = _open(path, step, verify=not no_verify)
+    opened = open_checkpoint_arg(path, step, verify=not no_verify)
     with opened.reader as reader:
         everything = reader.variables()
         pool = everything if show_all else model_variables(everything)
@@ -245,7 +243,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
         values_stats: Optional[Dict[str, Optional[Dict[str, Any]]]] = None
         if stats:
             # piece by piece: memory for one piece, whatever the size of the tensor
-            values_stats = {v.name: (chunk_stats(reader.iter_chunks(v.name, _STATS_CHUNK), v.dtype)
+            values_stats = {v.name: (chunk_stats(reader.iter_chunks(v.name, STATS_CHUNK), v.dtype)
                                      if _numeric_kind(v.dtype) else None) for v in shown}
     if as_json:
         def record(v: VariableInfo) -> Dict[str, Any]:
@@ -253,7 +251,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
             if values_stats is not None:
                 d["stats"] = values_stats[v.name]
             return d
-        _echo_json(Records(map(record, shown)), expand=1)  # (made while written)
+        echo_json(Records(map(record, shown)), expand=1)  # (made while written)
         return
 
     click.echo(opened.header())
@@ -266,7 +264,7 @@ def ls_command(path: str, step: Optional[int], globs: Tuple[str, ...], regex: Op
     elif shown:  # column by column, printed a piece at a time (see table_pieces)
         header = ["NAME"] + (["KIND"] if show_all else []) + ["DTYPE", "SHAPE", "SIZE"]
         columns = [list(map(_NAME, shown))] + ([[v.kind for v in shown]] if show_all else []) + [
-            list(map(_DTYPE, shown)), [_shape(v.shape) for v in shown], [_size_text(v.nbytes) for v in shown]]
+            list(map(_DTYPE, shown)), [shape_text(v.shape) for v in shown], [_size_text(v.nbytes) for v in shown]]
         size_col = len(header) - 1
         if values_stats is not None:
             header += _STATS_HEADER
@@ -346,7 +344,7 @@ def value_to_json(value: Any, dtype: str) -> Any:
     return out if np.isfinite(as_float).all() else _map_nested(out, _finite_or_text)
 
 
-def _unknown_name(opened: _Opened, name: str) -> CliError:
+def _unknown_name(opened: Opened, name: str) -> CliError:
     infos = opened.reader.variables()
     n_vars = sum(1 for v in infos if v.kind == KIND_VARIABLE)
     candidates = [v.name for v in infos] + [v.raw_key for v in infos if v.raw_key != v.name]
@@ -360,9 +358,9 @@ def _unknown_name(opened: _Opened, name: str) -> CliError:
 @cli.command("show", short_help="Print one tensor's values.")
 @click.argument("path")
 @click.argument("name")
-@_STEP
-@_NO_VERIFY
-@_JSON
+@STEP_OPTION
+@NO_VERIFY_OPTION
+@JSON_OPTION
 def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_json: bool) -> None:
     """Print the values of tensor NAME of the checkpoint at PATH.
 
@@ -374,17 +372,17 @@ def show_command(path: str, name: str, step: Optional[int], no_verify: bool, as_
     """
     import numpy as np
 
-    opened = _open(path, step, verify=not no_verify)
+    opened = open_checkpoint_arg(path, step, verify=not no_verify)
     with opened.reader as reader:
         if name not in reader:
             raise _unknown_name(opened, name)
         info = reader.info(name)
         value = reader.get(info.name)
     if as_json:
-        _echo_json({"name": info.name, "key": info.raw_key, "kind": info.kind, "dtype": info.dtype,
+        echo_json({"name": info.name, "key": info.raw_key, "kind": info.kind, "dtype": info.dtype,
                     "shape": list(info.shape), "value": value_to_json(value, info.dtype)}, expand=0)
         return
-    head = f"{info.name}  {info.dtype}  {_shape(info.shape)}  {human_bytes(info.nbytes)}"
+    head = f"{info.name}  {info.dtype}  {shape_text(info.shape)}  {human_bytes(info.nbytes)}"
     if info.raw_key != info.name:
         head += f"  key={info.raw_key}"
     click.echo(escape_name(head))
@@ -481,11 +479,11 @@ def _paired(xs: Iterable[Any], ys: Iterable[Any]) -> Iterator[Tuple[Any, Any]]:
 
 def _compare_values(ra: Any, rb: Any, name: str) -> Tuple[Optional[float], bool]:
     """``(max abs diff, equal)`` of tensor ``name`` in readers ``ra`` and ``rb`` (same shape),
-    read in pieces of at most ``_STATS_CHUNK`` elements: memory for two pieces, whatever the
+    read in pieces of at most ``STATS_CHUNK`` elements: memory for two pieces, whatever the
     tensor's size. See :func:`max_abs_diff`; strings have no difference (``None``)."""
     worst: Optional[float] = 0.0
     equal = True
-    for xa, xb in _paired(ra.iter_chunks(name, _STATS_CHUNK), rb.iter_chunks(name, _STATS_CHUNK)):
+    for xa, xb in _paired(ra.iter_chunks(name, STATS_CHUNK), rb.iter_chunks(name, STATS_CHUNK)):
         d = max_abs_diff(xa, xb)
         if d is None:
             worst = None
@@ -502,8 +500,8 @@ def _compare_values(ra: Any, rb: Any, name: str) -> Tuple[Optional[float], bool]
 @click.option("--step-b", type=click.IntRange(min=0), default=None, metavar="N", help="Step of B (a directory).")
 @click.option("--values", is_flag=True, help="Also compare values: max absolute difference per common tensor.")
 @click.option("--all", "show_all", is_flag=True, help="Include optimizer state and bookkeeping.")
-@_NO_VERIFY
-@_JSON
+@NO_VERIFY_OPTION
+@JSON_OPTION
 def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], values: bool, show_all: bool,
                  no_verify: bool, as_json: bool) -> None:
     """Compare the checkpoints A and B: names only in A, only in B, shape/dtype differences.
@@ -517,9 +515,9 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     the string "nan" when NaN faces a number) and not_compared: the names of tensors without
     values ckptmerge can read (e.g. HDF5 compound or reference datasets, listed as hdf5-*).
     """
-    oa = _open(a, step_a, verify=not no_verify)
+    oa = open_checkpoint_arg(a, step_a, verify=not no_verify)
     try:
-        ob = _open(b, step_b, verify=not no_verify)
+        ob = open_checkpoint_arg(b, step_b, verify=not no_verify)
     except BaseException:
         oa.reader.close()
         raise
@@ -545,7 +543,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     equal = not (only_a or only_b or mismatched or value_diffs)
 
     if as_json:
-        _echo_json({
+        echo_json({
             "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": Records(map(_NAME, only_a)),
             "only_in_b": Records(map(_NAME, only_b)),
             "mismatched": [{"name": x.name, "a": {"dtype": x.dtype, "shape": list(x.shape)},
@@ -570,13 +568,13 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     def listing(title: str, infos: List[VariableInfo]) -> None:
         if infos:
             click.echo(f"{title} ({len(infos)}):")
-            columns = [list(map(_NAME, infos)), list(map(_DTYPE, infos)), [_shape(v.shape) for v in infos]]
+            columns = [list(map(_NAME, infos)), list(map(_DTYPE, infos)), [shape_text(v.shape) for v in infos]]
             for piece in table_pieces(columns, indent="  "):
                 click.echo(piece)
 
     listing("Only in A", only_a)
     listing("Only in B", only_b)
-    section("Shape/dtype differ", [f"{x.name}: A {x.dtype} {_shape(x.shape)}, B {y.dtype} {_shape(y.shape)}"
+    section("Shape/dtype differ", [f"{x.name}: A {x.dtype} {shape_text(x.shape)}, B {y.dtype} {shape_text(y.shape)}"
                                    for x, y in mismatched])
     section("Values differ", [
         f"{c['name']}: " + ("strings differ" if c["max_abs_diff"] is None else f"max abs diff {c['max_abs_diff']:.6g}")
@@ -642,7 +640,7 @@ def _local_iso(t: float) -> str:
 
 @cli.command("checkpoints", short_help="List the checkpoints of a training directory.")
 @click.argument("directory", metavar="DIR")
-@_JSON
+@JSON_OPTION
 def checkpoints_command(directory: str, as_json: bool) -> None:
     """List every checkpoint in the training directory DIR: step, time, size, latest.
 
@@ -650,7 +648,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
     Times are local, ISO 8601. --json prints a list of objects with name (relative to DIR),
     path, step, time (epoch seconds), time_iso, size (bytes) and latest.
     """
-    from ..resolve import checkpoints
+    from ..sources.resolve import checkpoints
 
     infos = checkpoints(directory)
     base = os.path.abspath(directory)
@@ -662,7 +660,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
             return p
 
     if as_json:
-        _echo_json([{"name": rel(c.path), "path": c.path, "step": c.step, "time": c.time,
+        echo_json([{"name": rel(c.path), "path": c.path, "step": c.step, "time": c.time,
                      "time_iso": _local_iso(c.time), "size": c.size, "latest": c.latest} for c in infos],
                    expand=1)
         return
@@ -673,7 +671,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
              human_bytes(c.size), rel(c.path)] for c in infos]
     total = f"{plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
     if not any(c.latest for c in infos):
-        from ..resolve import read_state_file
+        from ..sources.resolve import read_state_file
 
         state = read_state_file(directory)
         named = state.model_checkpoint_path if state is not None else None

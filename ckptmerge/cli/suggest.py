@@ -7,8 +7,8 @@ from typing import Optional, Sequence
 import click
 
 from ..text import command_hint, escape_name, quote_name, quoted_command
-from ._common import EXIT_FINDINGS, CliError, _JSON, _echo_json, cli
-from .workflow import _checkpoint_specs, _model_target
+from .common import EXIT_FINDINGS, JSON_OPTION, CliError, cli, echo_json
+from .workflow import checkpoint_specs, model_target
 
 
 @cli.command("suggest", short_help="Propose a map for names that differ (by structure).")
@@ -19,7 +19,7 @@ from .workflow import _checkpoint_specs, _model_target
               help="A function that builds the target model (imports TensorFlow); MODULE may be a path/to/file.py.")
 @click.option("-o", "--output", "output", metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the proposed map as a config file (YAML) that 'ckptmerge plan' uses as it is.")
-@_JSON
+@JSON_OPTION
 def suggest_command(sources: Sequence[str], target_path: Optional[str], model_spec: Optional[str],
                     output: Optional[str], as_json: bool) -> None:
     """Propose a map from each SOURCE checkpoint to a target whose names differ wholesale.
@@ -35,8 +35,8 @@ def suggest_command(sources: Sequence[str], target_path: Optional[str], model_sp
 
     if (target_path is None) == (model_spec is None):
         raise CliError("pass exactly one of --target PATH (a checkpoint) or --model MODULE:FUNCTION.")
-    target = (_model_target(model_spec) if model_spec is not None
-              else _checkpoint_specs(target_path, None, "--target"))
+    target = (model_target(model_spec) if model_spec is not None
+              else checkpoint_specs(target_path, None, "--target"))
     suggestion = suggest(target, list(sources))
     if output is not None:
         try:
@@ -44,7 +44,7 @@ def suggest_command(sources: Sequence[str], target_path: Optional[str], model_sp
         except OSError as e:
             raise CliError(f"cannot write {quote_name(output)}: {e.strerror or e}. Pick another -o FILE.") from None
     if as_json:
-        _echo_json(suggestion.to_dict())
+        echo_json(suggestion.to_dict())
     else:
         click.echo(suggestion.report())
         if output is not None:

@@ -22,18 +22,16 @@ import click
 from ..errors import CkptMergeError, PlanError, did_you_mean
 from ..specs import VariableInfo
 from ..text import escape_name, human_bytes, plural, quote_name
-from ._common import (
-    CliError,
+from .common import (
+    CONFIG_KEYS_HINT,
     EXIT_FINDINGS,
-    _CONFIG_KEYS_HINT,
-    _JSON,
-    _echo_json,
-    _stderr_is_tty,
+    JSON_OPTION,
+    CliError,
     cli,
+    echo_json,
     logger,
+    stderr_is_tty,
 )
-
-
 
 # ============================================================================================
 # demo
@@ -83,7 +81,7 @@ def demo_command(workdir: Optional[str]) -> None:
 
 
 def _load_config(path: str) -> Any:
-    from ..config import load_config
+    from ..config.load import load_config
 
     return load_config(path)
 
@@ -180,7 +178,7 @@ def _verbose() -> bool:
     return bool(root is not None and root.params.get("verbose"))
 
 
-def _model_target(spec: str) -> Any:
+def model_target(spec: str) -> Any:
     """Import and call the --model function; returns what it built (imports TensorFlow)."""
     _quiet_tensorflow()
     with _tf_startup_silenced(_verbose()):
@@ -199,9 +197,9 @@ def _model_target(spec: str) -> Any:
                        "traceback)") from None
     import tensorflow as tf
 
-    from ..targets import _is_keras_object
+    from ..restoring.targets import is_keras_object
 
-    ok = (_is_keras_object(target) or isinstance(target, tf.Module)
+    ok = (is_keras_object(target) or isinstance(target, tf.Module)
           or (isinstance(target, (list, tuple, dict)) and bool(target)))
     if not ok:
         kind = type(target).__name__
@@ -211,7 +209,7 @@ def _model_target(spec: str) -> Any:
     return target
 
 
-def _checkpoint_specs(path: str, step: Optional[int], what: str) -> List[VariableInfo]:
+def checkpoint_specs(path: str, step: Optional[int], what: str) -> List[VariableInfo]:
     from ..api import list_variables
 
     specs = list_variables(path, step=step, optimizer=False)
@@ -241,7 +239,7 @@ def _blocking(plan: Any, strict: bool) -> List[str]:
               help="A function that builds the target model (imports TensorFlow); MODULE may be "
                    "a path/to/file.py.")
 @click.option("--all", "show_all", is_flag=True, help="Show every line of each section (no '... and N more').")
-@_JSON
+@JSON_OPTION
 def plan_command(config: str, target_path: Optional[str], target_step: Optional[int], model_spec: Optional[str],
                  show_all: bool, as_json: bool) -> None:
     """Dry run: show what the config CONFIG would restore into a target, and every finding.
@@ -261,11 +259,11 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     cfg = _load_config(config)
     sources = cfg.make_sources()
     if model_spec is not None:
-        target = _model_target(model_spec)
+        target = model_target(model_spec)
     elif target_path is not None:
-        target = _checkpoint_specs(target_path, target_step, "--target")
+        target = checkpoint_specs(target_path, target_step, "--target")
     elif cfg.target is not None:
-        target = _checkpoint_specs(cfg.target, None, "The config's 'target'")
+        target = checkpoint_specs(cfg.target, None, "The config's 'target'")
     else:
         raise CliError(f"no target to plan against: pass --target PATH (a checkpoint) or --model "
                        f"MODULE:FUNCTION, or set 'target: PATH' in {quote_name(config)}.")
@@ -273,7 +271,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     try:
         blocking = _blocking(plan, cfg.strict)
         if as_json:
-            _echo_json(plan.to_dict(lazy=True))  # (written a piece at a time)
+            echo_json(plan.to_dict(lazy=True))  # (written a piece at a time)
         else:
             click.echo(plan.report(limit=None if show_all else 50))
             if not cfg.strict:
@@ -284,7 +282,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         _close_plan(plan)
     if blocking:
         if not as_json:
-            click.echo(_CONFIG_KEYS_HINT, err=True)
+            click.echo(CONFIG_KEYS_HINT, err=True)
         raise SystemExit(EXIT_FINDINGS)
 
 
@@ -339,7 +337,7 @@ class _ProgressBar:
 @click.option("--format", "out_format", type=click.Choice(["tf", "safetensors"]), default=None,
               help="Output format (default: safetensors when OUT_PREFIX ends with .safetensors, else a TF "
                    "checkpoint).")
-@_JSON
+@JSON_OPTION
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
                   out_format: Optional[str], as_json: bool) -> None:
@@ -356,7 +354,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     """
     if template_path is not None and model_spec is not None:
         raise CliError("pass either --template PATH or --model MODULE:FUNCTION, not both.")
-    from ..offline import merge
+    from ..merging.dispatch import merge
 
     cfg = _load_config(config)
     out = out_prefix if out_prefix is not None else cfg.output
@@ -365,10 +363,10 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     sources = cfg.make_sources()
     template: Any = template_path
     if model_spec is not None:
-        from ..targets import collect_targets
+        from ..restoring.targets import collect_targets
 
-        template = list(collect_targets(_model_target(model_spec)).infos)
-    progress = _ProgressBar("Merging") if (not quiet and not as_json and _stderr_is_tty()) else None
+        template = list(collect_targets(model_target(model_spec)).infos)
+    progress = _ProgressBar("Merging") if (not quiet and not as_json and stderr_is_tty()) else None
     options = dict(cfg.plan_options)
     try:
         report = merge(sources, out, template=template, allow_missing=options.get("allow_missing", ()),
@@ -380,7 +378,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     except PlanError as e:
         if dry_run and e.plan is not None:  # a dry run is for reading the findings: show them all
             if as_json:
-                _echo_json(e.plan.to_dict(lazy=True))
+                echo_json(e.plan.to_dict(lazy=True))
             else:
                 click.echo(e.plan.report())
         raise
@@ -388,7 +386,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
         if progress is not None:
             progress.close()
     if as_json:
-        _echo_json(report.to_dict(lazy=True))
+        echo_json(report.to_dict(lazy=True))
     elif quiet:
         click.echo(report.summary())
     else:

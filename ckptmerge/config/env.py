@@ -1,6 +1,6 @@
 """Environment variables and paths in a config: ``$VAR`` / ``${VAR}`` expansion and resolution.
 
-``$$`` is a literal ``$``; :func:`_escape` is the inverse used when a config is written back.
+``$$`` is a literal ``$``; :func:`escape_dollars` is the inverse used when a config is written back.
 Remote URLs (``gs://``, ``s3://``) are neither checked nor resolved.
 """
 
@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 from typing import List, Mapping, Optional, Tuple
 
-from .config_problems import _IDENT, _q
+from ..text import quote_name
+from .problems import IDENT
 
 
-def _escape(path: str) -> str:
+def escape_dollars(path: str) -> str:
     """Undo env expansion for a round trip: a literal ``$`` is written ``$$``."""
     return path.replace("$", "$$")
 
 
-def _expand(value: str, env: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
+def expand(value: str, env: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
     """Expand ``$VAR`` and ``${VAR}`` (``$$`` is a literal ``$``); return (result, problem)."""
     out: List[str] = []
     unset: List[str] = []
@@ -36,14 +37,14 @@ def _expand(value: str, env: Mapping[str, str]) -> Tuple[Optional[str], Optional
         if nxt == "{":
             j = value.find("}", i + 2)
             if j < 0:
-                return None, f"unterminated '${{' in {_q(value)} (write '$$' for a literal '$')."
+                return None, f"unterminated '${{' in {quote_name(value)} (write '$$' for a literal '$')."
             name = value[i + 2:j]
-            if not _IDENT.fullmatch(name):
-                return None, (f"invalid environment variable name {_q(name)} in {_q(value)} "
+            if not IDENT.fullmatch(name):
+                return None, (f"invalid environment variable name {quote_name(name)} in {quote_name(value)} "
                               "(write '$$' for a literal '$').")
             i = j + 1
         else:
-            m = _IDENT.match(value, i + 1)
+            m = IDENT.match(value, i + 1)
             if not m:  # '$' before something that cannot start a name: a literal '$'
                 out.append("$")
                 i += 1
@@ -55,19 +56,19 @@ def _expand(value: str, env: Mapping[str, str]) -> Tuple[Optional[str], Optional
         elif name not in unset:
             unset.append(name)
     if unset:
-        names = " and ".join(_q(u) for u in unset)
+        names = " and ".join(quote_name(u) for u in unset)
         verb = "is" if len(unset) == 1 else "are"
         return None, (f"environment variable{'s' if len(unset) > 1 else ''} {names} {verb} not set "
-                      f"(used in {_q(value)}).")
+                      f"(used in {quote_name(value)}).")
     return "".join(out), None
 
 
-def _is_remote(path: str) -> bool:
+def is_remote(path: str) -> bool:
     return "://" in path  # gs://, s3://, hdfs://: not checked, not resolved
 
 
-def _resolve(path: str, base: str) -> str:
-    if _is_remote(path):
+def resolve_path(path: str, base: str) -> str:
+    if is_remote(path):
         return path
     path = os.path.expanduser(path)
     if not os.path.isabs(path):

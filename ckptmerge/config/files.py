@@ -15,8 +15,9 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
-from .config_problems import KeyPath, Locator, _fail, _map_locator, _q
-from .localfile import NotARegularFileError, read_regular_file
+from ..formats.io.localfile import NotARegularFileError, read_regular_file
+from ..text import quote_name
+from .problems import KeyPath, Locator, fail, map_locator
 
 #: The largest config file read (16 MiB): a config is a few hundred lines; anything larger, or
 #: a device such as ``/dev/zero``, is refused before it can fill memory.
@@ -86,19 +87,19 @@ def _parse_yaml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tu
             _walk_yaml(node, values, keys, dups)
         data = loader.construct_document(node) if node is not None else None
     except _Refused as e:
-        raise _fail(file, f"{label}:{e.line}: {e.message}") from None
+        raise fail(file, f"{label}:{e.line}: {e.message}") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark is not None else label
         what = e.problem or e.context or "syntax error"
         if e.context and e.problem and e.context_mark is not None:
             what += f" ({e.context} at line {e.context_mark.line + 1})"
-        raise _fail(file, f"{where}: invalid YAML: {what}") from None
+        raise fail(file, f"{where}: invalid YAML: {what}") from None
     except yaml.YAMLError as e:
-        raise _fail(file, f"{label}: invalid YAML: {e}") from None
+        raise fail(file, f"{label}: invalid YAML: {e}") from None
     finally:
         loader.dispose()
-    return data, _map_locator(values, keys), dups
+    return data, map_locator(values, keys), dups
 
 
 def _check_yaml_expansion(root: Any, limit: int) -> None:
@@ -196,7 +197,7 @@ def _check_nesting(text: str, label: str, file: str) -> None:
             depth += 1
             if depth > MAX_NESTING:
                 e = _too_deep(text.count("\n", 0, m.start()) + 1)
-                raise _fail(file, f"{label}:{e.line}: {e.message}")
+                raise fail(file, f"{label}:{e.line}: {e.message}")
         elif c == "]" or c == "}":
             depth = max(0, depth - 1)
 
@@ -206,9 +207,9 @@ def _parse_json(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tu
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _fail(file, f"{label}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
+        raise fail(file, f"{label}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     values, keys, dups = _json_positions(text)
-    return data, _map_locator(values, keys), dups
+    return data, map_locator(values, keys), dups
 
 
 def _json_positions(text: str) -> Tuple[Dict[KeyPath, int], Dict[KeyPath, int], List[Tuple[KeyPath, str, int, int]]]:
@@ -288,7 +289,7 @@ def _parse_toml(text: str, label: str, file: str) -> Tuple[Any, Locator, List[Tu
         else:
             msg = re.sub(r"\s*\(at end of document\)$", " (at the end of the file)", msg)
             where = label
-        raise _fail(file, f"{where}: invalid TOML: {msg}") from None
+        raise fail(file, f"{where}: invalid TOML: {msg}") from None
     return data, _TomlLocator(text).locate, []
 
 
@@ -397,18 +398,18 @@ def parse_config_file(file: str, label: str) -> Tuple[Any, Locator, List[Tuple[K
     """
     ext = os.path.splitext(file)[1].lower()
     if ext not in _FORMATS:
-        raise _fail(file, f"{label}: unsupported config file extension {_q(ext or '(none)')}; "
+        raise fail(file, f"{label}: unsupported config file extension {quote_name(ext or '(none)')}; "
                           "expected .yaml, .yml, .toml or .json")
     try:
         raw = read_regular_file(file, limit=MAX_CONFIG_BYTES)
     except FileNotFoundError:
-        raise _fail(file, f"{label}: config file not found: {_q(os.path.abspath(file))}") from None
+        raise fail(file, f"{label}: config file not found: {quote_name(os.path.abspath(file))}") from None
     except NotARegularFileError as e:
-        raise _fail(file, f"{label}: {e.reason}; expected a .yaml, .yml, .toml or .json file") from None
+        raise fail(file, f"{label}: {e.reason}; expected a .yaml, .yml, .toml or .json file") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        raise _fail(file, f"{label}:{line}: the file is not valid UTF-8") from None
+        raise fail(file, f"{label}:{line}: the file is not valid UTF-8") from None
     parse = {"yaml": _parse_yaml, "toml": _parse_toml, "json": _parse_json}[_FORMATS[ext]]
     return parse(text, label, file)

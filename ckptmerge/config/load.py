@@ -12,14 +12,14 @@ aliases may not expand a file beyond a size proportional to it.
 
 A :class:`Config` maps one to one onto the Python API: :meth:`Config.source_kwargs` gives the
 keyword arguments of each ``ckptmerge.Source`` and :attr:`Config.plan_options` those of
-``ckptmerge.planner``. Nothing here reads checkpoints or imports TensorFlow; vocabulary files are
+``ckptmerge.planning.planner``. Nothing here reads checkpoints or imports TensorFlow; vocabulary files are
 read (they are small and part of the config's meaning).
 
-The work is split by idea, each module importing only those below it: ``config_problems``
-(key paths, line locators and the wording of problems), ``config_env`` (``$VAR`` expansion
-and path resolution), ``config_model`` (:class:`Config`, :class:`SourceConfig`),
-``config_files`` (reading and parsing files within the safety limits) and ``config_schema``
-(validation). This module is the front door and re-exports the public names.
+The work is split by idea, each module importing only those below it: ``problems``
+(key paths, line locators and the wording of problems), ``env`` (``$VAR`` expansion
+and path resolution), ``model`` (:class:`Config`, :class:`SourceConfig`),
+``files`` (reading and parsing files within the safety limits) and ``schema``
+(validation). This module is the front door; :mod:`ckptmerge.config` re-exports its public names.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ import logging
 import os
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
-from .config_files import MAX_CONFIG_BYTES, MAX_NESTING, parse_config_file
-from .config_model import Config, SourceConfig
-from .config_problems import KeyPath, Locator, _fail, _no_lines, _Problems, _show
-from .config_schema import (
+from ..errors import ConfigError
+from .files import MAX_CONFIG_BYTES, MAX_NESTING, parse_config_file
+from .model import Config, SourceConfig
+from .problems import KeyPath, Locator, Problems, fail, no_lines, show
+from .schema import (
     SLICE_KEYS,
     SOURCE_KEYS,
     TOP_LEVEL_KEYS,
     VOCAB_KEYS,
-    _build,
-    _Ctx,
-    _report_duplicates,
+    Context,
+    build,
+    report_duplicates,
 )
-from .errors import ConfigError
 
 __all__ = [
     "Config",
@@ -93,7 +93,7 @@ def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], 
         file: Optional[str] = None
         label: Optional[str] = None
         data: Any = path_or_dict
-        locate: Locator = _no_lines
+        locate: Locator = no_lines
         dups: List[Tuple[KeyPath, str, int, int]] = []
         base = os.path.abspath(os.fspath(base_dir)) if base_dir is not None else os.getcwd()
         base_label = "base_dir" if base_dir is not None else "the current directory"
@@ -109,12 +109,12 @@ def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], 
             base_label = "the config file's folder"
     else:
         raise ConfigError("load_config expects a path to a .yaml, .yml, .toml or .json file, or a dict; "
-                          f"received {_show(path_or_dict)}.")
-    ctx = _Ctx(_Problems(label, locate), base, base_label, env)
-    _report_duplicates(dups, ctx)
-    cfg = _build(data, file, ctx)
+                          f"received {show(path_or_dict)}.")
+    ctx = Context(Problems(label, locate), base, base_label, env)
+    report_duplicates(dups, ctx)
+    cfg = build(data, file, ctx)
     ctx.problems.raise_if_any(file)
-    if cfg is None:  # pragma: no cover - _build returns None only after reporting a problem
-        raise _fail(file, "the config could not be read")
+    if cfg is None:  # pragma: no cover - build returns None only after reporting a problem
+        raise fail(file, "the config could not be read")
     logger.debug("loaded config %s: %d source(s)", file or "<dict>", len(cfg.sources))
     return cfg

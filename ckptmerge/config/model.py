@@ -1,7 +1,7 @@
 """The validated config: :class:`Config` and its :class:`SourceConfig` entries.
 
 They map one to one onto the Python API (``ckptmerge.Source`` keyword arguments and the
-options of ``ckptmerge.planner``) and back to plain data with ``to_dict``. Built by
+options of ``ckptmerge.planning.planner``) and back to plain data with ``to_dict``. Built by
 :func:`ckptmerge.config.load_config`.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
-from .config_env import _escape
-from .transforms import Slice, VocabRemap
+from ..planning.transforms import Slice, VocabRemap
+from .env import escape_dollars
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class SourceConfig:
         out: Dict[str, Any] = {}
         if self.name is not None:
             out["name"] = self.name
-        out["path"] = _escape(self.path)
+        out["path"] = escape_dollars(self.path)
         if self.step is not None:
             out["step"] = self.step
         if self.map is not None:
@@ -105,7 +105,7 @@ def _vocab_to_dict(v: VocabRemap) -> Dict[str, Any]:
     data.pop("kind")
     for key in ("old_vocab", "new_vocab"):  # paths are written back with $ escaped
         if isinstance(data[key], str):
-            data[key] = _escape(data[key])
+            data[key] = escape_dollars(data[key])
     out.update(data)
     return out
 
@@ -118,7 +118,7 @@ class Config:
         path: the config file as given (``None`` for a dict). Not compared: the same config in
             YAML, TOML and JSON gives equal objects.
         sources: one :class:`SourceConfig` per entry of ``sources``, in order (= priority).
-        plan_options: keyword arguments of ``ckptmerge.planner``: ``allow_missing`` (list),
+        plan_options: keyword arguments of ``ckptmerge.planning.planner``: ``allow_missing`` (list),
             ``on_conflict``, ``on_shape_mismatch``, ``cast``, ``verify``.
         strict: whether findings other than ``unused`` stop the restore (default ``True``).
         target: a checkpoint used as the dry-run target by ``ckptmerge plan`` (absolute path).
@@ -156,7 +156,7 @@ class Config:
             >>> [src.label for src in cfg.make_sources()]
             ['base']
         """
-        from .source import Source
+        from ..sources.source import Source
 
         return [Source(**kw) for kw in self.source_kwargs()]
 
@@ -178,7 +178,7 @@ class Config:
                 out[k] = opts[k]
         out["strict"] = self.strict
         if self.target is not None:
-            out["target"] = _escape(self.target)
+            out["target"] = escape_dollars(self.target)
         if self.output is not None:
-            out["output"] = _escape(self.output)
+            out["output"] = escape_dollars(self.output)
         return out

@@ -1,8 +1,8 @@
 """Where a config problem is and how it is worded: key paths, line locators, ``FILE:LINE`` lines.
 
-Shared by :mod:`ckptmerge.config_files` (syntax errors and refused documents) and
-:mod:`ckptmerge.config_schema` (validation). Values from an untrusted file are shown short
-(:func:`_show`), and every problem line is escaped before it reaches a terminal.
+Shared by :mod:`ckptmerge.config.files` (syntax errors and refused documents) and
+:mod:`ckptmerge.config.schema` (validation). Values from an untrusted file are shown short
+(:func:`show`), and every problem line is escaped before it reaches a terminal.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import re
 import reprlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from .errors import ConfigError
-from .text import escape_name
+from ..errors import ConfigError
+from ..text import escape_name
 
 KeyPath = Tuple[Union[str, int], ...]
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _keypath(path: KeyPath) -> str:
@@ -25,7 +25,7 @@ def _keypath(path: KeyPath) -> str:
     for p in path:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif _IDENT.fullmatch(p):
+        elif IDENT.fullmatch(p):
             out += ("." if out else "") + p
         else:
             out += f"['{p}']"
@@ -35,11 +35,11 @@ def _keypath(path: KeyPath) -> str:
 Locator = Callable[[KeyPath, bool], Optional[int]]
 
 
-def _no_lines(path: KeyPath, key: bool) -> Optional[int]:
+def no_lines(path: KeyPath, key: bool) -> Optional[int]:
     return None
 
 
-def _map_locator(values: Dict[KeyPath, int], keys: Dict[KeyPath, int]) -> Locator:
+def map_locator(values: Dict[KeyPath, int], keys: Dict[KeyPath, int]) -> Locator:
     """Exact line of a key or value; else the line of the nearest enclosing value."""
     def locate(path: KeyPath, key: bool) -> Optional[int]:
         if key and path in keys:
@@ -53,7 +53,7 @@ def _map_locator(values: Dict[KeyPath, int], keys: Dict[KeyPath, int]) -> Locato
     return locate
 
 
-class _Problems:
+class Problems:
     """Collects problems as ``FILE:LINE KEYPATH: message`` lines."""
 
     def __init__(self, label: Optional[str], locate: Locator) -> None:
@@ -94,7 +94,7 @@ class _Problems:
         raise ConfigError(message, path=file, problems=lines)
 
 
-def _fail(file: Optional[str], problem: str) -> ConfigError:
+def fail(file: Optional[str], problem: str) -> ConfigError:
     where = escape_name(file) if file is not None else "the config"
     return ConfigError(f"1 problem in {where}:\n  {escape_name(problem)}", path=file, problems=[problem])
 
@@ -138,7 +138,7 @@ _SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = 10
 _SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
 
 
-def _show(v: Any) -> str:
+def show(v: Any) -> str:
     """``string '200k'``, ``boolean true``, ``list ['a', 1]``, ``null``."""
     kind = _type_name(v)
     if v is None:
@@ -151,6 +151,3 @@ def _show(v: Any) -> str:
     return f"{kind} {text}"
 
 
-def _q(s: str) -> str:
-    """Quote for messages without doubling backslashes (``'\\1'`` reads as typed)."""
-    return f"'{s}'"

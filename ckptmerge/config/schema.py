@@ -14,13 +14,21 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .config_env import _expand, _is_remote, _resolve
-from .config_model import Config, SourceConfig
-from .config_problems import KeyPath, _Problems, _q, _show
-from .errors import RuleError, did_you_mean
-from .patterns import PatternError, UserPattern, compile_pattern
-from .rules import MapRule
-from .transforms import SLICE_INITS, VOCAB_INITS, Slice, TransformError, VocabRemap, read_vocab
+from ..errors import RuleError, did_you_mean
+from ..planning.patterns import PatternError, UserPattern, compile_pattern
+from ..planning.rules import MapRule
+from ..planning.transforms import (
+    SLICE_INITS,
+    VOCAB_INITS,
+    Slice,
+    TransformError,
+    VocabRemap,
+    read_vocab,
+)
+from ..text import quote_name
+from .env import expand, is_remote, resolve_path
+from .model import Config, SourceConfig
+from .problems import KeyPath, Problems, show
 
 #: Keys of the top-level mapping.
 TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
@@ -28,10 +36,10 @@ TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch"
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
                "align", "layout", "vocab", "slice")
-#: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.transforms.VocabRemap`).
+#: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.planning.transforms.VocabRemap`).
 VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
               "num_oov_buckets")
-#: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.transforms.Slice`).
+#: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.planning.transforms.Slice`).
 SLICE_KEYS = ("name", "axis", "init")
 
 ON_CONFLICT = ("error", "first", "last")
@@ -56,12 +64,12 @@ _KEY_CUTOFF = 0.6
 
 
 def _choices(options: Sequence[str]) -> str:
-    return ", ".join(_q(o) for o in options)
+    return ", ".join(quote_name(o) for o in options)
 
 
 @dataclass
-class _Ctx:
-    problems: _Problems
+class Context:
+    problems: Problems
     base: str
     base_label: str
     env: Mapping[str, str]
@@ -70,14 +78,14 @@ class _Ctx:
         self.problems.add(path, message, **kw)
 
 
-def _check_keys(d: Mapping, allowed: Sequence[str], path: KeyPath, ctx: _Ctx, where: str) -> set:
+def _check_keys(d: Mapping, allowed: Sequence[str], path: KeyPath, ctx: Context, where: str) -> set:
     """Report unknown keys; return the allowed keys that were suggested for them."""
     suggested: set = set()
     for k in d:
         if k in allowed:
             continue
         if not isinstance(k, str):
-            ctx.add(path, f"keys must be strings, received {_show(k)}.")
+            ctx.add(path, f"keys must be strings, received {show(k)}.")
             continue
         alias = _ALIASES[where].get(k)
         close = difflib.get_close_matches(k, allowed, n=1, cutoff=_KEY_CUTOFF)
@@ -97,38 +105,38 @@ def _check_keys(d: Mapping, allowed: Sequence[str], path: KeyPath, ctx: _Ctx, wh
     return suggested
 
 
-def _get_bool(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, default: Any) -> Any:
+def _get_bool(d: Mapping, key: str, path: KeyPath, ctx: Context, default: Any) -> Any:
     if key not in d:
         return default
     v = d[key]
     if isinstance(v, bool) or (v is None and default is None):  # null: "not set" where allowed
         return v
-    ctx.add(path + (key,), f"expected true or false, received {_show(v)}.")
+    ctx.add(path + (key,), f"expected true or false, received {show(v)}.")
     return default
 
 
-def _get_enum(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, choices: Sequence[str], default: str) -> str:
+def _get_enum(d: Mapping, key: str, path: KeyPath, ctx: Context, choices: Sequence[str], default: str) -> str:
     if key not in d:
         return default
     v = d[key]
     if isinstance(v, str) and v in choices:
         return v
     hint = did_you_mean(v, choices, n=1, cutoff=_KEY_CUTOFF) if isinstance(v, str) else ""
-    ctx.add(path + (key,), f"expected one of {_choices(choices)}, received {_show(v)}.{hint}")
+    ctx.add(path + (key,), f"expected one of {_choices(choices)}, received {show(v)}.{hint}")
     return default
 
 
-def _get_int(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, default: Any, what: str) -> Any:
+def _get_int(d: Mapping, key: str, path: KeyPath, ctx: Context, default: Any, what: str) -> Any:
     if key not in d or d[key] is None:
         return default
     v = d[key]
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
-    ctx.add(path + (key,), f"expected {what}, received {_show(v)}.")
+    ctx.add(path + (key,), f"expected {what}, received {show(v)}.")
     return default
 
 
-def _get_name(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, required: bool, what: str) -> Optional[str]:
+def _get_name(d: Mapping, key: str, path: KeyPath, ctx: Context, required: bool, what: str) -> Optional[str]:
     if key not in d or (d[key] is None and not required):
         if required:
             ctx.add(path, f"missing required key '{key}' ({what}).")
@@ -136,11 +144,11 @@ def _get_name(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, required: bool, wh
     v = d[key]
     if isinstance(v, str) and v:
         return v
-    ctx.add(path + (key,), f"expected {what} (a non-empty string), received {_show(v)}.")
+    ctx.add(path + (key,), f"expected {what} (a non-empty string), received {show(v)}.")
     return None
 
 
-def _get_globs(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[List[str]]:
+def _get_globs(d: Mapping, key: str, path: KeyPath, ctx: Context) -> Optional[List[str]]:
     if key not in d or d[key] is None:
         return None
     v = d[key]
@@ -148,18 +156,18 @@ def _get_globs(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[List[
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list):
-        ctx.add(p, f"expected a glob or a list of globs (e.g. ['encoder/*']), received {_show(v)}.")
+        ctx.add(p, f"expected a glob or a list of globs (e.g. ['encoder/*']), received {show(v)}.")
         return None
     out = []
     for i, g in enumerate(v):
         if isinstance(g, str) and g:
             out.append(g)
         else:
-            ctx.add(p + (i,), f"expected a glob (a non-empty string), received {_show(g)}.")
+            ctx.add(p + (i,), f"expected a glob (a non-empty string), received {show(g)}.")
     return out
 
 
-def _get_path(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, *, kind: str,
+def _get_path(d: Mapping, key: str, path: KeyPath, ctx: Context, *, kind: str,
               required: bool = False) -> Optional[str]:
     """Validate, expand and resolve a path; ``kind`` is "checkpoint", "file" or "output"."""
     if key not in d or (d[key] is None and not required):
@@ -169,35 +177,35 @@ def _get_path(d: Mapping, key: str, path: KeyPath, ctx: _Ctx, *, kind: str,
     v = d[key]
     p = path + (key,)
     if not isinstance(v, str) or not v:
-        ctx.add(p, f"expected a path (a non-empty string), received {_show(v)}.")
+        ctx.add(p, f"expected a path (a non-empty string), received {show(v)}.")
         return None
     return _check_path(v, p, ctx, kind)
 
 
-def _check_path(v: str, p: KeyPath, ctx: _Ctx, kind: str) -> Optional[str]:
-    expanded, problem = _expand(v, ctx.env)
+def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
+    expanded, problem = expand(v, ctx.env)
     if problem or expanded is None:
         ctx.add(p, problem or "")
         return None
-    resolved = _resolve(expanded, ctx.base)
-    if _is_remote(resolved) or kind == "output":
+    resolved = resolve_path(expanded, ctx.base)
+    if is_remote(resolved) or kind == "output":
         return resolved
     note = "" if os.path.isabs(os.path.expanduser(expanded)) else f" (relative to {ctx.base_label})"
     if kind == "checkpoint":
         if not (os.path.exists(resolved) or os.path.exists(resolved + ".index")):
-            first = "it" if v == resolved else _q(resolved)
-            ctx.add(p, f"checkpoint {_q(v)} not found: neither {first} nor {_q(resolved + '.index')} "
+            first = "it" if v == resolved else quote_name(resolved)
+            ctx.add(p, f"checkpoint {quote_name(v)} not found: neither {first} nor {quote_name(resolved + '.index')} "
                        f"exists{note}.")
             return None
     else:
         if not os.path.exists(resolved):
             if v == resolved:
-                ctx.add(p, f"vocab file {_q(v)} does not exist.")
+                ctx.add(p, f"vocab file {quote_name(v)} does not exist.")
             else:
-                ctx.add(p, f"vocab file {_q(v)} not found: {_q(resolved)} does not exist{note}.")
+                ctx.add(p, f"vocab file {quote_name(v)} not found: {quote_name(resolved)} does not exist{note}.")
             return None
         if os.path.isdir(resolved):
-            ctx.add(p, f"vocab file {_q(v)} is a directory; expected a text file with one token per line.")
+            ctx.add(p, f"vocab file {quote_name(v)} is a directory; expected a text file with one token per line.")
             return None
     return resolved
 
@@ -205,26 +213,26 @@ def _check_path(v: str, p: KeyPath, ctx: _Ctx, kind: str) -> Optional[str]:
 # -- source entries ---------------------------------------------------------------------------
 
 
-def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, Union[str, List[str]]]]:
+def _get_map(d: Mapping, path: KeyPath, ctx: Context) -> Optional[Dict[str, Union[str, List[str]]]]:
     if "map" not in d or d["map"] is None:
         return None
     v = d["map"]
     p = path + ("map",)
     if not isinstance(v, Mapping):
         ctx.add(p, "expected a mapping {checkpoint_name: target_name}, e.g. "
-                   f"{{'bert/encoder/': 'model/encoder/'}}, received {_show(v)}.")
+                   f"{{'bert/encoder/': 'model/encoder/'}}, received {show(v)}.")
         return None
     out: Dict[str, Union[str, List[str]]] = {}
     seen: Dict[str, str] = {}
     for k, t in v.items():
         q = p + (str(k),)
         if not isinstance(k, str):
-            ctx.add(p, f"checkpoint names must be strings, received the key {_show(k)}.")
+            ctx.add(p, f"checkpoint names must be strings, received the key {show(k)}.")
             continue
         targets = t if isinstance(t, list) and t else [t]
         if not all(isinstance(x, str) for x in targets):
             ctx.add(q, "expected a target name or scope (a string), or a non-empty list of them "
-                       f"(one checkpoint name feeding several targets), received {_show(t)}.")
+                       f"(one checkpoint name feeding several targets), received {show(t)}.")
             continue
         try:
             rule = [MapRule(k, x) for x in targets][0]
@@ -232,7 +240,7 @@ def _get_map(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[Dict[str, Union[s
             ctx.add(q, str(e))
             continue
         if rule.source in seen:
-            ctx.add(q, f"{_q(k)} is the same checkpoint name as {_q(seen[rule.source])} once "
+            ctx.add(q, f"{quote_name(k)} is the same checkpoint name as {quote_name(seen[rule.source])} once "
                        "normalised; keep one entry.", key=True)
             continue
         seen[rule.source] = k
@@ -247,47 +255,47 @@ def _template_problem(pattern: str, repl: str, compiled: UserPattern, e: Excepti
     m = re.match(r"invalid group reference (\d+)", text)
     if m:
         hint = " (add parentheses to capture)" if groups == 0 else ""
-        return (f"replacement {_q(repl)} refers to group {m.group(1)} but {_q(pattern)} has "
+        return (f"replacement {quote_name(repl)} refers to group {m.group(1)} but {quote_name(pattern)} has "
                 f"{have}{hint}")
     m = re.match(r"unknown group name '(.*)'", text)
     if m:
         names = sorted(compiled.groupindex)
         has = ("the named groups " + _choices(names)) if names else "no named groups"
-        return (f"replacement {_q(repl)} refers to the unknown group {_q(m.group(1))}; "
-                f"{_q(pattern)} has {has}.{did_you_mean(m.group(1), names, n=1, cutoff=_KEY_CUTOFF)}".rstrip("."))
+        return (f"replacement {quote_name(repl)} refers to the unknown group {quote_name(m.group(1))}; "
+                f"{quote_name(pattern)} has {has}.{did_you_mean(m.group(1), names, n=1, cutoff=_KEY_CUTOFF)}".rstrip("."))
     pos = getattr(e, "pos", None)
     at = f" at position {pos}" if pos is not None else ""
-    return f"invalid replacement {_q(repl)} for {_q(pattern)}: {text}{at}"
+    return f"invalid replacement {quote_name(repl)} for {quote_name(pattern)}: {text}{at}"
 
 
-def _get_regex(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[List[Tuple[str, Optional[str]]]]:
+def _get_regex(d: Mapping, path: KeyPath, ctx: Context) -> Optional[List[Tuple[str, Optional[str]]]]:
     if "regex" not in d or d["regex"] is None:
         return None
     v = d["regex"]
     p = path + ("regex",)
     example = "[['^head/(.*)$', 'model/head/\\1']]"
     if not isinstance(v, list):
-        ctx.add(p, f"expected a list of [pattern, replacement] pairs, e.g. {example}, received {_show(v)}.")
+        ctx.add(p, f"expected a list of [pattern, replacement] pairs, e.g. {example}, received {show(v)}.")
         return None
     out: List[Tuple[str, Optional[str]]] = []
     for j, pair in enumerate(v):
         q = p + (j,)
         if not isinstance(pair, list) or len(pair) != 2:
             hint = f" (regex is a list of pairs: {example})" if isinstance(pair, str) else ""
-            ctx.add(q, f"expected a [pattern, replacement] pair, received {_show(pair)}{hint}.")
+            ctx.add(q, f"expected a [pattern, replacement] pair, received {show(pair)}{hint}.")
             continue
         pattern, repl = pair
         if not isinstance(pattern, str) or not pattern:
-            ctx.add(q, f"expected the pattern to be a non-empty string, received {_show(pattern)}.")
+            ctx.add(q, f"expected the pattern to be a non-empty string, received {show(pattern)}.")
             continue
         if repl is False:  # TOML has no null: false drops, as null does elsewhere
             repl = None
         if repl is not None and not isinstance(repl, str):
             ctx.add(q, "expected the replacement to be a string, or null (false in TOML) to drop "
-                       f"the matching names, received {_show(repl)}.")
+                       f"the matching names, received {show(repl)}.")
             continue
         if repl == "":
-            ctx.add(q, f"empty replacement for {_q(pattern)}: to drop the matching names write null "
+            ctx.add(q, f"empty replacement for {quote_name(pattern)}: to drop the matching names write null "
                        "(false in TOML).")
             continue
         try:
@@ -305,7 +313,7 @@ def _get_regex(d: Mapping, path: KeyPath, ctx: _Ctx) -> Optional[List[Tuple[str,
     return out
 
 
-def _get_list_of_mappings(d: Mapping, key: str, path: KeyPath, ctx: _Ctx,
+def _get_list_of_mappings(d: Mapping, key: str, path: KeyPath, ctx: Context,
                           example: str) -> List[Tuple[KeyPath, Mapping]]:
     if key not in d or d[key] is None:
         return []
@@ -313,18 +321,18 @@ def _get_list_of_mappings(d: Mapping, key: str, path: KeyPath, ctx: _Ctx,
     p = path + (key,)
     if not isinstance(v, list):
         hint = f" (write it as a list: {key}: [{{...}}])" if isinstance(v, Mapping) else ""
-        ctx.add(p, f"expected a list of mappings, e.g. {example}, received {_show(v)}{hint}.")
+        ctx.add(p, f"expected a list of mappings, e.g. {example}, received {show(v)}{hint}.")
         return []
     out = []
     for j, item in enumerate(v):
         if isinstance(item, Mapping):
             out.append((p + (j,), item))
         else:
-            ctx.add(p + (j,), f"expected a mapping, e.g. {example}, received {_show(item)}.")
+            ctx.add(p + (j,), f"expected a mapping, e.g. {example}, received {show(item)}.")
     return out
 
 
-def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[Union[str, Tuple[str, ...]]]:
+def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: Context) -> Optional[Union[str, Tuple[str, ...]]]:
     if key not in d or d[key] is None:
         ctx.add(path, f"missing required key '{key}' (a vocabulary file, one token per line, or a "
                       "list of tokens).")
@@ -333,17 +341,17 @@ def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[
     p = path + (key,)
     if isinstance(v, list):
         if not v or not all(isinstance(t, str) for t in v):
-            ctx.add(p, f"expected a vocabulary file or a non-empty list of token strings, received {_show(v)}.")
+            ctx.add(p, f"expected a vocabulary file or a non-empty list of token strings, received {show(v)}.")
             return None
         first: Dict[str, int] = {}
         for i, tok in enumerate(v):
             j = first.setdefault(tok, i)
             if j != i:
-                ctx.add(p, f"duplicate token {_q(tok)} at positions {j} and {i}; every token must be unique.")
+                ctx.add(p, f"duplicate token {quote_name(tok)} at positions {j} and {i}; every token must be unique.")
                 return None
         return tuple(v)
     if not isinstance(v, str) or not v:
-        ctx.add(p, f"expected a vocabulary file (a path) or a list of tokens, received {_show(v)}.")
+        ctx.add(p, f"expected a vocabulary file (a path) or a list of tokens, received {show(v)}.")
         return None
     resolved = _check_path(v, p, ctx, "file")
     if resolved is None:
@@ -356,7 +364,7 @@ def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: _Ctx) -> Optional[
     return resolved
 
 
-def _get_vocab(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[VocabRemap, ...]:
+def _get_vocab(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[VocabRemap, ...]:
     out = []
     example = "[{name: model/embed/embeddings, old_vocab: v1.txt, new_vocab: v2.txt}]"
     for q, item in _get_list_of_mappings(d, "vocab", path, ctx, example):
@@ -381,7 +389,7 @@ def _get_vocab(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[VocabRemap, ...]:
     return tuple(out)
 
 
-def _get_slices(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[Slice, ...]:
+def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
     out = []
     for q, item in _get_list_of_mappings(d, "slice", path, ctx, "[{name: model/head/kernel, axis: 1}]"):
         suggested = _check_keys(item, SLICE_KEYS, q, ctx, "slice")
@@ -402,9 +410,9 @@ def _get_slices(d: Mapping, path: KeyPath, ctx: _Ctx) -> Tuple[Slice, ...]:
     return tuple(out)
 
 
-def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
+def _get_source(entry: Any, path: KeyPath, ctx: Context) -> Optional[SourceConfig]:
     if not isinstance(entry, Mapping):
-        ctx.add(path, f"expected a source (a mapping with at least 'path'), received {_show(entry)}.")
+        ctx.add(path, f"expected a source (a mapping with at least 'path'), received {show(entry)}.")
         return None
     suggested = _check_keys(entry, SOURCE_KEYS, path, ctx, "source")
     name = _get_name(entry, "name", path, ctx, False, "a source name")
@@ -429,8 +437,8 @@ def _get_source(entry: Any, path: KeyPath, ctx: _Ctx) -> Optional[SourceConfig]:
     )
 
 
-def _check_labels(sources: List[Optional[SourceConfig]], ctx: _Ctx) -> None:
-    """Sources need distinct labels (name, or path when unnamed), as ``ckptmerge.planner`` does."""
+def _check_labels(sources: List[Optional[SourceConfig]], ctx: Context) -> None:
+    """Sources need distinct labels (name, or path when unnamed), as ``ckptmerge.planning.planner`` does."""
     first: Dict[str, int] = {}
     for i, s in enumerate(sources):
         if s is None:
@@ -443,21 +451,21 @@ def _check_labels(sources: List[Optional[SourceConfig]], ctx: _Ctx) -> None:
             continue
         j = first[label]
         if s.name:
-            ctx.add(("sources", i, "name"), f"duplicate source name {_q(s.name)} (also sources[{j}]); "
+            ctx.add(("sources", i, "name"), f"duplicate source name {quote_name(s.name)} (also sources[{j}]); "
                                             "give each source a distinct name.")
         else:
             ctx.add(("sources", i), f"reads the same checkpoint as sources[{j}] and neither has a "
                                     "'name'; give each a distinct name.")
 
 
-def _build(data: Any, file: Optional[str], ctx: _Ctx) -> Optional[Config]:
+def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
     if data is None:
         ctx.add((), "the config is empty; expected a mapping with at least 'sources', e.g. "
                     "sources: [{path: runs/A}].")
         return None
     if not isinstance(data, Mapping):
         ctx.add((), f"expected a mapping of options (sources, allow_missing, ...) at the top level, "
-                    f"received {_show(data)}.")
+                    f"received {show(data)}.")
         return None
     suggested = _check_keys(data, TOP_LEVEL_KEYS, (), ctx, "top")
     sources: List[Optional[SourceConfig]] = []
@@ -468,7 +476,7 @@ def _build(data: Any, file: Optional[str], ctx: _Ctx) -> Optional[Config]:
         raw = data["sources"]
         if not isinstance(raw, list):
             ctx.add(("sources",), f"expected a list of sources (each a mapping with at least 'path'), "
-                                  f"received {_show(raw)}.")
+                                  f"received {show(raw)}.")
         elif not raw:
             ctx.add(("sources",), "expected at least one source, received an empty list.")
         else:
@@ -491,7 +499,7 @@ def _build(data: Any, file: Optional[str], ctx: _Ctx) -> Optional[Config]:
                   strict=strict, target=target, output=output)
 
 
-def _report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: _Ctx) -> None:
+def report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: Context) -> None:
     for path, key, line, first in dups:
         ctx.add(path, f"duplicate key '{key}' (first at line {first}); keep one.", line=line)
 
@@ -502,12 +510,14 @@ def _report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: _Ctx) -> 
 
 
 def _align_modes() -> Tuple[str, ...]:
-    from .align import ALIGN_MODES  # (loaded only for a config that names one)
+    from ..alignment.align import (
+        ALIGN_MODES,  # (loaded only for a config that names one)
+    )
 
     return ALIGN_MODES
 
 
 def _layouts() -> Tuple[str, ...]:
-    from .layouts import LAYOUTS  # (loaded only for a config that names one)
+    from ..alignment.layouts import LAYOUTS  # (loaded only for a config that names one)
 
     return LAYOUTS

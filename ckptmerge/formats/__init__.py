@@ -2,15 +2,22 @@
 
 :func:`open_checkpoint` turns a resolved checkpoint path into a :class:`CheckpointReader`:
 TF V2 tensor bundles (``<prefix>.index`` + ``<prefix>.data-*``, everything TF 0.12 to 2.x and
-SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.bundle.BundleReader`,
+SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.tf.bundle.BundleReader`,
 TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format of TF 0.x and
-``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.v1.V1Reader`, and Keras weights
+``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.tf.v1.V1Reader`, and Keras weights
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
 :class:`~ckptmerge.formats.h5.H5Reader`.
 Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
-reads through :mod:`ckptmerge.formats.storage`. Nothing here imports TensorFlow. Path resolution
-(directories, ``checkpoint`` state files, "latest") is :mod:`ckptmerge.resolve`' job; this
+reads through :mod:`ckptmerge.formats.io.storage`. Nothing here imports TensorFlow. Path resolution
+(directories, ``checkpoint`` state files, "latest") is :mod:`ckptmerge.sources.resolve`' job; this
 module expects a prefix or a file.
+
+Holds: one reader (and writer) per format: ``base`` (the reader interface), ``dtypes``, ``h5`` and
+``kerasnames`` (Keras weights files), ``numpy_files``, ``safetensors`` and ``safetensors_writer``;
+``tf/`` (TensorFlow's own formats) and ``io/`` (storage, safe files, atomic outputs).
+
+May import: the bottom modules (``errors``, ``specs``, ``text``, ``args``, ``gcpause``) only. Never
+TensorFlow, JAX or torch.
 """
 
 from __future__ import annotations
@@ -19,18 +26,18 @@ import os
 from typing import List
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats import storage
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
-from ckptmerge.formats.bundle import BundleReader
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
+from ckptmerge.formats.io import storage
 from ckptmerge.formats.numpy_files import NumpyReader, is_npz
 from ckptmerge.formats.safetensors import (
     INDEX_SUFFIX,
     SafetensorsReader,
     is_safetensors,
 )
-from ckptmerge.formats.table import is_leveldb_table
-from ckptmerge.formats.v1 import V1_PATTERN_RE, V1Reader
+from ckptmerge.formats.tf.bundle import BundleReader
+from ckptmerge.formats.tf.table import is_leveldb_table
+from ckptmerge.formats.tf.v1 import V1_PATTERN_RE, V1Reader
 from ckptmerge.specs import VariableInfo
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :class:`CheckpointReader` is what :func:`ckptmerge.formats.open_checkpoint` returns: a lazy,
 read-only view of one checkpoint that lists tensors as :class:`~ckptmerge.specs.VariableInfo`
-and reads them as numpy arrays. Subclasses (:class:`~ckptmerge.formats.bundle.BundleReader`,
+and reads them as numpy arrays. Subclasses (:class:`~ckptmerge.formats.tf.bundle.BundleReader`,
 :class:`~ckptmerge.formats.h5.H5Reader`) implement ``_entries()`` and ``_read()``; name
 lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protocol live here.
 """
@@ -17,8 +17,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-from ckptmerge.errors import (ArgumentError, ArgumentTypeError, UnknownTensorError, UnreadableTensorError,
-                              did_you_mean)
+from ckptmerge.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    UnknownTensorError,
+    UnreadableTensorError,
+    did_you_mean,
+)
 from ckptmerge.formats.dtypes import tf_dtype_name
 from ckptmerge.specs import VariableInfo, by_name
 
@@ -95,7 +100,7 @@ class CheckpointReader:
     Attributes:
         path: the checkpoint prefix or file, as given to :func:`open_checkpoint`.
         format: ``"tf-bundle"`` or ``"keras-h5"``.
-        object_graph: the parsed :class:`~ckptmerge.formats.objectgraph.ObjectGraph` of a TF2
+        object_graph: the parsed :class:`~ckptmerge.formats.tf.objectgraph.ObjectGraph` of a TF2
             object-based checkpoint, else ``None``.
 
     Example:

@@ -47,9 +47,9 @@ from ckptmerge.errors import (
     UnsafeCheckpointError,
     format_list,
 )
-from ckptmerge.formats import storage
 from ckptmerge.formats.base import CheckpointReader, aligned_empty
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
+from ckptmerge.formats.io import storage
 from ckptmerge.formats.kerasnames import archive_names
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
 from ckptmerge.text import escape_name, human_bytes, plural

@@ -26,8 +26,8 @@ import numpy as np
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats import storage
-from ckptmerge.formats.fileio import Descriptors, Handle, pread_into
+from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 

@@ -7,7 +7,7 @@ order, streamed in pieces. Data is written to a hidden temporary file beside the
 published with one rename; without ``overwrite`` the publish is a hard link, which fails rather
 than replace a file that appeared meanwhile. A failed or killed write leaves no file at the
 output path. The writer offers the same ``add`` / ``add_raw`` / ``add_range`` / ``finish`` /
-``abort`` methods as :class:`~ckptmerge.formats.writer.BundleWriter`, so a merge streams into
+``abort`` methods as :class:`~ckptmerge.formats.tf.writer.BundleWriter`, so a merge streams into
 either.
 """
 
@@ -29,11 +29,11 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import mask_crc
-from ckptmerge.formats.bytecopy import _array_chunks, _pread_pieces
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
-from ckptmerge.formats.output_prefix import _remove_quietly
+from ckptmerge.formats.io.bytecopy import array_chunks, pread_pieces
+from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
+from ckptmerge.formats.tf.bundle import mask_crc
 from ckptmerge.text import quote_name
 
 __all__ = ["SafetensorsWriter", "unsupported_dtypes"]
@@ -201,7 +201,7 @@ class SafetensorsWriter:
         value = np.asarray(value)
         offset, nbytes = self._slot(key, dtype_name(value.dtype), value.shape)
         le = value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype
-        self._stream(key, offset, nbytes, _array_chunks(value, le))
+        self._stream(key, offset, nbytes, array_chunks(value, le))
         self._written.add(key)
 
     def add_raw(self, key: str, dtype_enum: int, shape: Sequence[int], chunks: Iterable[BytesLike], *,
@@ -229,7 +229,7 @@ class SafetensorsWriter:
             >>> w.add_range("emb", 1, (1000, 64), fd, 4096, expected_crc32c=crc)  # doctest: +SKIP
         """
         nbytes = math.prod(int(d) for d in shape) * TF_TO_NUMPY[dtype_enum].itemsize
-        self.add_raw(key, dtype_enum, shape, _pread_pieces(src_fd, src_offset, nbytes),
+        self.add_raw(key, dtype_enum, shape, pread_pieces(src_fd, src_offset, nbytes),
                      expected_crc32c=expected_crc32c if verify else None)
 
     # -- publishing ------------------------------------------------------------------------
@@ -285,5 +285,5 @@ class SafetensorsWriter:
                 pass
             self._fd = -1
         if hasattr(self, "_tmp"):
-            _remove_quietly(self._tmp)
+            remove_quietly(self._tmp)
 

@@ -4,7 +4,7 @@
 TensorFlow checkpoint (``<out>.index`` + ``<out>.data-*``) that ``tf.train.load_checkpoint``,
 ``tf.compat.v1.train.Saver`` and ckptmerge itself read back with bit-identical values. It renames
 scopes, combines models and drops optimizer state with no model code and no TensorFlow: sources
-are read with ckptmerge's reader and written with :class:`~ckptmerge.formats.writer.BundleWriter`.
+are read with ckptmerge's reader and written with :class:`~ckptmerge.formats.tf.writer.BundleWriter`.
 
 What the output holds:
 
@@ -28,13 +28,12 @@ same pieces; only vocabulary remaps, slices, strings, partitioned variables and 
 sources read a whole tensor. The writer streams into hidden temporary files and renames them into
 place only when complete: a merge that fails or is killed leaves the output prefix as it was,
 and with ``overwrite`` the prefix reads as exactly the old or exactly the new checkpoint at every
-instant. Merges to one prefix publish one at a time (see :mod:`ckptmerge.formats.writer`).
+instant. Merges to one prefix publish one at a time (see :mod:`ckptmerge.formats.tf.writer`).
 Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
-import collections
 import errno
 import json
 import logging
@@ -42,45 +41,63 @@ import operator
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
-import numpy as np
-
-from .api import SourcesArg, as_sources, check_unique_labels, open_sources
-from .errors import (
+from ..errors import (
     ArgumentError,
     ArgumentTypeError,
-    CheckpointFormatError,
     CheckpointWriteError,
     CkptMergeError,
     OutputExistsError,
     PlanError,
 )
-from .formats import open_checkpoint
-from .formats.bundle import DATA_RE, BundleReader, crc32c, data_file_name, unmask_crc
-from .formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf
-from .formats.objectgraph import OBJECT_GRAPH_KEY
-from .formats.output_prefix import check_no_output
-from .formats.storage import is_url
-from .formats.writer import BundleWriter
-from .gcpause import paused_gc
-from .planner import Plan, SourceView, make_plan
-from .report import Report, _section
-from .resolve import STATE_FILE, read_state_file, resolve_checkpoint
-from .source import CheckpointHandle, SourceHandle
-from .specs import KIND_VARIABLE, VariableInfo, frozen_slots, trusted_info, trusted_maker
-from .text import escape_name, human_bytes, join_lines, plural, quote_name
-from .transforms import (
+from ..formats import open_checkpoint
+from ..formats.io.output_prefix import check_no_output
+from ..formats.tf.bundle import (
+    DATA_RE,
+)
+from ..formats.tf.writer import BundleWriter
+from ..gcpause import paused_gc
+from ..planning.planner import Plan, SourceView, make_plan
+from ..planning.transforms import (
     Slice,
     TransformError,
-    cast_array,
-    chain_apply,
     chain_output_shape,
-    numpy_dtype,
     select,
 )
+from ..render.report import Report, section
+from ..sources.files import STATE_FILE, same_checkpoint_path
+from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
+from ..sources.resolve import read_state_file, resolve_checkpoint
+from ..sources.source import SourceHandle
+from ..sources.state import state_file_text
+from ..specs import (
+    KIND_VARIABLE,
+    VariableInfo,
+    trusted_info,
+)
+from ..text import escape_name, human_bytes, join_lines, plural, quote_name
+from .jobs import (
+    PIECE,
+    TEMPLATE_LABEL,
+    Job,
+    Tally,
+    build_jobs,
+    iter_jobs,
+    out_nbytes,
+    source_origin,
+)
 
-__all__ = ["merge", "MergeReport", "Progress"]
+__all__ = ["merge_local", "MergeReport", "Progress", "TemplateArg"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +105,6 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 TemplateArg = Union[None, str, "os.PathLike[str]", Sequence[VariableInfo]]
 
-_PIECE = 4 << 20  # raw copies and streamed casts move this many bytes at a time
-_TEMPLATE_LABEL = "(template)"
 _REPLACE_HINT = "pass overwrite=True (ckptmerge merge --force)"
 
 
@@ -100,7 +115,7 @@ _REPLACE_HINT = "pass overwrite=True (ckptmerge merge --force)"
 
 @dataclass(frozen=True)
 class MergeReport(Report):
-    """What :func:`merge` did (or, with ``dry_run``, would do); a :class:`~ckptmerge.report.Report`.
+    """What :func:`merge` did (or, with ``dry_run``, would do); a :class:`~ckptmerge.render.report.Report`.
 
     ``mode`` is ``"offline"``; ``restored`` lists every name written to the output (sorted),
     those copied from a template checkpoint included; ``skipped`` lists ``(name, reason)`` of
@@ -115,7 +130,7 @@ class MergeReport(Report):
         state_file: the ``checkpoint`` state file written (``update_state=True``), else ``None``.
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> MergeReport(make_plan([], []), "offline", [], [], 0.5, 0, [], output="out/m").summary()
         "wrote 0 variables from 0 sources to 'out/m' in 0.50 s"
     """
@@ -150,10 +165,10 @@ class MergeReport(Report):
         out = [self.summary(), f"Mode: offline; read {human_bytes(self.bytes_read)}{written}"]
         out += self._source_lines("written")
         by_target = self.plan.assignments
-        out += _section("Would write" if self.dry_run else "Written", self.restored, limit,
-                        render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {_TEMPLATE_LABEL}")
-        out += _section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
-        out += _section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
+        out += section("Would write" if self.dry_run else "Written", self.restored, limit,
+                        render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {TEMPLATE_LABEL}")
+        out += section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
+        out += section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
         if self.state_file:
             out.append(f"State file: {self.state_file}")
         return join_lines(out)
@@ -220,16 +235,10 @@ def _check_template(template: Any) -> Tuple[str, Any]:
                             f"(type {type(template).__name__})")
 
 
-def _same_prefix(a: str, b: str) -> bool:
-    if is_url(a) or is_url(b):  # object storage: no links, no case folding
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
-
-
 def _check_not_an_input(out_abs: str, given: str, inputs: Sequence[Tuple[str, str]]) -> None:
     """Refuse an output prefix that is one of the inputs: writing would destroy what is read."""
     for label, prefix in inputs:
-        if _same_prefix(out_abs, prefix):
+        if same_checkpoint_path(out_abs, prefix):
             raise ArgumentError(
                 f"The output prefix {quote_name(given)} is the checkpoint of {label} ({escape_name(prefix)}): "
                 "merging into a checkpoint that is being read would destroy it, even with overwrite=True. "
@@ -250,7 +259,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     ``on_conflict`` resolves the ambiguity, as in the plan.
 
     Raises:
-        TransformError: a :class:`~ckptmerge.transforms.Slice` applies to a produced name (a
+        TransformError: a :class:`~ckptmerge.planning.transforms.Slice` applies to a produced name (a
             slice needs a target shape, which only a template gives).
     """
     if len(views) == 1 and not views[0].transforms:
@@ -318,11 +327,6 @@ _SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
 _KIND, _NBYTES = operator.attrgetter("kind"), operator.attrgetter("nbytes")
 
 
-def _source_origin(label: str) -> str:
-    """How a job's origin names a source in messages (and in the report's per-source counts)."""
-    return f"source {quote_name(label)}"
-
-
 def _template_targets(reader: Any, prefix: str) -> List[VariableInfo]:
     specs = [v for v in reader.variables() if v.kind == KIND_VARIABLE]
     if not specs:
@@ -330,287 +334,6 @@ def _template_targets(reader: Any, prefix: str) -> List[VariableInfo]:
                              "state or bookkeeping), so the output would be empty. Pass another template, "
                              "or template=None to write every name the sources produce.")
     return specs
-
-
-# --------------------------------------------------------------------------------------------
-# Jobs: one per written tensor
-# --------------------------------------------------------------------------------------------
-
-
-class _RawFiles:
-    """Raw access to the data shards of one bundle reader (through the reader's descriptors)."""
-
-    def __init__(self, reader: BundleReader) -> None:
-        self.reader = reader
-        self.entries = reader.entries
-        self._advised: set = set()
-
-    def path(self, shard: int) -> str:
-        return data_file_name(self.reader.path, shard, self.reader.num_shards)
-
-    def fd(self, shard: int) -> int:
-        """The reader's descriptor of a data shard, advised for one sequential pass."""
-        fd = self.reader.data_fd(shard)
-        if shard not in self._advised and hasattr(os, "posix_fadvise"):
-            self._advised.add(shard)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except OSError:  # pragma: no cover - advisory only
-                pass
-        return fd
-
-    def pieces(self, e: Any, label: str, buf: memoryview) -> Iterator[memoryview]:
-        """Yield the entry's bytes in pieces of ``len(buf)`` (the buffer is reused)."""
-        self.fd(e.shard_id)  # advise one sequential pass
-        for pos in range(0, e.size, len(buf)):
-            view = buf[:min(len(buf), e.size - pos)]
-            self.reader.read_into(e.shard_id, e.offset + pos, view, e.key, label)
-            yield view
-
-    def crc_error(self, e: Any, label: str, source: str) -> CheckpointFormatError:
-        path = self.path(e.shard_id)
-        return CheckpointFormatError(
-            f"Checksum mismatch for tensor {quote_name(label)} of {source} in {escape_name(os.path.basename(path))} "
-            f"(expected 0x{unmask_crc(e.crc32c):08x}): the file is corrupt or was modified. Re-copy it, or pass "
-            f"verify=False to copy it anyway. Nothing was written. (File: {escape_name(path)})", path=path, key=e.key)
-
-    def close(self) -> None:
-        """Nothing to release: the descriptors belong to the reader."""
-
-
-@frozen_slots
-@dataclass(frozen=True)
-class _Job:
-    """One output tensor: where its value comes from and what happens to it on the way (slotted,
-    and made by :data:`_make_job` where a merge makes one per tensor)."""
-
-    target: VariableInfo
-    origin: str                      # source label, or _TEMPLATE_LABEL
-    name: str                        # name in the origin checkpoint
-    nbytes: int                      # bytes read from the origin (progress, report)
-    read: Callable[[str], Any]       # name -> whole value (decode path); one per origin, not per job
-    raw: Optional[_RawFiles] = None  # set when the bytes can be streamed from a bundle shard
-    key: Optional[str] = None        # raw key in the origin checkpoint
-    cast: bool = False
-    transforms: Tuple[Any, ...] = ()
-    current: Optional[Callable[[], np.ndarray]] = None
-    sort_key: Tuple[int, int, int, str] = (0, 0, 0, "")
-
-    def _stream_entry(self) -> Any:
-        """The bundle entry when the value can be streamed (no transform), else ``None``."""
-        if self.raw is None or self.transforms:
-            return None
-        e = self.raw.entries.get(self.name if self.key is None else self.key)
-        if e is None or e.slices or e.dtype == DT_STRING or e.dtype not in TF_TO_NUMPY:
-            return None
-        return e
-
-    def write(self, writer: BundleWriter, buf: memoryview, verify: bool) -> None:
-        e = self._stream_entry()
-        if e is not None:
-            self._write_streamed(writer, e, buf, verify)
-        else:
-            self._write_decoded(writer)
-
-    def _write_streamed(self, writer: BundleWriter, e: Any, buf: memoryview, verify: bool) -> None:
-        raw = self.raw
-        assert raw is not None
-        src_dt = TF_TO_NUMPY[e.dtype]
-        numel = 1
-        for d in e.shape:
-            numel *= d
-        if e.size != numel * src_dt.itemsize:
-            path = raw.path(e.shard_id)
-            raise CheckpointFormatError(
-                f"Corrupt tensor {quote_name(self.name)} of {self.origin} in {escape_name(os.path.basename(path))}: "
-                f"the index says {e.size} bytes but shape {e.shape} of {src_dt.name} needs "
-                f"{numel * src_dt.itemsize}. (File: {escape_name(path)})", path=path, key=e.key)
-        key = self.target.name
-        if not self.cast:
-            try:
-                writer.add_range(key, e.dtype, e.shape, raw.fd(e.shard_id), e.offset,
-                                 expected_crc32c=e.crc32c, verify=verify)
-            except CheckpointFormatError as err:
-                if err.path is None:  # the writer's checksum check: name the source file instead
-                    raise raw.crc_error(e, self.name, self.origin) from None
-                raise
-            return
-        # A streamed cast: convert each piece (whole elements), checking the source CRC as we go.
-        target = self.target.dtype
-        out_enum = numpy_to_tf(numpy_dtype(target))
-        step = len(buf) - len(buf) % src_dt.itemsize
-
-        def converted() -> Iterator[memoryview]:
-            crc = 0
-            for piece in raw.pieces(e, self.name, buf[:step]):
-                if verify:
-                    crc = crc32c(piece, crc)
-                out = cast_array(np.frombuffer(piece, dtype=src_dt), target)
-                yield memoryview(np.ascontiguousarray(out).view(np.uint8))
-            if verify and crc != unmask_crc(e.crc32c):
-                raise raw.crc_error(e, self.name, self.origin)
-
-        writer.add_raw(key, out_enum, e.shape, converted())
-
-    def _write_decoded(self, writer: BundleWriter) -> None:
-        value = np.asarray(self.read(self.name))
-        if self.cast:
-            value = cast_array(value, self.target.dtype)
-        if self.transforms:
-            current = self.current() if self.current is not None else None
-            value = chain_apply(self.transforms, value, current, target_shape=self.target.shape)
-        if tuple(value.shape) != tuple(self.target.shape):  # pragma: no cover - the plan checked it
-            raise CkptMergeError(f"Internal error: {quote_name(self.target.name)} has shape {tuple(value.shape)} "
-                                 f"after reading, the plan expected {tuple(self.target.shape)}.")
-        writer.add(self.target.name, value)
-
-
-def _entry_order(raw: Optional[_RawFiles], key: str) -> Tuple[int, int]:
-    if raw is None:
-        return 0, 0
-    where = raw.entries.location(key)
-    return (0, 0) if where is None else where
-
-
-def _no_order(raw: Optional[_RawFiles], key: str) -> Tuple[int, int]:
-    return 0, 0
-
-
-def _unassigned_reasons(plan: Plan) -> Dict[str, str]:
-    """Why each target without an assignment has none."""
-    reasons: Dict[str, str] = {}
-    for t in plan.allowed_missing:
-        reasons[t] = "allowed missing: no source provides it"
-    for t in plan.missing:
-        reasons[t] = "missing: no source provides it (strict=False)"
-    for m in plan.mismatched:
-        reasons[m.target] = m.describe() + (" (on_shape_mismatch='skip')" if plan.on_shape_mismatch == "skip"
-                                            else " (strict=False)")
-    for c in plan.conflicts:
-        if c.blocking:
-            reasons[c.target] = c.message().split(" (pass on_conflict")[0] + " (strict=False)"
-    return reasons
-
-
-#: ``_make_job(target, origin, name, nbytes, read, raw, key, cast, transforms, current, sort_key)``
-#: (every field, checked by the caller: see :func:`ckptmerge.specs.trusted_maker`).
-_make_job = trusted_maker(_Job)
-
-
-def _build_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
-                template_prefix: str) -> Tuple[List[_Job], List[Tuple[str, str]], List[Tuple[str, str]]]:
-    """The write jobs in read order (by source, then where each tensor is stored), the names
-    taken from the template, and those left out."""
-    from_template: List[Tuple[str, str]] = []
-    skipped: List[Tuple[str, str]] = []
-    jobs = list(_iter_jobs(plan, handles, kind, template, template_prefix, from_template, skipped, _entry_order))
-    jobs.sort(key=lambda j: j.sort_key)
-    return jobs, from_template, skipped
-
-
-class _Tally:
-    """What a merge writes, per origin: the report's counts without keeping a job per tensor
-    (a dry run tallies the jobs as they are made)."""
-
-    def __init__(self, jobs: Iterable[_Job]) -> None:
-        self.names: List[str] = []
-        self.count: Dict[str, int] = collections.Counter()
-        self.nbytes: Dict[str, int] = collections.Counter()
-        append, count, nbytes = self.names.append, self.count, self.nbytes
-        for j in jobs:
-            append(j.target.name)
-            origin = j.origin
-            count[origin] += 1
-            nbytes[origin] += j.nbytes
-        self.total = sum(nbytes.values())
-
-
-def _iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: Optional[Any],
-               template_prefix: str, from_template: List[Tuple[str, str]], skipped: List[Tuple[str, str]],
-               entry_order: Callable[[Optional["_RawFiles"], str], Tuple[int, int]] = _no_order) -> Iterator[_Job]:
-    """The write jobs, made one at a time (sources first, then the template), appending the
-    names taken from the template to ``from_template`` and those left out to ``skipped``;
-    ``entry_order`` gives a job's place in its file (for sorting: a dry run needs none).
-
-    Raises:
-        TransformError: an ``init="keep"`` transform without a template to give the current value
-            (after the sources' jobs).
-    """
-    raws: Dict[str, Optional[_RawFiles]] = {}
-    for h in handles:
-        reader = getattr(h, "reader", None) if isinstance(h, CheckpointHandle) else None
-        local = isinstance(reader, BundleReader) and not reader.remote  # remote: ranged reads, decoded path
-        raws[h.label] = _RawFiles(reader) if local else None
-    t_raw = _RawFiles(template) if isinstance(template, BundleReader) and not template.remote else None
-    views = {v.label: v for v in plan.sources}
-
-    needs_current: List[str] = []
-
-    def template_value(name: str) -> Callable[[], np.ndarray]:
-        return lambda: template.get(name)
-
-    # One origin text and one read function per source (not per job: a merge makes 100,000s).
-    # (source index, origin, read, raw files, transforms) per source label
-    per_source = {h.label: (i, _source_origin(h.label), (lambda n, h=h: h.read([n])[n]), raws[h.label],
-                            views[h.label].transforms) for i, h in enumerate(handles)}
-    make = _make_job
-    for a in plan.assignments.values():
-        si, origin, read, raw, transforms = per_source[a.source]
-        key, target = a.key, a.target
-        if key == OBJECT_GRAPH_KEY:
-            skipped.append((target, "the object graph of an object-based checkpoint is not copied: the "
-                                    "merged checkpoint is name-based (its keys are variable names)"))
-            continue
-        ts: Tuple[Any, ...] = ()
-        current = None
-        if transforms:
-            ts = tuple(t for t in transforms if t.applies_to(target))
-            if any(getattr(t, "needs_current", False) for t in ts):
-                if template is None:
-                    needs_current.append(f"{quote_name(target)} ({'; '.join(a.transforms) or 'transform'})")
-                else:
-                    current = template_value(target)
-        order = entry_order(raw, key)
-        yield make(a.target_spec, origin, a.name, a.spec.nbytes, read, raw, key, a.cast, ts, current,
-                   (si, order[0], order[1], target))
-    if needs_current:
-        raise TransformError(
-            f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "
-            "value, which a merge takes from a template checkpoint, and there is none: "
-            + ", ".join(needs_current[:5]) + (f" ... and {len(needs_current) - 5} more" if len(needs_current) > 5 else "")
-            + ". Use init='zeros', or pass template=<checkpoint> whose values fill the rest.")
-
-    reasons = _unassigned_reasons(plan)
-    n_sources = len(handles)
-    template_origin = f"the template {quote_name(template_prefix)}"
-    for spec in plan.targets:
-        if spec.name in plan.assignments:
-            continue
-        why = reasons.get(spec.name, "not provided")
-        if template is None:
-            if kind == "specs":
-                why += "; a template given as specs has no value to write"
-            skipped.append((spec.name, why))
-            continue
-        info = template.info(spec.name)
-        from_template.append((spec.name, why))
-        yield _Job(target=spec, origin=template_origin, name=spec.name,
-                   nbytes=info.nbytes, read=template.get, raw=t_raw, key=info.raw_key,
-                   sort_key=(n_sources, *entry_order(t_raw, info.raw_key), spec.name))
-
-
-# --------------------------------------------------------------------------------------------
-# Disk space and the state file
-# --------------------------------------------------------------------------------------------
-
-
-def _out_nbytes(spec: VariableInfo, job_nbytes: int) -> int:
-    if spec.dtype == "string":
-        return job_nbytes
-    try:
-        return spec.size * numpy_dtype(spec.dtype).itemsize
-    except TransformError:  # quantized and other exotic dtypes: same size as read
-        return job_nbytes
 
 
 def _check_space(out_abs: str, given: str, needed: int) -> None:
@@ -635,64 +358,12 @@ def _check_space(out_abs: str, given: str, needed: int) -> None:
             "or write the checkpoint elsewhere. No checkpoint was written.", path=probe, errno_=errno.ENOSPC)
 
 
-def _text_escape(path: str) -> str:
-    """Quote a path for a text-format proto string, as protobuf's CEscape does."""
-    out = []
-    for b in os.fsencode(path):
-        c = chr(b)
-        if c in "\\\"'":
-            out.append("\\" + c)
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\r":
-            out.append("\\r")
-        elif c == "\t":
-            out.append("\\t")
-        elif 0x20 <= b < 0x7F:
-            out.append(c)
-        else:
-            out.append(f"\\{b:03o}")
-    return '"' + "".join(out) + '"'
-
-
-def _state_text(out_abs: str, state: Any) -> str:
-    """The new ``checkpoint`` state file: the output is the latest; earlier entries are kept.
-
-    Earlier paths keep the strings they were recorded with; the new checkpoint is recorded by
-    its base name (relative to the directory, as TensorFlow records checkpoints it saves there).
-    Timestamps are written when the earlier ones line up with their paths (or there are none).
-    """
-    paths: List[str] = []
-    stamps: List[float] = []
-    keep_stamps = True
-    if state is not None:
-        old_stamps = state.all_model_checkpoint_timestamps
-        keep_stamps = len(old_stamps) == len(state.all_model_checkpoint_paths)
-        for i, (recorded, resolved) in enumerate(zip(state.recorded_all_model_checkpoint_paths,
-                                                     state.all_model_checkpoint_paths)):
-            if _same_prefix(resolved, out_abs) or recorded in paths:
-                continue
-            paths.append(recorded)
-            if keep_stamps:
-                stamps.append(old_stamps[i])
-    new = os.path.basename(out_abs)
-    paths.append(new)
-    stamps.append(time.time())
-    lines = [f"model_checkpoint_path: {_text_escape(new)}"]
-    lines += [f"all_model_checkpoint_paths: {_text_escape(p)}" for p in paths]
-    if keep_stamps:
-        lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in stamps]
-    if state is not None and state.last_preserved_timestamp is not None:
-        lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
-    return "\n".join(lines) + "\n"
-
-
 def _write_state(out_abs: str, given: str, state: Any) -> str:
     """Write the output directory's ``checkpoint`` file atomically (temp file, fsync, rename)."""
     directory = os.path.dirname(out_abs)
     final = os.path.join(directory, STATE_FILE)
     tmp = os.path.join(directory, f".{STATE_FILE}.ckptmerge-tmp-{os.getpid()}-{os.urandom(4).hex()}")
-    text = _state_text(out_abs, state)
+    text = state_file_text(out_abs, state)
     try:
         with open(tmp, "x", encoding="utf-8", errors="surrogateescape") as f:
             f.write(text)
@@ -731,12 +402,12 @@ def _check_format(format: Any, given: str) -> str:
     return format
 
 
-def _open_writer(fmt: str, given: str, jobs: Sequence["_Job"], handles: Sequence[SourceHandle], plan: Plan, *,
+def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[SourceHandle], plan: Plan, *,
                  overwrite: bool, durable: bool) -> Any:
     """The writer for the output format; both take the jobs' tensors the same way."""
     if fmt == FORMAT_TF:
         return BundleWriter(given, overwrite=overwrite, durable=durable)
-    from .formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
+    from ..formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
 
     specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     bad = unsupported_dtypes(specs)
@@ -750,7 +421,7 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["_Job"], handles: Sequence
     return SafetensorsWriter(given, specs, metadata=metadata, overwrite=overwrite, durable=durable)
 
 
-def merge(
+def merge_local(
     sources: SourcesArg,
     out_prefix: Union[str, "os.PathLike[str]"],
     *,
@@ -768,77 +439,12 @@ def merge(
     durable: bool = False,
     format: Optional[str] = None,
 ) -> Report:
-    """Write a new checkpoint assembled from ``sources``, without TensorFlow.
-
-    The sources and their rules are those of :func:`ckptmerge.plan`; the plan is computed (and,
-    with ``strict``, checked) before a single byte is written. See the module docstring for what
-    the output holds with and without a template.
-
-    Args:
-        sources: :class:`~ckptmerge.Source` objects (or checkpoint paths), in priority order.
-        out_prefix: the checkpoint prefix to write, e.g. ``"out/merged"`` writes
-            ``out/merged.index`` and ``out/merged.data-00000-of-00001``; missing directories
-            are created. It must not be a source's (or the template's) own prefix.
-        template: ``None`` (write every name the sources produce); a checkpoint path (exactly its
-            model variables; its values fill what no source provides and are the current values
-            of ``init="keep"`` transforms); or a list of :class:`~ckptmerge.VariableInfo` (exactly
-            those names and shapes; unprovided names are left out and reported).
-        allow_missing: glob(s) of template names no source needs to provide.
-        on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources or rules provide a name.
-        on_shape_mismatch: ``"error"`` or ``"skip"`` (keep the template's value, or leave it out).
-        cast: convert dtypes to the template's (e.g. float16 -> float32).
-        strict: raise :class:`~ckptmerge.PlanError` for any finding other than ``unused``, before
-            anything is written. ``False`` writes what matches and reports the rest.
-        overwrite: replace an existing checkpoint at ``out_prefix``. At every instant, even if
-            the merge is killed, the prefix reads as exactly the old or exactly the new
-            checkpoint; of several merges racing to one prefix, the last to finish wins.
-        dry_run: plan and report, write nothing.
-        update_state: also write the output directory's ``checkpoint`` state file, naming the
-            new checkpoint as the latest (earlier entries are kept), so ``tf.train.latest_checkpoint``
-            finds it.
-        progress: called as ``progress(done_bytes, total_bytes)`` once before the first tensor
-            and after each tensor (bytes read from the sources).
-        verify: check every CRC32C while reading (``False`` copies corrupt tensors as they are).
-        durable: fsync every output file before it is renamed into place, so the checkpoint also
-            survives a power loss (slower: it waits for the disk). Without it the output is still
-            all-or-nothing for the process: a merge killed half-way leaves the prefix as it was.
-        format: ``"tf"`` (a TF checkpoint) or ``"safetensors"`` (one ``.safetensors`` file whose
-            metadata records the sources and the plan); default: ``"safetensors"`` when
-            ``out_prefix`` ends with ``.safetensors``, else ``"tf"``.
-
-    Returns:
-        A :class:`MergeReport` (a :class:`~ckptmerge.report.Report` with ``mode="offline"``):
-        ``restored`` lists the written names, ``skipped`` the names left out and why.
-
-    Raises:
-        OutputExistsError: a checkpoint (or leftover data files) exists at ``out_prefix`` and
-            ``overwrite`` is False: raised before any checkpoint is read, or after writing when
-            another run published there first (of racing merges without ``overwrite``, exactly
-            one publishes).
-        ArgumentError: ``out_prefix`` is a directory, ends with ``.index``, or is an input's prefix.
-        PlanError: ``strict`` and the plan has findings (``e.plan`` has them all); nothing written.
-        TransformError: a transform cannot run in this merge (a slice without a template, or
-            ``init="keep"`` without a template checkpoint).
-        CheckpointNotFoundError, CheckpointFormatError: a source cannot be found or is corrupt.
-        CheckpointWriteError: the disk is full, a file is too large, or permission is denied;
-            no file is left at ``out_prefix``.
+    """:func:`ckptmerge.merge` to a local prefix (the arguments are its own; see
+    :mod:`ckptmerge.merging.dispatch`).
 
     Example:
-        >>> import ckptmerge as cm
-        >>> from ckptmerge.offline import merge
-        >>> report = merge([cm.Source("runs/A", map={"encoder/": "model/encoder/"}),
-        ...                 cm.Source("runs/B", include=["head/*"])],
-        ...                "runs/C/merged")                               # doctest: +SKIP
-        >>> print(report.summary())                                       # doctest: +SKIP
-        wrote 6 variables from 2 sources to 'runs/C/merged' in 0.02 s
+        >>> merge_local([Source("runs/A")], "runs/C/merged")   # doctest: +SKIP
     """
-    if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
-        from .offline_remote import merge_to_url
-
-        return merge_to_url(merge, sources, out_prefix, template=template, allow_missing=allow_missing,
-                            on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch, cast=cast,
-                            strict=strict, overwrite=overwrite, dry_run=dry_run, update_state=update_state,
-                            progress=progress, verify=verify, durable=durable, format=format)
     t0 = time.perf_counter()
     given = _check_out_prefix(out_prefix)
     fmt = _check_format(format, given)
@@ -859,7 +465,7 @@ def merge(
 
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
     resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
-    inputs = [(_source_origin(s.label), r.prefix) for s, r in zip(srcs, resolved) if r is not None]
+    inputs = [(source_origin(s.label), r.prefix) for s, r in zip(srcs, resolved) if r is not None]
     template_prefix = ""
     if kind == "path":
         template_prefix = resolve_checkpoint(tvalue).prefix
@@ -877,7 +483,7 @@ def merge(
 
     handles = open_sources(srcs, verify=verify, resolved=resolved)
     treader: Any = None
-    jobs: List[_Job] = []
+    jobs: List[Job] = []
     try:
         if kind == "path":
             treader = open_checkpoint(template_prefix, verify=verify)
@@ -897,10 +503,10 @@ def merge(
                 raise PlanError(f"{e}\nNothing was written to {quote_name(given)}.", plan=e.plan) from None
             if dry_run:  # (tallied as made: no job per tensor is kept)
                 from_template, skipped = [], []
-                tally = _Tally(_iter_jobs(plan, handles, kind, treader, template_prefix, from_template, skipped))
+                tally = Tally(iter_jobs(plan, handles, kind, treader, template_prefix, from_template, skipped))
             else:
-                jobs, from_template, skipped = _build_jobs(plan, handles, kind, treader, template_prefix)
-                tally = _Tally(jobs)
+                jobs, from_template, skipped = build_jobs(plan, handles, kind, treader, template_prefix)
+                tally = Tally(jobs)
         if not tally.names:
             raise CkptMergeError(
                 f"Nothing to write to {quote_name(given)}: no variable is left after the rules and the plan"
@@ -911,9 +517,9 @@ def merge(
         bytes_written = 0
         state_path = None
         if not dry_run:
-            _check_space(out_abs, given, sum(_out_nbytes(j.target, j.nbytes) for j in jobs))
+            _check_space(out_abs, given, sum(out_nbytes(j.target, j.nbytes) for j in jobs))
             writer = None
-            buf = memoryview(bytearray(_PIECE))
+            buf = memoryview(bytearray(PIECE))
             try:
                 writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable)
                 done = 0
@@ -953,12 +559,12 @@ def merge(
     written, count, nbytes = tally.names, tally.count, tally.nbytes
     per_source = []
     for h in handles:
-        origin = _source_origin(h.label)
+        origin = source_origin(h.label)
         per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": count[origin],
                            "bytes": nbytes[origin]})
     if from_template:
         mine = [o for o in count if o.startswith("the template")]
-        per_source.append({"label": _TEMPLATE_LABEL, "path": template_prefix, "note": "template checkpoint",
+        per_source.append({"label": TEMPLATE_LABEL, "path": template_prefix, "note": "template checkpoint",
                            "n_restored": sum(count[o] for o in mine), "bytes": sum(nbytes[o] for o in mine)})
     return MergeReport(plan=plan, mode="offline", restored=written, skipped=skipped,
                        elapsed=time.perf_counter() - t0, bytes_read=0 if dry_run else total,

@@ -34,8 +34,8 @@ import tempfile
 import time
 from typing import Any, Callable, List, Optional
 
-from .errors import CheckpointWriteError, OutputExistsError, OutputLockedError
-from .formats.storage import (
+from ..errors import CheckpointWriteError, OutputExistsError, OutputLockedError
+from ..formats.io.storage import (
     basename,
     create_exclusive,
     dirname,
@@ -45,8 +45,9 @@ from .formats.storage import (
     remote_exists,
     remote_listdir,
 )
-from .resolve_files import DATA_RE, INDEX
-from .text import quote_name
+from ..sources.files import DATA_RE, INDEX
+from ..sources.state import state_file_text
+from ..text import quote_name
 
 __all__ = ["merge_to_url"]
 
@@ -133,7 +134,7 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
     Example:
         >>> merge_to_url(merge, [Source("runs/A")], "s3://bucket/release/model")  # doctest: +SKIP
     """
-    from .resolve_remote import read_state_url
+    from ..sources.remote import read_state_url
 
     fmt = options.get("format") or ("safetensors" if url.endswith(".safetensors") else "tf")
     update_state = bool(options.get("update_state")) and fmt == "tf"
@@ -164,10 +165,8 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
 
 def _publish_state(url: str, state: Any) -> str:
     """Write the output directory's ``checkpoint`` state file (one PUT: readers see the old or the new)."""
-    from .offline import _state_text
-
     target = join(dirname(url), "checkpoint")
-    text = _state_text(url, state)
+    text = state_file_text(url, state)
     try:
         fs, path = filesystem(target)
         fs.pipe_file(path, text.encode("utf-8", "surrogateescape"))

@@ -3,7 +3,7 @@
 The plan's ``cast`` flag asks for a cast where a source tensor's dtype differs from its target's;
 :func:`cast_problem` says whether one is possible (never string <-> number, never complex -> real)
 and :func:`cast_array` does it, rounding as ``tf.cast`` does. Pure numpy; bfloat16 and float8
-come from ``ml_dtypes``, imported only when needed. :mod:`ckptmerge.transforms` re-exports these.
+come from ``ml_dtypes``, imported only when needed. :mod:`ckptmerge.planning.transforms` re-exports these.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .errors import TransformError, did_you_mean
+from ..errors import TransformError, did_you_mean
 
 __all__ = ["cast_array", "cast_problem", "numpy_dtype", "dtype_name"]
 

@@ -1,5 +1,5 @@
 """What a plan decides for one target: an :class:`Assignment`, a :class:`Mismatch` or a
-:class:`Conflict` (pure data with one-line messages; :mod:`ckptmerge.planner` makes them).
+:class:`Conflict` (pure data with one-line messages; :mod:`ckptmerge.planning.planner` makes them).
 
 Example:
     >>> Conflict("x", (("A", "x"), ("B", "x"))).blocking
@@ -9,22 +9,16 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
-from .rules import _q
-from .specs import VariableInfo, frozen_slots, trusted_maker
+from ..specs import VariableInfo, frozen_slots, trusted_maker
+from ..text import and_list, quote_name
 
 __all__ = ["Assignment", "Mismatch", "Conflict"]
 
 
 def _provider(label: str, name: str) -> str:
-    return f"{label}:{_q(name)}"
-
-
-def _and_list(items: Sequence[str]) -> str:
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
+    return f"{label}:{quote_name(name)}"
 
 
 @frozen_slots
@@ -142,14 +136,14 @@ class Mismatch:
         """What differs, on both sides, without the fix (e.g. for skipped mismatches)."""
         prov = _provider(self.source, self.name)
         if self.kind == "shape":
-            text = f"shape mismatch: target {_q(self.target)} {self.target_shape} <- {prov} {self.source_shape}"
+            text = f"shape mismatch: target {quote_name(self.target)} {self.target_shape} <- {prov} {self.source_shape}"
         elif self.kind == "dtype":
-            text = f"dtype mismatch: target {_q(self.target)} {self.target_dtype} <- {prov} {self.source_dtype}"
+            text = f"dtype mismatch: target {quote_name(self.target)} {self.target_dtype} <- {prov} {self.source_dtype}"
         elif self.kind == "transform":
-            text = (f"transform mismatch: target {_q(self.target)} {self.target_shape} <- "
+            text = (f"transform mismatch: target {quote_name(self.target)} {self.target_shape} <- "
                     f"{prov} {self.source_shape}")
         else:
-            text = (f"shape and dtype mismatch: target {_q(self.target)} {self.target_shape} "
+            text = (f"shape and dtype mismatch: target {quote_name(self.target)} {self.target_shape} "
                     f"{self.target_dtype} <- {prov} {self.source_shape} {self.source_dtype}")
         return f"{text}: {self.detail}" if self.detail else text
 
@@ -193,8 +187,8 @@ class Conflict:
 
     def message(self) -> str:
         """One line naming every provider, and the fix (or the resolution)."""
-        provs = _and_list([_provider(*p) for p in self.providers])
-        text = f"conflict: target {_q(self.target)} is provided by {provs}"
+        provs = and_list([_provider(*p) for p in self.providers])
+        text = f"conflict: target {quote_name(self.target)} is provided by {provs}"
         if self.resolved_to is not None:
             return text + f"; resolved to {_provider(*self.resolved_to)} by on_conflict."
         return text + (" (pass on_conflict='first' or 'last', or narrow a source with "

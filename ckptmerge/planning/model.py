@@ -1,10 +1,10 @@
 """The inputs and the result of a plan: :class:`SourceView` (what the planner knows of one source),
 :class:`Plan` (every decision and finding, with :meth:`Plan.check`, reports, ``to_dict`` and the
-restore entry points) and :class:`OptionError`. :func:`ckptmerge.planner.make_plan` builds plans;
+restore entry points) and :class:`OptionError`. :func:`ckptmerge.planning.planner.make_plan` builds plans;
 nothing here plans, reads files or imports TensorFlow (restoring imports the backends lazily).
 
 Example:
-    >>> from ckptmerge.planner import make_plan
+    >>> from ckptmerge.planning.planner import make_plan
     >>> make_plan([], []).ok
     True
 """
@@ -12,22 +12,34 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import logging
 import operator
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Tuple,
+)
 
-from .errors import CkptMergeError, PlanError
+from ..args import describe_value
+from ..errors import OptionError, PlanError
+from ..jsonout import Entries, Records
+from ..specs import VariableInfo
+from ..text import escape_name, quote_name
 from .findings import Assignment, Conflict, Mismatch
-from .jsonout import Entries, Records
-from .rules import Ambiguity, Rules, UnmatchedRule, _q, _received
-from .specs import VariableInfo
-from .text import escape_name
+from .rules import Ambiguity, Rules, UnmatchedRule
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from ..render.report import Report
 
 __all__ = ["OptionError", "SourceView", "Plan", "CHECK_LIMIT"]
 
@@ -40,17 +52,20 @@ _ACTIONS = {"restore": ("restore what can be restored", "restoring"),
 CHECK_LIMIT = 20
 
 
-class OptionError(CkptMergeError, ValueError):
-    """An option has a value ckptmerge does not accept (the message lists the valid values).
+def late(module: str, name: str) -> Any:
+    """``module.name``, imported when called: the one way up from planning.
+
+    A plan renders itself (``report()``, ``_repr_html_``) and restores itself (``restore()``),
+    but rendering and the TF backends sit in layers above planning. They are looked up by
+    module name at the call, so planning never imports them (tests/test_layout.py).
 
     Example:
-        >>> from ckptmerge.planner import make_plan
-        >>> try:
-        ...     make_plan([], [], on_conflict="frist")
-        ... except OptionError as e:
-        ...     print(e)
-        on_conflict must be one of 'error', 'first', 'last'; received 'frist'. Did you mean 'first'?
+        >>> late("ckptmerge.text", "plural")(2, "target")
+        '2 targets'
     """
+    return getattr(importlib.import_module(module), name)
+
+
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,7 @@ class SourceView:
             optimizer state left out); stored as a read-only mapping sorted by name (a
             ``types.MappingProxyType`` sorted by name is kept as it is, not copied).
         rules: the source's selection/rename rules (identity by default).
-        transforms: value transforms (:mod:`ckptmerge.transforms`: objects with
+        transforms: value transforms (:mod:`ckptmerge.planning.transforms`: objects with
             ``applies_to(target_name)``, ``output_shape(source_shape, target_shape)`` and
             ``describe(source_shape, target_shape)``); the plan compares the shape they produce
             with the target's, so e.g. a ``Slice`` turns a shape mismatch into an assignment.
@@ -111,46 +126,46 @@ class SourceView:
         object.__setattr__(self, "aligned", types.MappingProxyType(dict(self.aligned)))
         object.__setattr__(self, "findings", tuple(self.findings))
         if self.cast is not None and not isinstance(self.cast, bool):
-            raise OptionError(f"source {_q(self.label)}: cast must be True, False or None (the plan's "
-                              f"option); received {_received(self.cast)}.")
+            raise OptionError(f"source {quote_name(self.label)}: cast must be True, False or None (the plan's "
+                              f"option); received {describe_value(self.cast)}.")
         if not isinstance(self.label, str) or not self.label:
-            raise OptionError(f"a source label must be a non-empty str; received {_received(self.label)}.")
+            raise OptionError(f"a source label must be a non-empty str; received {describe_value(self.label)}.")
         for name in ("path", "note"):
             if not isinstance(getattr(self, name), str):
-                raise OptionError(f"source {_q(self.label)}: {name} must be a str; received "
-                                  f"{_received(getattr(self, name))}.")
+                raise OptionError(f"source {quote_name(self.label)}: {name} must be a str; received "
+                                  f"{describe_value(getattr(self, name))}.")
         if not isinstance(self.variables, Mapping):
-            raise OptionError(f"source {_q(self.label)}: variables must be a dict of name -> "
-                              f"VariableInfo; received {_received(self.variables)}.")
+            raise OptionError(f"source {quote_name(self.label)}: variables must be a dict of name -> "
+                              f"VariableInfo; received {describe_value(self.variables)}.")
         if all(map(isinstance, self.variables, itertools.repeat(str))) and all(
                 map(isinstance, self.variables.values(), itertools.repeat(VariableInfo))):
             bad = []  # (one pass at C speed: sources hold up to 100,000s of names)
         else:
             bad = [k for k, v in self.variables.items() if not isinstance(k, str) or not isinstance(v, VariableInfo)]
         if bad:
-            raise OptionError(f"source {_q(self.label)}: variables must map names (str) to "
+            raise OptionError(f"source {quote_name(self.label)}: variables must map names (str) to "
                               f"VariableInfo; {len(bad)} entr{'y does' if len(bad) == 1 else 'ies do'} "
-                              f"not, e.g. {bad[0]!r} -> {_received(self.variables[bad[0]])}.")
+                              f"not, e.g. {bad[0]!r} -> {describe_value(self.variables[bad[0]])}.")
         if not isinstance(self.rules, Rules):
-            raise OptionError(f"source {_q(self.label)}: rules must be a Rules (build it with "
-                              f"Rules.from_options(...)); received {_received(self.rules)}.")
+            raise OptionError(f"source {quote_name(self.label)}: rules must be a Rules (build it with "
+                              f"Rules.from_options(...)); received {describe_value(self.rules)}.")
         if isinstance(self.transforms, (str, bytes)) or not isinstance(self.transforms, Iterable):
-            raise OptionError(f"source {_q(self.label)}: transforms must be a list of transforms; "
-                              f"received {_received(self.transforms)}.")
+            raise OptionError(f"source {quote_name(self.label)}: transforms must be a list of transforms; "
+                              f"received {describe_value(self.transforms)}.")
         transforms = tuple(self.transforms)
         for t in transforms:
             if not (callable(getattr(t, "applies_to", None)) and callable(getattr(t, "output_shape", None))):
-                raise OptionError(f"source {_q(self.label)}: {_received(t)} is not a value transform "
-                                  "(see ckptmerge.transforms: Slice, VocabRemap).")
+                raise OptionError(f"source {quote_name(self.label)}: {describe_value(t)} is not a value transform "
+                                  "(see ckptmerge.planning.transforms: Slice, VocabRemap).")
         object.__setattr__(self, "transforms", transforms)
         if isinstance(self.hidden, (str, bytes)) or not all(isinstance(n, str) for n in self.hidden):
-            raise OptionError(f"source {_q(self.label)}: hidden must be a list of names; received "
-                              f"{_received(self.hidden)}.")
+            raise OptionError(f"source {quote_name(self.label)}: hidden must be a list of names; received "
+                              f"{describe_value(self.hidden)}.")
         object.__setattr__(self, "hidden", tuple(sorted(self.hidden)))
         if self.order is not None:
             if isinstance(self.order, (str, bytes)) or not all(isinstance(n, str) for n in self.order):
-                raise OptionError(f"source {_q(self.label)}: order must be a list of names or None; "
-                                  f"received {_received(self.order)}.")
+                raise OptionError(f"source {quote_name(self.label)}: order must be a list of names or None; "
+                                  f"received {describe_value(self.order)}.")
             object.__setattr__(self, "order", tuple(self.order))
         names = list(self.variables)
         if all(map(operator.lt, names, names[1:])):  # usually sorted already: copy as it is
@@ -189,9 +204,9 @@ class Plan:
         mismatched: :class:`Mismatch` findings (blocking unless ``on_shape_mismatch='skip'``).
         skipped: targets that have a provider but are left as they are (their mismatch).
         conflicts: :class:`Conflict` findings (blocking when unresolved).
-        ambiguous: :class:`~ckptmerge.rules.Ambiguity` findings: names that regex rules
+        ambiguous: :class:`~ckptmerge.planning.rules.Ambiguity` findings: names that regex rules
             rename differently (blocking when unresolved; shown with the conflicts).
-        unmatched_rules: :class:`~ckptmerge.rules.UnmatchedRule` findings (explicit map
+        unmatched_rules: :class:`~ckptmerge.planning.rules.UnmatchedRule` findings (explicit map
             entries block even a non-strict restore, the others only a strict one).
         structure: ``(source label, message)`` findings about names that do not line up: a
             Keras weights file whose layers differ from the model's, a model root swap that
@@ -199,7 +214,7 @@ class Plan:
         allow_missing, on_conflict, on_shape_mismatch, cast, model_root: the options used.
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> t = [VariableInfo("x", (2,), "float32")]
         >>> plan = make_plan(t, [SourceView("A", "<memory>", "", {"x": t[0]})])
         >>> plan.ok, list(plan.assignments)
@@ -243,20 +258,20 @@ class Plan:
             The lines, in a stable order (empty when nothing blocks).
 
         Example:
-            >>> from ckptmerge.planner import make_plan
+            >>> from ckptmerge.planning.planner import make_plan
             >>> make_plan([VariableInfo("c/z", (), "int64")], []).blocking()
             ["missing: target 'c/z' is provided by no source (map a checkpoint variable to it, or pass allow_missing=['c/z'])"]
         """
         if not strict:
             return [u.message() for u in self.unmatched_rules if u.explicit]
-        lines = [f"missing: target {_q(t)} is provided by no source (map a checkpoint variable "
-                 f"to it, or pass allow_missing=[{_q(t)}])" for t in self.missing]
+        lines = [f"missing: target {quote_name(t)} is provided by no source (map a checkpoint variable "
+                 f"to it, or pass allow_missing=[{quote_name(t)}])" for t in self.missing]
         if self.on_shape_mismatch == "error":
             lines += [m.message() for m in self.mismatched]
         lines += [c.message() for c in self.conflicts if c.blocking]
         lines += [a.message() for a in self.ambiguous if not a.resolved]
         lines += [u.message() for u in self.unmatched_rules]
-        lines += [f"structure: source {_q(label)}: {text}" for label, text in self.structure]
+        lines += [f"structure: source {quote_name(label)}: {text}" for label, text in self.structure]
         return lines
 
     @property
@@ -282,7 +297,7 @@ class Plan:
                 one line per finding (the first 20, then "... and N more").
 
         Example:
-            >>> from ckptmerge.planner import make_plan
+            >>> from ckptmerge.planning.planner import make_plan
             >>> make_plan([VariableInfo("x", (), "int64")], [], allow_missing=["x"]).check().ok
             True
         """
@@ -308,18 +323,14 @@ class Plan:
         raise PlanError("\n".join([head, *body, *tail]), plan=self)
 
     def report(self, *, limit: Optional[int] = 50) -> str:
-        """Plain-text report for people (see :func:`ckptmerge.report.render_plan`)."""
-        from .report import render_plan
-
-        return render_plan(self, limit=limit)
+        """Plain-text report for people (see :func:`ckptmerge.render.report.render_plan`)."""
+        return late("ckptmerge.render.report", "render_plan")(self, limit=limit)
 
     def _repr_html_(self) -> str:
-        from .notebook import plan_html
-
-        return plan_html(self)
+        return late("ckptmerge.render.notebook", "plan_html")(self)
 
     def restore(self, session: Any = None, *, strict: bool = True, progress: Any = None) -> "Report":
-        """Restore the planned variables (see :mod:`ckptmerge.backends`).
+        """Restore the planned variables (see :mod:`ckptmerge.restoring.backends`).
 
         Only plans made by :func:`ckptmerge.plan` (which attaches the live variables and
         readers) can be restored.
@@ -331,7 +342,7 @@ class Plan:
             progress: optional ``progress(done_bytes, total_bytes)`` callback.
 
         Returns:
-            The :class:`~ckptmerge.report.Report`: restored and skipped targets, timings.
+            The :class:`~ckptmerge.render.report.Report`: restored and skipped targets, timings.
 
         Raises:
             PlanError: see ``strict``.
@@ -340,8 +351,7 @@ class Plan:
         Example:
             >>> report = cm.plan(model, [cm.Source("runs/A")]).restore()   # doctest: +SKIP
         """
-        from .backends import run_plan
-
+        run_plan = late("ckptmerge.restoring.backends", "run_plan")
         return run_plan(self, session=session, strict=strict, progress=progress)
 
     def set_initializers(self, *, strict: bool = True) -> List[str]:
@@ -370,10 +380,8 @@ class Plan:
             >>> with tf.compat.v1.train.MonitoredTrainingSession() as sess:   # doctest: +SKIP
             ...     sess.run(train_op)
         """
-        from .backends.graph import set_initializers
-
         self.check(strict=strict, action="restore")
-        return set_initializers(self, self._binding)
+        return late("ckptmerge.restoring.backends.graph", "set_initializers")(self, self._binding)
 
     def savers(self) -> Dict[str, Any]:
         """One ``tf.compat.v1.train.Saver`` per checkpoint source, built once per plan (graph mode).
@@ -394,9 +402,7 @@ class Plan:
             >>> for label, saver in plan.savers().items():          # doctest: +SKIP
             ...     saver.restore(sess, {s.label: s.path for s in plan.sources}[label])
         """
-        from .backends.graph import build_savers
-
-        return build_savers(self, self._binding)
+        return late("ckptmerge.restoring.backends.graph", "build_savers")(self, self._binding)
 
     def with_binding(self, binding: Any) -> "Plan":
         """A copy of this plan with live readers/variables attached (used by the restore layer)."""
@@ -425,7 +431,7 @@ class Plan:
              "structure": [{"source", "message"}]}
 
         Example:
-            >>> from ckptmerge.planner import make_plan
+            >>> from ckptmerge.planning.planner import make_plan
             >>> import json
             >>> json.loads(json.dumps(make_plan([], []).to_dict()))["ok"]
             True

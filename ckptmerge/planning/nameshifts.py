@@ -1,6 +1,6 @@
 """Keras naming heuristics of the plan: a model's own root name, and layer numbers shifted by Keras's
 per-process auto-naming (TF issue 46317). Pure: names in, ``{checkpoint name: target}`` out;
-:func:`ckptmerge.planner.make_plan` uses them for a Keras model target (``model_root``), for the
+:func:`ckptmerge.planning.planner.make_plan` uses them for a Keras model target (``model_root``), for the
 names that meet no target as they are. A name that fits two targets is a finding, never a guess.
 
 Example:
@@ -14,8 +14,7 @@ import functools
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .findings import _and_list
-from .rules import _q
+from ..text import and_list, quote_name
 
 __all__ = ["root_swaps", "series_shifts"]
 
@@ -64,7 +63,7 @@ def root_swaps(names: Sequence[str], target_names: Iterable[str],
         if len(fits) == 1:
             out[n] = fits[0]
         elif fits:
-            findings.append(f"{_q(n)} fits {_and_list([_q(f) for f in fits])} once the model's "
+            findings.append(f"{quote_name(n)} fits {and_list([quote_name(f) for f in fits])} once the model's "
                             "root name is ignored; map it explicitly (map={...})")
     return out, findings
 

@@ -37,8 +37,8 @@ import re
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
-from .errors import RuleError
-from .text import quote_name
+from ..errors import RuleError
+from ..text import quote_name
 
 __all__ = ["PatternError", "UserPattern", "Template", "compile_pattern"]
 
@@ -61,10 +61,6 @@ _UNSUPPORTED = (
 )
 
 
-def _q(s: str) -> str:
-    """Quote for messages without doubling backslashes (``'\\1'`` reads as typed)."""
-    return f"'{s}'"
-
 
 class PatternError(RuleError):
     """A user pattern that cannot be used: bad syntax, or a construct RE2 does not run.
@@ -79,7 +75,7 @@ class PatternError(RuleError):
     """
 
     def __init__(self, pattern: str, detail: str, problem: str) -> None:
-        super().__init__(f"invalid regex {_q(pattern)}: {detail}")
+        super().__init__(f"invalid regex {quote_name(pattern)}: {detail}")
         self.pattern = pattern
         self.detail = detail
         self.problem = problem
@@ -88,11 +84,11 @@ class PatternError(RuleError):
 def _syntax_error(pattern: str, e: "re.error") -> PatternError:
     msg = e.msg
     if msg.startswith("missing ), unterminated subpattern") or msg == "unbalanced parenthesis":
-        problem = f"unbalanced parenthesis in {_q(pattern)}"
+        problem = f"unbalanced parenthesis in {quote_name(pattern)}"
     elif e.pos is not None:
-        problem = f"{msg} at position {e.pos} in {_q(pattern)}"
+        problem = f"{msg} at position {e.pos} in {quote_name(pattern)}"
     else:
-        problem = f"{msg} in {_q(pattern)}"
+        problem = f"{msg} in {quote_name(pattern)}"
     return PatternError(pattern, str(e), problem)
 
 
@@ -100,7 +96,7 @@ def _unsupported(pattern: str, re2_message: str) -> PatternError:
     what = next((name for test, name in _UNSUPPORTED if test.search(re2_message)),
                 f"a construct RE2 does not support ({re2_message})")
     detail = f"it uses {what}, which ckptmerge does not support: {_WHY}; rewrite it without"
-    return PatternError(pattern, detail, f"{_q(pattern)} uses {what}, which ckptmerge does not support: "
+    return PatternError(pattern, detail, f"{quote_name(pattern)} uses {what}, which ckptmerge does not support: "
                                          f"{_WHY}; rewrite it without")
 
 
@@ -176,9 +172,9 @@ def _open_repeat_error(pattern: str, found: str) -> PatternError:
     upper = found[2:-1]
     means = f"0 to {upper} repetitions" if upper else "0 or more repetitions"
     fix = f"{{0,{upper}}}"
-    detail = (f"{_q(found)} means {means} in Python's re but is literal text in RE2, which matches "
-              f"user patterns; write {_q(fix)} to repeat, or {_q(chr(92) + found)} for the text")
-    return PatternError(pattern, detail, f"{_q(pattern)}: {detail}")
+    detail = (f"{quote_name(found)} means {means} in Python's re but is literal text in RE2, which matches "
+              f"user patterns; write {quote_name(fix)} to repeat, or {quote_name(chr(92) + found)} for the text")
+    return PatternError(pattern, detail, f"{quote_name(pattern)}: {detail}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -224,10 +220,10 @@ def _class_difference(pattern: str, name: str, used: FrozenSet[str], boundary: b
         for letter in sorted({u.lower() for u in used} - {"b"}):
             what, ascii_, unicode_ = _CLASS_FIXES[letter]
             fixes.append(f"'\\{letter}' matches ASCII {what} only in RE2 (any Unicode {what} in "
-                         f"Python's re): write {_q(ascii_)} for ASCII only, or {_q(unicode_)} for any")
+                         f"Python's re): write {quote_name(ascii_)} for ASCII only, or {quote_name(unicode_)} for any")
         how = "matches the name {} differently than Python's re would"
     text = how.format(quote_name(name)) + "; " + "; ".join(fixes)
-    return PatternError(pattern, f"it {text}", f"{_q(pattern)} {text}")
+    return PatternError(pattern, f"it {text}", f"{quote_name(pattern)} {text}")
 
 
 class _AsciiMatch:
@@ -444,7 +440,7 @@ def compile_pattern(pattern: str) -> UserPattern:
         >>> compile_pattern(r"(a)\\1")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ckptmerge.patterns.PatternError: invalid regex '(a)\\1': it uses a backreference, ...
+        ckptmerge.planning.patterns.PatternError: invalid regex '(a)\\1': it uses a backreference, ...
     """
     import re2  # google-re2: imported on first use
 

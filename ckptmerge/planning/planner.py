@@ -1,7 +1,7 @@
 """The plan: which target variable gets which checkpoint variable, computed before any restore.
 
 :func:`make_plan` is pure: it takes target specs and one :class:`SourceView` per checkpoint
-(names, specs and :class:`~ckptmerge.rules.Rules`, no readers) and returns a :class:`Plan`
+(names, specs and :class:`~ckptmerge.planning.rules.Rules`, no readers) and returns a :class:`Plan`
 holding the :class:`Assignment` of every target that can be restored plus every finding:
 ``missing``, ``allowed_missing``, ``unused``, ``dropped``, ``mismatched`` (with ``skipped``),
 ``conflicts``, ``ambiguous`` and ``unmatched_rules``. Nothing is resolved silently:
@@ -12,9 +12,9 @@ Every target lands in exactly one of ``assignments``, ``missing``, ``allowed_mis
 ``skipped`` (a provider exists but does not fit) or :attr:`Plan.unresolved_conflicts`.
 
 The planning is here; what it works with lives below it, and is re-exported here:
-:mod:`ckptmerge.planmodel` (:class:`SourceView`, :class:`Plan`, :class:`OptionError`),
-:mod:`ckptmerge.findings` (:class:`Assignment`, :class:`Mismatch`, :class:`Conflict`) and
-:mod:`ckptmerge.nameshifts` (a Keras model's root name and auto-name shifts).
+:mod:`ckptmerge.planning.model` (:class:`SourceView`, :class:`Plan`, :class:`OptionError`),
+:mod:`ckptmerge.planning.findings` (:class:`Assignment`, :class:`Mismatch`, :class:`Conflict`) and
+:mod:`ckptmerge.planning.nameshifts` (a Keras model's root name and auto-name shifts).
 """
 
 from __future__ import annotations
@@ -38,24 +38,24 @@ from typing import (
     Union,
 )
 
-from .errors import PlanError, RuleError
+from ..args import describe_value
+from ..errors import PlanError, RuleError
+from ..gcpause import paused_gc
+from ..specs import VariableInfo, by_name
+from ..text import quote_name
 from .findings import Assignment, Conflict, Mismatch, trusted_assignment  # noqa: F401 - re-exported
-from .gcpause import paused_gc
+from .model import CHECK_LIMIT, OptionError, Plan, SourceView  # noqa: F401 - re-exported
 from .nameshifts import root_swaps, series_shifts
-from .planmodel import CHECK_LIMIT, OptionError, Plan, SourceView  # noqa: F401 - re-exported
 from .rules import (
     Ambiguity,
     GlobFilter,
     MapRule,
     RegexRule,
     UnmatchedRule,
-    _q,
-    _received,
-    _scopes_of,
     did_you_mean_text,
+    scopes_of,
     suggest,
 )
-from .specs import VariableInfo, by_name
 from .transforms import TransformError, cast_problem, chain_output_shape
 
 __all__ = [
@@ -80,7 +80,7 @@ ON_SHAPE_MISMATCH = ("error", "skip")
 
 def _check_choice(option: str, value: Any, choices: Sequence[str]) -> None:
     if not isinstance(value, str) or value not in choices:
-        valid = ", ".join(_q(c) for c in choices)
+        valid = ", ".join(quote_name(c) for c in choices)
         dym = did_you_mean_text(suggest(value, choices, cutoff=0.6)) if isinstance(value, str) else ""
         raise OptionError(f"{option} must be one of {valid}; received {value!r}.{dym}")
 
@@ -95,7 +95,7 @@ def _as_allow_missing(value: Any) -> Tuple[GlobFilter, ...]:
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise OptionError("allow_missing must be a glob (str) or a list of globs over target "
-                          f"names, e.g. ['head/*']; received {_received(value)}.")
+                          f"names, e.g. ['head/*']; received {describe_value(value)}.")
     out = []
     for i, pat in enumerate(value):
         try:
@@ -169,13 +169,13 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
             swaps, structure = root_swaps(lost, target_names, model_root)
             pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
             for n, t in swaps.items():
-                via[n] = f"model root: {_q(n)} as {_q(t)}"
+                via[n] = f"model root: {quote_name(n)} as {quote_name(t)}"
             shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
             if shifted:  # layers numbered from where another model in the saving process left off
                 pairs = [(n, shifted.get(t, t) if rule is None else t, rule) for n, t, rule in pairs]
                 for n, t, rule in pairs:
                     if rule is None and n not in via and t != n and t in shifted.values():
-                        via[n] = f"auto-name shift: {_q(n)} as {_q(t)}"
+                        via[n] = f"auto-name shift: {quote_name(n)} as {quote_name(t)}"
         if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
             # (the alignment already left out what include/exclude or a None regex drop on purpose)
             landed_set = {n for n, t, _ in pairs if t in target_by_name}
@@ -239,7 +239,7 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
         if isinstance(rule, MapRule) and not rule.is_scope:
             unmatched.append(UnmatchedRule(
                 "map", rule.describe(), tuple(suggest(tname, target_names)), True, label,
-                reason=f"names no target variable {_q(tname)}"))
+                reason=f"names no target variable {quote_name(tname)}"))
     # A scope or regex rule that renamed names but put none on a target does nothing.
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)], none landed
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
@@ -255,13 +255,13 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
         n0, t0 = renamed[0]
         k = len(renamed)
         if isinstance(rule, MapRule):
-            kind, sugg = "map-scope", suggest(rule.target, _scopes_of(target_names))
+            kind, sugg = "map-scope", suggest(rule.target, scopes_of(target_names))
         else:
             kind, sugg = "regex", suggest(t0, target_names)
         unmatched.append(UnmatchedRule(
             kind, d, tuple(sugg), False, label,
             reason=(f"renamed {k} checkpoint variable{'s' if k != 1 else ''} but none to a "
-                    f"target variable (e.g. {_q(n0)} -> {_q(t0)})")))
+                    f"target variable (e.g. {quote_name(n0)} -> {quote_name(t0)})")))
     return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), not_landed,
                         list(src.findings) + structure)
 
@@ -286,7 +286,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         on_shape_mismatch: ``"error"`` (a mismatch blocks) or ``"skip"`` (leave the target
             as it is). Both leave a mismatched target unrestored (listed in ``skipped``).
         cast: convert dtypes to the target's dtype instead of reporting a dtype mismatch,
-            where :func:`ckptmerge.transforms.cast_problem` allows it (not string <-> number,
+            where :func:`ckptmerge.planning.transforms.cast_problem` allows it (not string <-> number,
             not complex -> real).
         model_root: for a Keras model target, its root scope in the target names (``""``
             when they have none): checkpoint names that meet no target are matched with the
@@ -300,7 +300,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         PlanError: two targets share a name (``e.plan`` is ``None``).
 
     Example:
-        >>> from ckptmerge.rules import Rules
+        >>> from ckptmerge.planning.rules import Rules
         >>> t = [VariableInfo("c/x1", (3,), "float32")]
         >>> a = SourceView("A", "<memory>", "", {"a1": VariableInfo("a1", (3,), "float32")},
         ...                Rules.from_options(map={"a1": "c/x1"}))
@@ -318,26 +318,26 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     _check_choice("on_conflict", on_conflict, ON_CONFLICT)
     _check_choice("on_shape_mismatch", on_shape_mismatch, ON_SHAPE_MISMATCH)
     if not isinstance(cast, bool):
-        raise OptionError(f"cast must be True or False; received {_received(cast)}.")
+        raise OptionError(f"cast must be True or False; received {describe_value(cast)}.")
     if model_root is not None and not isinstance(model_root, str):
-        raise OptionError(f"model_root must be a str or None; received {_received(model_root)}.")
+        raise OptionError(f"model_root must be a str or None; received {describe_value(model_root)}.")
     allow = _as_allow_missing(allow_missing)
     if isinstance(targets, (str, bytes, Mapping)) or not isinstance(targets, Iterable):
         raise OptionError("targets must be a list of VariableInfo; received "
-                          f"{_received(targets)}.")
+                          f"{describe_value(targets)}.")
     targets = list(targets)
     bad = [] if all(map(isinstance, targets, itertools.repeat(VariableInfo))) else [
         i for i, t in enumerate(targets) if not isinstance(t, VariableInfo)]
     if bad:
         raise OptionError(f"targets must be VariableInfo objects; targets[{bad[0]}] is "
-                          f"{_received(targets[bad[0]])} ({len(bad)} bad in all).")
+                          f"{describe_value(targets[bad[0]])} ({len(bad)} bad in all).")
     if isinstance(sources, (str, bytes, Mapping)) or not isinstance(sources, Iterable):
-        raise OptionError(f"sources must be a list of SourceView; received {_received(sources)}.")
+        raise OptionError(f"sources must be a list of SourceView; received {describe_value(sources)}.")
     sources = list(sources)
     bad = [i for i, s in enumerate(sources) if not isinstance(s, SourceView)]
     if bad:
         raise OptionError(f"sources must be SourceView objects; sources[{bad[0]}] is "
-                          f"{_received(sources[bad[0]])}.")
+                          f"{describe_value(sources[bad[0]])}.")
 
     target_by_name = by_name(targets)
     if len(target_by_name) != len(targets):
@@ -346,7 +346,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             counts[t.name] = counts.get(t.name, 0) + 1
         dups = sorted(n for n, c in counts.items() if c > 1)
         raise PlanError(f"{len(dups)} target name{'s are' if len(dups) != 1 else ' is'} used by "
-                        "more than one target variable: " + ", ".join(_q(d) for d in dups)
+                        "more than one target variable: " + ", ".join(quote_name(d) for d in dups)
                         + ". Target names must be unique; rename the variables or restore them "
                         "in separate calls.", plan=None)
     labels: Dict[str, int] = {}
@@ -354,7 +354,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         labels[s.label] = labels.get(s.label, 0) + 1
     dup_labels = [lb for lb, c in labels.items() if c > 1]
     if dup_labels:
-        raise OptionError("source labels must be unique; " + ", ".join(_q(d) for d in dup_labels)
+        raise OptionError("source labels must be unique; " + ", ".join(quote_name(d) for d in dup_labels)
                           + " appear" + ("s" if len(dup_labels) == 1 else "")
                           + " more than once. Give each source its own label.")
 
@@ -468,8 +468,8 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
 
     for g in allow:
         if not any(g.matches(t) for t in target_names):
-            cands = [s + "*" for s in _scopes_of(target_names)] + target_names
-            unmatched.append(UnmatchedRule("allow_missing", f"allow_missing {_q(g.pattern)}",
+            cands = [s + "*" for s in scopes_of(target_names)] + target_names
+            unmatched.append(UnmatchedRule("allow_missing", f"allow_missing {quote_name(g.pattern)}",
                                            tuple(suggest(g.pattern, cands, cutoff=0.6)), False,
                                            None, reason="matched no target variable"))
 
@@ -485,7 +485,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             for t in src.transforms:
                 if not any(t.applies_to(n) for n in provided.get(src.label, ())):
                     unmatched.append(UnmatchedRule(
-                        "transform", f"{type(t).__name__} for {_q(getattr(t, 'target', '?'))}",
+                        "transform", f"{type(t).__name__} for {quote_name(getattr(t, 'target', '?'))}",
                         tuple(suggest(getattr(t, "target", ""), target_names, cutoff=0.6)), False, src.label,
                         reason="applies to no variable this source provides"))
 

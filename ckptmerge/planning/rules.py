@@ -1,6 +1,6 @@
 """Rename and selection rules: which checkpoint names go to which target names.
 
-This is the pure half of the mapping engine (the other half is :mod:`ckptmerge.planner`): names
+This is the pure half of the mapping engine (the other half is :mod:`ckptmerge.planning.planner`): names
 in, a :class:`RuleResult` out, no files and no TensorFlow. A source's :class:`Rules` hold
 
 * ``include`` / ``exclude`` globs (:class:`GlobFilter`, :func:`fnmatch.fnmatchcase` syntax) that
@@ -13,7 +13,7 @@ in, a :class:`RuleResult` out, no files and no TensorFlow. A source's :class:`Ru
   several targets (a list of targets as a map value, or a list of pairs, does the same);
 * ``regex`` rules (:class:`RegexRule`): a full match over checkpoint names and
   ``match.expand(replacement)``; a ``None`` replacement drops the name. Patterns run on RE2
-  (:mod:`ckptmerge.patterns`), in time linear in the name's length.
+  (:mod:`ckptmerge.planning.patterns`), in time linear in the name's length.
 
 Without ``map`` and ``regex`` every selected name keeps its name (identity). With them, a name
 no rule covers is dropped. Rules that match nothing come back as :class:`UnmatchedRule`, and a
@@ -25,17 +25,25 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import fnmatch
-import functools
 import operator
-import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
-from .errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
-from .patterns import Template, UserPattern, compile_pattern
-from .specs import normalize_name
-from .text import escape_name, quote_name
+from ..args import describe_value
+from ..errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
+from ..text import escape_name, quote_name
+from .rulekinds import SCOPE_ENDS, GlobFilter, MapRule, RegexRule, scopes_of  # noqa: F401 - re-exported
 
 __all__ = [
     "MapRule",
@@ -52,268 +60,6 @@ _UNMATCHED_KINDS = ("map", "map-scope", "regex", "include", "allow_missing", "tr
 _REGEX_EXAMPLE = r"[('^head/(.*)', r'new_head/\1'), ('^tmp/.*', None)]"
 
 
-#: Quote a name for messages, escaped, without doubling backslashes (``'\\1'`` reads as typed).
-_q = quote_name
-
-
-def _received(value: Any) -> str:
-    """Describe a received value for an error message: its repr (shortened) and type."""
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{text} (type {type(value).__name__})"
-
-
-#: What ends a scope in a map entry: ``/`` in TF and Keras names, ``.`` in PyTorch/safetensors names.
-_SCOPE_ENDS = ("/", ".")
-
-
-def _scopes_of(names: Sequence[str]) -> List[str]:
-    """Every scope prefix (``"a/"``, ``"a/b/"``) of the names, sorted."""
-    scopes = set()
-    for n in names:
-        parts = n.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            scopes.add("/".join(parts[:i]) + "/")
-    return sorted(scopes)
-
-
-# --------------------------------------------------------------------------------------------
-# One small frozen class per rule kind
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MapRule:
-    """One ``assignment_map`` entry: an exact rename or a scope rename.
-
-    Both names are normalised (a ``:0`` suffix and a leading ``/`` are removed). A scope entry
-    has both sides ending with a scope separator: ``"/"`` (TF, Keras) or ``"."`` (PyTorch and
-    safetensors names), so ``{"encoder.": "encoder/"}`` maps ``encoder.layer.0.weight`` to
-    ``encoder/layer.0.weight``; ``"/"`` alone is the root (every name).
-
-    Attributes:
-        source: the checkpoint name (exact) or scope (``"a/"``, ``"/"``).
-        target: the target name (exact) or scope (``"c/encoder/"``, ``"/"``).
-
-    Raises:
-        RuleError: a side is not a non-empty str, or only one side ends with ``"/"``.
-
-    Example:
-        >>> MapRule("a/", "c/encoder/").rename("a/dense/kernel")
-        'c/encoder/dense/kernel'
-        >>> MapRule("a1", "c/x1").rename("a1")
-        'c/x1'
-    """
-
-    source: str
-    target: str
-
-    def __post_init__(self) -> None:
-        for side, value in (("source", self.source), ("target", self.target)):
-            if not isinstance(value, str):
-                hint = " (pass the variable's name, e.g. v.name)" if side == "target" else ""
-                raise RuleError(
-                    f"map entry {side} must be a name (str); received {_received(value)}{hint}.")
-        source, target = normalize_name(self.source), normalize_name(self.target)
-        if not source or not target:
-            raise RuleError(
-                f"map entry {_q(self.source)} -> {_q(self.target)} has an empty name; "
-                "use '/' for the root scope.")
-        if source.endswith(_SCOPE_ENDS) != target.endswith(_SCOPE_ENDS):
-            fixed_s = source if source.endswith(_SCOPE_ENDS) else source + "/"
-            fixed_t = target if target.endswith(_SCOPE_ENDS) else target + "/"
-            raise RuleError(
-                f"map entry {_q(source)} -> {_q(target)} mixes a scope and a variable name: "
-                "a scope entry needs both sides to end with '/' or '.' (and an exact entry neither). "
-                f"Write {_q(fixed_s)} -> {_q(fixed_t)} to map a scope, or drop the '/' to map "
-                "one variable.")
-        object.__setattr__(self, "source", source)
-        object.__setattr__(self, "target", target)
-
-    # Cached on first use (in the instance's __dict__, which a frozen dataclass allows): plans
-    # ask these once per checkpoint name.
-    @functools.cached_property
-    def is_scope(self) -> bool:
-        """True for a scope entry (both sides end with ``"/"`` or ``"."``)."""
-        return self.source.endswith(_SCOPE_ENDS)
-
-    @functools.cached_property
-    def _source_prefix(self) -> str:
-        return "" if self.source == "/" else self.source
-
-    @functools.cached_property
-    def _target_prefix(self) -> str:
-        return "" if self.target == "/" else self.target
-
-    @functools.cached_property
-    def _display(self) -> str:
-        return f"map {_q(self.source)} -> {_q(self.target)}"
-
-    def matches(self, name: str) -> bool:
-        """Whether this entry covers ``name`` (ignoring precedence over other entries)."""
-        if self.is_scope:
-            return name.startswith(self._source_prefix)
-        return name == self.source
-
-    def rename(self, name: str) -> str:
-        """The target name of ``name``, which this entry must cover."""
-        if self.is_scope:
-            return self._target_prefix + name[len(self._source_prefix):]
-        return self.target
-
-    def describe(self) -> str:
-        """Display form, e.g. ``"map 'a/' -> 'c/encoder/'"``."""
-        return self._display
-
-
-@dataclass(frozen=True)
-class RegexRule:
-    """A regex rename: a full match of ``pattern`` against a name, then ``match.expand(replacement)``.
-
-    The pattern is compiled once, by RE2 (:func:`ckptmerge.patterns.compile_pattern`: linear
-    time, so no pattern can hang a plan); the replacement is checked at construction, so a
-    reference to a group the pattern does not have fails here, not mid-restore.
-
-    Attributes:
-        pattern: a regular expression in RE2 syntax (Python's without backreferences and
-            lookarounds), matched against whole checkpoint names.
-        replacement: a :meth:`re.Match.expand` template (``\\1``, ``\\g<name>``), or ``None``
-            to drop the matching names.
-
-    Raises:
-        RuleError: the pattern is not a valid regex or uses a construct RE2 does not run
-            (:class:`ckptmerge.patterns.PatternError`), the replacement is not a valid template
-            for it, or either has the wrong type.
-
-    Example:
-        >>> RegexRule(r"^head/(.*)", r"new_head/\\1").rename("head/kernel")
-        'new_head/kernel'
-        >>> RegexRule(r".*/Adam(_1)?", None).rename("dense/kernel/Adam") is None
-        True
-    """
-
-    pattern: str
-    replacement: Optional[str]
-    _regex: UserPattern = field(init=False, repr=False, compare=False)
-    _template: Optional[Template] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.pattern, str):
-            raise RuleError(f"regex pattern must be a str; received {_received(self.pattern)}.")
-        if self.replacement is not None and not isinstance(self.replacement, str):
-            raise RuleError(
-                f"regex replacement for {_q(self.pattern)} must be a str or None (drop); "
-                f"received {_received(self.replacement)}.")
-        compiled = compile_pattern(self.pattern)  # PatternError is a RuleError
-        template = None
-        if self.replacement is not None:
-            try:
-                # Checks group references and escapes without needing a name that matches.
-                template = compiled.template(self.replacement)
-            except (re.error, IndexError) as e:
-                groups = compiled.groups
-                names = sorted(compiled.groupindex)
-                have = f"{groups} group{'s' if groups != 1 else ''}"
-                if names:
-                    have += " (named: " + ", ".join(_q(n) for n in names) + ")"
-                raise RuleError(
-                    f"invalid replacement {_q(self.replacement)} for regex {_q(self.pattern)}: "
-                    f"{e}; the pattern has {have}.") from None
-        object.__setattr__(self, "_regex", compiled)
-        object.__setattr__(self, "_template", template)
-
-    def matches(self, name: str) -> bool:
-        """Whether the pattern matches the whole ``name``."""
-        return self._regex.fullmatch(name) is not None
-
-    def rename(self, name: str) -> Optional[str]:
-        """The new name (``None``: drop), or raise :class:`RuleError` if it does not match."""
-        m = self._regex.fullmatch(name)
-        if m is None:
-            raise RuleError(f"{self.describe()} does not match {_q(name)}.")
-        return self.expand(m)
-
-    def try_rename(self, name: str) -> Tuple[bool, Optional[str]]:
-        """``(matched, new name)`` with one match of the pattern (``None``: drop)."""
-        m = self._regex.fullmatch(name)
-        return (False, None) if m is None else (True, self.expand(m))
-
-    def expand(self, match: Any) -> Optional[str]:
-        """The replacement for a match of this pattern (``None``: drop)."""
-        return None if self._template is None else self._template.expand(match)
-
-    def search(self, name: str) -> bool:
-        """Whether the pattern matches some part of ``name`` (used for hints)."""
-        return self._regex.search(name) is not None
-
-    def describe(self) -> str:
-        """Display form, e.g. ``"regex '^head/(.*)' -> 'new_head/\\1'"`` or ``"... -> None (drop)"``."""
-        return self._display
-
-    @functools.cached_property
-    def _display(self) -> str:
-        right = "None (drop)" if self.replacement is None else _q(self.replacement)
-        return f"regex {_q(self.pattern)} -> {right}"
-
-
-@dataclass(frozen=True)
-class GlobFilter:
-    """One include/exclude glob (:func:`fnmatch.fnmatchcase`: ``*``, ``?``, ``[seq]``).
-
-    ``*`` also matches ``/``, so ``"encoder/*"`` selects the whole ``encoder`` scope.
-
-    Raises:
-        RuleError: the pattern is not a non-empty str.
-
-    Example:
-        >>> GlobFilter("*/Adam*").matches("dense/kernel/Adam_1")
-        True
-    """
-
-    pattern: str
-    _regex: "re.Pattern[str]" = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.pattern, str) or not self.pattern:
-            raise RuleError(f"a glob must be a non-empty str; received {_received(self.pattern)}.")
-        object.__setattr__(self, "_regex", re.compile(fnmatch.translate(self.pattern)))
-
-    def matches(self, name: str) -> bool:
-        """Whether ``name`` matches the glob (case-sensitive)."""
-        return self._regex.match(name) is not None
-
-    @functools.cached_property
-    def _literal(self) -> Optional[Tuple[str, str]]:
-        """``(how, text)`` when the glob is a literal with ``*`` only at its ends, which a string
-        method decides: ``("all", "")``, ``("in", x)``, ``("suffix", x)``, ``("prefix", x)``,
-        ``("equal", x)``; ``None`` for any other glob (the regex decides)."""
-        p = self.pattern
-        core = p.strip("*")
-        if "?" in p or "[" in p or "*" in core:
-            return None
-        if not core:
-            return ("all", "")
-        lead, trail = p.startswith("*"), p.endswith("*")
-        return ("in" if lead and trail else "suffix" if lead else "prefix" if trail else "equal", core)
-
-    def select(self, names: Sequence[str]) -> List[str]:
-        """The names that match, in order: one pass over all of them, with a string method
-        instead of the regex when the glob is a literal with ``*`` at its ends (``*/global_step``
-        is a suffix test, ``encoder/*`` a prefix test).
-
-        Example:
-            >>> GlobFilter("*/global_step").select(["a/global_step", "a/kernel", "global_step"])
-            ['a/global_step']
-        """
-        literal = self._literal
-        if literal is None:
-            return list(itertools.compress(names, map(self._regex.match, names)))
-        how, text = literal
-        if how == "all":
-            return list(names)
-        test = {"in": str.__contains__, "suffix": str.endswith, "prefix": str.startswith, "equal": str.__eq__}[how]
-        return list(itertools.compress(names, map(test, names, itertools.repeat(text))))  # (at C speed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,13 +94,13 @@ class UnmatchedRule:
 
     def __post_init__(self) -> None:
         if self.kind not in _UNMATCHED_KINDS:
-            raise RuleError(f"unknown unmatched-rule kind {_q(self.kind)}; "
+            raise RuleError(f"unknown unmatched-rule kind {quote_name(self.kind)}; "
                             f"expected one of {', '.join(_UNMATCHED_KINDS)}.")
         object.__setattr__(self, "suggestions", tuple(self.suggestions))
 
     def message(self) -> str:
         """One line saying what did not match and how to fix it."""
-        where = f" in source {_q(self.source)}" if self.source is not None else ""
+        where = f" in source {quote_name(self.source)}" if self.source is not None else ""
         text = f"{self.rule}{where} {self.reason}."
         dym = did_you_mean_text(self.suggestions)
         if dym:
@@ -405,12 +151,12 @@ class Ambiguity:
 
     def message(self) -> str:
         """One line naming every rule and result, and how to fix it."""
-        where = f" in source {_q(self.source)}" if self.source is not None else ""
-        parts = ", ".join(f"{r} gives {_q(t) if t is not None else 'a drop'}"
+        where = f" in source {quote_name(self.source)}" if self.source is not None else ""
+        parts = ", ".join(f"{r} gives {quote_name(t) if t is not None else 'a drop'}"
                           for r, t in zip(self.rules, self.targets))
-        text = f"conflict: regex rules{where} rename {_q(self.name)} differently: {parts}"
+        text = f"conflict: regex rules{where} rename {quote_name(self.name)} differently: {parts}"
         if self.resolved:
-            chosen = _q(self.resolved_to) if self.resolved_to is not None else "a drop"
+            chosen = quote_name(self.resolved_to) if self.resolved_to is not None else "a drop"
             return text + f"; resolved to {chosen} by on_conflict."
         return text + (" (pass on_conflict='first' or 'last' to pick by rule order, make the "
                        "patterns disjoint, or use exclude to drop names).")
@@ -527,7 +273,7 @@ def _as_globs(option: str, value: Any, problems: List[str]) -> Tuple[GlobFilter,
         value = [value]
     if not isinstance(value, (list, tuple)):
         problems.append(f"{option} must be a glob (str) or a list of globs, e.g. "
-                        f"['encoder/*']; received {_received(value)}.")
+                        f"['encoder/*']; received {describe_value(value)}.")
         return ()
     out = []
     for i, pat in enumerate(value):
@@ -556,7 +302,7 @@ def _as_maps(value: Any, problems: List[str]) -> Tuple[MapRule, ...]:
     if pairs is None:
         problems.append("map must be a dict of checkpoint name/scope -> target name/scope (or a "
                         "list of targets), or a list of such pairs, e.g. "
-                        f"{{'a/': 'c/encoder/', 'a1': 'c/x1'}}; received {_received(value)}.")
+                        f"{{'a/': 'c/encoder/', 'a1': 'c/x1'}}; received {describe_value(value)}.")
         return ()
     out: Dict[Tuple[str, str], MapRule] = {}
     for src, tgts in pairs:
@@ -587,13 +333,13 @@ def _as_regexes(value: Any, problems: List[str]) -> Tuple[RegexRule, ...]:
         return ()
     if not isinstance(value, (list, tuple)):
         problems.append("regex must be a list of (pattern, replacement) pairs, e.g. "
-                        f"{_REGEX_EXAMPLE}; received {_received(value)}.")
+                        f"{_REGEX_EXAMPLE}; received {describe_value(value)}.")
         return ()
     out = []
     for i, pair in enumerate(value):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             problems.append(f"regex[{i}] must be a (pattern, replacement) pair, e.g. "
-                            f"('^head/(.*)', r'new_head/\\1'); received {_received(pair)}.")
+                            f"('^head/(.*)', r'new_head/\\1'); received {describe_value(pair)}.")
             continue
         try:
             out.append(RegexRule(pair[0], pair[1]))
@@ -629,7 +375,7 @@ class Rules:
             value = getattr(self, name)
             if not isinstance(value, (list, tuple)) or not all(isinstance(x, cls) for x in value):
                 raise RuleError(f"Rules.{name} must be a tuple of {cls.__name__}; received "
-                                f"{_received(value)} (Rules.from_options builds them from "
+                                f"{describe_value(value)} (Rules.from_options builds them from "
                                 "plain values).")
             object.__setattr__(self, name, tuple(value))
         if len(set(self.maps)) != len(self.maps):
@@ -700,8 +446,8 @@ class Rules:
             >>> Rules().describe()
             ['identity (every name is kept as it is)']
         """
-        lines = [f"include {_q(g.pattern)}" for g in self.include]
-        lines += [f"exclude {_q(g.pattern)}" for g in self.exclude]
+        lines = [f"include {quote_name(g.pattern)}" for g in self.include]
+        lines += [f"exclude {quote_name(g.pattern)}" for g in self.exclude]
         lines += [m.describe() for m in self.maps]
         lines += [r.describe() for r in self.regexes]
         if not self.renames:
@@ -797,13 +543,13 @@ class Rules:
                 opt = [n for n in hidden if g.matches(n)]
                 if opt:
                     k = len(opt)
-                    unmatched.append(UnmatchedRule("include", f"include {_q(g.pattern)}", (), reason=(
+                    unmatched.append(UnmatchedRule("include", f"include {quote_name(g.pattern)}", (), reason=(
                         f"matched only {k} optimizer/bookkeeping tensor{'s' if k != 1 else ''} "
-                        f"(e.g. {_q(min(opt))}): these are optimizer variables: pass optimizer=True "
+                        f"(e.g. {quote_name(min(opt))}): these are optimizer variables: pass optimizer=True "
                         "to use them")))
                     continue
-                cands = [s + "*" for s in _scopes_of(all_names)] + all_names
-                unmatched.append(UnmatchedRule("include", f"include {_q(g.pattern)}",
+                cands = [s + "*" for s in scopes_of(all_names)] + all_names
+                unmatched.append(UnmatchedRule("include", f"include {quote_name(g.pattern)}",
                                                tuple(suggest(g.pattern, cands, cutoff=0.6))))
 
         # 2. identity
@@ -885,7 +631,7 @@ class Rules:
                 continue
             if not m.is_scope:
                 if _in_sorted(all_names, m.source) and not _in_sorted(selected, m.source):
-                    reason = (f"matched no checkpoint variable ({_q(m.source)} exists but "
+                    reason = (f"matched no checkpoint variable ({quote_name(m.source)} exists but "
                               "include/exclude leave it out)")
                     unmatched.append(UnmatchedRule("map", m.describe(), (), True, reason=reason))
                 else:
@@ -893,7 +639,7 @@ class Rules:
                                                    tuple(suggest(m.source, all_names)), True))
             else:
                 unmatched.append(UnmatchedRule("map-scope", m.describe(),
-                                               tuple(suggest(m.source, _scopes_of(all_names)))))
+                                               tuple(suggest(m.source, scopes_of(all_names)))))
         for i, r in enumerate(self.regexes):
             if i in used_regexes:
                 continue
@@ -905,7 +651,7 @@ class Rules:
                           "names it matches)")
             elif partial is not None:
                 reason += (f" (the pattern must match whole names; it matches part of "
-                           f"{_q(partial)})")
+                           f"{quote_name(partial)})")
             unmatched.append(UnmatchedRule("regex", r.describe(), (), reason=reason))
 
         return _Applied(out_names, out_targets, out_rules, sorted(dropped), unmatched, ambiguous,

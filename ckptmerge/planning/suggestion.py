@@ -1,8 +1,8 @@
 """Suggestions: the map a plan would need, proposed by structural alignment, for review.
 
-:func:`make_suggestion` takes a finished :class:`~ckptmerge.planner.Plan` and, source by source,
+:func:`make_suggestion` takes a finished :class:`~ckptmerge.planning.planner.Plan` and, source by source,
 aligns the targets still missing with the checkpoint names nothing took
-(:func:`ckptmerge.align.align`), folding whole scopes into one entry. The :class:`Suggestion` is
+(:func:`ckptmerge.alignment.align.align`), folding whole scopes into one entry. The :class:`Suggestion` is
 for people: a text report, ``to_dict()`` for scripts, and ``to_config()`` / ``write(path)``, a
 config file in the existing schema (:mod:`ckptmerge.config`) that ``ckptmerge check`` accepts and
 ``ckptmerge plan`` uses as it is: review it, edit it, commit it.
@@ -20,9 +20,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .align import Alignment, Entry, Unresolved, align, scope_entries
+from ..alignment.align import Alignment, Entry, Unresolved, align, scope_entries
+from ..text import escape_name
+from .model import late
 from .planner import Plan, SourceView
-from .text import escape_name, join_lines, plural
 
 __all__ = ["SourceSuggestion", "Suggestion", "make_suggestion", "aligned_views", "alignable"]
 
@@ -99,21 +100,9 @@ class Suggestion:
         return sum(s.n_variables for s in self.sources)
 
     def report(self, *, limit: Optional[int] = 50) -> str:
-        """Plain text: per source the proposed entries with evidence, then unresolved names."""
-        from .report import _section
-
-        out = [f"Suggestion: {plural(self.n_proposed, 'target')} aligned by structure of "
-               f"{len(self.plan.missing)} missing; {len(self.missing)} would stay missing"]
-        for s in self.sources:
-            out.append(f"Source {escape_name(s.label)}: {escape_name(s.path)}")
-            out += [f"  {line}" for line in _section(
-                "Unresolved", [u.describe() for u in s.unresolved], limit, "the evidence cannot separate these")]
-            out += [f"  {line}" for line in _section("Proposed map", [e.describe() for e in s.entries], limit)]
-        out += _section("Still missing", [escape_name(t) for t in self.missing], limit)
-        if self.n_proposed:
-            out.append("Review the map, then write it as a config (Suggestion.write('warm.yaml') or "
-                       "`ckptmerge suggest ... -o warm.yaml`) and run `ckptmerge plan warm.yaml`.")
-        return join_lines(out)
+        """Plain text: per source the proposed entries with evidence, then unresolved names
+        (see :func:`ckptmerge.render.report.render_suggestion`)."""
+        return late("ckptmerge.render.report", "render_suggestion")(self, limit=limit)
 
     def __str__(self) -> str:
         return self.report()
@@ -182,9 +171,7 @@ class Suggestion:
         return path
 
     def _repr_html_(self) -> str:
-        from .notebook import suggestion_html
-
-        return suggestion_html(self)
+        return late("ckptmerge.render.notebook", "suggestion_html")(self)
 
 
 def _left_out(rules: Any, name: str) -> bool:
@@ -224,13 +211,13 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         plan: a plan (e.g. from :func:`ckptmerge.plan`); only its names and specs are used.
         target_order: target names in creation order, if known (evidence for order).
         source_orders: per source, its names in saving order where known (see
-            :attr:`SourceHandle.order <ckptmerge.source.SourceHandle.order>`); else each view's ``order``.
+            :attr:`SourceHandle.order <ckptmerge.sources.source.SourceHandle.order>`); else each view's ``order``.
 
     Returns:
         The :class:`Suggestion`.
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> from ckptmerge.specs import VariableInfo as V
         >>> k, b = V("dnn/hiddenlayer_0/kernel", (4, 8), "float32"), V("dnn/hiddenlayer_0/bias", (8,), "float32")
         >>> p = make_plan([V("h0/kernel", (4, 8), "float32"), V("h0/bias", (8,), "float32")],
@@ -287,7 +274,7 @@ def alignable(plan: Plan) -> Tuple[int, List[str]]:
     which sources: when non-zero the report hints at :func:`ckptmerge.suggest`.
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> alignable(make_plan([], []))
         (0, [])
     """

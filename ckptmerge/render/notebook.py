@@ -10,12 +10,13 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any, Iterable, List, Sequence
 
-from .text import plural
+from ..text import plural
+from .verdicts import align_hint, verdict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import Plan
+    from ..planning.planner import Plan
+    from ..planning.suggestion import Suggestion
     from .report import Report
-    from .suggestion import Suggestion
 
 __all__ = ["html_table", "plan_html", "report_html", "suggestion_html"]
 
@@ -49,11 +50,10 @@ def plan_html(plan: "Plan") -> str:
     name met its target: a rule, an h5 key, a model root swap, or the evidence of a structural match).
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> plan_html(make_plan([], [])).startswith("<div><p><b>")
         True
     """
-    from .report import align_hint, verdict
 
     parts = [f"<p><b>{html.escape(verdict(plan))}</b>: {plural(len(plan.targets), 'target')}, "
              f"{len(plan.assignments)} assigned</p>"]

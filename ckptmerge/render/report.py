@@ -11,12 +11,14 @@ import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .planner import OptionError, _q
-from .rules import _received
-from .text import human_bytes, join_lines, plural
+from ..args import describe_value
+from ..errors import OptionError
+from ..text import escape_name, human_bytes, join_lines, plural, quote_name
+from .verdicts import align_hint, verdict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import Plan
+    from ..planning.planner import Plan
+    from ..planning.suggestion import Suggestion
 
 __all__ = ["render_plan", "align_hint", "Report", "RESTORE_MODES"]
 
@@ -26,7 +28,7 @@ _SOURCE = operator.attrgetter("source")
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
 
 
-def _section(title: str, lines: Sequence[Any], limit: Optional[int], hint: str = "",
+def section(title: str, lines: Sequence[Any], limit: Optional[int], hint: str = "",
              render: Optional[Callable[[Any], str]] = None) -> List[str]:
     """``Title (N):`` (plus an optional hint) then the lines indented, truncated at ``limit``.
 
@@ -47,21 +49,6 @@ def _describe(item: Any) -> str:
     return item.describe()
 
 
-def verdict(plan: "Plan") -> str:
-    """The last line of a plan report.
-
-    Example:
-        >>> from ckptmerge.planner import make_plan
-        >>> verdict(make_plan([], []))
-        'OK: nothing blocks a strict restore'
-    """
-    n = len(plan.blocking(strict=True))
-    if not n:
-        return "OK: nothing blocks a strict restore"
-    m = len(plan.blocking(strict=False))
-    return f"{plural(n, 'blocking finding')} (strict); {m} with strict=False"
-
-
 def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     """Render a plan as plain text for people (names escaped: one name is one visible line).
 
@@ -79,7 +66,7 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         The text, lines joined with ``"\\n"`` (no trailing newline).
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> print(render_plan(make_plan([], [])))
         Plan: 0 targets, 0 sources, 0 assigned
         Options: on_conflict='error', on_shape_mismatch='error', cast=False, allow_missing=[]
@@ -87,13 +74,13 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         OK: nothing blocks a strict restore
     """
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise OptionError(f"limit must be a non-negative int or None; received {_received(limit)}.")
+        raise OptionError(f"limit must be a non-negative int or None; received {describe_value(limit)}.")
     out: List[str] = [
         f"Plan: {plural(len(plan.targets), 'target')}, {plural(len(plan.sources), 'source')}, "
         f"{len(plan.assignments)} assigned",
-        f"Options: on_conflict={_q(plan.on_conflict)}, "
-        f"on_shape_mismatch={_q(plan.on_shape_mismatch)}, cast={plan.cast}, "
-        "allow_missing=[" + ", ".join(_q(g) for g in plan.allow_missing) + "]",
+        f"Options: on_conflict={quote_name(plan.on_conflict)}, "
+        f"on_shape_mismatch={quote_name(plan.on_shape_mismatch)}, cast={plan.cast}, "
+        "allow_missing=[" + ", ".join(quote_name(g) for g in plan.allow_missing) + "]",
     ]
     # (each source variable is assigned or unused, so the used ones are counted, not collected)
     fed = collections.Counter(map(_SOURCE, plan.assignments.values()))
@@ -109,26 +96,26 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
 
-    out += _section("Assignments", list(plan.assignments.values()), limit, render=_describe)
+    out += section("Assignments", list(plan.assignments.values()), limit, render=_describe)
 
     findings: List[str] = []
-    findings += _section("Missing", list(plan.missing), limit,
+    findings += section("Missing", list(plan.missing), limit,
                          "map a checkpoint variable to each, or pass allow_missing")
-    findings += _section("Allowed missing", list(plan.allowed_missing), limit)
+    findings += section("Allowed missing", list(plan.allowed_missing), limit)
     if plan.on_shape_mismatch == "skip":
         mism = [m.describe() + " (skipped: on_shape_mismatch='skip')"
                 for m in plan.mismatched]
     else:
         mism = [m.message() for m in plan.mismatched]
-    findings += _section("Mismatched", mism, limit)
-    findings += _section("Conflicts", [c.message() for c in plan.conflicts]
+    findings += section("Mismatched", mism, limit)
+    findings += section("Conflicts", [c.message() for c in plan.conflicts]
                          + [a.message() for a in plan.ambiguous], limit)
-    findings += _section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)
-    findings += _section("Structure", [f"{label}: {text}" for label, text in plan.structure], limit,
+    findings += section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)
+    findings += section("Structure", [f"{label}: {text}" for label, text in plan.structure], limit,
                          "names that do not line up")
     dropped_by = {label: set(names) for label, names in plan.dropped.items()}
     unused = [(label, name) for label, names in plan.unused.items() for name in names]
-    findings += _section("Unused", unused, limit, "checkpoint variables no target takes",
+    findings += section("Unused", unused, limit, "checkpoint variables no target takes",
                          render=lambda item: f"{item[0]}: {item[1]}" + (" (left out by rules)"
                                                                        if item[1] in dropped_by[item[0]] else ""))
     out += findings if findings else ["No findings."]
@@ -137,29 +124,6 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         out.append(hint)
     out.append(verdict(plan))
     return join_lines(out)
-
-
-def align_hint(plan: "Plan") -> str:
-    """A line pointing at :func:`ckptmerge.suggest` when missing targets and unused checkpoint
-    names share shapes (names that differ wholesale), else ``""``.
-
-    Example:
-        >>> from ckptmerge.planner import make_plan
-        >>> align_hint(make_plan([], []))
-        ''
-    """
-    if not plan.missing:  # (no alignment module to load)
-        return ""
-    from .suggestion import alignable
-
-    n, labels = alignable(plan)
-    if not n:
-        return ""
-    return (f"Hint: {plural(n, 'missing target')} and unused checkpoint variables of "
-            f"{', '.join(_q(x) for x in labels)} share shapes and dtypes, so the names may differ "
-            "wholesale: cm.suggest(target, sources) or `ckptmerge suggest SOURCE... --target PATH` "
-            "proposes a map by structure, and Source(..., align='structure') applies its "
-            "unambiguous part.")
 
 
 @dataclass(frozen=True)
@@ -179,7 +143,7 @@ class Report:
         OptionError: ``mode`` is not one of :data:`RESTORE_MODES`.
 
     Example:
-        >>> from ckptmerge.planner import make_plan
+        >>> from ckptmerge.planning.planner import make_plan
         >>> Report(make_plan([], []), "eager", [], [], 0.5, 0, []).summary()
         'restored 0 variables from 0 sources in 0.50 s; 0 allowed missing; 0 skipped'
     """
@@ -194,7 +158,7 @@ class Report:
 
     def __post_init__(self) -> None:
         if self.mode not in RESTORE_MODES:
-            raise OptionError(f"mode must be one of {', '.join(_q(m) for m in RESTORE_MODES)}; "
+            raise OptionError(f"mode must be one of {', '.join(quote_name(m) for m in RESTORE_MODES)}; "
                               f"received {self.mode!r}.")
         object.__setattr__(self, "restored", sorted(self.restored))
         object.__setattr__(self, "skipped", sorted((str(t), str(r)) for t, r in self.skipped))
@@ -226,10 +190,10 @@ class Report:
         out = [self.summary(), f"Mode: {self.mode}; read {human_bytes(self.bytes_read)}"]
         out += self._source_lines("restored")
         by_target = self.plan.assignments
-        out += _section("Restored", self.restored, limit,
+        out += section("Restored", self.restored, limit,
                         render=lambda t: t if t not in by_target else by_target[t].describe())
-        out += _section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
-        out += _section("Allowed missing", list(self.plan.allowed_missing), limit)
+        out += section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
+        out += section("Allowed missing", list(self.plan.allowed_missing), limit)
         return join_lines(out)
 
     def __str__(self) -> str:
@@ -254,3 +218,24 @@ class Report:
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped],
                 "elapsed": float(self.elapsed), "bytes_read": int(self.bytes_read),
                 "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict(lazy=lazy)}
+
+
+def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50) -> str:
+    """Plain text for :meth:`Suggestion.report`: per source the proposed entries with evidence,
+    then the names that stay unresolved.
+
+    Example:
+        >>> print(render_suggestion(cm.suggest(model, [cm.Source("old.h5")])))   # doctest: +SKIP
+    """
+    out = [f"Suggestion: {plural(suggestion.n_proposed, 'target')} aligned by structure of "
+           f"{len(suggestion.plan.missing)} missing; {len(suggestion.missing)} would stay missing"]
+    for s in suggestion.sources:
+        out.append(f"Source {escape_name(s.label)}: {escape_name(s.path)}")
+        out += [f"  {line}" for line in section(
+            "Unresolved", [u.describe() for u in s.unresolved], limit, "the evidence cannot separate these")]
+        out += [f"  {line}" for line in section("Proposed map", [e.describe() for e in s.entries], limit)]
+    out += section("Still missing", [escape_name(t) for t in suggestion.missing], limit)
+    if suggestion.n_proposed:
+        out.append("Review the map, then write it as a config (Suggestion.write('warm.yaml') or "
+                   "`ckptmerge suggest ... -o warm.yaml`) and run `ckptmerge plan warm.yaml`.")
+    return join_lines(out)

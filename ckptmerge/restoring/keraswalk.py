@@ -19,8 +19,8 @@ import logging
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .errors import CkptMergeError
-from .text import plural, quote_name
+from ..errors import CkptMergeError
+from ..text import plural, quote_name
 
 __all__ = ["weights_file_keys", "name_weights_files", "model_root"]
 
@@ -152,7 +152,7 @@ def name_weights_files(model: Any, targets: Any, handles: Sequence[Any]) -> None
 
     Args:
         model: the Keras target.
-        targets: its :class:`~ckptmerge.targets.TargetSet`.
+        targets: its :class:`~ckptmerge.restoring.targets.TargetSet`.
         handles: the opened sources; only Keras 3 weights files (and ``.keras`` archives) change.
 
     Example:

@@ -29,10 +29,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .args import received
-from .errors import ArgumentTypeError, CkptMergeError, PlanError
-from .specs import VariableInfo, normalize_name
-from .text import quote_name
+from ..args import received
+from ..errors import ArgumentTypeError, CkptMergeError, PlanError
+from ..specs import VariableInfo, normalize_name
+from ..text import quote_name
 
 __all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "import_tf", "keras_backend"]
 
@@ -110,7 +110,7 @@ def _dtype_name(dtype: Any) -> str:
     return getattr(dtype, "name", str(dtype)).replace("_ref", "")
 
 
-def _is_keras_object(obj: Any) -> bool:
+def is_keras_object(obj: Any) -> bool:
     keras = sys.modules.get("keras")
     if keras is None:
         return False
@@ -133,7 +133,7 @@ def keras_backend(target: Any) -> Optional[str]:
         return None
     items = list(target.values()) if isinstance(target, dict) else (
         list(target) if isinstance(target, (list, tuple)) else [target])
-    if not items or not all(_is_keras_object(x) for x in items):
+    if not items or not all(is_keras_object(x) for x in items):
         return None
     return str(keras.backend.backend())
 
@@ -160,7 +160,7 @@ def _keras_native_set(target: Any) -> TargetSet:
 
 def _tf_variable(v: Any) -> Any:
     """The TF variable behind ``v`` (a Keras 3 variable wraps one in ``.value``)."""
-    if _is_keras_object(v):
+    if is_keras_object(v):
         return v.value
     return v
 
@@ -202,7 +202,7 @@ def variable_name(v: Any, *, graph_mode: bool) -> str:
         >>> variable_name(tf.Variable(1.0, name="w"), graph_mode=False)  # doctest: +SKIP
         'w'
     """
-    if _is_keras_object(v):
+    if is_keras_object(v):
         return v.path
     if _is_sharded(v):
         return _sharded_name(v)
@@ -285,7 +285,7 @@ def collect_targets(target: Any = None) -> TargetSet:
     elif isinstance(target, dict):
         _check_variables((f"target[{k!r}]", v) for k, v in target.items())
         pairs = [(normalize_name(str(k)), v) for k, v in target.items()]
-    elif _is_keras_object(target) and not isinstance(target, (list, tuple)):
+    elif is_keras_object(target) and not isinstance(target, (list, tuple)):
         pairs = [(v.path, v) for v in target.weights]
         hint = "Give the layers unique names, or pass a dict {name: variable}."
     elif isinstance(target, tf.Module):
@@ -305,7 +305,7 @@ def collect_targets(target: Any = None) -> TargetSet:
 def _check_variables(items: Iterable[Tuple[str, Any]]) -> None:
     """Refuse values that are not variables (arrays, tensors, numbers) in a list or dict target."""
     for where, v in items:
-        if not (_is_keras_object(v) or hasattr(_tf_variable(v), "assign")):
+        if not (is_keras_object(v) or hasattr(_tf_variable(v), "assign")):
             raise ArgumentTypeError(
                 f"{where} is a {type(v).__module__}.{type(v).__qualname__}, not a variable: a target holds "
                 "the variables to restore into (tf.Variable, Keras variables). To restore from arrays, "
@@ -326,7 +326,7 @@ def _build_set(pairs: List[Tuple[str, Any]], graph_mode: bool, graph: Any, hint:
             continue
         tfv = _tf_variable(v)
         ssi = getattr(tfv, "_save_slice_info", None)
-        if ssi is not None and not _is_keras_object(v):
+        if ssi is not None and not is_keras_object(v):
             full = normalize_name(ssi.full_name)
             spec = ssi.spec
             if full not in groups:
@@ -358,7 +358,7 @@ def creation_order(target: Any, targets: TargetSet) -> Optional[List[str]]:
         return None
     if target is None and targets.mode == "graph":
         variables = import_tf().compat.v1.global_variables()
-    elif _is_keras_object(target) and not isinstance(target, (list, tuple)):
+    elif is_keras_object(target) and not isinstance(target, (list, tuple)):
         variables = list(target.weights)
     else:
         return None

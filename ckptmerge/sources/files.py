@@ -1,11 +1,11 @@
 """What is on disk at a checkpoint path: file names, formats sniffed from bytes, sizes.
 
-The low layer of :mod:`ckptmerge.resolve`: the checkpoint formats it names, the file names of a
+The low layer of :mod:`ckptmerge.sources.resolve`: the checkpoint formats it names, the file names of a
 V2 bundle (``prefix.index`` and its ``.data-*`` shards) and of V1 sets, Keras ``.h5`` names,
 telling an HDF5 or LevelDB-table file from its first and last bytes, checkpoint sizes, and the
 message that says why a path is not a checkpoint (what is there instead, or the closest name).
 Nothing here reads tensors; nothing here imports TensorFlow. Its names without a leading
-underscore are shared with :mod:`ckptmerge.resolve` and :mod:`ckptmerge.resolve_state` (they are
+underscore are shared with :mod:`ckptmerge.sources.resolve` and :mod:`ckptmerge.sources.state` (they are
 not part of the package's API, which :mod:`ckptmerge` re-exports).
 """
 
@@ -16,9 +16,12 @@ import re
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from .errors import CheckpointNotFoundError, did_you_mean
-from .formats.bundle import DATA_RE  # the bundle format's data-file names (also imported from here)
-from .text import quote_name, quoted_command
+from ..errors import CheckpointNotFoundError, did_you_mean
+from ..formats.io.storage import is_url
+from ..formats.tf.bundle import (
+    DATA_RE,  # the bundle format's data-file names (also imported from here)
+)
+from ..text import quote_name, quoted_command
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -103,14 +106,14 @@ NOT_V1_SUFFIXES = (INDEX, ".meta", ".pb", ".pbtxt", ".json", ".txt", ".md", ".h5
 
 def v1_pattern_of(shard: str) -> str:
     """The set pattern of a V1 shard file name: ``m-00001-of-00002`` -> ``m-?????-of-00002``."""
-    from .formats.v1 import v1_pattern
+    from ..formats.tf.v1 import v1_pattern
 
     return v1_pattern(shard) or shard
 
 
 def v1_files(prefix: str) -> List[str]:
     """The files of a V1 checkpoint: the file itself, or every shard of a set's pattern."""
-    from .formats.v1 import v1_shard_files
+    from ..formats.tf.v1 import v1_shard_files
 
     return v1_shard_files(prefix)
 
@@ -300,3 +303,16 @@ def not_found_error(given: str) -> CheckpointNotFoundError:
         f"{quote_name(given + INDEX)}).{hint}{listing}",
         path=given,
     )
+
+
+def same_checkpoint_path(a: str, b: str) -> bool:
+    """Whether two checkpoint paths name the same checkpoint: by real path on disk (links
+    followed, case folded where the file system folds it), as written for URLs.
+
+    Example:
+        >>> same_checkpoint_path("runs/A/ckpt-1", "runs/A/../A/ckpt-1")
+        True
+    """
+    if is_url(a) or is_url(b):  # object storage: no links, no case folding
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))

@@ -1,6 +1,6 @@
 """Find the checkpoint a URL means: prefixes, directories, steps and state files in object storage.
 
-The same rules as :mod:`ckptmerge.resolve` for local paths, over fsspec listings: a URL is a
+The same rules as :mod:`ckptmerge.sources.resolve` for local paths, over fsspec listings: a URL is a
 checkpoint prefix (``s3://b/run/ckpt-10``, its ``.index`` beside it), one of its files, or a
 directory: its ``checkpoint`` state file names the latest, ``step=N`` picks a step, and without a
 state file the only checkpoint or the highest step is taken. A state file written on another
@@ -14,8 +14,8 @@ import dataclasses
 import re
 from typing import Dict, List, Optional
 
-from .errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
-from .formats.storage import (
+from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
+from ..formats.io.storage import (
     basename,
     dirname,
     is_url,
@@ -25,13 +25,14 @@ from .formats.storage import (
     remote_isdir,
     remote_listdir,
 )
-from .resolve_files import (
+from ..text import quote_name, quoted_command
+from .files import (
+    DATA_RE,
     FORMAT_KERAS_H5,
     FORMAT_NUMPY,
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
-    DATA_RE,
     INDEX,
     STATE_FILE,
     V1_SHARD_RE,
@@ -40,7 +41,8 @@ from .resolve_files import (
     step_of,
     v1_pattern_of,
 )
-from .text import quote_name, quoted_command
+from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .state import CheckpointState, state_from_text
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -59,7 +61,7 @@ def _locate(recorded: str, directory: str) -> str:
     return join(directory, path)
 
 
-def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821 - resolve's class
+def read_state_url(directory: str) -> Optional[CheckpointState]:
     """Parse a remote directory's ``checkpoint`` state file; ``None`` when there is none.
 
     Paths are URLs (see :func:`_locate`); the ``recorded_*`` fields keep the strings as written.
@@ -75,9 +77,8 @@ def read_state_url(directory: str) -> Optional["CheckpointState"]:  # noqa: F821
     return _read_state_at(directory) if remote_exists(join(directory, STATE_FILE)) else None
 
 
-def _read_state_at(directory: str) -> "CheckpointState":  # noqa: F821 - resolve's class
+def _read_state_at(directory: str) -> CheckpointState:
     """:func:`read_state_url` of a directory known to hold a state file (no existence check)."""
-    from .resolve_state import state_from_text
 
     url = join(directory, STATE_FILE)
     return state_from_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url, url, directory,
@@ -92,15 +93,13 @@ def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     return basename(latest) if latest else None
 
 
-def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noqa: F821 - resolve's class
+def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     """Resolve a URL (and optional step) to one checkpoint; see the module docstring.
 
     Example:
         >>> resolve_url("s3://bucket/run", 200).prefix  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
-    from .resolve import ResolvedCheckpoint
-
     url = given.rstrip("/")
     if url.endswith(INDEX):
         url = url[: -len(INDEX)]
@@ -172,10 +171,9 @@ def resolve_url(given: str, step: Optional[int]) -> "ResolvedCheckpoint":  # noq
                                   "'checkpoint' state file there.", path=given)
 
 
-def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # noqa: F821
+def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
     """``url`` as one checkpoint: a TF prefix, a file, or a sharded V1 set's pattern; else None."""
-    from .formats.v1 import V1_PATTERN_RE, v1_shard_files
-    from .resolve import ResolvedCheckpoint
+    from ..formats.tf.v1 import V1_PATTERN_RE, v1_shard_files
 
     if remote_exists(url + INDEX):
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
@@ -186,13 +184,12 @@ def _resolve_single(given: str, url: str) -> Optional["ResolvedCheckpoint"]:  # 
     return None
 
 
-def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 - resolve's class
+def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     """A remote file that is not a TF prefix, by its name, then by its first or last bytes."""
-    from .formats.h5 import is_hdf5, is_keras_archive
-    from .formats.numpy_files import is_npz
-    from .formats.safetensors import INDEX_SUFFIX, is_safetensors
-    from .formats.table import is_leveldb_table
-    from .resolve import ResolvedCheckpoint
+    from ..formats.h5 import is_hdf5, is_keras_archive
+    from ..formats.numpy_files import is_npz
+    from ..formats.safetensors import INDEX_SUFFIX, is_safetensors
+    from ..formats.tf.table import is_leveldb_table
 
     lower = url.lower()
     if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
@@ -214,15 +211,13 @@ def _resolve_file(given: str, url: str) -> "ResolvedCheckpoint":  # noqa: F821 -
         "Keras '.h5'/'.keras' file.", path=given)
 
 
-def checkpoints_url(directory: str) -> List["CheckpointInfo"]:  # noqa: F821 - resolve's class
+def checkpoints_url(directory: str) -> List[CheckpointInfo]:
     """The checkpoints of a remote directory, sorted by step: one listing for all of them.
 
     Example:
         >>> [c.step for c in checkpoints_url("s3://bucket/run")]  # doctest: +SKIP
         [100, 200]
     """
-    from .resolve import CheckpointInfo
-
     url = directory.rstrip("/")
     if not remote_isdir(url):
         raise CheckpointNotFoundError(f"{quote_name(directory)} is not a directory (no objects below it).",

@@ -11,56 +11,34 @@ parses the ``checkpoint`` state file (a text-format ``CheckpointState`` proto) w
 TensorFlow. Nothing here reads tensors; nothing here imports TensorFlow.
 
 What is on disk (file names, formats sniffed from bytes, sizes, why a path is not a checkpoint)
-is :mod:`ckptmerge.resolve_files`; the state file is :mod:`ckptmerge.resolve_state`; URLs are
-:mod:`ckptmerge.resolve_remote`. This module scans directories and resolves paths.
+is :mod:`ckptmerge.sources.files`; the state file is :mod:`ckptmerge.sources.state`; URLs are
+:mod:`ckptmerge.sources.remote`. This module is the one place that
+chooses between the local path (:mod:`ckptmerge.sources.local`) and the remote one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from .args import check_path, check_step
-from .errors import (
+from ..args import check_path, check_step
+from ..errors import (
     ArgumentError,
     ArgumentTypeError,
-    CheckpointFormatError,
-    CheckpointNotFoundError,
-    format_list,
 )
-from .formats.storage import is_url
-from .resolve_files import (
-    DATA_RE,
+from ..formats.io.storage import is_url
+from .files import (
     FORMAT_KERAS_H5,
     FORMAT_NUMPY,
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
-    INDEX,
-    NOT_V1_SUFFIXES,
-    STATE_FILE,
     PathArg,
-    array_dir_format,
-    data_files_by_base,
-    display_path,
-    index_exists,
-    is_h5_name,
-    is_hdf5,
-    not_found_error,
-    prefix_exists,
-    shown_path,
-    size_of,
-    step_of,
-    v1_files,
-    v1_format,
-    v1_pattern_exists,
-    v1_pattern_of,
-    v1_shard,
 )
-from .resolve_state import CheckpointState, _read_state, read_state_file
-from .text import escape_name, quote_name, quoted_command
+from .local import checkpoints_local, resolve_local
+from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .state import CheckpointState, read_state_file
+
 __all__ = [
     "open_resolved",
     "ArgumentError",
@@ -80,125 +58,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One checkpoint of a directory, as listed by :func:`checkpoints`.
-
-    Attributes:
-        path: the absolute prefix (or the absolute ``.h5`` path).
-        step: the trailing ``-N`` of the prefix's base name (``ckpt-10`` -> 10), else ``None``.
-        time: when it was written, epoch seconds: the state file's timestamp when one is
-            recorded for it, else the modification time of its ``.index`` (or ``.h5``) file.
-        size: bytes of the ``.index`` plus all ``.data-*`` shards (or of the ``.h5`` file).
-        latest: whether the directory's ``checkpoint`` state file names it as the latest.
-
-    Example:
-        >>> [(c.step, c.latest) for c in checkpoints("runs/A")]  # doctest: +SKIP
-        [(1, True), (9, False), (10, False)]
-    """
-
-    path: str
-    step: Optional[int]
-    time: float
-    size: int
-    latest: bool
-
-
-@dataclass(frozen=True)
-class ResolvedCheckpoint:
-    """The checkpoint a path (and optional step) refers to.
-
-    Attributes:
-        prefix: absolute checkpoint prefix, absolute V1 file or ``-?????-of-NNNNN`` pattern,
-            or absolute ``.h5`` path.
-        format: ``"tf-bundle"``, ``"tf-v1"`` or ``"keras-h5"``.
-        step: the step of the checkpoint (trailing ``-N`` of its name), or ``None``.
-        note: how it was chosen, for reports, e.g.
-            ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
-
-    Example:
-        >>> resolve_checkpoint("runs/A").note  # doctest: +SKIP
-        'latest checkpoint per runs/A/checkpoint (step 10)'
-    """
-
-    prefix: str
-    format: str
-    step: Optional[int]
-    note: str
-
-
-# --------------------------------------------------------------------------------------------
-# scanning a directory
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    prefix: str  # absolute
-    format: str
-    step: Optional[int]
-
-
-def _scan(directory: str) -> List[_Candidate]:
-    """Checkpoints directly in ``directory``: ``*.index`` prefixes, V1 files and sets, ``.h5`` files."""
-    abs_dir = os.path.abspath(directory)
-    out = []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return []
-    for name in names:
-        full = os.path.join(abs_dir, name)
-        if name.endswith(INDEX) and len(name) > len(INDEX) and os.path.isfile(full):
-            prefix = full[: -len(INDEX)]
-            out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, step_of(prefix)))
-        elif is_h5_name(name) and os.path.isfile(full):
-            out.append(_Candidate(full, FORMAT_KERAS_H5, step_of(full)))
-        elif not name.startswith(".") and name != STATE_FILE and not name.endswith(NOT_V1_SUFFIXES) \
-                and DATA_RE.search(name) is None:
-            v1 = v1_format(full)
-            if v1 is not None and all(c.prefix != v1 for c in out):
-                out.append(_Candidate(v1, FORMAT_TF_V1, step_of(v1)))
-    return out
-
-
-def _saved_model_prefix(directory: str) -> Optional[str]:
-    if os.path.isfile(os.path.join(directory, "saved_model.pb")) or os.path.isfile(
-        os.path.join(directory, "saved_model.pbtxt")
-    ):
-        return os.path.join(os.path.abspath(directory), "variables", "variables")
-    return None
-
-
-def _candidates_with_state(directory: str, state: Optional[CheckpointState]) -> List[_Candidate]:
-    """Union of the state file's existing checkpoints and the directory's own, by prefix."""
-    found: Dict[str, _Candidate] = {}
-    if state is not None:
-        paths = list(state.all_model_checkpoint_paths)
-        if state.model_checkpoint_path:
-            paths.append(state.model_checkpoint_path)
-        for p in paths:
-            if index_exists(p):
-                found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, step_of(p)))
-            elif os.path.isfile(p) and is_h5_name(p):
-                found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, step_of(p)))
-            elif v1_format(p) is not None:
-                v1 = v1_format(p) or p
-                found.setdefault(v1, _Candidate(v1, FORMAT_TF_V1, step_of(v1)))
-            else:
-                logger.debug("state file lists %s but it does not exist", p)
-    for c in _scan(directory):
-        found.setdefault(c.prefix, c)
-    return list(found.values())
-
-
-def _sort_key(c: _Candidate) -> tuple:
-    return (c.step is None, c.step if c.step is not None else 0, c.prefix)
-
-
-def _steps_text(cands: List[_Candidate]) -> str:
-    steps = sorted({c.step for c in cands if c.step is not None})
-    return ", ".join(str(s) for s in steps) if steps else "none"
 
 
 def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
@@ -225,252 +84,10 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
     """
     given = check_path(directory, "directory")
     if is_url(given):
-        from .resolve_remote import checkpoints_url
+        from .remote import checkpoints_url
 
         return checkpoints_url(given)
-    if not os.path.isdir(given) and os.path.isfile(given + ".index"):
-        parent = os.path.dirname(given) or "."
-        raise ArgumentError(
-            f"{quote_name(given)} is a checkpoint prefix, not a directory. {quoted_command('checkpoints', parent)} "
-            f"lists the checkpoints of its directory; {quoted_command('ls', given)} shows this one.")
-    if not os.path.exists(given):
-        raise not_found_error(given)
-    if not os.path.isdir(given):
-        raise ArgumentError(
-            f"{quote_name(given)} is not a directory. Pass the directory holding the checkpoints; "
-            f"{quoted_command('ls', given)} (or ckptmerge.list_variables) inspects a single checkpoint."
-        )
-    state = _read_state(given, given)
-    cands = _candidates_with_state(given, state)
-    sm = _saved_model_prefix(given)
-    if sm is not None and index_exists(sm) and all(c.prefix != sm for c in cands):
-        cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
-    latest = state.model_checkpoint_path if state is not None else None
-    infos = []
-    shards: Dict[str, Dict[str, List[str]]] = {}  # directory -> its data files by base: one listing each
-    for c in sorted(cands, key=_sort_key):
-        ts = state.timestamp_of(c.prefix) if state is not None else None
-        stat_path = {FORMAT_KERAS_H5: c.prefix, FORMAT_TF_V1: v1_files(c.prefix)[0]}.get(
-            c.format, c.prefix + INDEX)
-        directory, base = os.path.split(c.prefix)
-        if directory not in shards:
-            shards[directory] = data_files_by_base(directory)
-        try:
-            t = ts if ts is not None else os.path.getmtime(stat_path)
-            size = size_of(c.prefix, c.format, shards[directory].get(base, []))
-        except OSError:  # deleted while we looked
-            continue
-        infos.append(CheckpointInfo(
-            path=c.prefix, step=c.step, time=float(t), size=size,
-            latest=latest is not None and os.path.normpath(latest) == c.prefix,
-        ))
-    return infos
-
-
-# --------------------------------------------------------------------------------------------
-# resolving
-def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
-    """A regular file that is not a V2 prefix: Keras HDF5, V1 table, safetensors, NumPy, or
-    not a checkpoint."""
-    fmt = _array_file_format(abs_path)
-    if fmt:
-        return ResolvedCheckpoint(abs_path, fmt, None, note or f"{fmt} file {given}")
-    if is_h5_name(abs_path) or is_hdf5(abs_path):
-        return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
-                                  note or f"Keras HDF5 weights file {given}")
-    if abs_path.endswith(".keras"):
-        from .formats.h5 import is_keras_archive
-
-        if is_keras_archive(abs_path):  # its weights are read in place, named from config.json
-            return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
-                                      note or f"Keras model archive {given}")
-        raise CheckpointFormatError(
-            f"{quote_name(given)} is not a Keras '.keras' model archive: it is not a zip file holding "
-            "'model.weights.h5'. It is damaged or was saved in another format; re-copy it, or "
-            "save the model again with model.save('model.keras').",
-            path=given,
-        )
-    v1 = v1_format(abs_path)
-    if v1 is not None:
-        if v1 != abs_path:
-            note = note or f"all shards of V1 checkpoint {given}"
-        return ResolvedCheckpoint(v1, FORMAT_TF_V1, step_of(v1), note or f"V1 checkpoint {given}")
-    hint = ""
-    for ext in (".meta", ".pb", ".pbtxt", ".json"):
-        if abs_path.endswith(ext) and prefix_exists(abs_path[: -len(ext)]):
-            hint = f" Did you mean the checkpoint prefix {quote_name(given[: -len(ext)])}?"
-            break
-    raise CheckpointFormatError(
-        f"{quote_name(given)} is a file but not a checkpoint ckptmerge can read: expected a TF "
-        "checkpoint prefix (with a '.index' file beside it), one of its '.index'/'.data-*' "
-        "files, a V1 checkpoint file, a checkpoint or SavedModel directory, or a Keras '.h5' "
-        f"weights file.{hint}",
-        path=given,
-    )
-
-
-def _from_prefix(given: str, abs_prefix: str, note: str) -> ResolvedCheckpoint:
-    return ResolvedCheckpoint(abs_prefix, FORMAT_TF_BUNDLE, step_of(abs_prefix), note)
-
-
-def _array_file_format(path: str) -> str:
-    """``FORMAT_SAFETENSORS`` or ``FORMAT_NUMPY`` for such a file, else ``""`` (by name, then content)."""
-    from .formats.numpy_files import is_npz
-    from .formats.safetensors import INDEX_SUFFIX, is_safetensors
-
-    if path.endswith((".safetensors", INDEX_SUFFIX)) or is_safetensors(path):
-        return FORMAT_SAFETENSORS
-    if path.endswith(".npz") or is_npz(path):
-        return FORMAT_NUMPY
-    return ""
-
-
-def _array_dir_format(directory: str) -> str:
-    """The format of a folder of safetensors shards or ``.npy`` files, else ``""``."""
-    try:
-        return array_dir_format(os.listdir(directory))
-    except OSError:
-        return ""
-
-
-def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,
-                      recorded: str, what: str) -> Tuple[str, str, str]:
-    """Check that a checkpoint named by the state file exists; return (prefix, format,
-    relocation note)."""
-    shown_state = display_path(given_dir, STATE_FILE)
-    located = prefix
-    fmt = ""
-    if index_exists(prefix):
-        fmt = FORMAT_TF_BUNDLE
-    elif os.path.isfile(prefix) and (is_h5_name(prefix) or is_hdf5(prefix)):
-        fmt = FORMAT_KERAS_H5
-    elif v1_format(prefix) is not None or v1_shard(prefix):
-        prefix, fmt = v1_format(prefix) or v1_pattern_of(v1_shard(prefix) or ""), FORMAT_TF_V1
-    if not fmt:
-        shown_index = shown_path(prefix, abs_dir, given_dir) + INDEX
-        also = ""
-        if os.path.isabs(recorded):
-            local = display_path(given_dir, os.path.basename(recorded.rstrip("/\\"))) + INDEX
-            if local != shown_index:
-                also = f" (nor does {quote_name(local)})"
-        others = [c for c in _candidates_with_state(given_dir, state)]
-        raise CheckpointNotFoundError(
-            f"{quote_name(shown_state)} names {quote_name(recorded)} as the {what}, but its index file "
-            f"{quote_name(shown_index)} does not exist{also}: deleted, moved, or still being written? "
-            f"Steps there: {_steps_text(others)}. Pass a step (e.g. step=N) or a checkpoint "
-            f"prefix, or run {quoted_command('checkpoints', given_dir)} to list them.",
-            path=given_dir,
-        )
-    reloc = ""
-    if os.path.isabs(recorded) and os.path.normpath(recorded) != located:
-        reloc = f"; recorded as {quote_name(recorded)}, found in {given_dir}"
-    return prefix, fmt, reloc
-
-
-def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
-    abs_dir = os.path.abspath(given)
-    sm = _saved_model_prefix(given)
-    if sm is not None:
-        if not index_exists(sm):
-            raise CheckpointNotFoundError(
-                f"{quote_name(given)} is a SavedModel directory without variables: "
-                f"{quote_name(display_path(given, os.path.join('variables', 'variables.index')))} does not exist "
-                "(a model without variables, or an incomplete copy).",
-                path=given,
-            )
-        if step is not None:
-            raise ArgumentError(
-                f"step={step} was given, but {quote_name(given)} is a SavedModel directory, which holds "
-                "one set of variables and no steps. Drop step, or pass the training directory "
-                "that holds the step's checkpoint."
-            )
-        return ResolvedCheckpoint(sm, FORMAT_TF_BUNDLE, None, f"variables of SavedModel {given}")
-
-    state = _read_state(given, given)
-    shown_state = display_path(given, STATE_FILE)
-
-    if step is not None:
-        cands = _candidates_with_state(given, state)
-        matching = sorted({c.prefix: c for c in cands if c.step == step}.values(), key=_sort_key)
-        if not matching:
-            raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {escape_name(given)}; steps there: {_steps_text(cands)}. "
-                f"Run {quoted_command('checkpoints', given)} to list them.",
-                path=given,
-            )
-        if len(matching) > 1:
-            shown = [shown_path(c.prefix, abs_dir, given) for c in matching]
-            raise ArgumentError(
-                f"several checkpoints of step {step} in {escape_name(given)}: {format_list(shown)}. Pass "
-                "the one you mean as a prefix instead of the directory."
-            )
-        c = matching[0]
-        return ResolvedCheckpoint(c.prefix, c.format, c.step, f"step {step} of {given}")
-
-    if state is not None and state.model_checkpoint_path:
-        prefix = state.model_checkpoint_path
-        prefix, fmt, reloc = _resolve_recorded(given, abs_dir, state, prefix,
-                                       state.recorded_model_checkpoint_path or "",
-                                       "latest checkpoint")
-        s = step_of(prefix)
-        detail = f"step {s}" if s is not None else os.path.basename(prefix)
-        return ResolvedCheckpoint(prefix, fmt, s,
-                                  f"latest checkpoint per {shown_state} ({detail}{reloc})")
-    if state is not None:
-        logger.warning("%s names no model_checkpoint_path; looking at the files instead",
-                       shown_state)
-
-    cands = _scan(given)
-    bundles = [c for c in cands if c.format in (FORMAT_TF_BUNDLE, FORMAT_TF_V1)]
-    pool = bundles or cands  # prefer TF checkpoints over stray .h5 files
-    why = "no 'checkpoint' state file" if state is None else f"{shown_state} names no latest checkpoint"
-    if len(pool) == 1:
-        c = pool[0]
-        return ResolvedCheckpoint(c.prefix, c.format, c.step,
-                                  f"only checkpoint in {given} ({why})")
-    if len(pool) > 1:
-        stepped = [c for c in pool if c.step is not None]
-        shown = [shown_path(c.prefix, abs_dir, given) for c in sorted(pool, key=_sort_key)]
-        if stepped:
-            top = max(c.step for c in stepped)
-            best = [c for c in stepped if c.step == top]
-            if len(best) == 1:
-                c = best[0]
-                logger.info("%s: %s; taking the highest step %d", given, why, top)
-                return ResolvedCheckpoint(
-                    c.prefix, c.format, c.step,
-                    f"{why} in {given}; took the highest step {top} of {len(pool)} checkpoints",
-                )
-        raise ArgumentError(
-            f"{quote_name(given)} holds {len(pool)} checkpoints ({format_list(shown)}) and {why}, so "
-            "ckptmerge cannot tell which one you mean. Pass one of them as a prefix, or a step "
-            f"(run {quoted_command('checkpoints', given)} to list them)."
-        )
-
-    fmt = _array_dir_format(given)
-    if fmt:
-        return ResolvedCheckpoint(abs_dir, fmt, None, f"{fmt} files in {given}")
-
-    # Nothing here; point at subdirectories that do hold checkpoints.
-    sub_hint = ""
-    try:
-        subdirs = sorted(n for n in os.listdir(given) if os.path.isdir(os.path.join(given, n)))
-    except OSError:
-        subdirs = []
-    holding = [display_path(given, n) for n in subdirs
-               if _scan(os.path.join(given, n)) or os.path.isfile(os.path.join(given, n, STATE_FILE))
-               or _saved_model_prefix(os.path.join(given, n))]
-    if holding:
-        sub_hint = f" Its subdirectories {format_list(holding)} hold checkpoints; pass one of them."
-    raise CheckpointNotFoundError(
-        f"No checkpoint in directory {quote_name(given)}: looked for a '{STATE_FILE}' state file, "
-        "'*.index' files of TF checkpoints, V1 checkpoint files, a SavedModel ('saved_model.pb' "
-        f"with 'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
-        path=given,
-    )
-
-
-_DIR_HINT = " Pass the directory a training run saved its checkpoints to, or a checkpoint prefix."
+    return checkpoints_local(given)
 
 
 def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> ResolvedCheckpoint:
@@ -505,53 +122,10 @@ def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> Resolved
     given = check_path(path)
     step = check_step(step)
     if is_url(given):  # object storage and other fsspec filesystems
-        from .resolve_remote import resolve_url
+        from .remote import resolve_url
 
         return resolve_url(given, step)
-    abs_path = os.path.abspath(given)
-    resolved: Optional[ResolvedCheckpoint] = None
-
-    if given.endswith(INDEX) and os.path.isfile(abs_path):
-        prefix = abs_path[: -len(INDEX)]
-        resolved = _from_prefix(given, prefix, f"prefix of {given}")
-    elif DATA_RE.search(given) and os.path.isfile(abs_path):
-        m = DATA_RE.search(abs_path)
-        prefix = abs_path[: m.start()]
-        shown_prefix = given[: DATA_RE.search(given).start()]
-        if not index_exists(prefix):
-            raise CheckpointNotFoundError(
-                f"{quote_name(given)} is a data shard, but its index file {quote_name(shown_prefix + INDEX)} does not "
-                "exist, so the checkpoint is incomplete (deleted, or still being written?).",
-                path=given,
-            )
-        resolved = _from_prefix(given, prefix, f"prefix of {given}")
-    elif index_exists(abs_path):
-        resolved = _from_prefix(given, abs_path, f"checkpoint prefix {given}")
-    elif os.path.isdir(abs_path):
-        return _resolve_dir(given, step)
-    elif os.path.isfile(abs_path) and os.path.basename(abs_path) == STATE_FILE:
-        # The state file itself: the user means the latest checkpoint it names.
-        return _resolve_dir(os.path.dirname(given) or ".", step)
-    elif os.path.isfile(abs_path):
-        resolved = _resolve_file(given, abs_path, "")
-    elif v1_pattern_exists(abs_path):
-        resolved = ResolvedCheckpoint(abs_path, FORMAT_TF_V1, step_of(abs_path), f"V1 checkpoint {given}")
-    elif v1_shard(abs_path):
-        pattern = v1_pattern_of(v1_shard(abs_path) or "")
-        resolved = ResolvedCheckpoint(pattern, FORMAT_TF_V1, step_of(pattern),
-                                      f"all shards of V1 checkpoint {given}")
-    else:
-        raise not_found_error(given)
-
-    if step is not None and resolved.step != step:
-        has = f"is step {resolved.step}" if resolved.step is not None else "has no step in its name"
-        parent = os.path.dirname(given) or "."
-        raise ArgumentError(
-            f"step={step} was given, but checkpoint {quote_name(given)} {has}. To pick a step, pass the "
-            f"directory with the step: Source({quote_name(parent)}, step={step}) in Python, "
-            f"{quoted_command('ls', parent, '--step', step)} on the command line; or drop the step."
-        )
-    return resolved
+    return resolve_local(given, step)
 
 
 def open_resolved(path: PathArg, *, step: Optional[int] = None, verify: bool = True,
@@ -566,7 +140,7 @@ def open_resolved(path: PathArg, *, step: Optional[int] = None, verify: bool = T
         >>> resolved.note, len(reader)                      # doctest: +SKIP
         ('latest checkpoint per runs/A/checkpoint (step 10)', 3)
     """
-    from .formats import BundleReader, open_checkpoint
+    from ..formats import BundleReader, open_checkpoint
 
     if resolved is None:
         resolved = resolve_checkpoint(path, step=step)

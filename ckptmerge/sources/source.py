@@ -30,14 +30,14 @@ from typing import (
 
 import numpy as np
 
-from .args import check_bool, check_path, check_step, check_str
-from .errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
-from .rules import Rules, map_pairs
-from .specs import VariableInfo, by_name, model_variables, normalize_name
-from .text import quote_name
+from ..args import check_bool, check_path, check_step, check_str
+from ..errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
+from ..planning.rules import Rules, map_pairs
+from ..specs import VariableInfo, by_name, model_variables, normalize_name
+from ..text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .planner import SourceView
+    from ..planning.planner import SourceView
 
 __all__ = ["Source", "SourceHandle"]
 
@@ -106,10 +106,10 @@ class Source:
         optimizer: also use optimizer state and bookkeeping (``global_step``, slots, ...).
         name: the label used in reports (default: the path as given).
         cast: per-source override of the plan's ``cast`` option.
-        transforms: value transforms (``ckptmerge.transforms``) applied to this source's values.
+        transforms: value transforms (``ckptmerge.planning.transforms``) applied to this source's values.
         layout: ``"torch"`` reads a PyTorch ``state_dict`` as Keras/TF holds it: ``/`` scopes,
             ``kernel``/``gamma``/``beta``/``embeddings`` names, Linear and conv kernels
-            transposed, RNN gates reordered (see :mod:`ckptmerge.layouts`; the report notes each).
+            transposed, RNN gates reordered (see :mod:`ckptmerge.alignment.layouts`; the report notes each).
         align: ``"structure"``: targets no name or rule reaches take the checkpoint variables
             structural alignment pairs them with, where that is unambiguous (see
             :func:`ckptmerge.suggest`); each is marked "matched by structure" in the report.
@@ -165,14 +165,14 @@ class Source:
         self.cast = cast
         self.transforms = tuple(transforms)
         if layout is not None:  # (the modules are loaded only for a source that names one)
-            from .layouts import LAYOUTS
+            from ..alignment.layouts import LAYOUTS
 
             if layout not in LAYOUTS:
                 raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
                                 f"layout={layout!r:.80}")
         self.layout = layout
         if align is not None:
-            from .align import ALIGN_MODES
+            from ..alignment.align import ALIGN_MODES
 
             if align not in ALIGN_MODES:
                 raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
@@ -211,7 +211,7 @@ class Source:
             True
         """
         if not isinstance(values, Mapping):
-            from .targets import collect_targets
+            from ..restoring.targets import collect_targets
 
             targets = collect_targets(values)
             split = sorted(n for n, t in targets.variables.items() if t.partitioned)
@@ -278,7 +278,7 @@ class Source:
 
     # -- opening -----------------------------------------------------------------------------
     def resolve(self) -> Any:
-        """Which checkpoint this source means now (a :class:`ckptmerge.resolve.ResolvedCheckpoint`);
+        """Which checkpoint this source means now (a :class:`ckptmerge.sources.resolve.ResolvedCheckpoint`);
         ``None`` for values in memory. Reads no checkpoint data."""
         if self._values is not None:
             return None
@@ -349,7 +349,7 @@ class SourceHandle:
         named, see :meth:`Source.rules`). The saving :attr:`order` is left out: alignment, the
         only one to use it, asks for it when it runs.
         """
-        from .planner import SourceView
+        from ..planning.planner import SourceView
 
         selectable = self.selectable()
         names = [v.name for v in self.all_variables] if len(selectable) != len(self.all_variables) else []
@@ -452,7 +452,7 @@ class MemoryHandle(SourceHandle):
             if hasattr(v, "read_value"):
                 v = v.read_value()
             elif _is_keras_variable(v):  # a Keras variable on another backend: its value, on the host
-                from .backends.keras_native import keras_numpy
+                from ..restoring.backends.keras_native import keras_numpy
 
                 v = np.array(keras_numpy(v))
             out[n] = v
@@ -461,10 +461,10 @@ class MemoryHandle(SourceHandle):
 
 class LayoutHandle(SourceHandle):
     """A source seen through a framework layout (``Source(..., layout="torch")``): renamed, with
-    kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.layouts`)."""
+    kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.alignment.layouts`)."""
 
     def __init__(self, inner: SourceHandle) -> None:
-        from .layouts import torch_layout
+        from ..alignment.layouts import torch_layout
 
         layout = torch_layout(inner.all_variables)
         src = inner.source
@@ -481,8 +481,8 @@ class LayoutHandle(SourceHandle):
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the source tensors the named outputs need, then compute each output."""
-        from .formats.base import aligned_empty
-        from .layouts import apply_entry
+        from ..alignment.layouts import apply_entry
+        from ..formats.base import aligned_empty
 
         entries = [self.entries[n] for n in names]
         needed = sorted({self._by_key.get(k, k) for e in entries for k in e.sources})
@@ -510,6 +510,6 @@ def _settled(source: Source, name: str) -> bool:
         return False
     if target.rsplit("/", 1)[-1] == "embeddings":
         return True
-    from .transforms import Transpose
+    from ..planning.transforms import Transpose
 
     return any(isinstance(t, Transpose) and t.applies_to(target) for t in source.transforms)

@@ -11,13 +11,21 @@ import functools
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .args import check_path
-from .errors import CheckpointFormatError
-from .resolve_files import STATE_FILE, PathArg, display_path, not_found_error, prefix_exists
-from .text import quote_name
+from ..args import check_path
+from ..errors import CheckpointFormatError
+from ..text import quote_name
+from .files import (
+    STATE_FILE,
+    PathArg,
+    display_path,
+    not_found_error,
+    prefix_exists,
+    same_checkpoint_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +186,7 @@ def _locate(recorded: str, abs_dir: str) -> str:
     return os.path.normpath(recorded)
 
 
-def _read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
+def read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
     state_path = os.path.join(directory, STATE_FILE)
     if not os.path.isfile(state_path):
         return None
@@ -243,7 +251,63 @@ def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
     """
     given = check_path(directory, "directory")
     if os.path.isfile(given) and os.path.basename(given) == STATE_FILE:
-        return _read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
+        return read_state(os.path.dirname(given) or ".", os.path.dirname(given) or ".")
     if not os.path.isdir(given):
         raise not_found_error(given)
-    return _read_state(given, given)
+    return read_state(given, given)
+
+
+def _proto_string(path: str) -> str:
+    """Quote a path for a text-format proto string, as protobuf's CEscape does."""
+    out = []
+    for b in os.fsencode(path):
+        c = chr(b)
+        if c in "\\\"'":
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\r":
+            out.append("\\r")
+        elif c == "\t":
+            out.append("\\t")
+        elif 0x20 <= b < 0x7F:
+            out.append(c)
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def state_file_text(out_abs: str, state: Any) -> str:
+    """The new ``checkpoint`` state file: the output is the latest; earlier entries are kept.
+
+    Earlier paths keep the strings they were recorded with; the new checkpoint is recorded by
+    its base name (relative to the directory, as TensorFlow records checkpoints it saves there).
+    Timestamps are written when the earlier ones line up with their paths (or there are none).
+
+    Example:
+        >>> state_file_text("/runs/C/merged", None).splitlines()[0]
+        'model_checkpoint_path: "merged"'
+    """
+    paths: List[str] = []
+    stamps: List[float] = []
+    keep_stamps = True
+    if state is not None:
+        old_stamps = state.all_model_checkpoint_timestamps
+        keep_stamps = len(old_stamps) == len(state.all_model_checkpoint_paths)
+        for i, (recorded, resolved) in enumerate(zip(state.recorded_all_model_checkpoint_paths,
+                                                     state.all_model_checkpoint_paths)):
+            if same_checkpoint_path(resolved, out_abs) or recorded in paths:
+                continue
+            paths.append(recorded)
+            if keep_stamps:
+                stamps.append(old_stamps[i])
+    new = os.path.basename(out_abs)
+    paths.append(new)
+    stamps.append(time.time())
+    lines = [f"model_checkpoint_path: {_proto_string(new)}"]
+    lines += [f"all_model_checkpoint_paths: {_proto_string(p)}" for p in paths]
+    if keep_stamps:
+        lines += [f"all_model_checkpoint_timestamps: {t!r}" for t in stamps]
+    if state is not None and state.last_preserved_timestamp is not None:
+        lines.append(f"last_preserved_timestamp: {state.last_preserved_timestamp!r}")
+    return "\n".join(lines) + "\n"

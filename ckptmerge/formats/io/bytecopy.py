@@ -21,7 +21,7 @@ _PIECE = 1 << 20  # read-back piece: stays in the CPU cache while its CRC is com
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF}
 
 
-def _kernel_copy(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> Optional[int]:
+def kernel_copy(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nbytes: int) -> Optional[int]:
     """Copy a byte range between files inside the kernel; ``None`` where that is unsupported."""
     copy = getattr(os, "copy_file_range", None)
     if copy is None or nbytes == 0:
@@ -40,7 +40,7 @@ def _kernel_copy(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, nby
     return done
 
 
-class _Checksum:
+class Checksum:
     """The CRC32C of a file range, computed on a background thread; ``result()`` waits for it."""
 
     def __init__(self, fd: int, offset: int, nbytes: int) -> None:
@@ -53,7 +53,7 @@ class _Checksum:
 
     def _run(self, fd: int, offset: int, nbytes: int) -> None:
         try:
-            for piece in _pread_pieces(fd, offset, nbytes):
+            for piece in pread_pieces(fd, offset, nbytes):
                 self._crc = _crc32c.crc32c(piece, self._crc)
         except BaseException as e:  # re-raised in the caller's thread by result()
             self._error = e
@@ -65,7 +65,7 @@ class _Checksum:
         return self._crc
 
 
-def _pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
+def pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
     """Yield ``nbytes`` of ``fd`` from ``offset`` in pieces (one reused buffer)."""
     buf = memoryview(bytearray(min(_PIECE, max(nbytes, 1))))
     pos = 0
@@ -78,7 +78,7 @@ def _pread_pieces(fd: int, offset: int, nbytes: int) -> Iterator[memoryview]:
         pos += n
 
 
-def _array_chunks(value: np.ndarray, le_dtype: np.dtype) -> Iterable[memoryview]:
+def array_chunks(value: np.ndarray, le_dtype: np.dtype) -> Iterable[memoryview]:
     """Yield the array's C-order little-endian bytes in chunks, copying at most one chunk."""
     if value.size == 0:
         return

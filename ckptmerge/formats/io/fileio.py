@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Dict, Hashable, Optional, Union
 
-from ckptmerge.formats.storage import RemoteFile, is_url
+from ckptmerge.formats.io.storage import RemoteFile, is_url
 
 #: What :class:`Descriptors` hands out: an OS file descriptor, or a remote object read by ranges.
 Handle = Union[int, RemoteFile]
@@ -26,7 +26,7 @@ def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threadin
                key: Optional[str] = None) -> int:
     """Fill ``buf`` with the bytes of ``fd`` at ``offset``; return how many were read.
 
-    ``fd`` may also be a :class:`~ckptmerge.formats.storage.RemoteFile` (a URL opened by
+    ``fd`` may also be a :class:`~ckptmerge.formats.io.storage.RemoteFile` (a URL opened by
     :class:`Descriptors`): one ranged read into ``buf``, whose remote errors name the tensor
     ``key`` (the caller's name for what it reads) besides the URL.
 
@@ -65,7 +65,7 @@ def pread_into(fd: Handle, offset: int, buf: memoryview, lock: Optional[threadin
 
 class Descriptors:
     """Read-only file descriptors opened on first use, one per file, shared by every thread
-    (for a URL, a :class:`~ckptmerge.formats.storage.RemoteFile`: :func:`pread_into` takes both).
+    (for a URL, a :class:`~ckptmerge.formats.io.storage.RemoteFile`: :func:`pread_into` takes both).
 
     Example:
         >>> fds = Descriptors()

@@ -1,6 +1,6 @@
 """The files at a checkpoint output prefix: what exists there, the publish lock, temp names.
 
-Shared by the writers (:mod:`ckptmerge.formats.writer`, :mod:`ckptmerge.formats.safetensors_writer`)
+Shared by the writers (:mod:`ckptmerge.formats.tf.writer`, :mod:`ckptmerge.formats.safetensors_writer`)
 and the merge: which files of a checkpoint exist at a prefix, refusing to replace them without
 being told to, the ``flock`` that serialises publishes to one prefix, how hidden temporary files
 are named, and the messages for I/O errors while writing.
@@ -16,12 +16,12 @@ from typing import Any, List, Optional
 import crc32c as _crc32c
 
 from ckptmerge.errors import CheckpointWriteError, OutputExistsError
-from ckptmerge.formats.bundle import DATA_RE
+from ckptmerge.formats.tf.bundle import DATA_RE
 from ckptmerge.text import quote_name
 
 logger = logging.getLogger(__name__)
 
-_TMP_MARK = ".ckptmerge-tmp-"
+TMP_MARK = ".ckptmerge-tmp-"
 _LOCK_MARK = ".ckptmerge-lock"
 
 
@@ -33,10 +33,10 @@ def _host_name() -> str:
     return os.environ.get("COMPUTERNAME", "")  # pragma: no cover - Windows
 
 
-_HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
+HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
 
 
-def _io_message(e: OSError, path: str, action: str, prefix: str) -> str:
+def io_message(e: OSError, path: str, action: str, prefix: str) -> str:
     reason = e.strerror or str(e)
     if e.errno == errno.ENOSPC:
         fix = "Free some space on that disk, or write the checkpoint elsewhere."
@@ -88,11 +88,11 @@ def check_no_output(abs_prefix: str, prefix: str, how_to_replace: str = "pass ov
     directory, base = os.path.split(abs_prefix)
     if not os.path.isdir(directory):
         return
-    with _OutputLock(directory, base, prefix, required=False):
-        _refuse_existing(abs_prefix, prefix, how_to_replace)
+    with OutputLock(directory, base, prefix, required=False):
+        refuse_existing(abs_prefix, prefix, how_to_replace)
 
 
-def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
+def refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
     """:func:`check_no_output` for a caller that holds the publish lock."""
     found = existing_checkpoint_files(abs_prefix)
     if not found:
@@ -110,14 +110,14 @@ def _refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
         f"output prefix, or {how_to_replace} to replace them.", path=shown[0])
 
 
-def _shard_count(path: str) -> int:
+def shard_count(path: str) -> int:
     """The ``N`` of a ``.data-NNNNN-of-N`` file name (one :func:`existing_checkpoint_files` lists)."""
     m = DATA_RE.search(path)
     assert m is not None
     return int(m.group(2))
 
 
-class _OutputLock:
+class OutputLock:
     """An exclusive ``flock`` on ``.<base>.ckptmerge-lock`` beside a checkpoint prefix.
 
     It serialises publishes to one prefix across processes (and across writers in one process:
@@ -134,7 +134,7 @@ class _OutputLock:
         self.required = required
         self.fd: Optional[int] = None
 
-    def __enter__(self) -> "_OutputLock":
+    def __enter__(self) -> "OutputLock":
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows: no flock; publishes are not serialised
@@ -145,7 +145,7 @@ class _OutputLock:
             except OSError as e:
                 if not self.required:
                     return self
-                raise CheckpointWriteError(_io_message(e, self.path, "create the lock file", self.prefix),
+                raise CheckpointWriteError(io_message(e, self.path, "create the lock file", self.prefix),
                                            path=self.path, errno_=e.errno) from e
             try:
                 try:
@@ -169,11 +169,11 @@ class _OutputLock:
     def __exit__(self, *exc: Any) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
-            _remove_quietly(self.path)  # while still locked (see the class docstring)
+            remove_quietly(self.path)  # while still locked (see the class docstring)
             os.close(fd)
 
 
-def _remove_quietly(path: str) -> None:
+def remove_quietly(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:

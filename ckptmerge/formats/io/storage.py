@@ -7,7 +7,7 @@ filesystem made for that store (``s3fs``, ``gcsfs``, ``adlfs``; optional extras,
 "Remote checkpoints"): small files (an index, a state file) are fetched once and whole, tensors
 with ranged reads (``fs.cat_file(path, start, end)``) that the readers issue from their thread
 pools, several in flight at once. The other formats read a URL through the same seam:
-:class:`~ckptmerge.formats.fileio.Descriptors` hands out a :class:`RemoteFile` where a local file
+:class:`~ckptmerge.formats.io.fileio.Descriptors` hands out a :class:`RemoteFile` where a local file
 gets a descriptor (safetensors, ``.npy``, V1 tables: a header, then each tensor's range), and
 :func:`open_binary` / :func:`open_zip` give h5py and zipfile a seekable, block-cached remote file
 (Keras ``.h5``/``.keras``, ``.npz``); ``isfile``/``isdir``/``getsize``/``listdir`` answer for
@@ -29,7 +29,11 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ckptmerge.errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    CkptMergeError,
+)
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",

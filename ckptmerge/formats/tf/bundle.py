@@ -9,13 +9,13 @@ and masked CRC32C. Numeric tensors are stored as raw little-endian bytes; string
 lengths, a masked checksum of the lengths, then the bytes. A partitioned variable has one entry
 without data listing its ``slices``, each slice stored under a key made with TF's
 ``EncodeTensorNameSlice`` (OrderedCode). Layouts follow TensorFlow's
-``core/util/tensor_bundle``; the table itself is read by :mod:`ckptmerge.formats.table`, slice
-keys and the check that slices tile their tensor are :mod:`ckptmerge.formats.slices`.
+``core/util/tensor_bundle``; the table itself is read by :mod:`ckptmerge.formats.tf.table`, slice
+keys and the check that slices tile their tensor are :mod:`ckptmerge.formats.tf.slices`.
 
 Every problem in a file (truncation, bad checksum, bad varint, out-of-range offset) raises
 :class:`~ckptmerge.errors.CheckpointFormatError` naming the file; sizes are always checked
 against file lengths before anything is allocated, and a partitioned tensor is read only when
-its slices tile it exactly (see :mod:`ckptmerge.formats.regions`).
+its slices tile it exactly (see :mod:`ckptmerge.formats.tf.regions`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,35 @@ import os
 import re
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import ALIGN, CheckpointReader, aligned_empty, unreadable_dtype_error
-from ckptmerge.formats.bundleindex import (
+from ckptmerge.formats.base import (
+    CheckpointReader,
+    aligned_empty,
+    unreadable_dtype_error,
+)
+from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
+from ckptmerge.formats.io.fileio import Descriptors, pread_into
+from ckptmerge.formats.io.storage import (
+    REMOTE_CONCURRENCY,
+    is_url,
+    read_small,
+    remote_size,
+)
+from ckptmerge.formats.tf.bundleindex import (
     OFFSET,
     SHARD,
     SIZE,
@@ -45,30 +67,24 @@ from ckptmerge.formats.bundleindex import (
     parse_header,
     shape_column,
 )
-from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
-from ckptmerge.formats.fileio import Descriptors, pread_into
-from ckptmerge.formats.objectgraph import (
+from ckptmerge.formats.tf.crc import crc32c_combine, string_lengths_crc
+from ckptmerge.formats.tf.objectgraph import (
     OBJECT_GRAPH_KEY,
     ObjectGraph,
     name_based_kinds,
     parse_object_graph,
 )
-from ckptmerge.formats.protowire import DecodeError, read_varint
-from ckptmerge.formats.regions import Box, c_order_blocks, contiguous_span, intersect
-from ckptmerge.formats.slices import (
+from ckptmerge.formats.tf.protowire import DecodeError, read_varint
+from ckptmerge.formats.tf.readplan import allocate_many, read_units
+from ckptmerge.formats.tf.regions import Box, c_order_blocks, contiguous_span, intersect
+from ckptmerge.formats.tf.slices import (
     SliceError,
     encode_tensor_name_slice,
     numel,
     slice_boxes,
     too_large_for_numpy,
 )
-from ckptmerge.formats.storage import (
-    REMOTE_CONCURRENCY,
-    is_url,
-    read_small,
-    remote_size,
-)
-from ckptmerge.formats.table import (
+from ckptmerge.formats.tf.table import (
     TABLE_MAGIC,
     Columns,
     Table,
@@ -101,76 +117,7 @@ logger = logging.getLogger(__name__)
 
 _U32 = struct.Struct("<I")
 _SUPPORTED_MIN_CONSUMER = 1  # TF's kTensorBundleVersion
-_SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of this size
 _PIECE = 1 << 20  # read and checksum in pieces small enough to stay in the CPU cache
-_SMALL = 4 << 20  # smaller tensors share buffers in read_many (numpy uses huge pages from 4 MiB)
-_ARENA = 64 << 20  # size of those shared buffers
-_ALIGN = ALIGN  # alignment of each tensor in a shared buffer
-_GROUP = 8 << 20  # at most this many bytes per scatter read
-_MAX_IOV = 512  # at most this many buffers per scatter read (IOV_MAX is 1024 on Linux)
-
-
-def string_lengths_crc(lengths: Iterable[int], crc: int = 0) -> int:
-    """The CRC32C TF accumulates over a string tensor's element lengths: each as a little-endian
-    uint32 (uint64 from 4 GiB up), not as the varints stored in the file.
-
-    Example:
-        >>> string_lengths_crc([3]) == string_lengths_crc([3], 0)
-        True
-    """
-    for x in lengths:
-        crc = crc32c(struct.pack("<I", x) if x <= 0xFFFFFFFF else struct.pack("<Q", x), crc)
-    return crc
-
-
-_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
-
-
-def _gf2_times(mat: Sequence[int], vec: int) -> int:
-    out = 0
-    i = 0
-    while vec:
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _zero_operators() -> List[List[int]]:
-    """``ops[k]`` maps the CRC of ``x`` to the CRC of ``x`` followed by ``2**k`` zero bytes."""
-    one_bit = [_CRC32C_POLY] + [1 << (n - 1) for n in range(1, 32)]
-    op = one_bit
-    for _ in range(3):  # 1 bit -> 8 bits = one byte
-        op = [_gf2_times(op, op[n]) for n in range(32)]
-    ops = [op]
-    for _ in range(47):
-        op = [_gf2_times(op, op[n]) for n in range(32)]
-        ops.append(op)
-    return ops
-
-
-_ZERO_OPS: List[List[int]] = []
-
-
-def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """Return ``crc32c(a + b)`` from ``crc1 = crc32c(a)``, ``crc2 = crc32c(b)``, ``len(b)``.
-
-    Lets segments of one tensor be checksummed in parallel (the zlib ``crc32_combine`` method).
-
-    Example:
-        >>> crc32c_combine(crc32c(b"hello "), crc32c(b"world"), 5) == crc32c(b"hello world")
-        True
-    """
-    if not _ZERO_OPS:
-        _ZERO_OPS.extend(_zero_operators())
-    k = 0
-    while len2:
-        if len2 & 1:
-            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
-        len2 >>= 1
-        k += 1
-    return crc1 ^ crc2
 
 
 #: A data file's name ending, ``.data-<shard>-of-<shards>`` (groups: shard, shard count).
@@ -185,15 +132,6 @@ def data_file_name(prefix: str, shard: int, num_shards: int) -> str:
         'model.ckpt.data-00001-of-00002'
     """
     return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
-
-
-class _Unit(NamedTuple):
-    """One read of :meth:`BundleReader.read_many`: consecutive file bytes from ``offset``."""
-
-    entries: List[BundleEntry]
-    offset: int
-    views: List[memoryview]
-    segment: bool  # True: a segment of entries[0]; False: all of each entry, back to back
 
 
 class _Part(NamedTuple):
@@ -313,7 +251,7 @@ class BundleReader(CheckpointReader):
         self._has_data = has_data
 
     def _decode_entries(self, cols: Columns) -> EntryColumns:
-        """Decode every entry but the header (in bulk; see :mod:`ckptmerge.formats.bundleindex`),
+        """Decode every entry but the header (in bulk; see :mod:`ckptmerge.formats.tf.bundleindex`),
         raising the first problem in key order, as reading them one by one would."""
         raw_keys = cols.keys[1:]  # (as Latin-1 text: one character per stored byte)
         hidden = bisect.bisect_left(raw_keys, "\x01")  # slice keys start with \x00: binary, never shown
@@ -759,11 +697,11 @@ class BundleReader(CheckpointReader):
                 self._check_numeric(e)  # before anything is read
                 by_key[e.key] = e
         plain = sorted(by_key.values(), key=lambda e: (e.shard_id, e.offset))
-        arrays = self._allocate_many(plain)
+        arrays = allocate_many(plain)
         for name, info in zip(names, infos):
             if name not in out:
                 out[name] = arrays[info.raw_key][0]
-        units = self._read_units(plain, arrays)
+        units = read_units(plain, arrays)
         crcs: List[List[int]] = [[] for _ in units]
         verify = self.verify
 
@@ -799,69 +737,6 @@ class BundleReader(CheckpointReader):
                 if actual[e.key] != unmask_crc(e.crc32c):
                     raise self._crc_error(e, actual[e.key])
         return {n: out[n] for n in names}
-
-    @staticmethod
-    def _allocate_many(entries: Sequence[BundleEntry]) -> Dict[str, Tuple[np.ndarray, memoryview]]:
-        """``{key: (array, byte view of it)}`` for ``entries`` (in file order): big arrays on
-        their own, small ones packed into shared buffers."""
-        arrays: Dict[str, Tuple[np.ndarray, memoryview]] = {}
-        pending: List[Tuple[BundleEntry, int]] = []
-        used = 0
-
-        def flush() -> None:
-            nonlocal pending, used
-            if pending:
-                arena = aligned_empty(used, np.uint8)
-                raw = memoryview(arena)
-                for e, at in pending:
-                    arr = np.ndarray(e.shape, TF_TO_NUMPY[e.dtype], buffer=arena, offset=at)
-                    arrays[e.key] = (arr, raw[at:at + e.size])
-            pending, used = [], 0
-
-        for e in entries:
-            if e.size == 0 or e.size >= _SMALL:
-                arr = aligned_empty(e.shape, TF_TO_NUMPY[e.dtype])
-                arrays[e.key] = (arr, memoryview(arr.reshape(-1).view(np.uint8)))
-                continue
-            if used + e.size > _ARENA:
-                flush()
-            pending.append((e, used))
-            used += -(-e.size // _ALIGN) * _ALIGN
-        flush()
-        return arrays
-
-    @staticmethod
-    def _read_units(entries: Sequence[BundleEntry],
-                    arrays: Dict[str, Tuple[np.ndarray, memoryview]]) -> List["_Unit"]:
-        """Split the reads into work units: runs of small tensors contiguous in the file (one
-        scatter read each) and segments of big tensors."""
-        units: List[_Unit] = []
-        group: List[Tuple[BundleEntry, memoryview]] = []
-        group_bytes = 0
-
-        def close_group() -> None:
-            nonlocal group, group_bytes
-            if group:
-                units.append(_Unit([e for e, _ in group], group[0][0].offset, [v for _, v in group], False))
-            group, group_bytes = [], 0
-
-        for e in entries:
-            if e.size == 0:
-                continue
-            view = arrays[e.key][1]
-            if e.size >= _SMALL:
-                close_group()
-                for start in range(0, e.size, _SEGMENT):
-                    units.append(_Unit([e], e.offset + start, [view[start:start + _SEGMENT]], True))
-                continue
-            last = group[-1][0] if group else None
-            if last is not None and (last.shard_id != e.shard_id or last.offset + last.size != e.offset
-                                     or group_bytes + e.size > _GROUP or len(group) >= _MAX_IOV):
-                close_group()
-            group.append((e, view))
-            group_bytes += e.size
-        close_group()
-        return units
 
     def _scatter_read(self, shard: int, offset: int, views: List[memoryview], key: str) -> None:
         """Fill ``views`` from consecutive bytes of the shard starting at ``offset``."""

@@ -21,9 +21,16 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_VARINT, DecodeError, iter_fields,
-                                         padded_bytes, varints_at)
-from ckptmerge.formats.tfproto import int64_field, parse_shape, parse_slice
+from ckptmerge.formats.tf.protowire import (
+    WIRE_BYTES,
+    WIRE_FIXED32,
+    WIRE_VARINT,
+    DecodeError,
+    iter_fields,
+    padded_bytes,
+    varints_at,
+)
+from ckptmerge.formats.tf.tfproto import int64_field, parse_shape, parse_slice
 
 __all__ = ["BundleEntry", "EntryColumns", "EntriesByKey", "EntriesByRawKey", "decode_fields",
            "parse_entry_checked", "parse_header", "shape_column"]

@@ -4,7 +4,7 @@ Object-based checkpoints (``tf.train.Checkpoint``, Keras ``save_weights`` in TF 
 SavedModel variables) store tensors under object-path keys such as
 ``model/layer-1/kernel/.ATTRIBUTES/VARIABLE_VALUE`` and a serialized
 ``tensorflow.TrackableObjectGraph`` proto (``trackable_object_graph.proto``) describing the
-objects. This module decodes that proto with :mod:`ckptmerge.formats.protowire` and implements
+objects. This module decodes that proto with :mod:`ckptmerge.formats.tf.protowire` and implements
 ckptmerge's naming rule (see the team brief, "Names"):
 
 * a variable's name is the ``full_name`` TensorFlow recorded (``dense/kernel`` for Keras),
@@ -23,8 +23,13 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from ckptmerge.formats.protowire import WIRE_BYTES, DecodeError, iter_fields
-from ckptmerge.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE, normalize_name
+from ckptmerge.formats.tf.protowire import WIRE_BYTES, DecodeError, iter_fields
+from ckptmerge.specs import (
+    KIND_BOOKKEEPING,
+    KIND_OPTIMIZER,
+    KIND_VARIABLE,
+    normalize_name,
+)
 
 __all__ = [
     "OBJECT_GRAPH_KEY",

@@ -5,14 +5,14 @@ A partitioned variable is stored as slices of the full tensor, each under a key 
 dimension's start and length in OrderedCode, ``tensorflow/core/lib/strings/ordered_code.cc``).
 Both the V2 bundle and the V1 format use these keys. :func:`slice_boxes` checks that a set of
 slices tiles the full tensor exactly (in bounds, no overlap, no gap) before anything is
-allocated, and says where each slice goes (box arithmetic is :mod:`ckptmerge.formats.regions`).
+allocated, and says where each slice goes (box arithmetic is :mod:`ckptmerge.formats.tf.regions`).
 """
 
 from __future__ import annotations
 
 from typing import List, Sequence, Tuple
 
-from ckptmerge.formats.regions import Box, first_overlap, volume
+from ckptmerge.formats.tf.regions import Box, first_overlap, volume
 
 __all__ = ["Extents", "SliceError", "encode_tensor_name_slice", "slice_boxes", "numel",
            "too_large_for_numpy"]
@@ -103,7 +103,7 @@ def slice_boxes(key: str, shape: Tuple[int, ...], slices: Sequence[Extents]) -> 
         slices: the extents of each slice.
 
     Returns:
-        One :data:`~ckptmerge.formats.regions.Box` per slice, in the order given.
+        One :data:`~ckptmerge.formats.tf.regions.Box` per slice, in the order given.
 
     Raises:
         SliceError: a slice of the wrong rank or outside the shape, two slices sharing an

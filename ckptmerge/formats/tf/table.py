@@ -25,8 +25,13 @@ import crc32c as _crc32c
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError
-from ckptmerge.formats.protowire import DecodeError, padded_bytes, read_varint, varints_at
-from ckptmerge.formats.storage import SNIFF_BLOCK, open_binary
+from ckptmerge.formats.io.storage import SNIFF_BLOCK, open_binary
+from ckptmerge.formats.tf.protowire import (
+    DecodeError,
+    padded_bytes,
+    read_varint,
+    varints_at,
+)
 
 __all__ = [
     "Table",

@@ -2,8 +2,8 @@
 
 A checkpoint's ``.index`` is such a table (no compression): prefix-compressed blocks with
 restart points, an index block of shortest separators, and a fixed-size footer. Written byte
-for byte as TensorFlow writes it, so :class:`ckptmerge.formats.writer.BundleWriter`'s index files
-equal TensorFlow's. The reading side is :mod:`ckptmerge.formats.table`.
+for byte as TensorFlow writes it, so :class:`ckptmerge.formats.tf.writer.BundleWriter`'s index files
+equal TensorFlow's. The reading side is :mod:`ckptmerge.formats.tf.table`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import BinaryIO, Optional
 
 import crc32c as _crc32c
 
-from ckptmerge.formats.bundle import mask_crc
-from ckptmerge.formats.protowire import encode_varint
+from ckptmerge.formats.tf.bundle import mask_crc
+from ckptmerge.formats.tf.protowire import encode_varint
 
 __all__ = ["TF_BLOCK_SIZE"]
 
@@ -25,7 +25,7 @@ _BLOCK_RESTART_INTERVAL = 16
 _TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_HANDLES_LEN = 40  # 2 * BlockHandle::kMaxEncodedLength
 _NO_COMPRESSION = 0
-_U32 = struct.Struct("<I")
+U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 
@@ -68,7 +68,7 @@ class _BlockBuilder:
         return len(self.buf) + 4 * len(self.restarts) + 4
 
     def finish(self) -> bytes:
-        out = bytes(self.buf) + b"".join(_U32.pack(r) for r in self.restarts) + _U32.pack(len(self.restarts))
+        out = bytes(self.buf) + b"".join(U32.pack(r) for r in self.restarts) + U32.pack(len(self.restarts))
         self.buf = bytearray()
         self.restarts = [0]
         self.counter = 0
@@ -96,7 +96,7 @@ def _short_successor(key: bytes) -> bytes:
     return key
 
 
-class _TableWriter:
+class TableWriter:
     """Writes a sorted table exactly as TensorFlow's ``table::TableBuilder`` (no compression)."""
 
     def __init__(self, f: BinaryIO, block_size: int) -> None:
@@ -113,7 +113,7 @@ class _TableWriter:
         trailer_type = bytes([_NO_COMPRESSION])
         crc = _crc32c.crc32c(trailer_type, _crc32c.crc32c(contents))
         self.f.write(contents)
-        self.f.write(trailer_type + _U32.pack(mask_crc(crc)))
+        self.f.write(trailer_type + U32.pack(mask_crc(crc)))
         handle = encode_varint(self.offset) + encode_varint(len(contents))
         self.offset += len(contents) + 5
         return handle

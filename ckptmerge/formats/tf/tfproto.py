@@ -6,7 +6,7 @@
 (``float_val``, ``int_val``, ``half_val``, ``string_val``, ...) or as raw bytes in
 ``tensor_content``. :func:`decode_tensor_values` turns one into a numpy array exactly as
 TensorFlow's ``TensorSliceReader`` does (each C++ ``static_cast`` reproduced, ``half_val`` holding
-the raw 16 bits). Malformed input raises :class:`~ckptmerge.formats.protowire.DecodeError`.
+the raw 16 bits). Malformed input raises :class:`~ckptmerge.formats.tf.protowire.DecodeError`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
-from ckptmerge.formats.protowire import (WIRE_BYTES, WIRE_FIXED32, WIRE_FIXED64, WIRE_VARINT,
-                                         DecodeError, iter_fields, to_signed64)
+from ckptmerge.formats.tf.protowire import (
+    WIRE_BYTES,
+    WIRE_FIXED32,
+    WIRE_FIXED64,
+    WIRE_VARINT,
+    DecodeError,
+    iter_fields,
+    to_signed64,
+)
 
 __all__ = ["int64_field", "parse_shape", "parse_slice", "decode_packed_varints", "decode_tensor_values"]
 

@@ -10,7 +10,7 @@ dtype and slices; every other entry, keyed by ``EncodeTensorNameSlice(name, slic
 slice's values as a ``TensorProto``. A plain variable is one slice covering the whole tensor; a
 partitioned variable has one slice per partition, possibly in different shards.
 
-The reader opens the tables lazily (:class:`~ckptmerge.formats.table.Table`) and reads a tensor's
+The reader opens the tables lazily (:class:`~ckptmerge.formats.tf.table.Table`) and reads a tensor's
 blocks only when the tensor is read; values come out bit for bit as ``tf.train.load_checkpoint``
 gives them. Every problem raises :class:`~ckptmerge.errors.CheckpointFormatError` naming the file
 and the tensor; nothing is allocated before the data it describes has been read and checked.
@@ -27,16 +27,32 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats import storage
 from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
-from ckptmerge.formats.objectgraph import name_based_kind
-from ckptmerge.formats.protowire import WIRE_BYTES, WIRE_VARINT, DecodeError, iter_fields
-from ckptmerge.formats.regions import volume
-from ckptmerge.formats.slices import (Extents, SliceError, encode_tensor_name_slice, numel, slice_boxes,
-                                      too_large_for_numpy)
-from ckptmerge.formats.table import Table, TableError
-from ckptmerge.formats.tfproto import decode_tensor_values, int64_field, parse_shape, parse_slice
+from ckptmerge.formats.io import storage
+from ckptmerge.formats.tf.objectgraph import name_based_kind
+from ckptmerge.formats.tf.protowire import (
+    WIRE_BYTES,
+    WIRE_VARINT,
+    DecodeError,
+    iter_fields,
+)
+from ckptmerge.formats.tf.regions import volume
+from ckptmerge.formats.tf.slices import (
+    Extents,
+    SliceError,
+    encode_tensor_name_slice,
+    numel,
+    slice_boxes,
+    too_large_for_numpy,
+)
+from ckptmerge.formats.tf.table import Table, TableError
+from ckptmerge.formats.tf.tfproto import (
+    decode_tensor_values,
+    int64_field,
+    parse_shape,
+    parse_slice,
+)
 from ckptmerge.specs import VariableInfo
 from ckptmerge.text import escape_name
 

@@ -38,9 +38,9 @@ interleave, and without ``overwrite`` exactly one of two racing writers publishe
 raises :class:`~ckptmerge.errors.OutputExistsError`). A writer waits for the lock; it is held
 only for the renames, not while tensors are written.
 
-The ``.index`` table itself is written by :mod:`ckptmerge.formats.table_writer`; the files at an
-output prefix and its publish lock are :mod:`ckptmerge.formats.output_prefix`; moving and
-checksumming tensor bytes is :mod:`ckptmerge.formats.bytecopy`.
+The ``.index`` table itself is written by :mod:`ckptmerge.formats.tf.table_writer`; the files at an
+output prefix and its publish lock are :mod:`ckptmerge.formats.io.output_prefix`; moving and
+checksumming tensor bytes is :mod:`ckptmerge.formats.io.bytecopy`.
 """
 
 from __future__ import annotations
@@ -70,28 +70,34 @@ from ckptmerge.errors import (
     CheckpointWriteError,
     OutputExistsError,
 )
-from ckptmerge.formats.bundle import DATA_RE, data_file_name, mask_crc, string_lengths_crc
-from ckptmerge.formats.bytecopy import _array_chunks, _Checksum, _kernel_copy, _pread_pieces
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, numpy_to_tf, tf_dtype_name
-from ckptmerge.formats.output_prefix import (
-    _HOST_TAG,
-    _TMP_MARK,
-    _io_message,
-    _OutputLock,
-    _refuse_existing,
-    _remove_quietly,
-    _shard_count,
+from ckptmerge.formats.io.bytecopy import (
+    Checksum,
+    array_chunks,
+    kernel_copy,
+    pread_pieces,
+)
+from ckptmerge.formats.io.output_prefix import (
+    HOST_TAG,
+    TMP_MARK,
+    OutputLock,
     check_no_output,
     existing_checkpoint_files,
+    io_message,
+    refuse_existing,
+    remove_quietly,
+    shard_count,
 )
-from ckptmerge.formats.table_writer import _U32, TF_BLOCK_SIZE, _TableWriter
-from ckptmerge.text import quote_name
-from ckptmerge.formats.protowire import (
+from ckptmerge.formats.tf.bundle import DATA_RE, data_file_name, mask_crc
+from ckptmerge.formats.tf.crc import string_lengths_crc
+from ckptmerge.formats.tf.protowire import (
     encode_varint,
     field_bytes,
     field_fixed32,
     field_varint,
 )
+from ckptmerge.formats.tf.table_writer import TF_BLOCK_SIZE, U32, TableWriter
+from ckptmerge.text import quote_name
 
 __all__ = [
     "BundleWriter",
@@ -222,7 +228,7 @@ class BundleWriter:
         self._durable = bool(durable)
         self._no_kernel_copy = False  # set once copy_file_range turns out unsupported here
         self._tmp_stem = os.path.join(
-            self._dir, f".{self._base}{_TMP_MARK}{os.getpid()}-{_HOST_TAG}-{os.urandom(4).hex()}")
+            self._dir, f".{self._base}{TMP_MARK}{os.getpid()}-{HOST_TAG}-{os.urandom(4).hex()}")
         self._shards: List[str] = []          # temp paths of the data shards
         self._shard_sizes: List[int] = []
         self._file: Optional[BinaryIO] = None  # the open current shard
@@ -236,7 +242,7 @@ class BundleWriter:
         try:
             os.makedirs(self._dir, exist_ok=True)
         except OSError as e:
-            raise CheckpointWriteError(_io_message(e, self._dir, "create the output directory", given),
+            raise CheckpointWriteError(io_message(e, self._dir, "create the output directory", given),
                                        path=self._dir, errno_=e.errno) from e
         self._remove_stale_temps()
         self._new_shard()
@@ -266,7 +272,7 @@ class BundleWriter:
 
     def _remove_stale_temps(self) -> None:
         """Remove temp files of this prefix left by writers whose process no longer exists."""
-        mark = f".{self._base}{_TMP_MARK}"
+        mark = f".{self._base}{TMP_MARK}"
         try:
             names = os.listdir(self._dir)
         except OSError:
@@ -276,7 +282,7 @@ class BundleWriter:
                 continue
             parts = name[len(mark):].split("-", 2)
             # Only judge writers of this host: on a shared filesystem a pid means nothing elsewhere.
-            if len(parts) < 3 or not parts[0].isdigit() or parts[1] != _HOST_TAG:
+            if len(parts) < 3 or not parts[0].isdigit() or parts[1] != HOST_TAG:
                 continue
             pid_text = parts[0]
             if int(pid_text) == os.getpid():
@@ -296,7 +302,7 @@ class BundleWriter:
 
     def _fail(self, e: OSError, path: str, action: str) -> CheckpointWriteError:
         self.abort()
-        return CheckpointWriteError(_io_message(e, path, action, self.prefix), path=path,
+        return CheckpointWriteError(io_message(e, path, action, self.prefix), path=path,
                                     errno_=e.errno)
 
     def _check_open(self) -> None:
@@ -422,7 +428,7 @@ class BundleWriter:
         except CheckpointFormatError as e:
             raise ArgumentError(f"Cannot write key {quote_name(key)}: {e}") from None
         self._reserve(value.nbytes)
-        n, crc = self._write_chunks(_array_chunks(value, dt))
+        n, crc = self._write_chunks(array_chunks(value, dt))
         self._record(kb, dtype, shape, n, crc)
 
     def _add_strings(self, kb: bytes, key: str, value: np.ndarray, shape: Tuple[int, ...]) -> None:
@@ -434,7 +440,7 @@ class BundleWriter:
         for e in elems:
             lengths += encode_varint(len(e))
         crc = string_lengths_crc(len(e) for e in elems)
-        length_crc = _U32.pack(mask_crc(crc))
+        length_crc = U32.pack(mask_crc(crc))
         total = len(lengths) + 4 + sum(len(e) for e in elems)
         self._reserve(total)
         path = self._shards[-1]
@@ -547,15 +553,15 @@ class BundleWriter:
         start = self._shard_sizes[-1]
         path = self._shards[-1]
         if self._no_kernel_copy:  # found out on an earlier tensor: stream without a second read
-            self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
+            self.add_raw(key, dtype_enum, dims, pread_pieces(src_fd, src_offset, expected),
                          expected_crc32c=expected_crc32c if verify else None)
             return
         # The checksum of the source range is computed on another thread while the kernel
         # copies it (both release the GIL), so verifying costs next to nothing on 2+ cores.
-        checksum = _Checksum(src_fd, src_offset, expected)
+        checksum = Checksum(src_fd, src_offset, expected)
         try:
             f.flush()
-            copied = _kernel_copy(src_fd, src_offset, f.fileno(), start, expected)
+            copied = kernel_copy(src_fd, src_offset, f.fileno(), start, expected)
         except OSError as e:
             checksum.result()
             self._truncate_back(start)
@@ -563,7 +569,7 @@ class BundleWriter:
         crc = checksum.result()
         if copied is None:  # no in-kernel copy here: stream it, and the next ones too
             self._no_kernel_copy = True
-            self.add_raw(key, dtype_enum, dims, _pread_pieces(src_fd, src_offset, expected),
+            self.add_raw(key, dtype_enum, dims, pread_pieces(src_fd, src_offset, expected),
                          expected_crc32c=expected_crc32c if verify else None)
             return
         if copied != expected:
@@ -609,9 +615,9 @@ class BundleWriter:
             raise self._fail(e, self._shards[-1], "write the temporary data file") from e
         natural = len(self._shards)
         try:
-            with _OutputLock(self._dir, self._base, self.prefix):
+            with OutputLock(self._dir, self._base, self.prefix):
                 if not self._overwrite:
-                    _refuse_existing(self._abs, self.prefix, "pass overwrite=True")
+                    refuse_existing(self._abs, self.prefix, "pass overwrite=True")
                 num = self._publish(natural)
         except BaseException:
             self.abort()
@@ -626,7 +632,7 @@ class BundleWriter:
         self._shards.append(tmp_index)  # so abort() removes it
         try:
             with open(tmp_index, "xb") as f:
-                table = _TableWriter(f, self._block_size)
+                table = TableWriter(f, self._block_size)
                 table.add(b"", _header_proto(num))
                 for kb in sorted(self._entries):
                     table.add(kb, self._entries[kb])
@@ -644,7 +650,7 @@ class BundleWriter:
         Returns the shard count published (``natural`` unless hard links are unsupported).
         """
         index = self._abs + ".index"
-        used = {_shard_count(p) for p in self._existing_outputs() if p != index}
+        used = {shard_count(p) for p in self._existing_outputs() if p != index}
         num = natural
         while num in used:  # the new shards' names must not be any existing file's
             num += 1
@@ -670,7 +676,7 @@ class BundleWriter:
             os.replace(tmp_index, index)  # the switch from the old checkpoint to the new one
         except OSError as e:
             for p in moved:  # unreferenced: the old checkpoint (if any) is intact
-                _remove_quietly(p)
+                remove_quietly(p)
             raise self._fail(e, target, "move the checkpoint into place at") from e
         self._shards = self._shards[num + 1:]  # the natural index, if written
         self._fsync_dir()
@@ -683,8 +689,8 @@ class BundleWriter:
     def _remove_unreferenced(self, num: int) -> None:
         """Remove the prefix's data files that the published index (``num`` shards) does not name."""
         for p in self._existing_outputs():
-            if not p.endswith(".index") and _shard_count(p) != num:
-                _remove_quietly(p)
+            if not p.endswith(".index") and shard_count(p) != num:
+                remove_quietly(p)
 
     def _unpad(self, padded: int, natural: int, natural_index: str) -> bool:
         """Give a padded checkpoint its natural shard names, staying valid at every step.
@@ -705,7 +711,7 @@ class BundleWriter:
             logger.info("kept checkpoint %s with %d data shards (%d of them empty): %s", self.prefix,
                         padded, padded - natural, e)
             for p in linked + [natural_index]:
-                _remove_quietly(p)
+                remove_quietly(p)
             self._shards = []
             return False
         self._shards = []
@@ -745,7 +751,7 @@ class BundleWriter:
             except OSError:
                 pass
         for p in self._shards:
-            _remove_quietly(p)
+            remove_quietly(p)
         self._shards = []
 
     @property

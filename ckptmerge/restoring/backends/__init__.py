@@ -5,26 +5,28 @@ is touched when ``strict`` rejects the plan), then hands over to the graph backe
 ``RestoreV2`` per source, built once, assignments gated on every read) or the eager backend
 (sources read concurrently by the TF-free reader, then assigned without copies). Both are
 atomic: a read that fails changes no variable.
+
+Holds: ``graph``, ``eager`` and ``keras_native`` (one backend each), ``tensors`` (values into
+tensors: casts, partitions) and ``common`` (progress, skipped targets, the report).
+
+May import: ``restoring.targets``, ``render``, ``planning``, ``alignment``, ``formats`` and the
+bottom modules. TensorFlow and Keras only inside functions.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Optional
 
-from ..errors import CkptMergeError
-from ..text import quote_name
+from ...errors import CkptMergeError
+from .common import Progress
 
 __all__ = ["run_plan", "Progress"]
 
 log = logging.getLogger(__name__)
 
-#: A progress callback: ``progress(done_bytes, total_bytes)``.
-Progress = Callable[[int, int], None]
-
-
 def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: Optional[Progress] = None) -> Any:
-    """Restore the variables of ``plan`` and return a :class:`ckptmerge.report.Report`.
+    """Restore the variables of ``plan`` and return a :class:`ckptmerge.render.report.Report`.
 
     Args:
         plan: a plan made by :func:`ckptmerge.plan` (it carries the live targets and sources).
@@ -46,7 +48,7 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
     if binding.targets.mode == "specs":
         raise CkptMergeError(
             "This plan's target is a list of specs (names and shapes), not variables, so it can be "
-            "reported or merged (ckptmerge.offline) but not restored. Plan against the model instead."
+            "reported or merged (ckptmerge.merging.local) but not restored. Plan against the model instead."
         )
     if binding.targets.mode == "graph":
         from .graph import restore_graph
@@ -59,37 +61,3 @@ def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: O
     from .eager import restore_eager
 
     return restore_eager(plan, binding, progress=progress)
-
-
-def skipped_targets(plan: Any) -> List[Tuple[str, str]]:
-    """``(target, reason)`` for every target a restore of ``plan`` leaves as it was.
-
-    Mismatches (skipped by ``on_shape_mismatch='skip'``, or by ``strict=False``), unresolved
-    conflicts and ambiguities, and missing targets (``strict=False``); allowed-missing targets
-    are counted apart, in the report's summary.
-    """
-    why = "on_shape_mismatch='skip'" if plan.on_shape_mismatch == "skip" else "strict=False"
-    out = [(m.target, f"{m.describe()} ({why})") for m in plan.mismatched]
-    out += [(c.target, c.message().split(" (pass")[0] + " (strict=False)")
-            for c in plan.conflicts if c.blocking]
-    for amb in getattr(plan, "ambiguous", ()):
-        if not amb.resolved:
-            out += [(t, f"checkpoint name {quote_name(amb.name)} is renamed ambiguously (strict=False)")
-                    for t in amb.targets if t is not None and t not in plan.assignments]
-    out += [(name, "provided by no source (strict=False)") for name in plan.missing]
-    return sorted(set(out))
-
-
-def make_report(plan: Any, binding: Any, *, mode: str, elapsed: float, bytes_read: int) -> Any:
-    """Build the :class:`ckptmerge.report.Report` of a finished restore."""
-    from ..report import Report
-
-    restored = sorted(plan.assignments)
-    skipped = skipped_targets(plan)
-    per_source = []
-    for h in binding.handles:
-        mine = [a for a in plan.assignments.values() if a.source == h.label]
-        per_source.append({"label": h.label, "path": h.path, "note": h.note,
-                           "n_restored": len(mine), "bytes": sum(a.spec.nbytes for a in mine)})
-    return Report(plan=plan, mode=mode, restored=restored, skipped=skipped, elapsed=elapsed,
-                  bytes_read=bytes_read, sources=per_source)

@@ -16,9 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import CkptMergeError, RestoreError
-from ..text import quote_name
-from . import Progress, make_report
+from ...errors import CkptMergeError, RestoreError
+from ...text import quote_name
+from .common import Progress, make_report
 from .tensors import part_value, to_numpy, to_tensor
 
 __all__ = ["restore_eager", "read_sources", "prepare_values"]

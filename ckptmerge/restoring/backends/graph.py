@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..errors import CkptMergeError
-from ..text import quote_name
-from . import Progress, make_report
+from ...errors import CkptMergeError
+from ...text import quote_name
+from .common import Progress, make_report
 from .eager import prepare_values, read_sources
 
 __all__ = ["GraphOps", "restore_graph", "build_savers", "set_initializers"]
@@ -130,7 +130,7 @@ def build_savers(plan: Any, binding: Any) -> Dict[str, Any]:
 def _tf_reads_it(binding: Any, assignment: Any) -> bool:
     """Whether TF's own ``RestoreV2`` can give this assignment's value as it is stored (a TF
     tensor bundle, no cast, no transform), as ``init_from_checkpoint`` reads it."""
-    from ..formats.bundle import BundleReader
+    from ...formats.tf.bundle import BundleReader
 
     handle = next(h for h in binding.handles if h.label == assignment.source)
     return (isinstance(getattr(handle, "reader", None), BundleReader) and not assignment.cast

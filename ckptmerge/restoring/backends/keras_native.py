@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import RestoreError
-from . import Progress, make_report
+from ...errors import RestoreError
+from .common import Progress, make_report
 from .eager import prepare_values, read_sources
 
 __all__ = ["restore_keras", "keras_numpy"]

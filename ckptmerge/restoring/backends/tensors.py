@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from ..formats.base import ALIGN, aligned_empty
+from ...formats.base import ALIGN, aligned_empty
 
 __all__ = ["to_tensor", "to_numpy", "aligned_empty", "parse_slice_spec", "cast_value", "join_parts", "ALIGN"]
 
@@ -75,9 +75,9 @@ def parse_slice_spec(spec: str) -> Tuple[List[int], Tuple[slice, ...]]:
 
 
 def cast_value(value: Any, dtype_name: str) -> Any:
-    """Cast a numpy array (see :func:`ckptmerge.transforms.cast_array`) or a TF tensor."""
+    """Cast a numpy array (see :func:`ckptmerge.planning.transforms.cast_array`) or a TF tensor."""
     if isinstance(value, np.ndarray):
-        from ..transforms import cast_array
+        from ...planning.transforms import cast_array
 
         return cast_array(value, dtype_name)
     import tensorflow as tf

@@ -1,0 +1,8 @@
+"""Offline merges: many sources into one new checkpoint on disk or in object storage.
+
+Holds: ``local`` (the plan, the per-tensor jobs and the atomic local publish), ``remote`` (the
+same outputs written to a URL), and the one place that chooses between them.
+
+May import: ``sources``, ``restoring`` (never TF: merges stay TF-free), ``render``, ``planning``,
+``alignment``, ``formats`` and the bottom modules. Never ``cli``, ``api`` or ``config``.
+"""

@@ -1,0 +1,9 @@
+"""Sources: where values come from, and how a path, a directory or a URL becomes one checkpoint.
+
+Holds: ``source`` (:class:`~ckptmerge.Source` and the opened handles: checkpoint, memory,
+layout), ``resolve`` (the one dispatcher from a path or URL to a checkpoint), ``files`` (local
+resolution), ``remote`` (resolution by URL) and ``state`` (``checkpoint`` state files).
+
+May import: ``restoring`` (a live model can be a source: its object walk), ``render``, ``planning``,
+``alignment``, ``formats`` and the bottom modules. Never ``cli``, ``api``, ``config`` or ``merging``.
+"""
