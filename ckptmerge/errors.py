@@ -229,7 +229,7 @@ class OutputExistsError(CkptMergeError, FileExistsError):
 
 class OutputLockedError(OutputExistsError):
     """Another merge to the same output in object storage is running (it holds the output's lock
-    object, ``e.path``); see README "Remote checkpoints"."""
+    object, ``e.path``); see docs/remote.md, "Merging to object storage"."""
 
 
 class CheckpointWriteError(CkptMergeError, OSError):

@@ -36,7 +36,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Source:
     """Capture the current values of ``target``'s variables in memory, as a :class:`Source`.
 
-    Names are the target names (see README "Names"), so the snapshot restores into the same
+    Names are the target names (see docs/names.md), so the snapshot restores into the same
     target with no rules. Nothing touches the disk.
 
     Args:

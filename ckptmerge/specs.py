@@ -75,7 +75,7 @@ class VariableInfo:
     """One tensor of a checkpoint, or one target variable.
 
     Attributes:
-        name: the name ckptmerge matches on (see the README's "Names" section).
+        name: the name ckptmerge matches on (see docs/names.md).
         shape: the full shape as a tuple of ints.
         dtype: numpy-style dtype name: ``float32``, ``bfloat16``, ``int64``, ``bool``,
             ``complex64``, ``string``, ...

@@ -8,7 +8,7 @@ back, and this module joins them (pure: it takes what the reader found, opens no
 - each ``vars`` group carries the layer's own name as its ``name`` attribute (files written
   without it keep their raw keys), so the chain of names from the root
   to a layer is the layer's path: ``encoder/dense_1`` (the root model's own name is left out:
-  it changes whenever a model is rebuilt, see README "Names");
+  it changes whenever a model is rebuilt, see docs/names.md);
 - ``config.json`` says each layer's class (and options such as ``use_bias``, ``center``), and
   the class says which variable each index is (``Dense``: ``kernel``, ``bias``).
 

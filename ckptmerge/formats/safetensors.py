@@ -8,8 +8,8 @@ copy; a memory map of the file gives arbitrarily aligned views, which TF copies)
 and the float8 types come from ``ml_dtypes`` as everywhere else in ckptmerge, and every header
 field is validated against the file before anything is allocated (files are untrusted).
 
-Names are kept exactly as written (``encoder.layer.0.attention.self.query.weight``); see the
-README's "Names" section for how ``.`` scopes match. A sharded set is read through its index
+Names are kept exactly as written (``encoder.layer.0.attention.self.query.weight``); see
+docs/formats.md, "From PyTorch and safetensors", for how ``.`` scopes match. A sharded set is read through its index
 JSON, whose ``weight_map`` may name only files in the index's own directory.
 """
 

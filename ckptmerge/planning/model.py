@@ -389,7 +389,7 @@ class Plan:
         Each is built from a ``{checkpoint_key: variable}`` dict of that source's assignments
         (a list of parts for a partitioned variable), the canonical TF way; call
         ``saver.restore(sess, path)`` yourself when you want TF's own I/O. :meth:`restore` is
-        faster and atomic across sources (see the README), so it does not use them.
+        faster and atomic across sources (see docs/restore.md, "How restores work"), so it does not use them.
 
         Returns:
             ``{source label: Saver}``; the same objects on every call (no new ops).

@@ -8,7 +8,7 @@ list, ``dense``, ``dense_1``; other children by attribute name; each layer store
 under ``vars/0``, ``vars/1``, ... in the order its ``save_own_variables`` writes them).
 :func:`weights_file_keys` repeats that walk with Keras's own helpers, so a model gets exactly the
 entries ``load_weights`` would give it, however its layers happen to be named. It uses Keras's private
-``_walk_saveable`` and ``_get_unique_name``; verified against Keras 3.15.1 (README "Names").
+``_walk_saveable`` and ``_get_unique_name``; verified against Keras 3.15.1 (docs/names.md).
 
 This module imports Keras (lazily, through the target); the planner never sees it.
 """

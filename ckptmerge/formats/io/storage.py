@@ -3,8 +3,8 @@
 Local paths keep ckptmerge's fast path (``preadv`` into aligned buffers, ``copy_file_range``
 for merges) and never touch this module's remote half. A URL (``s3://``, ``gs://``, ``az://``,
 ``abfs://``, ``hdfs://``, ``memory://``, ``file://``, ``https://``) is served by the fsspec
-filesystem made for that store (``s3fs``, ``gcsfs``, ``adlfs``; optional extras, see the README
-"Remote checkpoints"): small files (an index, a state file) are fetched once and whole, tensors
+filesystem made for that store (``s3fs``, ``gcsfs``, ``adlfs``; optional extras, see
+docs/remote.md): small files (an index, a state file) are fetched once and whole, tensors
 with ranged reads (``fs.cat_file(path, start, end)``) that the readers issue from their thread
 pools, several in flight at once. The other formats read a URL through the same seam:
 :class:`~ckptmerge.formats.io.fileio.Descriptors` hands out a :class:`RemoteFile` where a local file
