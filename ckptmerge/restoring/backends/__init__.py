@@ -1,10 +1,10 @@
 """Restore backends: carry out a plan in graph mode or in eager mode.
 
 :func:`run_plan` is what ``Plan.restore`` calls. It checks the plan's findings first (nothing
-is touched when ``strict`` rejects the plan), then hands over to the graph backend (one
-``RestoreV2`` per source, built once, assignments gated on every read) or the eager backend
-(sources read concurrently by the TF-free reader, then assigned without copies). Both are
-atomic: a read that fails changes no variable.
+is touched when ``strict`` rejects the plan), then hands over to the graph backend (sources read
+concurrently by the TF-free reader, then one fed assign op built once per plan), the eager
+backend (the same reads, then assigned without copies) or the Keras-native one. All are atomic:
+a read that fails changes no variable.
 
 Holds: ``graph``, ``eager`` and ``keras_native`` (one backend each), ``tensors`` (values into
 tensors: casts, partitions) and ``common`` (progress, skipped targets, the report).
