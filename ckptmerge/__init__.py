@@ -57,6 +57,10 @@ _LAZY: Dict[str, str] = {
     "Transpose": ".planning.transforms",
     "VocabRemap": ".planning.transforms",
     "Source": ".sources.source",
+    "Reshape": ".alignment.tensorops",
+    "Split": ".alignment.tensorops",
+    "Convention": ".alignment.conventions",
+    "add_convention": ".alignment.conventions",
     "list_variables": ".api",
     "load": ".api",
     "open": ".api",
@@ -84,6 +88,10 @@ __all__ = [
     "Restorer",
     "RuleError",
     "Slice",
+    "Reshape",
+    "Split",
+    "Convention",
+    "add_convention",
     "Source",
     "Suggestion",
     "Transpose",
@@ -120,6 +128,8 @@ def __dir__() -> List[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from .alignment.conventions import Convention, add_convention
+    from .alignment.tensorops import Reshape, Split
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config
     from .merging.dispatch import MergeReport, merge

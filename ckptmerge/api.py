@@ -19,6 +19,7 @@ from typing import (
     List,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -62,10 +63,15 @@ class Binding:
     graph_ops: Any = None
     savers: Any = None
     session: Any = None
+    #: label -> the transforms of the plan's view of that source, where alignment added some
+    #: (the reshapes it inferred) to the source's own.
+    view_transforms: Optional[Dict[str, Tuple[Any, ...]]] = None
 
     def _transforms(self, assignment: Any) -> List[Any]:
         from .planning.transforms import select
 
+        if self.view_transforms and assignment.source in self.view_transforms:
+            return select(self.view_transforms[assignment.source], assignment.target)
         for h in self.handles:
             if h.label == assignment.source:
                 return select(h.source.transforms, assignment.target)
@@ -195,6 +201,7 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
     targets = _collect(target)
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
+    added: Dict[str, Tuple[Any, ...]] = {}
     try:
         root = _keras_names(target, targets, handles)
         views = [h.view(r) for h, r in zip(handles, rules)]
@@ -209,11 +216,12 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
             views = aligned_views(result, views, which, target_order=creation_order(target, targets),
                                   source_orders=[h.order if on else None for h, on in zip(handles, which)])
             result = make_plan(targets.infos, views, **options)
+            added = {v.label: v.transforms for v, h in zip(views, handles) if len(v.transforms) > len(h.source.transforms)}
     except BaseException:
         for h in handles:
             h.close()
         raise
-    return result.with_binding(Binding(targets=targets, handles=handles))
+    return result.with_binding(Binding(targets=targets, handles=handles, view_transforms=added))
 
 
 def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -> "Suggestion":

@@ -7,6 +7,7 @@ own formulas, so no PyTorch install is needed.
 
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 import safetensors.numpy as st_numpy
@@ -129,7 +130,9 @@ def test_pytorch_model_restores_into_keras_with_layout_and_a_scope_map(torch_mod
     report = cm.restore(model, [source])
     assert len(report.restored) == 9
     text = report.plan.report()
-    assert "layout: transposed (out,in)->(in,out)" in text and "layout: conv (O,I,*k)->(*k,I,O)" in text
+    # the report line names the raw key and its stored shape, then the operation
+    assert ": transposed (out,in)->(in,out)" in text and ": conv (O,I,*k)->(*k,I,O)" in text
+    assert re.search(r"layout: [a-z0-9_.]+\.weight \(\d+, \d+\): transposed", text)
     _check_outputs(model, state)
 
 

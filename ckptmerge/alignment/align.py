@@ -50,6 +50,8 @@ import numpy as np
 
 from ..specs import VariableInfo
 from ..text import plural, quote_name
+from .conventions import rewrite, rewrite_all
+from .tensorops import refines
 
 __all__ = ["Match", "Unresolved", "Alignment", "align", "tokens", "natural_key", "scope_entries",
            "ALIGN_MODES"]
@@ -60,6 +62,9 @@ ALIGN_MODES = ("structure",)
 MARGIN = 1e-3
 #: Below this score a pair has no evidence beyond its shape: not proposed.
 MIN_SCORE = 0.25
+#: A pair whose relative positions (0..1) on the two sides differ by more than this contradicts
+#: its own order evidence: not applied.
+ORDER_TOLERANCE = 0.5
 
 _SPLIT = re.compile(r"[/_\-.:\s]+")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")
@@ -72,6 +77,7 @@ _SYNONYMS = {
     "embedding": "embeddings", "embeddings": "embeddings",
     "hiddenlayer": "dense", "fc": "dense", "linear": "dense", "dense": "dense", "hidden": "dense",
     "layernorm": "norm", "norm": "norm", "ln": "norm", "normalization": "norm",
+    "feedforward": "mlp", "ffn": "mlp", "mlp": "mlp", "attn": "attention", "attention": "attention",
 }
 
 
@@ -85,7 +91,7 @@ def tokens(name: str) -> Tuple[str, ...]:
         >>> tokens("dnn/hiddenlayer_0")
         ('dnn', 'dense')
     """
-    return _template_tokens(_DIGITS.sub("0", name))
+    return _template_tokens(_DIGITS.sub("0", rewrite(name)))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -269,12 +275,16 @@ class _Features:
     def __init__(self, names: Sequence[str]) -> None:
         self.template: Dict[str, str] = {}
         self.numbers: Dict[str, Tuple[int, ...]] = {}
-        joined = "\n".join(names)
+        # Names as the convention table reads them (``ln_1`` -> ``attnnorm``), before their
+        # digits become series numbers: the numbers of a convention's names are not positions.
+        written = rewrite_all(names)
+        joined = "\n".join(written)
         if joined.count("\n") != len(names) - 1:  # a name holds a newline: one at a time
-            for n in names:
-                self.template[n] = _DIGITS.sub("0", n)
-                self.numbers[n] = tuple(map(int, _DIGITS.findall(n, 0, n.rfind("/") + 1)))
+            for n, w in zip(names, written):
+                self.template[n] = _DIGITS.sub("0", w)
+                self.numbers[n] = tuple(map(int, _DIGITS.findall(w, 0, w.rfind("/") + 1)))
             return
+        as_written = dict(zip(names, written))
         templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
         parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
         families: Dict[str, List[str]] = {}
@@ -291,7 +301,7 @@ class _Features:
                 self.numbers.update(zip(members, itertools.repeat(())))
                 continue
             runs = template.count("0")
-            digits = " ".join(members).encode().translate(_DIGITS_ONLY).split()
+            digits = " ".join(map(as_written.__getitem__, members)).encode().translate(_DIGITS_ONLY).split()
             rows: List[Tuple[bytes, ...]] = list(zip(*[iter(digits)] * runs))
             if in_scope < runs:
                 rows = [r[:in_scope] for r in rows]
@@ -421,6 +431,8 @@ def _evidence(tname: str, sname: str, spec: VariableInfo, alone: bool, leaf: flo
 
 
 _BLIND = "nothing but their shape relates them (no shared name tokens, no order evidence)"
+_CONTRADICTED = ("the best pairing's own order evidence disagrees (the two sides hold these at different "
+                 "positions), so it is not applied")
 _TIED = "the evidence (names, scopes, order) fits more than one pairing equally well"
 
 
@@ -451,7 +463,10 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     else:
         rt, t_inf = _ranks(tnames, target_order, feats)
         rs, s_inf = _ranks(snames, source_order, feats)
-        use_order = t_inf and s_inf
+        # Ranks compare only when both sides order their names as finely: a side that holds two
+        # of them at one rank (``layer4/0/bn1`` and ``layer4/0/downsample/1`` both at 4, 0, 1)
+        # against one that does not would pair by a scale that is not the same.
+        use_order = t_inf and s_inf and len(set(rt.tolist())) == len(set(rs.tolist()))
     if use_order:
         order = 1.0 - np.abs(rt[:, None] - rs[None, :])
         score = 0.3 * leaf + 0.3 * scope + 0.4 * order
@@ -477,6 +492,7 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     matches: List[Match] = []
     tied: Dict[int, set] = {}
     blind: List[int] = []  # pairs with nothing but their shape for them
+    contradicted: List[int] = []
     for i in range(nt):
         j = partner[i]
         if j >= ns:
@@ -486,6 +502,9 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
             continue
         if margin[i] <= MARGIN:
             tied[i] = {k for k in range(n) if k != i and delta[i, k] <= MARGIN}
+            continue
+        if order is not None and abs(rt[i] - rs[j]) > ORDER_TOLERANCE:
+            contradicted.append(i)  # its own order evidence disagrees: never applied
             continue
         evidence = _evidence(tnames[i], snames[j], spec, False, leaf[i, j], scope[i, j], feats)
         if order is not None:
@@ -508,6 +527,8 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
             add(group, _TIED)
     if blind:
         add(blind, _BLIND)
+    if contradicted:
+        add(contradicted, _CONTRADICTED)
     return matches, unresolved
 
 
@@ -582,6 +603,8 @@ def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, fea
     if t is None or s is None:
         return None
     (t_plain, t_at, t_fams), (s_plain, s_at, s_fams) = t, s
+    if not t_plain:  # checkpoint names outside the series (a pooler beside the layers) have no position
+        s_plain = []
     if len(t_at) != len(s_at) or bool(t_plain) != bool(s_plain):
         return None
     n = len(t_at) + bool(t_plain)
@@ -646,9 +669,24 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     """
     t_order = {n: i for i, n in enumerate(target_order)} if target_order is not None else None
     s_order = {n: i for i, n in enumerate(source_order)} if source_order is not None else None
+    targets, names = list(targets), list(names)
     t_groups, s_groups = _by_spec(targets), _by_spec(names)
-    groups = {k: (ts, s_groups[k][0], spec) for k, (ts, spec) in t_groups.items() if k in s_groups}
-    feats = _Features([n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss)])
+    groups = {k: (ts, list(s_groups[k][0]) if k in s_groups else [], spec) for k, (ts, spec) in t_groups.items()}
+    # A target may also take a tensor of another shape of its size that a reshape makes fit by
+    # splitting or merging neighbouring axes or unit axes (attention heads, a (1, n, d) table):
+    # such a tensor joins the target's shape group too, so one tensor can be a candidate of two
+    # groups; :func:`_one_target_each` keeps a tensor's best match only where it is clear.
+    by_size: Dict[Tuple[int, str], List[Tuple[Tuple[int, ...], str]]] = {}
+    for (shape, dtype), (ss, _) in s_groups.items():
+        by_size.setdefault((int(np.prod(shape, dtype=np.int64)), dtype), []).append(shape)
+    reshaped = False
+    for (shape, dtype), (ts, ss, spec) in groups.items():
+        for other in by_size.get((int(np.prod(shape, dtype=np.int64)), dtype), ()):
+            if other != shape and refines(other, shape):
+                ss.extend(s_groups[(other, dtype)][0])
+                reshaped = True
+    groups = {k: g for k, g in groups.items() if g[1]}
+    feats = _Features(list(dict.fromkeys(n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss))))
     matches = _Columns()
     unresolved: List[Unresolved] = []
     for tnames, snames, spec in groups.values():
@@ -662,8 +700,93 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
                 m, u = _solve_block(block, t_order, s_order, spec, memo, feats)
                 matches.extend(m)
                 unresolved += u
+    if reshaped:
+        matches, unresolved = _one_target_each(matches, unresolved)
+    matches, unresolved = _layers_as_units(matches, unresolved, {t.name: t for t in targets},
+                                           {n.name: n for n in names})
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches.sorted_by_target(), unresolved)
+
+
+def _scope(name: str) -> str:
+    return name[:name.rfind("/") + 1]
+
+
+#: Leaf names (after synonym folding) of a layer's own parameters.
+_LAYER_PARAMS = frozenset({"kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance", "embeddings",
+                           "recurrent_kernel", "reverse_embeddings", "running_mean", "running_var"})
+
+
+def _tok_leaf(name: str) -> str:
+    leaf = _leaf(name)
+    return _SYNONYMS.get(leaf.lower(), leaf.lower())
+
+
+def _one_target_each(matches: "_Columns", unresolved: List[Unresolved]) -> Tuple["_Columns", List[Unresolved]]:
+    """Where one checkpoint tensor was matched in two shape groups (as itself and reshaped), keep
+    its match that is clearly the more confident (by more than 0.05); else neither: both targets
+    become unresolved, with both candidates named."""
+    by_name: Dict[str, List[int]] = {}
+    for i, n in enumerate(matches.name):
+        by_name.setdefault(n, []).append(i)
+    drop: set = set()
+    for n, rows in by_name.items():
+        if len(rows) < 2:
+            continue
+        rows = sorted(rows, key=lambda i: -matches.confidence[i])
+        best, second = rows[0], rows[1]
+        if matches.confidence[best] - matches.confidence[second] > 0.05:
+            drop.update(rows[1:])
+        else:
+            drop.update(rows)
+            unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)), (n,), (), "",
+                                         "one checkpoint tensor fits these targets about equally well "
+                                         "(one of them only after a reshape)"))
+    return _without(matches, drop), unresolved
+
+
+def _without(matches: "_Columns", drop: set) -> "_Columns":
+    if not drop:
+        return matches
+    out = _Columns()
+    keep = [i for i in range(len(matches)) if i not in drop]
+    for f in _Columns.__slots__:
+        setattr(out, f, list(map(getattr(matches, f).__getitem__, keep)))
+    return out
+
+
+def _layers_as_units(matches: "_Columns", unresolved: List[Unresolved], tspecs: Mapping[str, VariableInfo],
+                     sspecs: Mapping[str, VariableInfo]) -> Tuple["_Columns", List[Unresolved]]:
+    """Layers are units: the matched variables of one target layer (a scope: kernel and bias,
+    gamma and beta and the moving statistics) come from one checkpoint module, and one module's
+    tensors go to one target layer. A layer whose matches come from two modules (or a module
+    whose tensors went to two layers) keeps none of them: its targets are unresolved, with the
+    candidates named."""
+    # Only layer parameters make a unit: a table held directly under a scope
+    # (``bert/embeddings/position_embeddings``) is a tensor of its own.
+    t_scope = [_scope(t) if _tok_leaf(t) in _LAYER_PARAMS else "" for t in matches.target]
+    s_scope = [_scope(n) if _tok_leaf(n) in _LAYER_PARAMS else "" for n in matches.name]
+    modules: Dict[str, set] = {}
+    layers: Dict[str, set] = {}
+    for t, s in zip(t_scope, s_scope):
+        if t and s:
+            modules.setdefault(t, set()).add(s)
+            layers.setdefault(s, set()).add(t)
+    bad_t = {t for t, ms in modules.items() if len(ms) > 1}
+    bad_s = {s for s, ls in layers.items() if len(ls) > 1}
+    if not bad_t and not bad_s:
+        return matches, unresolved
+    drop = {i for i, (t, s) in enumerate(zip(t_scope, s_scope)) if t in bad_t or s in bad_s}
+    groups: Dict[str, List[int]] = {}
+    for i in sorted(drop):
+        groups.setdefault(t_scope[i] if t_scope[i] in bad_t else s_scope[i], []).append(i)
+    for key, rows in groups.items():
+        where = ", ".join(map(quote_name, sorted({s_scope[i] for i in rows} | ({key} if key in bad_s else set()))))
+        unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)),
+                                     tuple(sorted(matches.name[i] for i in rows)), (), "",
+                                     f"layers are units: these variables of one layer would come from more than "
+                                     f"one module, or one module would feed more than one layer ({where})"))
+    return _without(matches, drop), unresolved
 
 
 class Entry(NamedTuple):

@@ -38,14 +38,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..specs import KIND_BOOKKEEPING, VariableInfo
+from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
 
 __all__ = ["LayoutEntry", "Layout", "torch_layout", "LAYOUTS", "apply_entry"]
 
 #: The layouts ``Source(layout=...)`` accepts.
 LAYOUTS = ("torch",)
 
-_EMBED = re.compile(r"(^|[_.])(embed|embedding|embeddings|emb|wte|wpe|tok_embeddings|word_embeddings|"
-                    r"position_embeddings|token_type_embeddings|shared)$", re.IGNORECASE)
+_EMBED = re.compile(r"(^|[_.])(" + "|".join(map(re.escape, EMBEDDING_MODULES)) + r")$", re.IGNORECASE)
+#: Fused query/key/value modules whose output axis holds q, k, v one after the other (GPT-2's
+#: ``c_attn``, timm's ``qkv``); per-head interleaved fusions (BLOOM's ``query_key_value``) are not here.
+_FUSED_QKV = ("c_attn", "qkv")
 _LINEAR = re.compile(r"(^|[_.])(linear|fc\d*|dense|proj|q_proj|k_proj|v_proj|o_proj|out_proj|query|key|value|"
                      r"qkv|out|output|gate|gate_proj|up|up_proj|down|down_proj|lm_head|head|classifier|"
                      r"pooler|mlp|c_fc|c_proj|c_attn|w\d|attn|fc_in|fc_out)$", re.IGNORECASE)
@@ -108,6 +111,15 @@ def _kind(module: str, params: Dict[str, VariableInfo]) -> str:
     if len(w.shape) == 2:
         if _EMBED.search(leaf):
             return "embedding"
+        b = params.get("bias")
+        if b is not None and len(b.shape) == 1 and w.shape[0] != w.shape[1]:
+            # The bias has the output size: (out, in) is a Linear, (in, out) Hugging Face's Conv1D.
+            if b.shape[0] == w.shape[1]:
+                return "conv1d"
+            if b.shape[0] == w.shape[0]:
+                return "linear"
+        if leaf in CONV1D_MODULES:
+            return "conv1d?"  # square: decided by its siblings' biases (see torch_layout)
         if "bias" in params or _LINEAR.search(leaf):
             return "linear"
         return "undecided"
@@ -136,6 +148,15 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
         module, _, param = v.name.rpartition(".")
         modules.setdefault(module, {})[param] = v
     out = Layout()
+    kinds = {module: _kind(module, params) for module, params in modules.items()}
+    # A square weight of a Conv1D-named module is a Conv1D when another module of that name shows
+    # it by its bias (GPT-2's attn.c_proj beside c_attn and mlp.c_fc), a Linear when one shows that.
+    shown = {(m.rsplit(".", 1)[-1], k) for m, k in kinds.items() if k in ("conv1d", "linear")}
+    for module, kind in kinds.items():
+        if kind == "conv1d?":
+            leaves = {leaf for leaf, k in shown if k == "conv1d"}
+            linear = {leaf for leaf, k in shown if k == "linear"} & set(CONV1D_MODULES)
+            kinds[module] = "conv1d" if leaves and not linear else "undecided"
 
     def add(name: str, shape: Sequence[int], src: Sequence[VariableInfo], op: str = "copy", *,
             perm: Sequence[int] = (), order: Sequence[int] = (), note: str = "", kind: Optional[str] = None) -> None:
@@ -146,9 +167,16 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
 
     for module, params in modules.items():
         scope = _slash(module) + "/" if module else ""
-        kind = _kind(module, params)
+        kind = kinds[module]
         done = set()
-        if kind in ("linear", "conv", "depthwise", "embedding"):
+        leaf = module.rsplit(".", 1)[-1]
+        if kind in ("linear", "conv1d") and leaf in _FUSED_QKV and _split_qkv(scope, params, kind, add):
+            done |= {"weight", "bias"}
+        elif kind == "conv1d":  # Hugging Face Conv1D: weight (in, out) is already a Keras kernel
+            w = params["weight"]
+            done.add("weight")
+            add(scope + "kernel", w.shape, [w], note="Conv1D weight (in,out) kept")
+        elif kind in ("linear", "conv", "depthwise", "embedding"):
             w = params["weight"]
             done.add("weight")
             if kind == "embedding":
@@ -190,6 +218,28 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
             if p not in done:
                 add(scope + p, v.shape, [v])
     return out
+
+
+def _split_qkv(scope: str, params: Dict[str, VariableInfo], kind: str, add) -> bool:
+    """A fused query/key/value module as three modules ``query``, ``key``, ``value`` under its scope
+    (each kernel ``(in, out/3)``); False when its output does not divide by three."""
+    w, b = params["weight"], params.get("bias")
+    rows = w.shape[1] if kind == "conv1d" else w.shape[0]
+    if rows % 3 or (b is not None and b.shape != (rows,)):
+        return False
+    part = rows // 3
+    for i, name in enumerate(("query", "key", "value")):
+        lo, hi = i * part, (i + 1) * part
+        if kind == "conv1d":
+            add(f"{scope}{name}/kernel", (w.shape[0], part), [w], "split", perm=(1, i, 3),
+                note=f"fused q,k,v Conv1D weight (in,3*out): columns {lo}..{hi - 1} of {rows}")
+        else:
+            add(f"{scope}{name}/kernel", (w.shape[1], part), [w], "split", perm=(0, i, 3),
+                note=f"fused q,k,v Linear weight (3*out,in): rows {lo}..{hi - 1} of {rows}, transposed")
+        if b is not None:
+            add(f"{scope}{name}/bias", (part,), [b], "split", perm=(0, i, 3),
+                note=f"fused q,k,v bias: entries {lo}..{hi - 1} of {rows}")
+    return True
 
 
 def _rnn(scope: str, params: Dict[str, VariableInfo], rnn: str, add) -> set:
@@ -262,6 +312,12 @@ def apply_entry(entry: LayoutEntry, values: Sequence[np.ndarray]) -> np.ndarray:
         return np.ascontiguousarray(np.transpose(values[0], entry.perm))
     if entry.op == "gates":
         return np.ascontiguousarray(np.transpose(_reorder(values[0], entry.order), entry.perm))
+    if entry.op == "split":  # perm = (axis, index, parts); a Linear's rows are then transposed
+        axis, index, parts = entry.perm
+        v = values[0]
+        step = v.shape[axis] // parts
+        piece = np.take(v, range(index * step, (index + 1) * step), axis=axis)
+        return np.ascontiguousarray(piece.T if v.ndim == 2 and axis == 0 else piece)
     if entry.op == "sum":
         return _reorder(values[0], entry.order) + _reorder(values[1], entry.order)
     if entry.op == "stack":

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..alignment.align import Alignment, Entry, Unresolved, align, scope_entries
+from ..alignment.tensorops import Reshape, glob_escape
+from ..specs import VariableInfo
 from ..text import escape_name
 from .model import late
 from .planner import Plan, SourceView
@@ -264,8 +266,31 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
         for m in found.matches:
-            notes[m.name] = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
-        out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes))
+            how = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
+            notes[m.name] = f"{notes[m.name]}; {how}" if notes.get(m.name) else how
+        reshapes = tuple(reshape_transforms(found, src, plan.targets))
+        out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes,
+                                       transforms=src.transforms + reshapes))
+    return out
+
+
+def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[VariableInfo]) -> List[Reshape]:
+    """A :class:`~ckptmerge.alignment.tensorops.Reshape` per match whose checkpoint tensor has another shape
+    than its target (alignment pairs those only when a reshape splits or merges neighbouring
+    axes: attention heads, unit axes).
+
+    Example:
+        >>> reshape_transforms(Alignment(), None, [])
+        []
+    """
+    if not found.matches:
+        return []
+    shapes = {t.name: tuple(t.shape) for t in targets}
+    out = []
+    for m in found.matches:
+        have, want = tuple(src.variables[m.name].shape), shapes.get(m.target)
+        if want is not None and have != want:
+            out.append(Reshape(glob_escape(m.target), want, have))
     return out
 
 

@@ -472,7 +472,9 @@ class LayoutHandle(SourceHandle):
         # onto an Embedding's 'embeddings'.
         layout.undecided = [(n, why) for n, why in layout.undecided if not _settled(src, n)]
         infos = sorted((e.info for e in layout.entries.values()), key=lambda v: v.name)
-        notes = {n: f"layout: {e.note}" for n, e in layout.entries.items() if e.note}
+        stored = {v.raw_key: tuple(v.shape) for v in inner.all_variables}
+        notes = {n: f"layout: {', '.join(e.sources)} {stored.get(e.sources[0], ())}: {e.note}"
+                 for n, e in layout.entries.items() if e.note}
         super().__init__(src, inner.path, inner.note, infos, {**inner.notes, **notes},
                          [*inner.findings, *layout.findings(inner.label)])
         self.inner = inner

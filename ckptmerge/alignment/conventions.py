@@ -1,0 +1,189 @@
+"""Framework naming conventions, as data: evidence for structural alignment beside shapes and order.
+
+PyTorch, Hugging Face, KerasHub and Keras name the same part of a model differently: the norm
+before attention is ``input_layernorm`` (Llama), ``ln_1`` (GPT-2), ``layernorm_before`` (ViT) and
+``self_attention_layernorm`` (KerasHub); Llama's ``post_attention_layernorm`` is the norm *before
+the MLP*, although its name says "attention". Word overlap alone gets these wrong. This module
+holds one declarative table of :class:`Convention` rows: name segments (one scope of a name, or
+a few joined by ``/``) and the *role* they stand for. Alignment rewrites every name segment that a
+row lists into the row's role words before it compares names, so ``input_layernorm`` and
+``self_attention_layernorm`` share the role ``attnnorm`` and ``post_attention_layernorm`` no
+longer shares ``attention`` with anything.
+
+The table is extended with :func:`add_convention` (or the config's ``conventions:`` list). It is
+evidence, never a rule that renames: a name still pairs only with a tensor of a fitting shape, and
+ties stay unresolved.
+
+Pure: no file access, no framework.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+from ..errors import RuleError
+
+__all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
+           "CONV1D_MODULES", "EMBEDDING_MODULES"]
+
+_ROLE = re.compile(r"^[a-z][a-z ]*[a-z]$|^[a-z]$")
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One row of the table: name segments that mean one role.
+
+    Attributes:
+        names: segments as frameworks write them (matched case-insensitively against a whole
+            scope of a name, or several scopes joined by ``/``): ``("input_layernorm", "ln_1")``.
+        role: the words they stand for, lower-case letters and spaces: ``"attnnorm"``.
+        why: what the row is for, for people reading the table.
+        replace: whether the role replaces the segment's own words (for names whose words
+            mislead, ``post_attention_layernorm``) or joins them (the default). Names holding
+            digits are always replaced, so that ``ln_1`` is not read as position 1 of a series.
+
+    Example:
+        >>> Convention(("ffn_norm", "post_attention_layernorm"), "mlpnorm").role
+        'mlpnorm'
+    """
+
+    names: Tuple[str, ...]
+    role: str
+    why: str = ""
+    replace: bool = False
+
+    def __post_init__(self) -> None:
+        names = (self.names,) if isinstance(self.names, str) else tuple(self.names)
+        if not names or not all(isinstance(n, str) and n.strip("/") and len(n) <= 200 for n in names):
+            raise RuleError(f"a convention needs one or more non-empty names (at most 200 characters each). "
+                            f"Received: names={self.names!r:.120}")
+        if not isinstance(self.role, str) or not _ROLE.match(self.role):
+            raise RuleError(f"a convention's role must be lower-case words (letters and spaces), e.g. 'attnnorm'. "
+                            f"Received: role={self.role!r:.80}")
+        object.__setattr__(self, "names", tuple(n.strip("/") for n in names))
+
+
+#: The built-in table: (names, role, why). Roles are made-up words, so that they match only each other.
+CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm")) for n, r, w in (
+    (("input_layernorm", "ln_1", "layernorm_before", "attention_norm", "self_attention_layernorm",
+      "self_attention_layer_norm", "attention/output/LayerNorm", "layer_norm_1", "norm1", "attn_norm"),
+     "attnnorm", "the norm of the attention sub-block (before it in pre-norm models, after it in BERT)"),
+    (("post_attention_layernorm", "ln_2", "layernorm_after", "ffn_norm", "feedforward_layernorm",
+      "feedforward_layer_norm", "output/LayerNorm", "output_layer_norm", "layer_norm_2", "norm2", "mlp_norm"),
+     "mlpnorm", "the norm of the MLP sub-block"),
+    (("ln_f", "norm", "final_layernorm", "final_layer_norm", "sequence_output_layernorm", "layernorm",
+      "layer_norm", "final_norm", "norm_f", "ln"),
+     "finalnorm", "the last norm of a transformer stack (at the model's top level)"),
+    (("embed_tokens", "wte", "word_embeddings", "token_embedding", "tok_embeddings", "token_embeddings",
+      "embed_in"),
+     "tokemb", "the token embedding"),
+    (("wpe", "position_embeddings", "position_embedding", "pos_embed", "embed_positions"),
+     "posemb", "the position embedding"),
+    (("token_type_embeddings", "segment_embedding", "segment_embeddings"),
+     "segemb", "the token-type (segment) embedding"),
+    (("pooler", "pooled_dense", "pooler/dense"), "pooler", "the pooler of the first token"),
+    (("q_proj", "query", "q", "query_dense", "q_lin"), "query", "attention query"),
+    (("k_proj", "key", "k", "key_dense", "k_lin"), "key", "attention key"),
+    (("v_proj", "value", "v", "value_dense", "v_lin"), "value", "attention value"),
+    (("o_proj", "out_proj", "attention_output", "attention/output/dense", "attn/c_proj", "output_dense",
+      "dense_out", "out_lin"),
+     "attnout", "attention output projection"),
+    (("c_fc", "fc1", "up_proj", "intermediate/dense", "intermediate", "feedforward_intermediate_dense", "mlp/dense_1", "w1",
+      "fc_in", "lin1"),
+     "mlpin", "the MLP's first projection (intermediate)"),
+    (("gate_proj", "feedforward_gate_dense", "w3"), "mlpgate", "the MLP's gate projection"),
+    (("down_proj", "fc2", "mlp/c_proj", "feedforward_output_dense", "output/dense", "output", "mlp/dense_2", "w2",
+      "fc_out", "lin2"),
+     "mlpout", "the MLP's last projection"),
+    (("c_attn", "qkv", "query_key_value", "in_proj"), "fusedqkv", "query, key and value fused in one tensor"),
+    (("lm_head", "reverse_embeddings"), "lmhead", "the output projection onto the vocabulary"),
+    (("cls_token", "class_token"), "clstoken", "the class token of a vision transformer"),
+    (("patch_embeddings/projection", "patch_embedding", "patch_embed/proj"), "patchemb",
+     "the patch embedding convolution"),
+))
+
+#: Module names whose 2-D ``weight`` is Hugging Face's ``Conv1D`` (``(in, out)``, never transposed as a
+#: Linear) when their bias shows it (see :mod:`ckptmerge.alignment.layouts`): the GPT-2 family.
+CONV1D_MODULES = ("c_attn", "c_fc", "c_proj", "q_attn")
+#: Module names whose 2-D ``weight`` is an embedding table (kept as it is), beside those the layout knows.
+EMBEDDING_MODULES = ("embed_tokens", "embed_positions", "embed_in", "tok_embeddings", "word_embeddings",
+                     "position_embeddings", "token_type_embeddings", "wte", "wpe", "shared", "embeddings",
+                     "embedding", "embed", "emb")
+
+_lock = threading.Lock()
+_extra: List[Convention] = []
+
+
+def add_convention(names: Sequence[str], role: str, why: str = "", *, replace: bool = False) -> Convention:
+    """Add a row to the convention table, for every later alignment in this process.
+
+    Args:
+        names: name segments as your framework writes them.
+        role: a role of the table (``"attnnorm"``, ``"mlpnorm"``, ``"tokemb"``, ...: see
+            :func:`conventions`) or a new word of your own for both sides.
+        why: what it is for.
+        replace: the role replaces the names' own words (see :class:`Convention`).
+
+    Returns:
+        The new :class:`Convention`.
+
+    Raises:
+        RuleError: a name is empty or the role is not lower-case words.
+
+    Example:
+        >>> c = add_convention(["pre_mlp_rmsnorm"], "mlpnorm")
+        >>> rewrite("blocks/3/pre_mlp_rmsnorm/scale")
+        'blocks/3/pre_mlp_rmsnorm_mlpnorm/scale'
+    """
+    row = Convention(tuple(names), role, why, replace)
+    with _lock:
+        _extra.append(row)
+        _compiled.cache_clear()
+    return row
+
+
+def conventions() -> Tuple[Convention, ...]:
+    """The table in force: the built-in rows, then those added (later rows win for a name)."""
+    return CONVENTIONS + tuple(_extra)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str]]:
+    roles: Dict[str, str] = {}
+    for row in conventions():
+        for n in row.names:
+            replace = row.replace or any(c.isdigit() for c in n)
+            roles[n.lower()] = row.role if replace else f"{n}_{row.role}"
+    alternatives = sorted(roles, key=len, reverse=True)  # the longest phrase first
+    pattern = re.compile(r"(?<![^/\n])(?:" + "|".join(map(re.escape, alternatives)) + r")(?![^/\n])", re.IGNORECASE)
+    return pattern, roles
+
+
+def rewrite(name: str) -> str:
+    """A name with every segment the table lists replaced by its role.
+
+    Example:
+        >>> rewrite("model/layers/0/post_attention_layernorm/gamma")
+        'model/layers/0/mlpnorm/gamma'
+        >>> rewrite("h/1/ln_1/beta")
+        'h/1/attnnorm/beta'
+        >>> rewrite("wte/embeddings")
+        'wte_tokemb/embeddings'
+    """
+    pattern, roles = _compiled()
+    return pattern.sub(lambda m: roles[m.group(0).lower()], name)
+
+
+def rewrite_all(names: Iterable[str]) -> List[str]:
+    """:func:`rewrite` of many names in one regex pass (names without newlines)."""
+    names = list(names)
+    joined = "\n".join(names)
+    if joined.count("\n") != max(len(names) - 1, 0):
+        return [rewrite(n) for n in names]
+    pattern, roles = _compiled()
+    out = pattern.sub(lambda m: roles[m.group(0).lower()], joined)
+    return out.split("\n") if names else []
