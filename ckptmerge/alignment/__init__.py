@@ -1,7 +1,9 @@
 """Structural alignment, pure: which source tensor feeds which target when the names differ.
 
-Holds: ``align`` (evidence scoring and global assignment) and ``layouts`` (framework layouts such
-as PyTorch's, as data).
+Holds: ``align`` (evidence scoring and global assignment), ``entries`` (what it returns: matches,
+unresolved groups, map entries), ``layouts`` (framework layouts such as PyTorch's, as data),
+``conventions`` (the naming-convention table read as evidence) and ``tensorops`` (the reshapes and
+splits a transfer needs, each with its inverse).
 
 May import: ``formats`` (specs and dtypes only) and the bottom modules.
 """

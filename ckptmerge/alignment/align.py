@@ -26,21 +26,15 @@ TensorFlow. :func:`ckptmerge.suggest` and ``Source(..., align="structure")`` are
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import functools
 import itertools
-import operator
 import re
-from dataclasses import dataclass, field
 from typing import (
     Any,
     Dict,
     Iterable,
-    Iterator,
     List,
     Mapping,
-    NamedTuple,
     Optional,
     Sequence,
     Tuple,
@@ -49,11 +43,12 @@ from typing import (
 import numpy as np
 
 from ..specs import VariableInfo
-from ..text import plural, quote_name
+from ..text import quote_name
 from .conventions import rewrite, rewrite_all
+from .entries import Alignment, Columns, Entry, Match, Unresolved, scope_entries
 from .tensorops import refines
 
-__all__ = ["Match", "Unresolved", "Alignment", "align", "tokens", "natural_key", "scope_entries",
+__all__ = ["Match", "Unresolved", "Alignment", "Entry", "align", "tokens", "natural_key", "scope_entries",
            "ALIGN_MODES"]
 
 #: Valid values of ``Source(align=...)``.
@@ -117,134 +112,6 @@ def natural_key(name: str) -> Tuple[Any, ...]:
 
 def _leaf(name: str) -> str:
     return name[name.rfind("/") + 1:]
-
-
-class Match(NamedTuple):
-    """One proposed pair: checkpoint name -> target name, with its evidence (a named tuple: a
-    10,000-variable model makes 10,000 of them, and a tuple is one cheap object).
-
-    Attributes:
-        target: the target name.
-        name: the checkpoint name.
-        confidence: 0..1: the evidence's score, discounted when the best alternative is close.
-        evidence: one short phrase per piece of evidence (shape, leaf, scope tokens, order),
-            shared by every match of one kind of block of a numbered series.
-        position: where in a numbered series the pair sits (``"series position 3 of 12"``), or
-            ``""``: evidence too, kept apart so that the rest can be shared.
-    """
-
-    target: str
-    name: str
-    confidence: float
-    evidence: Tuple[str, ...] = ()
-    position: str = ""
-
-    @property
-    def reasons(self) -> Tuple[str, ...]:
-        """All the evidence: :attr:`evidence`, then :attr:`position` if any."""
-        return self.evidence + (self.position,) if self.position else self.evidence
-
-    def describe(self) -> str:
-        """``"'name' -> 'target' (0.93: shape (3, 4) float32; leaf 'kernel'; ...)"``."""
-        return f"{quote_name(self.name)} -> {quote_name(self.target)} ({self.confidence:.2f}: {'; '.join(self.reasons)})"
-
-
-@dataclass(frozen=True)
-class Unresolved:
-    """Targets and checkpoint names of one shape the evidence cannot tell apart.
-
-    Attributes:
-        targets: the target names (sorted).
-        names: the checkpoint names they could take (sorted).
-        shape, dtype: what they share.
-        reason: why they stay unresolved.
-    """
-
-    targets: Tuple[str, ...]
-    names: Tuple[str, ...]
-    shape: Tuple[int, ...]
-    dtype: str
-    reason: str
-
-    def describe(self) -> str:
-        """One line: the targets, the names, and why."""
-        return (f"{', '.join(map(quote_name, self.targets))} <- one of "
-                f"{', '.join(map(quote_name, self.names))} ({self.dtype} {self.shape}): {self.reason}")
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """The result of :func:`align` for one source.
-
-    Attributes:
-        matches: accepted pairs, sorted by target (a sequence of :class:`Match`).
-        unresolved: groups the evidence cannot separate.
-    """
-
-    matches: Sequence[Match] = field(default_factory=list)
-    unresolved: List[Unresolved] = field(default_factory=list)
-
-    @property
-    def mapping(self) -> Dict[str, str]:
-        """``{checkpoint name: target}`` of the accepted pairs."""
-        targets, names = _columns(self.matches)[:2]
-        return dict(zip(names, targets))
-
-
-class _Columns(collections.abc.Sequence):
-    """Matches held as five columns (one list per field of :class:`Match`); a :class:`Match` is
-    built only when one is read. A 10,000-variable model's matches are then a few lists, not
-    10,000 objects for the garbage collector to walk."""
-
-    __slots__ = ("target", "name", "confidence", "evidence", "position")
-
-    def __init__(self) -> None:
-        self.target: List[str] = []
-        self.name: List[str] = []
-        self.confidence: List[float] = []
-        self.evidence: List[Tuple[str, ...]] = []
-        self.position: List[str] = []
-
-    def extend(self, matches: Iterable[Match]) -> None:
-        for m in matches:
-            self.target.append(m.target)
-            self.name.append(m.name)
-            self.confidence.append(m.confidence)
-            self.evidence.append(m.evidence)
-            self.position.append(m.position)
-
-    def sorted_by_target(self) -> "_Columns":
-        out = _Columns()
-        order = sorted(range(len(self.target)), key=self.target.__getitem__)
-        for f in self.__slots__:
-            setattr(out, f, list(map(getattr(self, f).__getitem__, order)))
-        return out
-
-    def __len__(self) -> int:
-        return len(self.target)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return list(self)[i]
-        return _MATCH((self.target[i], self.name[i], self.confidence[i], self.evidence[i], self.position[i]))
-
-    def __iter__(self) -> Iterator[Match]:
-        return map(_MATCH, zip(self.target, self.name, self.confidence, self.evidence, self.position))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, collections.abc.Sequence) and list(self) == list(other)
-
-    def __repr__(self) -> str:
-        return repr(list(self))
-
-
-def _columns(matches: Sequence[Match]) -> Tuple[List[str], List[str], List[float], List[Tuple[str, ...]], List[str]]:
-    """The five columns (target, name, confidence, evidence, position) of some matches."""
-    if isinstance(matches, _Columns):
-        return matches.target, matches.name, matches.confidence, matches.evidence, matches.position
-    if not matches:
-        return [], [], [], [], []
-    return tuple(map(list, zip(*matches)))  # type: ignore[return-value]
 
 
 _DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
@@ -588,12 +455,8 @@ def _families(names: List[str], feats: _Features
     return sorted(plain), positions, families
 
 
-#: Build a Match from a tuple of all its fields, in C.
-_MATCH = functools.partial(tuple.__new__, Match)
-
-
 def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features,
-                   out: _Columns) -> Optional[List[Unresolved]]:
+                   out: Columns) -> Optional[List[Unresolved]]:
     """The common case of :func:`_by_series` in bulk: both sides regular numbered series (see
     :func:`_families`) with as many positions. Every numbered position is then the same kind of
     block, so it is solved once and repeated family by family, without a step per position.
@@ -687,7 +550,7 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
                 reshaped = True
     groups = {k: g for k, g in groups.items() if g[1]}
     feats = _Features(list(dict.fromkeys(n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss))))
-    matches = _Columns()
+    matches = Columns()
     unresolved: List[Unresolved] = []
     for tnames, snames, spec in groups.values():
         regular = _solve_regular(tnames, snames, spec, feats, matches)
@@ -722,7 +585,7 @@ def _tok_leaf(name: str) -> str:
     return _SYNONYMS.get(leaf.lower(), leaf.lower())
 
 
-def _one_target_each(matches: "_Columns", unresolved: List[Unresolved]) -> Tuple["_Columns", List[Unresolved]]:
+def _one_target_each(matches: "Columns", unresolved: List[Unresolved]) -> Tuple["Columns", List[Unresolved]]:
     """Where one checkpoint tensor was matched in two shape groups (as itself and reshaped), keep
     its match that is clearly the more confident (by more than 0.05); else neither: both targets
     become unresolved, with both candidates named."""
@@ -742,21 +605,11 @@ def _one_target_each(matches: "_Columns", unresolved: List[Unresolved]) -> Tuple
             unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)), (n,), (), "",
                                          "one checkpoint tensor fits these targets about equally well "
                                          "(one of them only after a reshape)"))
-    return _without(matches, drop), unresolved
+    return matches.without(drop), unresolved
 
 
-def _without(matches: "_Columns", drop: set) -> "_Columns":
-    if not drop:
-        return matches
-    out = _Columns()
-    keep = [i for i in range(len(matches)) if i not in drop]
-    for f in _Columns.__slots__:
-        setattr(out, f, list(map(getattr(matches, f).__getitem__, keep)))
-    return out
-
-
-def _layers_as_units(matches: "_Columns", unresolved: List[Unresolved], tspecs: Mapping[str, VariableInfo],
-                     sspecs: Mapping[str, VariableInfo]) -> Tuple["_Columns", List[Unresolved]]:
+def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], tspecs: Mapping[str, VariableInfo],
+                     sspecs: Mapping[str, VariableInfo]) -> Tuple["Columns", List[Unresolved]]:
     """Layers are units: the matched variables of one target layer (a scope: kernel and bias,
     gamma and beta and the moving statistics) come from one checkpoint module, and one module's
     tensors go to one target layer. A layer whose matches come from two modules (or a module
@@ -786,116 +639,6 @@ def _layers_as_units(matches: "_Columns", unresolved: List[Unresolved], tspecs: 
                                      tuple(sorted(matches.name[i] for i in rows)), (), "",
                                      f"layers are units: these variables of one layer would come from more than "
                                      f"one module, or one module would feed more than one layer ({where})"))
-    return _without(matches, drop), unresolved
+    return matches.without(drop), unresolved
 
-
-class Entry(NamedTuple):
-    """One map entry of a suggestion: a scope (``"a/"`` -> ``"b/"``) or one variable (a named
-    tuple, like :class:`Match`).
-
-    Attributes:
-        name: checkpoint name or scope (ending in ``/``).
-        target: target name or scope.
-        confidence: the lowest confidence of the variables it covers.
-        evidence: the evidence (for a scope: of its variables, summarised).
-        count: how many variables it covers.
-    """
-
-    name: str
-    target: str
-    confidence: float
-    evidence: Tuple[str, ...]
-    count: int = 1
-
-    @property
-    def is_scope(self) -> bool:
-        """True for a scope-to-scope entry."""
-        return self.name.endswith("/")
-
-    def describe(self) -> str:
-        """``"'a/' -> 'b/' (3 variables, 0.90: ...)"``."""
-        what = f"{plural(self.count, 'variable')}, " if self.is_scope else ""
-        return (f"{quote_name(self.name)} -> {quote_name(self.target)} "
-                f"({what}{self.confidence:.2f}: {'; '.join(self.evidence)})")
-
-    def to_dict(self) -> dict:
-        """JSON-ready: name, target, confidence, evidence, count."""
-        return {"name": self.name, "target": self.target, "confidence": self.confidence,
-                "evidence": list(self.evidence), "count": self.count}
-
-
-#: Build an Entry from a tuple of all its fields, in C.
-_ENTRY = functools.partial(tuple.__new__, Entry)
-
-
-def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
-                  target_names: Iterable[str]) -> List[Entry]:
-    """Fold matches into scope-to-scope entries wherever a whole scope moves together.
-
-    A checkpoint scope becomes one entry when every name under it (among ``source_names``) is
-    matched, all into one target scope, each keeping its leaf, and no other target (among
-    ``target_names``) lives in that target scope; everything else stays one entry per variable.
-    The matches' names and targets are among ``source_names`` and ``target_names``.
-
-    Example:
-        >>> ms = [Match("h0/kernel", "dnn/l0/kernel", 0.9), Match("h0/bias", "dnn/l0/bias", 0.9)]
-        >>> [e.name + " -> " + e.target for e in scope_entries(ms, ["dnn/l0/kernel", "dnn/l0/bias"],
-        ...                                                     ["h0/kernel", "h0/bias"])]
-        ['dnn/l0/ -> h0/']
-    """
-    targets, names, confidence, evidence, position = _columns(matches)
-    scopes = [n[:n.rfind("/") + 1] for n in names]
-    tscopes = [t[:t.rfind("/") + 1] for t in targets]
-    # Whole when every name of the scope is matched, each into one target scope and keeping its
-    # leaf, and that target scope holds nothing else. A scope holding a name (target) that no
-    # match moves cannot move whole: the few names outside the matches decide, not a count over
-    # every name.
-    matched, taken = set(names), set(targets)
-    blocked = {n[:n.rfind("/") + 1] for n in source_names if n not in matched}
-    blocked |= {"", *(t[:t.rfind("/") + 1] for t in target_names if t not in taken)}
-    keep_leaf = [n[len(sc):] == t[len(ts):] for n, t, sc, ts in zip(names, targets, scopes, tscopes)]
-    per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
-    whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
-             if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}
-    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1) for n, t, c, e, p, sc
-                                             in zip(names, targets, confidence, evidence, position, scopes)
-                                             if sc not in whole]))
-    summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
-
-    def summary(key: Tuple[Tuple[str, ...], ...]) -> Tuple[str, ...]:
-        """The evidence past each shape, sorted: once per kind of scope (the scopes of a numbered
-        series share their evidence objects)."""
-        summaries[key] = tuple(sorted({e for ev in key for e in ev[1:]})[:4])
-        return summaries[key]
-
-    one_position: Dict[str, Tuple[str, ...]] = {"": ()}
-
-    def at(where: str) -> Tuple[str, ...]:
-        found = one_position.get(where)
-        if found is None:
-            found = one_position[where] = (where,)
-        return found
-
-    # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
-    # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
-    moving: Dict[str, List[int]] = {}
-    for i, sc in enumerate(scopes):
-        if sc in whole:
-            moving.setdefault(sc, []).append(i)
-    by_size: Dict[int, List[str]] = {}
-    for sc, c in per_scope.items():
-        if sc in whole:
-            by_size.setdefault(c, []).append(sc)
-    for n, names_of in by_size.items():
-        columns = list(zip(*map(moving.__getitem__, names_of)))
-        # (zip tuples consumed as they come and one tuple per position: few objects alive at once)
-        lowest = map(min, zip(*[list(map(confidence.__getitem__, c)) for c in columns]))
-        positions = [at(w[0]) if w.count(w[0]) == n else tuple(sorted(set(w) - {""}))
-                     for w in zip(*[list(map(position.__getitem__, c)) for c in columns])]
-        head = ("shapes of all " + plural(n, "variable"),)
-        reasons = [head + (summaries.get(k) or summary(k)) + p
-                   for k, p in zip(zip(*[list(map(evidence.__getitem__, c)) for c in columns]), positions)]
-        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), lowest, reasons, itertools.repeat(n)))
-    entries.sort(key=operator.itemgetter(1))  # by target
-    return entries
 
