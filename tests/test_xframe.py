@@ -69,7 +69,7 @@ def test_reshaped_and_split_tensors_say_so_in_the_report(restored):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 19, open: the ResNet-18 twin with default names gets "
-                   "batch_normalization_17 (layer4.0.downsample.1) from layer4.0.bn2")
+                   "the BatchNorm of layer4.0.downsample.1 from layer4.0.bn2")
 def test_resnet18_twin_is_never_wrong(restored):
     name, model, truth, plan, score = restored
     if name != "resnet18":
@@ -81,7 +81,9 @@ def test_resnet18_twin_wrong_tensors_stay_within_one_layer(restored):
     name, model, truth, plan, score = restored
     if name != "resnet18":
         pytest.skip("only ResNet-18")
-    assert {w.split("/")[0] for w in score.wrong} <= {"batch_normalization_17"}
+    # (Keras numbers default names per session: the layer is batch_normalization_17 in a fresh one)
+    assert len({w.split("/")[0] for w in score.wrong}) <= 1
+    assert {truth[w].key.rsplit(".", 1)[0] for w in score.wrong} <= {"layer4.0.downsample.1"}
     assert score.assigned >= 50
 
 
