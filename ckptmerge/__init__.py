@@ -26,6 +26,7 @@ from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CkptMergeError,
+    CombineError,
     ConfigError,
     PlanError,
     RestoreError,
@@ -47,6 +48,9 @@ _LAZY: Dict[str, str] = {
     "load_config": ".config",
     "CheckpointInfo": ".sources.resolve",
     "checkpoints": ".sources.resolve",
+    "CombinedSource": ".merging.combine",
+    "CombineReport": ".merging.combine",
+    "combine": ".merging.combine",
     "MergeReport": ".merging.dispatch",
     "merge": ".merging.dispatch",
     "Plan": ".planning.planner",
@@ -78,6 +82,9 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointNotFoundError",
     "CkptMergeError",
+    "CombineError",
+    "CombineReport",
+    "CombinedSource",
     "Config",
     "ConfigError",
     "MergeReport",
@@ -101,6 +108,7 @@ __all__ = [
     "VariableInfo",
     "VocabRemap",
     "checkpoints",
+    "combine",
     "list_variables",
     "load",
     "load_config",
@@ -132,6 +140,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .alignment.tensorops import Reshape, Split
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config
+    from .merging.combine import CombinedSource, CombineReport, combine
     from .merging.dispatch import MergeReport, merge
     from .planning.planner import Plan
     from .planning.suggestion import Suggestion

@@ -23,6 +23,7 @@ __all__ = [
     "RuleError",
     "TransformError",
     "PlanError",
+    "CombineError",
     "ConfigError",
     "RestoreError",
     "ArgumentError",
@@ -151,6 +152,19 @@ class PlanError(CkptMergeError, ValueError):
     def __init__(self, message: str, *, plan: Any = None) -> None:
         super().__init__(message)
         self.plan = plan
+
+
+class CombineError(CkptMergeError, ValueError):
+    """Checkpoints cannot be combined as asked: their names, shapes or dtypes differ under
+    ``keys="strict"``, an integer tensor under ``integers="error"``, a bad per-tensor parameter.
+
+    Attributes:
+        differences: every problem found, one line each (the message lists them too).
+    """
+
+    def __init__(self, message: str, *, differences: Any = ()) -> None:
+        super().__init__(message)
+        self.differences = list(differences)
 
 
 class ConfigError(CkptMergeError, ValueError):

@@ -61,7 +61,8 @@ def contiguous_chunks(dtype: np.dtype, count: int, max_elements: int,
     """Flat pieces of at most ``max_elements`` of a tensor of ``count`` elements stored
     contiguously in C order: ``fill(offset, view)`` reads the tensor's bytes from ``offset``
     (counted from its first byte) into ``view``. Each piece is read as it is asked for, so memory
-    holds one piece, whatever the size of the tensor.
+    holds one piece, whatever the size of the tensor; the generator keeps no reference to a
+    piece once it is yielded (many streams may be open at once: each holds none).
 
     Example:
         >>> data = np.arange(5, dtype="<i4").tobytes()
@@ -71,9 +72,13 @@ def contiguous_chunks(dtype: np.dtype, count: int, max_elements: int,
         [[0, 1], [2, 3], [4]]
     """
     for start in range(0, count, max_elements):
-        piece = aligned_empty(min(max_elements, count - start), dtype)
-        fill(start * dtype.itemsize, memoryview(piece.view(np.uint8)))
-        yield piece
+        yield _filled(dtype, start, min(max_elements, count - start), fill)
+
+
+def _filled(dtype: np.dtype, start: int, n: int, fill: Callable[[int, memoryview], None]) -> np.ndarray:
+    piece = aligned_empty(n, dtype)
+    fill(start * dtype.itemsize, memoryview(piece.view(np.uint8)))
+    return piece
 
 
 def unreadable_dtype_error(checkpoint: str, key: str, dtype_enum: int, path: str) -> UnreadableTensorError:

@@ -292,9 +292,11 @@ class NumpyReader(CheckpointReader):
                 if offset + len(view) == nbytes and crc != a.crc:
                     raise self._crc_error(a, where)
 
+        if a.dtype.isnative:
+            return contiguous_chunks(a.dtype, info.size, max_elements, fill)
         native = a.dtype.newbyteorder("=")
-        for piece in contiguous_chunks(a.dtype, info.size, max_elements, fill):
-            yield piece if a.dtype.isnative else piece.byteswap().view(native)
+        # (map, unlike a generator, keeps no reference to a piece it has handed out)
+        return map(lambda piece: piece.byteswap().view(native), contiguous_chunks(a.dtype, info.size, max_elements, fill))
 
     @staticmethod
     def _where(info: VariableInfo, a: _Array) -> str:

@@ -128,6 +128,7 @@ class Job:
     transforms: Tuple[Any, ...] = ()
     current: Optional[Callable[[], np.ndarray]] = None
     sort_key: Tuple[int, int, int, str] = (0, 0, 0, "")
+    chunks: Optional[Callable[[str], Iterator[np.ndarray]]] = None  # a source that streams (a combination)
 
     def _stream_entry(self) -> Any:
         """The bundle entry when the value can be streamed (no transform), else ``None``."""
@@ -185,7 +186,20 @@ class Job:
 
         writer.add_raw(key, out_enum, e.shape, converted())
 
+    def _write_chunks(self, writer: BundleWriter) -> None:
+        """Stream the source's chunks to the writer (cast on the way): memory for a chunk."""
+        assert self.chunks is not None
+        target = self.target.dtype
+        pieces = self.chunks(self.name)
+        if self.cast:
+            pieces = (cast_array(c, target) for c in pieces)
+        writer.add_raw(self.target.name, numpy_to_tf(numpy_dtype(target)), self.target.shape,
+                       (memoryview(np.ascontiguousarray(c).reshape(-1).view(np.uint8)) for c in pieces))
+
     def _write_decoded(self, writer: BundleWriter) -> None:
+        if self.chunks is not None and not self.transforms and self.target.dtype != "string":
+            self._write_chunks(writer)
+            return
         value = np.asarray(self.read(self.name))
         if self.cast:
             value = cast_array(value, self.target.dtype)
@@ -225,7 +239,7 @@ def unassigned_reasons(plan: Plan) -> Dict[str, str]:
     return reasons
 
 
-#: ``_make_job(target, origin, name, nbytes, read, raw, key, cast, transforms, current, sort_key)``
+#: ``_make_job(target, origin, name, nbytes, read, raw, key, cast, transforms, current, sort_key, chunks)``
 #: (every field, checked by the caller: see :func:`ckptmerge.specs.trusted_maker`).
 _make_job = trusted_maker(Job)
 
@@ -285,10 +299,11 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
     # One origin text and one read function per source (not per job: a merge makes 100,000s).
     # (source index, origin, read, raw files, transforms) per source label
     per_source = {h.label: (i, source_origin(h.label), (lambda n, h=h: h.read([n])[n]), raws[h.label],
-                            views[h.label].transforms) for i, h in enumerate(handles)}
+                            views[h.label].transforms, h.iter_chunks if h.streams else None)
+                  for i, h in enumerate(handles)}
     make = _make_job
     for a in plan.assignments.values():
-        si, origin, read, raw, transforms = per_source[a.source]
+        si, origin, read, raw, transforms, chunks = per_source[a.source]
         key, target = a.key, a.target
         if key == OBJECT_GRAPH_KEY:
             skipped.append((target, "the object graph of an object-based checkpoint is not copied: the "
@@ -305,7 +320,7 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
                     current = template_value(target)
         order = entry_order(raw, key)
         yield make(a.target_spec, origin, a.name, a.spec.nbytes, read, raw, key, a.cast, ts, current,
-                   (si, order[0], order[1], target))
+                   (si, order[0], order[1], target), chunks)
     if needs_current:
         raise TransformError(
             f"{plural(len(needs_current), 'transform')} with init='keep' need the target's current "

@@ -20,6 +20,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Dict,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -364,6 +365,18 @@ class SourceHandle:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
         raise NotImplementedError
 
+    #: Whether :meth:`iter_chunks` streams (a merge then writes the tensor piece by piece).
+    streams = False
+
+    def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
+        """The values of ``name`` in C order, as flat pieces of at most ``max_elements``.
+
+        This one reads the whole value, then hands it out in pieces; checkpoints stream from
+        their files (see :meth:`ckptmerge.formats.base.CheckpointReader.iter_chunks`).
+        """
+        flat = np.asarray(self.read([name])[name]).reshape(-1)
+        return map(flat.__getitem__, (slice(s, s + max_elements) for s in range(0, flat.size, max_elements)))
+
     def close(self) -> None:
         """Release files."""
 
@@ -415,6 +428,10 @@ class CheckpointHandle(SourceHandle):
             return self.reader.read_many(names)
         arrays = self.reader.read_many([self._key_of.get(n, n) for n in names])
         return {n: arrays[self._key_of.get(n, n)] for n in names}
+
+    def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
+        """The values of ``name`` as flat pieces, read from the file as they are asked for."""
+        return self.reader.iter_chunks(self._key_of.get(name, name), max_elements)
 
     def close(self) -> None:
         """Close the reader's files."""

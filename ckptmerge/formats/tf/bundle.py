@@ -633,25 +633,31 @@ class BundleReader(CheckpointReader):
             if verify and p.entry.size == 0 and p.entry.crc32c != mask_crc(0):
                 raise self._crc_error(p.entry, 0, p.label)
         crcs = [0] * len(parts)
-        itemsize = dt.itemsize
         for block in c_order_blocks(shape, max_elements):
-            out = aligned_empty(tuple(stop - start for start, stop in block), dt)
-            for i, p in enumerate(parts):
-                inter = intersect(p.box, block)
-                if inter is None:
-                    continue
-                local = tuple((a - s, b - s) for (a, b), (s, _) in zip(inter, p.box))
-                first, count = contiguous_span(p.entry.shape, local)
-                dest = out if inter == block else aligned_empty(count, dt)
-                crcs[i] = self._read_crc(p.entry.shard_id, p.entry.offset + first * itemsize,
-                                         memoryview(dest.reshape(-1).view(np.uint8)), p.entry.key,
-                                         verify, crcs[i])
-                if dest is not out:
-                    region = tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inter, block))
-                    out[region] = dest.reshape(tuple(b - a for a, b in inter))
-                if verify and (first + count) * itemsize == p.entry.size and crcs[i] != unmask_crc(p.entry.crc32c):
-                    raise self._crc_error(p.entry, crcs[i], p.label)
-            yield out.reshape(-1)
+            # (read by a call: the generator keeps no reference to a block once it is yielded)
+            yield self._block(block, dt, parts, crcs, verify)
+
+    def _block(self, block: Tuple[Tuple[int, int], ...], dt: np.dtype, parts: Sequence[_Part], crcs: List[int],
+               verify: bool) -> np.ndarray:
+        """One block of :meth:`_stream`, flat, its parts' checksums carried in ``crcs``."""
+        itemsize = dt.itemsize
+        out = aligned_empty(tuple(stop - start for start, stop in block), dt)
+        for i, p in enumerate(parts):
+            inter = intersect(p.box, block)
+            if inter is None:
+                continue
+            local = tuple((a - s, b - s) for (a, b), (s, _) in zip(inter, p.box))
+            first, count = contiguous_span(p.entry.shape, local)
+            dest = out if inter == block else aligned_empty(count, dt)
+            crcs[i] = self._read_crc(p.entry.shard_id, p.entry.offset + first * itemsize,
+                                     memoryview(dest.reshape(-1).view(np.uint8)), p.entry.key,
+                                     verify, crcs[i])
+            if dest is not out:
+                region = tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(inter, block))
+                out[region] = dest.reshape(tuple(b - a for a, b in inter))
+            if verify and (first + count) * itemsize == p.entry.size and crcs[i] != unmask_crc(p.entry.crc32c):
+                raise self._crc_error(p.entry, crcs[i], p.label)
+        return out.reshape(-1)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
         e = self._entries[info.raw_key]
