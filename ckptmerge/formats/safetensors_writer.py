@@ -32,6 +32,7 @@ from ckptmerge.errors import (
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
 from ckptmerge.formats.io.bytecopy import array_chunks, pread_pieces
 from ckptmerge.formats.io.output_prefix import remove_quietly
+from ckptmerge.formats.io.publish import publish_file, temp_path
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
 from ckptmerge.formats.tf.bundle import mask_crc
 from ckptmerge.text import quote_name
@@ -120,8 +121,7 @@ class SafetensorsWriter:
         self._state = "open"
         self._check_existing()
         directory = os.path.dirname(self._abs)
-        self._tmp = os.path.join(directory, f".{os.path.basename(self._abs)}.ckptmerge-tmp-{os.getpid()}-"
-                                            f"{os.urandom(4).hex()}")
+        self._tmp = temp_path(self._abs)
         try:
             os.makedirs(directory, exist_ok=True)
             self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
@@ -247,30 +247,17 @@ class SafetensorsWriter:
                                 f"nothing was written to {quote_name(self.path)}.")
         try:
             os.ftruncate(self._fd, self._size)  # zero-size tensors at the end
-            if self._durable:
-                os.fsync(self._fd)
-            os.close(self._fd)
+            os.close(self._fd)  # (publish_file fsyncs a durable file)
             self._fd = -1
-            if self._overwrite:
-                os.replace(self._tmp, self._abs)
-            else:
-                os.link(self._tmp, self._abs)  # fails, unlike a rename, if the output appeared meanwhile
-                os.remove(self._tmp)
-        except FileExistsError:
-            self.abort()
-            raise OutputExistsError(f"A file appeared at {quote_name(self.path)} while it was being written (another "
-                                    "merge?); nothing was replaced. Choose another output, or pass "
-                                    "overwrite=True (--force).", path=self.path) from None
         except OSError as e:
             self.abort()
             raise CheckpointWriteError(f"Cannot publish {self.path!r}: {e.strerror or e}", path=self.path,
                                        errno_=e.errno) from e
-        if self._durable:
-            dfd = os.open(os.path.dirname(self._abs), os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        try:
+            publish_file(self._tmp, self._abs, self.path, overwrite=self._overwrite, durable=self._durable)
+        except BaseException:
+            self.abort()
+            raise
         self._state = "finished"
 
     def abort(self) -> None:

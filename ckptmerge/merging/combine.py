@@ -312,6 +312,7 @@ class CombinedHandle(SourceHandle):
         self._pool: Optional[ThreadPoolExecutor] = None
         entries, report = _line_up(source, inputs, base, self.method)
         self.entries = entries
+        self._renamed: Dict[str, str] = {}
         self.report = report
         infos = [e.spec for e in entries.values()]
         note = report.summary()
@@ -325,6 +326,33 @@ class CombinedHandle(SourceHandle):
         super().__init__(source, f"<{source.label}>", note, infos, findings=findings)
         steps = source.chunk_elements // max(1, self.method.state)
         self.step = max(1, steps)
+
+    @property
+    def format(self) -> Optional[str]:
+        """The inputs' format when they all share one (a combination of Keras weights files is
+        named by a Keras model's walk as each of them would be), else ``None``."""
+        kinds = {h.format for h in self.inputs}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    @property
+    def renamed(self) -> Dict[str, str]:
+        """``{combined name: name}`` of the tensors :meth:`rename` renamed."""
+        return dict(self._renamed)
+
+    def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
+        """Give combined tensors new names (``{name: new name}``, e.g. by a Keras model's walk)."""
+        entries: Dict[str, _Entry] = {}
+        for old, e in self.entries.items():
+            new = names.get(old, old)
+            if new != old:
+                self._renamed[old] = new
+                spec = e.spec
+                e = _Entry(VariableInfo(new, spec.shape, spec.dtype, old, spec.kind, spec.nbytes), e.inputs, e.base,
+                           e.params)
+            entries[e.spec.name] = e
+        self.entries = entries
+        self.all_variables = sorted((e.spec for e in entries.values()), key=lambda v: v.name)
+        self.notes.update(notes)
 
     # -- reading ---------------------------------------------------------------------------
     def _next(self, it: Iterator[np.ndarray]) -> Future:
@@ -660,8 +688,8 @@ def combine(
     unknown = sorted(set(params) - set(m.defaults))
     if unknown:
         hint = did_you_mean(unknown[0], list(m.defaults) + ["weights", "base", "dtype", "keys"], cutoff=0.6)
-        raise ArgumentError(f"method {method!r} takes the parameters {', '.join(map(repr, m.defaults)) or 'none'}; "
-                            f"received {', '.join(map(repr, unknown))}.{hint}")
+        raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in m.defaults) or 'none'}; "
+                            f"received {', '.join(repr(k) for k in unknown)}.{hint}")
     for k, v in params.items():  # a value, or {glob: value}: checked per tensor when opened
         _glob_value(v, k)
     srcs = _inputs(checkpoints, last, steps, every)

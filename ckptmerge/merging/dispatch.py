@@ -72,9 +72,12 @@ def merge(
         durable: fsync every output file before it is renamed into place, so the checkpoint also
             survives a power loss (slower: it waits for the disk). Without it the output is still
             all-or-nothing for the process: a merge killed half-way leaves the prefix as it was.
-        format: ``"tf"`` (a TF checkpoint) or ``"safetensors"`` (one ``.safetensors`` file whose
-            metadata records the sources and the plan); default: ``"safetensors"`` when
-            ``out_prefix`` ends with ``.safetensors``, else ``"tf"``.
+        format: ``"tf"`` (a TF checkpoint), ``"safetensors"`` (one ``.safetensors`` file whose
+            metadata records the sources and the plan) or ``"keras-h5"`` (a Keras
+            ``.weights.h5`` file: each name is a dataset path, as ckptmerge names the entries of
+            a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back); default:
+            ``"keras-h5"`` when ``out_prefix`` ends with ``.weights.h5``, ``"safetensors"`` when it
+            ends with ``.safetensors``, else ``"tf"``.
 
     Returns:
         A :class:`MergeReport` (a :class:`~ckptmerge.render.report.Report` with ``mode="offline"``):

@@ -390,11 +390,14 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
 
 FORMAT_TF = "tf"
 FORMAT_SAFETENSORS = "safetensors"
-_FORMATS = (FORMAT_TF, FORMAT_SAFETENSORS)
+FORMAT_KERAS_H5 = "keras-h5"
+_FORMATS = (FORMAT_TF, FORMAT_SAFETENSORS, FORMAT_KERAS_H5)
 
 
 def _check_format(format: Any, given: str) -> str:
     if format is None:
+        if given.endswith(".weights.h5"):
+            return FORMAT_KERAS_H5
         return FORMAT_SAFETENSORS if given.endswith(".safetensors") else FORMAT_TF
     if format not in _FORMATS:
         raise ArgumentError(f"format must be one of {', '.join(map(repr, _FORMATS))} or None (by the output's "
@@ -407,9 +410,19 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
     """The writer for the output format; both take the jobs' tensors the same way."""
     if fmt == FORMAT_TF:
         return BundleWriter(given, overwrite=overwrite, durable=durable)
+    specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
+    if fmt == FORMAT_KERAS_H5:
+        from ..formats.h5_writer import H5Writer, h5_unsupported
+
+        problems = h5_unsupported(specs)
+        if problems:
+            names = ", ".join(f"{quote_name(n)} ({why})" for n, why in problems[:5])
+            raise ArgumentError(f"A Keras .weights.h5 file cannot hold {plural(len(problems), 'tensor')} of this merge: "
+                                f"{names}{f' and {len(problems) - 5} more' if len(problems) > 5 else ''}. Exclude them "
+                                "(Source(..., exclude=[...])), or write a TF checkpoint.")
+        return H5Writer(given, specs, overwrite=overwrite, durable=durable)
     from ..formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
 
-    specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     bad = unsupported_dtypes(specs)
     if bad:
         names = ", ".join(f"{quote_name(n)} ({d})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -448,9 +461,9 @@ def merge_local(
     t0 = time.perf_counter()
     given = _check_out_prefix(out_prefix)
     fmt = _check_format(format, given)
-    if fmt == FORMAT_SAFETENSORS and update_state:
+    if fmt != FORMAT_TF and update_state:
         raise ArgumentError("update_state applies to TF checkpoints (the 'checkpoint' state file names a "
-                            f"prefix); a safetensors output has none. Received: out_prefix={given!r}, "
+                            f"prefix); a {fmt} output has none. Received: out_prefix={given!r}, "
                             "update_state=True")
     for flag, value in (("strict", strict), ("overwrite", overwrite), ("dry_run", dry_run),
                         ("update_state", update_state), ("verify", verify), ("cast", cast)):

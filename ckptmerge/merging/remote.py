@@ -136,13 +136,14 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
     """
     from ..sources.remote import read_state_url
 
-    fmt = options.get("format") or ("safetensors" if url.endswith(".safetensors") else "tf")
+    fmt = options.get("format") or ("keras-h5" if url.endswith(".weights.h5") else
+                                    "safetensors" if url.endswith(".safetensors") else "tf")
     update_state = bool(options.get("update_state")) and fmt == "tf"
     dry_run = options.get("dry_run")
     tmp = tempfile.mkdtemp(prefix="ckptmerge-upload-")
     try:
         with (contextlib.nullcontext() if dry_run else _RemoteLock(url)):
-            existing = ([url] if remote_exists(url) else []) if fmt == "safetensors" else \
+            existing = ([url] if remote_exists(url) else []) if fmt != "tf" else \
                 _remote_checkpoint_objects(url)
             if existing and not options.get("overwrite"):
                 raise OutputExistsError(f"A checkpoint already exists at {quote_name(url)} ({quote_name(existing[0])}). "

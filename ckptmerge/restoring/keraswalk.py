@@ -160,8 +160,7 @@ def name_weights_files(model: Any, targets: Any, handles: Sequence[Any]) -> None
     """
     walk: Optional[Dict[str, str]] = None
     for h in handles:
-        reader = getattr(h, "reader", None)
-        if getattr(reader, "format", None) != "keras-h5":
+        if h.format != "keras-h5":
             continue
         keys = {v.raw_key: v for v in h.all_variables}
         if not any(_KERAS3_KEY.search(k) for k in keys):

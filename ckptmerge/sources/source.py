@@ -334,6 +334,11 @@ class SourceHandle:
         return {}
 
     @property
+    def format(self) -> Optional[str]:
+        """The checkpoint format the names come from (``"keras-h5"``, ``"tf-bundle"``, ...), or ``None``."""
+        return getattr(getattr(self, "reader", None), "format", None)
+
+    @property
     def order(self) -> Optional[Tuple[str, ...]]:
         """Names in the order the checkpoint saved them, where it records one (see
         :meth:`CheckpointHandle.order`); evidence for structural alignment."""
