@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 from typing import Optional, Sequence
 
-from . import inspect, suggest, workflow  # noqa: F401  (registers the commands)
+from . import combine, inspect, suggest, workflow  # noqa: F401  (registers the commands)
 from .common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
 from .inspect import max_abs_diff, tensor_stats, value_to_json
 

@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -25,7 +26,7 @@ import click
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
 from ..jsonout import json_pieces
-from ..text import command_hint, escape_name, escape_text
+from ..text import command_hint, escape_name, escape_text, human_bytes
 
 #: Exit code for findings (plan) or differences (diff).
 EXIT_FINDINGS = 1
@@ -300,3 +301,31 @@ def stderr_is_tty() -> bool:
         return False
 
 
+class ProgressBar:
+    """A ``progress(done_bytes, total_bytes)`` callback drawing a click progress bar on stderr."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar: Any = None
+        self.done = 0
+        self.start = time.monotonic()
+
+    def _show(self, _item: Any) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        total = self.bar.length if self.bar is not None else 0
+        return f"{human_bytes(self.done)}/{human_bytes(total)} {human_bytes(int(self.done / elapsed))}/s"
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = click.progressbar(length=max(int(total), 1), label=self.label, file=sys.stderr,
+                                         item_show_func=self._show, show_eta=True, show_percent=True)
+            self.bar.__enter__()
+        step = int(done) - self.done
+        self.done = int(done)
+        if step > 0:
+            self.bar.update(step, self.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None

@@ -23,6 +23,7 @@ from ..errors import CkptMergeError, PlanError, did_you_mean
 from ..specs import VariableInfo
 from ..text import escape_name, human_bytes, plural, quote_name
 from .common import (
+    ProgressBar,
     CONFIG_KEYS_HINT,
     EXIT_FINDINGS,
     JSON_OPTION,
@@ -286,36 +287,6 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         raise SystemExit(EXIT_FINDINGS)
 
 
-class _ProgressBar:
-    """A ``progress(done_bytes, total_bytes)`` callback drawing a click progress bar on stderr."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.bar: Any = None
-        self.done = 0
-        self.start = time.monotonic()
-
-    def _show(self, _item: Any) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        total = self.bar.length if self.bar is not None else 0
-        return f"{human_bytes(self.done)}/{human_bytes(total)} {human_bytes(int(self.done / elapsed))}/s"
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.bar is None:
-            self.bar = click.progressbar(length=max(int(total), 1), label=self.label, file=sys.stderr,
-                                         item_show_func=self._show, show_eta=True, show_percent=True)
-            self.bar.__enter__()
-        step = int(done) - self.done
-        self.done = int(done)
-        if step > 0:
-            self.bar.update(step, self.done)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-
 @cli.command("merge", short_help="Write a new checkpoint assembled from several.")
 @click.argument("config", metavar="CONFIG")
 @click.option("-o", "--output", "out_prefix", metavar="OUT_PREFIX",
@@ -366,7 +337,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
         from ..restoring.targets import collect_targets
 
         template = list(collect_targets(model_target(model_spec)).infos)
-    progress = _ProgressBar("Merging") if (not quiet and not as_json and stderr_is_tty()) else None
+    progress = ProgressBar("Merging") if (not quiet and not as_json and stderr_is_tty()) else None
     options = dict(cfg.plan_options)
     try:
         report = merge(sources, out, template=template, allow_missing=options.get("allow_missing", ()),

@@ -111,6 +111,82 @@ def _vocab_to_dict(v: VocabRemap) -> Dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class CombineConfig:
+    """The validated ``combine:`` section: the arguments of one ``ckptmerge.combine`` call.
+
+    Attributes:
+        method: the method's name.
+        models: the inputs, each a :class:`SourceConfig` (its own rules) and its weight (a number,
+            ``{glob: number}`` or ``None``); empty when ``run`` is given.
+        run: a training directory whose checkpoints ``last``, ``steps``, ``every`` select.
+        base: the base checkpoint, or ``None``.
+        parameters: the method's parameters (values or ``{glob: value}``).
+        options: ``dtype``, ``keys``, ``integers``, ``optimizer``, ``accumulate``.
+        rules: the rule keywords on the combined names (``name``, ``map``, ``regex``,
+            ``include``, ``exclude``, ``layout``).
+
+    Example:
+        >>> CombineConfig(method="mean", run="/runs/A", last=5).combine_kwargs()["last"]
+        5
+    """
+
+    method: str = "mean"
+    models: List[Tuple[SourceConfig, Any]] = field(default_factory=list)
+    run: Optional[str] = None
+    last: Optional[int] = None
+    steps: Any = None
+    every: Optional[int] = None
+    base: Optional[SourceConfig] = None
+    parameters: Dict[str, Any] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
+    rules: Dict[str, Any] = field(default_factory=dict)
+
+    def combine_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments of ``ckptmerge.combine`` (``checkpoints`` and ``method`` included)."""
+        from ..sources.source import Source
+
+        out: Dict[str, Any] = {"method": self.method, **self.options, **self.parameters, **self.rules}
+        if self.run is not None:
+            out.update(checkpoints=self.run, last=self.last, steps=self.steps, every=self.every)
+        else:
+            out["checkpoints"] = [Source(**m.source_kwargs()) for m, _ in self.models]
+            weights = [w for _, w in self.models]
+            if any(w is not None for w in weights):
+                out["weights"] = [1.0 if w is None else w for w in weights]
+        if self.base is not None:
+            out["base"] = Source(**self.base.source_kwargs())
+        return out
+
+    def make_source(self) -> Any:
+        """The :class:`ckptmerge.merging.combine.CombinedSource` (nothing is opened yet)."""
+        from ..merging.combine import combine
+
+        kw = self.combine_kwargs()
+        return combine(kw.pop("checkpoints"), kw.pop("method"), **kw)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The section as plain data (see :meth:`Config.to_dict`)."""
+        out: Dict[str, Any] = {"method": self.method}
+        if self.run is not None:
+            out["run"] = escape_dollars(self.run)
+            for k in ("last", "every"):
+                if getattr(self, k) is not None:
+                    out[k] = getattr(self, k)
+            if self.steps is not None:
+                out["steps"] = ({"from": self.steps[0], "to": self.steps[1]} if isinstance(self.steps, tuple)
+                                else list(self.steps))
+        else:
+            out["models"] = [{**m.to_dict(), **({"weight": w} if w is not None else {})} for m, w in self.models]
+        if self.base is not None:
+            out["base"] = self.base.to_dict()
+        if self.parameters:
+            out["parameters"] = dict(self.parameters)
+        out.update(self.options)
+        out.update(self.rules)
+        return out
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated warm-start config.
 
@@ -123,6 +199,8 @@ class Config:
         strict: whether findings other than ``unused`` stop the restore (default ``True``).
         target: a checkpoint used as the dry-run target by ``ckptmerge plan`` (absolute path).
         output: the output prefix of an offline merge (absolute path).
+        combine: the ``combine:`` section (a source made of many checkpoints, first in
+            priority), or ``None``.
 
     Example:
         >>> from ckptmerge.config import load_config
@@ -137,6 +215,7 @@ class Config:
     strict: bool = True
     target: Optional[str] = None
     output: Optional[str] = None
+    combine: Optional[CombineConfig] = None
 
     def source_kwargs(self) -> List[Dict[str, Any]]:
         """Per source, the keyword arguments of ``ckptmerge.Source(**kwargs)``.
@@ -158,7 +237,8 @@ class Config:
         """
         from ..sources.source import Source
 
-        return [Source(**kw) for kw in self.source_kwargs()]
+        combined = [self.combine.make_source()] if self.combine is not None else []
+        return combined + [Source(**kw) for kw in self.source_kwargs()]
 
     def to_dict(self) -> Dict[str, Any]:
         """The config as plain data: ``load_config(cfg.to_dict()) == cfg``.
@@ -170,7 +250,11 @@ class Config:
             >>> Config(sources=[SourceConfig(path="/runs/$A")]).to_dict()["sources"]
             [{'path': '/runs/$$A'}]
         """
-        out: Dict[str, Any] = {"sources": [s.to_dict() for s in self.sources]}
+        out: Dict[str, Any] = {}
+        if self.sources or self.combine is None:
+            out["sources"] = [s.to_dict() for s in self.sources]
+        if self.combine is not None:
+            out["combine"] = self.combine.to_dict()
         opts = dict(self.plan_options)
         out["allow_missing"] = list(opts.get("allow_missing", []))
         for k in ("on_conflict", "on_shape_mismatch", "cast", "verify"):

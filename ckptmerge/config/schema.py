@@ -27,12 +27,15 @@ from ..planning.transforms import (
 )
 from ..text import quote_name
 from .env import expand, is_remote, resolve_path
-from .model import Config, SourceConfig
+from .model import CombineConfig, Config, SourceConfig
 from .problems import KeyPath, Problems, show
 
 #: Keys of the top-level mapping.
-TOP_LEVEL_KEYS = ("sources", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
+TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
                   "strict", "target", "output")
+#: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
+COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
+                "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
                "align", "layout", "vocab", "slice")
@@ -55,7 +58,9 @@ _ALIASES = {
               "previous_vocab_size": "old_vocab_size", "current_vocab_size": "new_vocab_size",
               "current_oov_buckets": "num_oov_buckets"},
     "slice": {"target": "name", "variable": "name"},
-    "top": {},
+    "combine": {"merge_method": "method", "base_model": "base", "checkpoints": "models", "inputs": "models",
+                "params": "parameters", "directory": "run", "dir": "run"},
+    "top": {"merge": "combine", "average": "combine"},
 }
 
 # Keys and enum values form small closed sets: a looser match than for variable names is safe
@@ -410,11 +415,13 @@ def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
     return tuple(out)
 
 
-def _get_source(entry: Any, path: KeyPath, ctx: Context) -> Optional[SourceConfig]:
+def _get_source(entry: Any, path: KeyPath, ctx: Context, extra: Tuple[str, ...] = ()) -> Optional[SourceConfig]:
+    if isinstance(entry, str) and extra:  # a combine input or base given as its path alone
+        entry = {"path": entry}
     if not isinstance(entry, Mapping):
         ctx.add(path, f"expected a source (a mapping with at least 'path'), received {show(entry)}.")
         return None
-    suggested = _check_keys(entry, SOURCE_KEYS, path, ctx, "source")
+    suggested = _check_keys(entry, SOURCE_KEYS + extra, path, ctx, "source")
     name = _get_name(entry, "name", path, ctx, False, "a source name")
     if "path" in entry or "path" not in suggested:
         ckpt = _get_path(entry, "path", path, ctx, kind="checkpoint", required=True)
@@ -458,6 +465,145 @@ def _check_labels(sources: List[Optional[SourceConfig]], ctx: Context) -> None:
                                     "'name'; give each a distinct name.")
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _get_glob_values(v: Any, p: KeyPath, ctx: Context, check: Any, what: str) -> Any:
+    """A value, or ``{glob: value}`` (first matching glob wins), each value passing ``check``."""
+    if isinstance(v, Mapping):
+        if not v:
+            ctx.add(p, f"expected {what} or a non-empty mapping {{glob: value}}, received an empty mapping.")
+            return None
+        for g, x in v.items():
+            if not isinstance(g, str) or not g:
+                ctx.add(p, f"globs must be non-empty strings, received the key {show(g)}.")
+            problem = check(x)
+            if problem:
+                ctx.add(p + (g,), problem)
+        return dict(v)
+    problem = check(v)
+    if problem:
+        ctx.add(p, problem)
+        return None
+    return v
+
+
+def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
+    from ..merging.combine import ACCUMULATE, INTEGERS, KEYS
+    from ..merging.methods import METHODS
+
+    c = data["combine"]
+    path: KeyPath = ("combine",)
+    if not isinstance(c, Mapping):
+        ctx.add(path, f"expected a mapping (method, models or run, base, parameters, ...), received {show(c)}.")
+        return None
+    _check_keys(c, COMBINE_KEYS, path, ctx, "combine")
+    method = _get_enum(c, "method", path, ctx, tuple(METHODS), "mean")
+    m = METHODS[method]
+    models: List[Tuple[SourceConfig, Any]] = []
+    run = None
+    if ("models" in c) == ("run" in c):
+        ctx.add(path, "give either 'models' (a list of checkpoints) or 'run' (a training directory, with last, "
+                      "steps or every), not " + ("both." if "models" in c else "neither."))
+    if "models" in c:
+        raw = c["models"]
+        if not isinstance(raw, list) or not raw:
+            ctx.add(path + ("models",), f"expected a non-empty list of checkpoints (paths, or mappings with 'path' and "
+                                        f"optionally 'weight'), received {show(raw)}.")
+        else:
+            for i, entry in enumerate(raw):
+                q = path + ("models", i)
+                src = _get_source(entry, q, ctx, extra=("weight",))
+                weight = None
+                if isinstance(entry, Mapping) and "weight" in entry:
+                    weight = _get_glob_values(entry["weight"], q + ("weight",), ctx,
+                                              lambda x: None if _number(x) else f"expected a number, received {show(x)}.",
+                                              "a number")
+                if src is not None:
+                    models.append((src, weight))
+            _check_labels_at([s for s, _ in models], path + ("models",), ctx)
+    if "run" in c:
+        run = _get_path(c, "run", path, ctx, kind="checkpoint")
+    for key in ("last", "every"):
+        if key in c and "run" not in c:
+            ctx.add(path + (key,), f"'{key}' selects checkpoints of 'run' (a training directory); there is no 'run'.")
+    last = _get_int(c, "last", path, ctx, None, "a number of checkpoints (an integer >= 1)")
+    every = _get_int(c, "every", path, ctx, None, "a step interval (an integer >= 1)")
+    for key, v in (("last", last), ("every", every)):
+        if v is not None and v < 1:
+            ctx.add(path + (key,), f"expected an integer >= 1, received {show(v)}.")
+    steps: Any = None
+    if "steps" in c:
+        v = c["steps"]
+        if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            steps = list(v)
+        elif isinstance(v, Mapping) and set(v) <= {"from", "to"} and all(
+                x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in v.values()):
+            steps = (v.get("from"), v.get("to"))
+        else:
+            ctx.add(path + ("steps",), f"expected a list of steps or {{from: N, to: M}} (inclusive), received {show(v)}.")
+    base = _get_source(c["base"], path + ("base",), ctx, extra=("weight",)) if "base" in c else None
+    if m.needs_base and "base" not in c:
+        ctx.add(path, f"method '{method}' needs 'base' (the checkpoint the models were fine-tuned from).")
+    parameters: Dict[str, Any] = {}
+    if "parameters" in c:
+        raw = c["parameters"]
+        if not isinstance(raw, Mapping):
+            ctx.add(path + ("parameters",), f"expected a mapping of the method's parameters, received {show(raw)}.")
+        else:
+            for k, v in raw.items():
+                q = path + ("parameters", k)
+                if k not in m.defaults:
+                    hint = did_you_mean(str(k), list(m.defaults), n=1, cutoff=_KEY_CUTOFF)
+                    ctx.add(q, f"method '{method}' has no parameter {quote_name(str(k))}; it takes "
+                               f"{_choices(list(m.defaults)) or 'none'}.{hint}", key=True)
+                    continue
+                default = m.defaults[k]
+
+                def check(x: Any, k: str = k, default: Any = default) -> Optional[str]:
+                    if isinstance(default, bool) or isinstance(default, str):
+                        if type(x) is not type(default):
+                            return f"expected {'true or false' if isinstance(default, bool) else 'a string'}, received {show(x)}."
+                    elif not _number(x):
+                        return f"expected a number, received {show(x)}."
+                    bad = m.check({**m.defaults, k: x})
+                    return bad[0] + "." if bad else None
+
+                value = _get_glob_values(v, q, ctx, check, "a value")
+                if value is not None:
+                    parameters[k] = value
+    options = {
+        "keys": _get_enum(c, "keys", path, ctx, KEYS, "strict"),
+        "integers": _get_enum(c, "integers", path, ctx, INTEGERS, "last"),
+        "accumulate": _get_enum(c, "accumulate", path, ctx, ACCUMULATE, "float64"),
+        "optimizer": _get_bool(c, "optimizer", path, ctx, False),
+    }
+    if c.get("dtype") is not None:
+        options["dtype"] = _get_enum(c, "dtype", path, ctx, ("float16", "bfloat16", "float32", "float64"), None)
+    rules: Dict[str, Any] = {}
+    name = _get_name(c, "name", path, ctx, False, "a source name")
+    if name is not None:
+        rules["name"] = name
+    for key, value in (("map", _get_map(c, path, ctx)), ("regex", _get_regex(c, path, ctx)),
+                       ("include", _get_globs(c, "include", path, ctx)), ("exclude", _get_globs(c, "exclude", path, ctx))):
+        if value is not None:
+            rules[key] = value
+    if c.get("layout") is not None:
+        rules["layout"] = _get_enum(c, "layout", path, ctx, _layouts(), None)
+    return CombineConfig(method=method, models=models, run=run, last=last, steps=steps, every=every, base=base,
+                         parameters=parameters, options=options, rules=rules)
+
+
+def _check_labels_at(sources: List[SourceConfig], path: KeyPath, ctx: Context) -> None:
+    seen: Dict[str, int] = {}
+    for i, s in enumerate(sources):
+        label = s.name or s.path
+        if label in seen:
+            ctx.add(path + (i,), f"reads the same checkpoint as entry {seen[label]}; give each a distinct 'name'.")
+        seen.setdefault(label, i)
+
+
 def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
     if data is None:
         ctx.add((), "the config is empty; expected a mapping with at least 'sources', e.g. "
@@ -469,9 +615,11 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         return None
     suggested = _check_keys(data, TOP_LEVEL_KEYS, (), ctx, "top")
     sources: List[Optional[SourceConfig]] = []
+    combined = _get_combine(data, ctx) if "combine" in data else None
     if "sources" not in data:
-        if "sources" not in suggested:
-            ctx.add((), "missing required key 'sources' (a list of sources, each with at least 'path').")
+        if "sources" not in suggested and "combine" not in data:
+            ctx.add((), "missing required key 'sources' (a list of sources, each with at least 'path'), or a "
+                        "'combine' section.")
     else:
         raw = data["sources"]
         if not isinstance(raw, list):
@@ -496,7 +644,7 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
     if ctx.problems:
         return None
     return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
-                  strict=strict, target=target, output=output)
+                  strict=strict, target=target, output=output, combine=combined)
 
 
 def report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: Context) -> None:

@@ -551,7 +551,7 @@ def _line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sou
             continue
         p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders))
         fam = method.describe(p) if src.method not in ("mean", "ema") else ""
-        wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "uniform"
+        wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "weights uniform"
         family = "; ".join(x for x in (wtext if src.method in ("mean", "ema", "task_arithmetic", "ties", "dare") else "",
                                        fam, f"accumulate {acc}", ", ".join(globs)) if x)
         families.setdefault(family, []).append(name)
