@@ -113,12 +113,21 @@ def test_ties_trims_elects_signs_and_takes_the_disjoint_mean(chunk, density):
     np.testing.assert_array_equal(f32(got), f32(ref))
 
 
+def test_ties_keeps_exactly_k_the_first_of_equal_magnitudes():
+    base = np.zeros(10)
+    x = np.array([1.0, -2, 2, 2, -2, 3, 0.5, 2, 1, -1])  # k = 4: 3, then the first three 2s
+    got = combine_arrays("ties", [x], base, density=0.4, chunk=3)
+    np.testing.assert_array_equal(got, [0, -2, 2, 2, 0, 3, 0, 0, 0, 0])
+    np.testing.assert_array_equal(got, ref_ties(base, [x], [1.0], 0.4))
+
+
 def test_ties_by_radix_selection_on_large_tensors_equals_the_reference():
     """Tensors larger than what is ranked in memory take the chunked radix selection."""
     import ckptmerge.merging.methods as methods
 
     base = RNG.standard_normal(50_000)
     xs = [base + RNG.standard_normal(50_000) * s for s in (0.01, 1.0, 100.0)]
+    xs[0][::7] = base[::7] + 0.5  # many equal magnitudes
     old = methods.kth_largest_abs.__kwdefaults__["whole_limit"]
     methods.kth_largest_abs.__kwdefaults__["whole_limit"] = 1000
     try:
@@ -138,8 +147,9 @@ def test_kth_largest_abs_is_exact_in_chunks(k):
         return ((x[s:s + 777], s) for s in range(0, x.size, 777))
 
     want = np.sort(np.abs(x))[::-1][k - 1]
-    assert kth_largest_abs(passes, x.size, k, lambda c, o: c, whole_limit=50) == want
-    assert kth_largest_abs(passes, x.size, k, lambda c, o: c) == want
+    above = int(np.count_nonzero(np.abs(x) > want))
+    assert kth_largest_abs(passes, x.size, k, lambda c, o: c, whole_limit=50) == (want, above)
+    assert kth_largest_abs(passes, x.size, k, lambda c, o: c) == (want, above)
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)

@@ -50,7 +50,7 @@ INTEGERS = ("last", "first", "error")
 ACCUMULATE = ("float64", "float32")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _HALF = ("float16", "bfloat16")
-_RULE_KEYS = ("map", "regex", "include", "exclude", "layout", "name", "cast", "transforms", "align")
+_SPLIT = 1 << 16  # chunks at least this long are added in two halves at once
 
 ParamValue = Union[float, int, str, bool, Mapping[str, Any]]
 
@@ -355,10 +355,26 @@ class CombinedHandle(SourceHandle):
         self.notes.update(notes)
 
     # -- reading ---------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._pool is None:  # one thread reads ahead, one adds half of a chunk
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptmerge-combine")
+        return self._pool.submit(fn, *args)
+
     def _next(self, it: Iterator[np.ndarray]) -> Future:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptmerge-combine")
-        return self._pool.submit(next, it)
+        return self._submit(next, it)
+
+    def _add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, b: Optional[np.ndarray],
+             off: int) -> None:
+        """``method.add`` for one chunk: elementwise methods add the two halves on two threads
+        (NumPy releases the GIL), so the arithmetic keeps up with the reads."""
+        m, n = self.method, x.size
+        if not m.elementwise or n < _SPLIT or isinstance(acc, list):
+            m.add(acc, p, stats, j, x, b, off)
+            return
+        h = n // 2
+        lo = self._submit(m.add, acc[:h], p, stats, j, x[:h], None if b is None else b[:h], off)
+        m.add(acc[h:], p, stats, j, x[h:], None if b is None else b[h:], off + h)
+        lo.result()
 
     def iter_chunks(self, name: str, max_elements: int = 0) -> Iterator[np.ndarray]:
         """The combined values of ``name`` as flat chunks in C order, each made as it is asked
@@ -396,7 +412,7 @@ class CombinedHandle(SourceHandle):
                     if bit is not None and k == 0:
                         b = x
                         continue
-                    m.add(acc, p, stats, k - (1 if bit is not None else 0), x, b, off)
+                    self._add(acc, p, stats, k - (1 if bit is not None else 0), x, b, off)
                     del x
                 yield cast_array(m.finish(acc, p, stats, b), out_dt)
         finally:

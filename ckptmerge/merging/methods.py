@@ -98,6 +98,7 @@ class Method:
     """
 
     name = ""
+    elementwise = False  # add() of one element needs no other (so halves of a chunk may run at once)
     needs_base = False
     min_inputs = 1
     max_inputs: Optional[int] = None
@@ -126,9 +127,15 @@ class Method:
         return ", ".join(f"{k}={v}" for k, v in sorted(p.params.items()))
 
 
-def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float) -> None:
-    """``acc += w * x`` in the accumulator's dtype, with no temporary for ``w == 1``."""
-    if w == 1.0:
+def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float, first: bool = False) -> None:
+    """``acc += w * x`` in the accumulator's dtype, with no temporary for ``w == 1``;
+    ``first``: ``acc = w * x`` (the accumulator was not initialised)."""
+    if first:
+        if w == 1.0:
+            np.copyto(acc, x, casting="unsafe")
+        else:
+            np.multiply(x, w, out=acc, dtype=acc.dtype, casting="unsafe")
+    elif w == 1.0:
         np.add(acc, x, out=acc, casting="unsafe")
     else:
         np.add(acc, np.multiply(x, w, dtype=acc.dtype), out=acc)
@@ -137,12 +144,17 @@ def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float) -> None:
 class Linear(Method):
     """A weighted sum ``sum(c_i x_i) + c_b b`` whose coefficients :meth:`coefficients` gives."""
 
+    elementwise = True
+
     def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
         raise NotImplementedError
 
+    def start(self, p: TensorParams, n: int) -> Any:
+        return np.empty(n, p.acc)  # (the first input initialises it)
+
     def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
             offset: int) -> None:
-        _add_scaled(acc, x, stats[0][j])
+        _add_scaled(acc, x, stats[0][j], first=j == 0)
 
     def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
         if stats[1] and base is not None:
@@ -196,7 +208,11 @@ class TaskArithmetic(Linear):
 
     def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
             offset: int) -> None:
-        d = np.subtract(x, base, dtype=acc.dtype)  # deltas, as the formula: exact for x == b
+        if j == 0:
+            np.subtract(x, base, out=acc, dtype=acc.dtype)  # deltas, as the formula: exact for x == b
+            acc *= stats[0][j]
+            return
+        d = np.subtract(x, base, dtype=acc.dtype)
         d *= stats[0][j]
         acc += d
 
@@ -206,8 +222,10 @@ class TaskArithmetic(Linear):
 
 
 def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarray, int], np.ndarray],
-                    *, whole_limit: int = 1 << 20) -> float:
-    """The ``k``-th largest ``|value|`` of a tensor given as chunks, exactly, in bounded memory.
+                    *, whole_limit: int = 1 << 20) -> Tuple[float, int]:
+    """The ``k``-th largest ``|value|`` of a tensor given as chunks, exactly, in bounded memory,
+    and how many magnitudes are strictly larger (the values equal to it make up the rest of the
+    ``k``).
 
     ``passes()`` starts a pass over the tensor's chunks (``(chunk, offset)`` pairs) and
     ``delta(chunk, offset)`` turns one into the float64 values ranked. A tensor of at most
@@ -216,15 +234,16 @@ def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarr
     uint64 bits): 16 bits a pass, until the candidates fit in ``whole_limit``.
 
     Example:
-        >>> x = np.array([3.0, -7.0, 1.0, 5.0])
-        >>> kth_largest_abs(lambda: [(x, 0)], 4, 2, lambda c, o: c)
-        5.0
+        >>> x = np.array([3.0, -7.0, 1.0, 5.0, -5.0])
+        >>> kth_largest_abs(lambda: [(x, 0)], 5, 2, lambda c, o: c)
+        (5.0, 1)
     """
     if k <= 0:
-        return math.inf
+        return math.inf, 0
     if size <= whole_limit:
         a = np.abs(np.concatenate([delta(c, o) for c, o in passes()])) if size else np.zeros(0)
-        return float(np.partition(a, size - k)[size - k])
+        thr = float(np.partition(a, size - k)[size - k])
+        return thr, int(np.count_nonzero(a > thr))
     prefix, shift, rank = 0, 64, k  # the k-th largest has bits `prefix` above `shift`
     while True:
         shift -= 16
@@ -247,7 +266,8 @@ def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarr
         bits = np.abs(delta(c, o)).view(np.uint64)
         keep.append(bits[(bits >> np.uint64(shift)) == np.uint64(prefix)])
     cand = np.concatenate(keep).view(np.float64)
-    return float(np.partition(cand, cand.size - rank)[cand.size - rank])
+    thr = float(np.partition(cand, cand.size - rank)[cand.size - rank])
+    return thr, (k - rank) + int(np.count_nonzero(cand > thr))
 
 
 class TaskVectors(Method):
@@ -285,7 +305,8 @@ class TaskVectors(Method):
                 for x, b in zip(chunks(), base()):
                     yield np.subtract(x, b, dtype=np.float64), off
                     off += x.size
-            thresholds.append(kth_largest_abs(passes, size, k, lambda c, o: c))
+            thr, above = kth_largest_abs(passes, size, k, lambda c, o: c)
+            thresholds.append([thr, k - above])  # magnitudes equal to thr: the first k - above are kept
         return thresholds
 
     def sparse(self, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: np.ndarray, offset: int,
@@ -295,7 +316,16 @@ class TaskVectors(Method):
         if density >= 1:
             return d
         if self.sparsify == "magnitude":
-            d[np.abs(d) < stats[j]] = 0
+            # Exactly the k largest magnitudes: of those equal to the k-th, the first ones in
+            # element order (the chunks of one input come in order: the count carries over).
+            thr_ties = stats[j]
+            mag = np.abs(d)
+            keep = mag > thr_ties[0]
+            if thr_ties[1] > 0:
+                tied = np.flatnonzero(mag == thr_ties[0])[:thr_ties[1]]
+                keep[tied] = True
+                thr_ties[1] -= tied.size
+            d[~keep] = 0
             return d
         keep = dare_uniform(p, j, offset, d.size) < density
         d *= keep
@@ -387,6 +417,8 @@ class Ties(TaskVectors):
 class Dare(TaskVectors):
     """DARE: random drop with ``p = 1 - density`` and rescale by ``1/density`` (seeded), then a
     task-arithmetic sum (``consensus="ties"``: TIES's sign election and disjoint sum)."""
+
+    elementwise = True
 
     name = "dare"
     sparsify = "random"

@@ -1,0 +1,250 @@
+"""Benchmark: checkpoint arithmetic (ckptmerge.combine) against its baselines, side by side.
+
+1. Averaging N checkpoints of SIZE MiB each (TF bundles the bench writes in a temp dir, with
+   ckptmerge's TF-free writer): ``ckptmerge.merge(ckptmerge.combine(run, last=N), out)``
+   against "load all with numpy, then mean" (peak RSS and time) and against reading every
+   input once (``cat`` of the files to /dev/null, page cache warm: the floor for any averager).
+2. TIES and linear merges of safetensors inputs (a base and 3 fine-tunes of SIZE MiB) against
+   mergekit's ``mergekit-pytorch`` on the same files, where mergekit is installed (a venv, by
+   default /work/venvs/mergekit): the times, and the largest difference between the results.
+
+Each measured run is a fresh Python process, which reports its own time and peak RSS (VmHWM)
+and its RSS after the imports. Targets (issue 21): peak RSS <= 64 MiB + 4x the largest chunk for
+any N; averaging time <= 1.3x reading every input once; TIES <= 1.0x mergekit's time.
+
+    python scripts/bench_combine.py                  # 8 x 256 MiB, mergekit if found
+    python scripts/bench_combine.py --n 4 --size-mib 64 --mergekit none
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from ckptmerge.formats.base import CHUNK_ELEMENTS  # noqa: E402
+
+_MEASURE = textwrap.dedent("""
+    import json, sys, time
+    def status(key):
+        for line in open('/proc/self/status'):
+            if line.startswith(key):
+                return int(line.split()[1])
+    {imports}
+    rss0 = status('VmRSS:')
+    t0 = time.perf_counter()
+    {body}
+    dt = time.perf_counter() - t0
+    print(json.dumps({{"time": dt, "hwm_kib": status('VmHWM:'), "rss0_kib": rss0}}))
+""")
+
+
+def measure(imports: str, body: str, python: str = sys.executable) -> dict:
+    code = _MEASURE.format(imports=imports, body=textwrap.indent(textwrap.dedent(body), "").replace("\n", "\n"))
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=str(REPO),
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    if out.returncode != 0:
+        raise SystemExit(f"measured run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def layout(size_mib: int) -> list:
+    """Tensor shapes of one checkpoint of about ``size_mib`` MiB of float32: an embedding of an
+    eighth of it, the rest in layers of 8 MiB (two 2-D tensors and a bias each)."""
+    total = size_mib << 20 >> 2  # float32 elements
+    emb_rows = max(1, total // 8 // 256)
+    shapes = [("emb/embeddings", (emb_rows, 256))]
+    left = total - emb_rows * 256
+    i = 0
+    while left >= 1024 * 1024:
+        shapes.append((f"layer_{i}/kernel", (1024, 1024)))
+        shapes.append((f"layer_{i}/bias", (1024,)))
+        left -= 1024 * 1024 + 1024
+        i += 1
+    return shapes
+
+
+def write_run(root: Path, n: int, size_mib: int) -> list:
+    from ckptmerge.formats.tf.writer import BundleWriter
+
+    shapes = layout(size_mib)
+    prefixes = []
+    for k in range(n):
+        rng = np.random.default_rng(k)
+        prefix = root / "run" / f"ckpt-{(k + 1) * 1000}"
+        with BundleWriter(str(prefix)) as w:
+            for name, shape in shapes:
+                w.add(name, rng.standard_normal(shape, dtype=np.float32))
+        prefixes.append(str(prefix))
+    return prefixes
+
+
+def write_safetensors(root: Path, size_mib: int) -> list:
+    from safetensors.numpy import save_file
+
+    shapes = [(name.replace("/", "."), shape) for name, shape in layout(size_mib)]
+    rng = np.random.default_rng(99)
+    base = {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes}
+    paths = [str(root / "st" / "base.safetensors")]
+    os.makedirs(root / "st", exist_ok=True)
+    save_file(base, paths[0])
+    for k in range(3):
+        ft = {name: v + np.float32(0.01) * rng.standard_normal(v.shape, dtype=np.float32) for name, v in base.items()}
+        paths.append(str(root / "st" / f"ft{k}.safetensors"))
+        save_file(ft, paths[-1])
+        del ft
+    return paths
+
+
+def cat_time(files: list) -> float:
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    t0 = time.perf_counter()
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def data_files(prefixes: list) -> list:
+    out = []
+    for p in prefixes:
+        d, b = os.path.split(p)
+        out += sorted(os.path.join(d, f) for f in os.listdir(d) if f.startswith(b + ".") and not f.startswith("."))
+    return out
+
+
+def mib(kib: int) -> float:
+    return kib / 1024
+
+
+def bench_average(root: Path, n: int, size_mib: int) -> dict:
+    prefixes = write_run(root, n, size_mib)
+    files = data_files(prefixes)
+    cat = min(cat_time(files) for _ in range(2))
+    out = root / "avg"
+    ours = measure("import ckptmerge as cm",
+                   f"cm.merge(cm.combine({str(root / 'run')!r}, last={n}), {str(out)!r}, overwrite=True)")
+    base = measure("import numpy as np, ckptmerge as cm", f"""
+    arrays = [cm.load(p) for p in {prefixes!r}]
+    mean = {{k: np.mean(np.stack([a[k] for a in arrays]), axis=0, dtype=np.float64).astype(np.float32) for k in arrays[0]}}
+    """)
+    # the two results are the same numbers: float64 mean rounded to float32
+    import ckptmerge as cm
+
+    got = cm.load(str(out), ["layer_0/kernel"])["layer_0/kernel"]
+    want = np.mean([cm.load(p, ["layer_0/kernel"])["layer_0/kernel"].astype(np.float64) for p in prefixes], axis=0)
+    assert np.array_equal(got, want.astype(np.float32)), "the average differs from NumPy's"
+    chunk_mib = CHUNK_ELEMENTS * 8 / (1 << 20)
+    return {"n": n, "size_mib": size_mib, "cat_s": cat, "ours": ours, "numpy": base, "chunk_mib": chunk_mib}
+
+
+def mergekit_config(method: str, paths: list, density: float) -> str:
+    base, fts = paths[0], paths[1:]
+    if method == "ties":
+        models = "\n".join(f"  - model: {p}\n    parameters: {{density: {density}, weight: 1.0}}" for p in fts)
+        return f"merge_method: ties\nbase_model: {base}\nmodels:\n{models}\ndtype: float32\n"
+    models = "\n".join(f"  - model: {p}\n    parameters: {{weight: {w}}}" for p, w in zip(fts, (1.0, 2.0, 3.0)))
+    return f"merge_method: linear\nmodels:\n{models}\ndtype: float32\n"
+
+
+def bench_mergekit(root: Path, size_mib: int, venv: str) -> dict:
+    exe = os.path.join(venv, "bin", "mergekit-pytorch")
+    if not os.path.exists(exe):
+        return {"skipped": f"mergekit not installed ({exe} not found)"}
+    paths = write_safetensors(root, size_mib)
+    cat_time(paths)
+    py = os.path.join(venv, "bin", "python")
+    t0 = time.perf_counter()
+    subprocess.run([exe, "--help"], capture_output=True, check=True)
+    startup = time.perf_counter() - t0
+    results = {"mergekit_startup_s": startup, "size_mib": size_mib}
+    for method in ("ties", "linear"):
+        cfg = root / f"{method}.yml"
+        cfg.write_text(mergekit_config(method, paths, 0.5))
+        mk_out = root / f"mk-{method}"
+        shutil.rmtree(mk_out, ignore_errors=True)
+        mk = measure("import subprocess",
+                     f"subprocess.run([{exe!r}, {str(cfg)!r}, {str(mk_out)!r}, '--no-copy-tokenizer', "
+                     "'--no-write-model-card'], check=True, capture_output=True)")
+        ours_out = root / f"ours-{method}.safetensors"
+        if method == "ties":
+            call = (f"cm.merge(cm.combine({paths[1:]!r}, 'ties', base={paths[0]!r}, density=0.5), "
+                    f"{str(ours_out)!r}, overwrite=True)")
+        else:
+            call = f"cm.merge(cm.combine({paths[1:]!r}, weights=[1.0, 2.0, 3.0]), {str(ours_out)!r}, overwrite=True)"
+        ours = measure("import ckptmerge as cm", call)
+        diff = subprocess.run([py, "-c", textwrap.dedent(f"""
+            import glob, numpy as np
+            from safetensors.numpy import load_file
+            mk = {{}}
+            for f in glob.glob({str(mk_out)!r} + '/*.safetensors'):
+                mk.update(load_file(f))
+            ours = load_file({str(ours_out)!r})
+            assert sorted(mk) == sorted(ours), (sorted(mk)[:3], sorted(ours)[:3])
+            worst = max(float(np.max(np.abs(mk[k].astype(np.float64) - ours[k]) / (np.abs(mk[k]).max() + 1e-30))) for k in mk)
+            ulps = max(int(np.max(np.abs(mk[k].view(np.int32).astype(np.int64) - ours[k].view(np.int32)))) for k in mk)
+            print(worst, ulps)
+        """)], capture_output=True, text=True)
+        if diff.returncode != 0:
+            raise SystemExit(diff.stderr[-2000:])
+        rel, ulps = diff.stdout.split()
+        results[method] = {"mergekit": mk, "ours": ours, "max_rel_diff": float(rel), "max_ulps": int(ulps)}
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=8, help="checkpoints to average (default 8)")
+    ap.add_argument("--size-mib", type=int, default=256, help="MiB per checkpoint (default 256)")
+    ap.add_argument("--mergekit", default="/work/venvs/mergekit", help="mergekit's venv, or 'none'")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-combine-"))
+    try:
+        avg = bench_average(root, args.n, args.size_mib)
+        shutil.rmtree(root / "run")
+        mk = {"skipped": "--mergekit none"} if args.mergekit == "none" else bench_mergekit(root, args.size_mib,
+                                                                                         args.mergekit)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"average": avg, "mergekit": mk}, indent=2))
+        return
+    o, b = avg["ours"], avg["numpy"]
+    target = 64 + 4 * avg["chunk_mib"]
+    print(f"Averaging {avg['n']} checkpoints of {avg['size_mib']} MiB (TF bundles, float32; chunk = "
+          f"{CHUNK_ELEMENTS:,} elements = {avg['chunk_mib']:.0f} MiB of float64 accumulator)")
+    print(f"  {'':34}{'time':>9}{'peak RSS':>12}{'RSS after imports':>19}")
+    print(f"  {'cat every input > /dev/null':34}{avg['cat_s']:8.2f}s{'':>12}")
+    print(f"  {'numpy: load all, then mean':34}{b['time']:8.2f}s{mib(b['hwm_kib']):9.0f} MiB{mib(b['rss0_kib']):15.0f} MiB")
+    print(f"  {'ckptmerge combine + merge (TF)':34}{o['time']:8.2f}s{mib(o['hwm_kib']):9.0f} MiB{mib(o['rss0_kib']):15.0f} MiB")
+    print(f"  time: {o['time'] / avg['cat_s']:.2f}x reading every input once (target <= 1.3x), "
+          f"{o['time'] / b['time']:.2f}x numpy's")
+    print(f"  peak RSS: {mib(o['hwm_kib']):.0f} MiB (target <= 64 MiB + 4 x {avg['chunk_mib']:.0f} MiB = {target:.0f} MiB), "
+          f"{o['hwm_kib'] / b['hwm_kib']:.3f}x numpy's; above the imports: {mib(o['hwm_kib'] - o['rss0_kib']):.0f} MiB")
+    if "skipped" in mk:
+        print(f"mergekit: skipped ({mk['skipped']})")
+        return
+    print(f"Against mergekit-pytorch ({mk['size_mib']} MiB safetensors: base + 3 fine-tunes; mergekit's startup "
+          f"alone: {mk['mergekit_startup_s']:.1f}s)")
+    for method in ("ties", "linear"):
+        r = mk[method]
+        print(f"  {method:7} mergekit {r['mergekit']['time']:6.2f}s  ckptmerge {r['ours']['time']:6.2f}s "
+              f"({r['ours']['time'] / r['mergekit']['time']:.2f}x; merge only, without mergekit's startup: "
+              f"{r['ours']['time'] / max(r['mergekit']['time'] - mk['mergekit_startup_s'], 1e-9):.2f}x)  "
+              f"peak RSS ckptmerge {mib(r['ours']['hwm_kib']):.0f} MiB; largest difference {r['max_rel_diff']:.2e} "
+              f"of the tensor's range ({r['max_ulps']} float32 ulps)")
+
+
+if __name__ == "__main__":
+    main()
