@@ -148,3 +148,16 @@ def test_warm_start_from_an_average(run_dir, tf):
     report = cm.warm_start({"k": m.kernel}, cfg)
     assert report.restored == ["k"]
     np.testing.assert_array_equal(m.kernel.numpy(), mean_of((300, 400, 500), "dense/kernel"))
+
+
+def test_docs_combine_example_loads(tmp_path):
+    import re
+
+    text = (REPO / "docs" / "config.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"<!-- tested: combine-example -->\n```yaml\n(.*?)```", text, re.S)
+    for name in ("pretrained", "ft-qa", "ft-nli"):
+        write(tmp_path / "runs" / name, values(100))
+    (tmp_path / "c.yaml").write_text(block)
+    cfg = cm.load_config(str(tmp_path / "c.yaml"))
+    assert cfg.combine.method == "ties" and [w for _, w in cfg.combine.models] == [0.6, {"*attention*": 0.2, "*": 0.4}]
+    assert cfg.make_sources()[0].report().method == "ties"

@@ -64,6 +64,7 @@ def test_unknown_attribute_is_an_attribute_error():
 
 def test_all_lists_exactly_the_eager_and_lazy_public_names():
     eager = {"ArgumentError", "ArgumentTypeError", "CheckpointFormatError", "CheckpointNotFoundError",
-             "CkptMergeError", "ConfigError", "PlanError", "RestoreError", "RuleError", "UnknownTensorError", "UnreadableTensorError",
+             "CkptMergeError", "CombineError", "ConfigError", "PlanError", "RestoreError", "RuleError", "UnknownTensorError",
+             "UnreadableTensorError",
              "UnsafeCheckpointError", "VariableInfo"}
     assert set(ckptmerge.__all__) == eager | set(ckptmerge._LAZY)

@@ -237,3 +237,33 @@ def test_suggest_example(tf, tmp_path, monkeypatch):
     np.testing.assert_array_equal(model.get_layer("out").kernel.numpy(), values["dnn/logits/kernel"])
     cfg = yaml.safe_load((tmp_path / "warm.yaml").read_text())
     assert cfg["sources"][0]["map"] == {"dnn/hiddenlayer_0/": "h0/", "dnn/logits/": "out/"}
+
+
+@runs("combine")
+def test_combine_example(tf, tmp_path, monkeypatch):
+    import ckptmerge as cm
+    from ckptmerge.formats.tf.writer import BundleWriter
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+
+    def ckpt(prefix, scale):
+        with BundleWriter(prefix) as w:
+            w.add("dense/kernel", (rng.standard_normal((4, 3)) * scale).astype(np.float32))
+            w.add("self_attention/kernel", (rng.standard_normal((3, 3)) * scale).astype(np.float32))
+            w.add("global_step", np.array(0, np.int64))
+
+    for step in range(1000, 6001, 1000):
+        ckpt(f"runs/A/ckpt-{step}", 1.0)
+    for name in ("ft/a", "ft/b", "ft/c", "pretrained"):
+        ckpt(name, 0.5)
+    model = {"dense/kernel": tf.Variable(tf.zeros((4, 3))), "self_attention/kernel": tf.Variable(tf.zeros((3, 3)))}
+    scope = {"cm": cm, "model": model, "print": lambda *a: None}
+    exec(_block("combine"), scope)
+    assert [d["step"] for d in scope["avg"].report().inputs] == [2000, 3000, 4000, 5000, 6000]
+    assert sorted(cm.load("runs/A/avg-last5")) == ["dense/kernel", "self_attention/kernel"]
+    assert sorted(cm.load("out/soup.safetensors")) == ["dense/kernel", "self_attention/kernel"]
+    assert sorted(scope["report"].restored) == ["dense/kernel", "self_attention/kernel"]
+    want = cm.combine([f"runs/A/ckpt-{s}" for s in range(2000, 6000, 1000)], "ema", decay=0.9).open()
+    np.testing.assert_array_equal(model["dense/kernel"].numpy(), want.read(["dense/kernel"])["dense/kernel"])
+    want.close()

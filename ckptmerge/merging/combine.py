@@ -663,11 +663,20 @@ def combine(
             ``"last"`` or ``"first"`` input's value, or ``"error"``.
         optimizer: also combine optimizer slots and bookkeeping (left out by default).
         accumulate: ``"float64"``; ``"float32"`` accumulates float16/bfloat16 tensors in float32.
-        last, steps, every: with a directory: the last N checkpoints; the steps in a
-            ``range``, a ``(low, high)`` tuple (inclusive) or a list; the steps divisible by K.
+        last: with a directory: its last N checkpoints (after ``steps`` and ``every``).
+        steps: with a directory: the steps in a ``range``, a ``(low, high)`` tuple (inclusive,
+            either may be ``None``) or a list.
+        every: with a directory: the steps divisible by K.
         chunk_elements: accumulator elements per chunk (memory: a few chunks of float64).
-        map, regex, include, exclude, layout, name, cast, transforms, align: the rule keywords
-            of :class:`~ckptmerge.Source`, applied to the combined names.
+        map: as for :class:`~ckptmerge.Source`, on the combined names (so are the next ones).
+        regex: rename rules on the combined names.
+        include: glob(s) of the combined names to keep.
+        exclude: glob(s) of the combined names to leave out.
+        layout: ``"torch"`` reads the combined names as a PyTorch ``state_dict``.
+        name: the source's label (default ``"<method> of <n>"``).
+        cast: per-source override of the plan's ``cast``.
+        transforms: value transforms applied to the combined values.
+        align: ``"structure"``: structural alignment for the targets nothing else reaches.
         **params: the method's parameters, each a value or ``{glob: value}`` per tensor:
             ``decay`` (ema, 0.999), ``scale`` (task_arithmetic/ties/dare, 1.0), ``density``
             (ties/dare, 0.5), ``seed`` (dare, 0), ``consensus`` (dare: ``"none"`` or ``"ties"``),
