@@ -14,7 +14,6 @@ import pytest
 
 import ckptmerge as cm
 from ckptmerge.errors import ArgumentError, CheckpointFormatError, CombineError
-from ckptmerge.formats.safetensors_writer import SafetensorsWriter
 from ckptmerge.formats.tf.writer import BundleWriter
 from ckptmerge.merging.methods import combine_arrays, ema_weights
 
@@ -41,12 +40,16 @@ def write(prefix: Path, vals: dict) -> str:
     return str(prefix)
 
 
-@pytest.fixture
-def run(tmp_path):
-    d = tmp_path / "run"
+def write_run(d: Path) -> Path:
+    """A training directory: one checkpoint per step of STEPS."""
     for s in STEPS:
         write(d / f"ckpt-{s}", values(s))
     return d
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_run(tmp_path / "run")
 
 
 def mean_of(steps, name, dtype=None):

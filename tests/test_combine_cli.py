@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from _cli_util import REPO, assert_one_line_error, run
-from test_combine import STEPS, mean_of, values, write
+from test_combine import STEPS, mean_of, values, write, write_run
 
 import ckptmerge as cm
 from ckptmerge.cli.combine import parse_params, parse_steps
@@ -21,10 +21,7 @@ from ckptmerge.merging.methods import combine_arrays
 
 @pytest.fixture
 def run_dir(tmp_path):
-    d = tmp_path / "run"
-    for s in STEPS:
-        write(d / f"ckpt-{s}", values(s))
-    return d
+    return write_run(tmp_path / "run")
 
 
 def test_average_of_the_last_five_writes_the_mean(run_dir, tmp_path):

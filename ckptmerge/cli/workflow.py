@@ -8,7 +8,6 @@ import importlib.util
 import os
 import re
 import sys
-import time
 from typing import (
     Any,
     Callable,
@@ -21,7 +20,7 @@ import click
 
 from ..errors import CkptMergeError, PlanError, did_you_mean
 from ..specs import VariableInfo
-from ..text import escape_name, human_bytes, plural, quote_name
+from ..text import escape_name, plural, quote_name
 from .common import (
     ProgressBar,
     CONFIG_KEYS_HINT,

@@ -21,11 +21,10 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import crc32c as _crc32c
 import numpy as np
 
-from ckptmerge.errors import ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError, OutputExistsError
+from ckptmerge.errors import ArgumentError, ArgumentTypeError, CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
-from ckptmerge.formats.io.bytecopy import pread_pieces
 from ckptmerge.formats.io.output_prefix import remove_quietly
-from ckptmerge.formats.io.publish import publish_file, temp_path
+from ckptmerge.formats.io.publish import SingleFileWriter, publish_file, temp_path
 from ckptmerge.formats.tf.bundle import mask_crc
 from ckptmerge.text import quote_name
 
@@ -94,7 +93,7 @@ def _import_h5py() -> Any:
     return h5py
 
 
-class H5Writer:
+class H5Writer(SingleFileWriter):
     """Write one Keras ``.weights.h5`` file whose tensors are known up front.
 
     Args:
@@ -149,19 +148,6 @@ class H5Writer:
             self._state = "aborted"
             remove_quietly(self._tmp)
             raise CheckpointWriteError(f"Cannot create {self._tmp!r} to write {self.path!r}: {e}", path=self._tmp) from e
-
-    def __enter__(self) -> "H5Writer":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) == "open":
-            self.abort()
 
     # -- adding tensors --------------------------------------------------------------------
     def _dataset(self, key: str, dtype: str, shape: Sequence[int]) -> Tuple[Any, np.dtype]:
@@ -234,23 +220,8 @@ class H5Writer:
         if pos != total or carry:
             self.abort()
             raise ArgumentError(f"tensor {key!r}: the chunks held {pos} of its {total} elements")
-        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
-            self.abort()
-            raise CheckpointFormatError(
-                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C {mask_crc(crc):#010x}, the "
-                f"source recorded {expected_crc32c:#010x}. The source checkpoint is corrupt; it was not copied.", key=key)
+        self._check_crc(key, mask_crc(crc), expected_crc32c)
         self._written.add(key)
-
-    def add_range(self, key: str, dtype_enum: int, shape: Sequence[int], src_fd: int, src_offset: int, *,
-                  expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
-        """Copy a tensor's raw bytes from a range of another file (as ``BundleWriter.add_range``).
-
-        Example:
-            >>> w.add_range("layers/emb/vars/0", 1, (1000, 64), fd, 4096, expected_crc32c=crc)  # doctest: +SKIP
-        """
-        nbytes = math.prod(int(d) for d in shape) * TF_TO_NUMPY[dtype_enum].itemsize
-        self.add_raw(key, dtype_enum, shape, pread_pieces(src_fd, src_offset, nbytes),
-                     expected_crc32c=expected_crc32c if verify else None)
 
     # -- publishing ------------------------------------------------------------------------
     def finish(self) -> None:
@@ -260,11 +231,7 @@ class H5Writer:
             ArgumentError: a declared tensor was never written (nothing is published).
             OutputExistsError: a file appeared at the output meanwhile (without ``overwrite``).
         """
-        missing = [k for k in self._layout if k not in self._written]
-        if missing:
-            self.abort()
-            raise ArgumentError(f"{len(missing)} declared tensor(s) were never written, e.g. {missing[0]!r}; "
-                                f"nothing was written to {quote_name(self.path)}.")
+        self._check_all_written()
         try:
             self._file.close()
         except (OSError, ValueError) as e:

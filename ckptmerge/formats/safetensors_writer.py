@@ -25,14 +25,13 @@ import numpy as np
 from ckptmerge.errors import (
     ArgumentError,
     ArgumentTypeError,
-    CheckpointFormatError,
     CheckpointWriteError,
     OutputExistsError,
 )
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
-from ckptmerge.formats.io.bytecopy import array_chunks, pread_pieces
+from ckptmerge.formats.io.bytecopy import array_chunks
 from ckptmerge.formats.io.output_prefix import remove_quietly
-from ckptmerge.formats.io.publish import publish_file, temp_path
+from ckptmerge.formats.io.publish import SingleFileWriter, publish_file, temp_path
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
 from ckptmerge.formats.tf.bundle import mask_crc
 from ckptmerge.text import quote_name
@@ -58,7 +57,7 @@ def unsupported_dtypes(specs: Iterable[Spec]) -> List[Tuple[str, str]]:
     return [(n, d) for n, d, _ in specs if safetensors_dtype(d) is None]
 
 
-class SafetensorsWriter:
+class SafetensorsWriter(SingleFileWriter):
     """Write one ``.safetensors`` file whose tensors (names, dtypes, shapes) are known up front.
 
     Args:
@@ -134,20 +133,6 @@ class SafetensorsWriter:
             self.abort()
             raise
 
-    # -- context manager -------------------------------------------------------------------
-    def __enter__(self) -> "SafetensorsWriter":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) == "open":
-            self.abort()
-
     # -- adding tensors --------------------------------------------------------------------
     def _check_existing(self) -> None:
         if not self._overwrite and os.path.lexists(self._abs):
@@ -214,23 +199,8 @@ class SafetensorsWriter:
         dtype = dtype_name(TF_TO_NUMPY[dtype_enum]) if dtype_enum in TF_TO_NUMPY else tf_dtype_name(dtype_enum)
         offset, nbytes = self._slot(key, dtype, shape)
         crc = self._stream(key, offset, nbytes, chunks)
-        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
-            raise CheckpointFormatError(
-                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C {mask_crc(crc):#010x}, the "
-                f"source recorded {expected_crc32c:#010x}. The source checkpoint is corrupt; it was not copied.",
-                key=key)
+        self._check_crc(key, mask_crc(crc), expected_crc32c)
         self._written.add(key)
-
-    def add_range(self, key: str, dtype_enum: int, shape: Sequence[int], src_fd: int, src_offset: int, *,
-                  expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
-        """Copy a tensor's raw bytes from a range of another file (as ``BundleWriter.add_range``).
-
-        Example:
-            >>> w.add_range("emb", 1, (1000, 64), fd, 4096, expected_crc32c=crc)  # doctest: +SKIP
-        """
-        nbytes = math.prod(int(d) for d in shape) * TF_TO_NUMPY[dtype_enum].itemsize
-        self.add_raw(key, dtype_enum, shape, pread_pieces(src_fd, src_offset, nbytes),
-                     expected_crc32c=expected_crc32c if verify else None)
 
     # -- publishing ------------------------------------------------------------------------
     def finish(self) -> None:
@@ -240,11 +210,7 @@ class SafetensorsWriter:
             ArgumentError: a declared tensor was never written (nothing is published).
             OutputExistsError: a file appeared at the output meanwhile (without ``overwrite``).
         """
-        missing = [k for k in self._layout if k not in self._written]
-        if missing:
-            self.abort()
-            raise ArgumentError(f"{len(missing)} declared tensor(s) were never written, e.g. {missing[0]!r}; "
-                                f"nothing was written to {quote_name(self.path)}.")
+        self._check_all_written()
         try:
             os.ftruncate(self._fd, self._size)  # zero-size tensors at the end
             os.close(self._fd)  # (publish_file fsyncs a durable file)

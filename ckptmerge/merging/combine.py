@@ -38,7 +38,7 @@ from ..sources.files import step_of
 from ..sources.opening import as_sources, check_unique_labels, open_sources
 from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.source import Source, SourceHandle
-from ..specs import KIND_VARIABLE, VariableInfo, model_variables
+from ..specs import VariableInfo, model_variables
 from ..text import plural, quote_name
 from .combine_report import CombineReport
 from .methods import METHODS, TensorParams, ema_weights

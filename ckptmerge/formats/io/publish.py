@@ -8,13 +8,15 @@ file that appeared meanwhile. With ``durable`` the file and the folder are fsync
 
 from __future__ import annotations
 
+import math
 import os
+from typing import Any, Iterable, Optional, Sequence
 
-from ckptmerge.errors import CheckpointWriteError, OutputExistsError
+from ckptmerge.errors import ArgumentError, CheckpointFormatError, CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.text import quote_name
 
-__all__ = ["publish_file", "temp_path"]
+__all__ = ["SingleFileWriter", "publish_file", "temp_path"]
 
 
 def temp_path(abs_path: str) -> str:
@@ -67,3 +69,70 @@ def publish_file(tmp: str, abs_path: str, given: str, *, overwrite: bool, durabl
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+class SingleFileWriter:
+    """What the single-file writers share: copying a tensor from a byte range of another file,
+    the source checksum check, and the check that every declared tensor was written.
+
+    Subclasses provide ``add_raw(key, dtype_enum, shape, chunks, *, expected_crc32c)``,
+    ``abort()``, ``path``, ``_layout`` (the declared names) and ``_written``.
+    """
+
+    path: str
+    _layout: dict
+    _written: set
+
+    def add_raw(self, key: str, dtype_enum: int, shape: Sequence[int], chunks: Iterable[Any], *,
+                expected_crc32c: Optional[int] = None) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def abort(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def finish(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __enter__(self) -> "SingleFileWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+    def __del__(self) -> None:  # a forgotten writer leaves no temporary file
+        if getattr(self, "_state", None) == "open":
+            self.abort()
+
+    def add_range(self, key: str, dtype_enum: int, shape: Sequence[int], src_fd: int, src_offset: int, *,
+                  expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
+        """Copy a tensor's raw bytes from a range of another file (as ``BundleWriter.add_range``).
+
+        Example:
+            >>> w.add_range("emb", 1, (1000, 64), fd, 4096, expected_crc32c=crc)  # doctest: +SKIP
+        """
+        from ckptmerge.formats.dtypes import TF_TO_NUMPY
+        from ckptmerge.formats.io.bytecopy import pread_pieces
+
+        nbytes = math.prod(int(d) for d in shape) * TF_TO_NUMPY[dtype_enum].itemsize
+        self.add_raw(key, dtype_enum, shape, pread_pieces(src_fd, src_offset, nbytes),
+                     expected_crc32c=expected_crc32c if verify else None)
+
+    def _check_crc(self, key: str, masked: int, expected: Optional[int]) -> None:
+        """Raise (after aborting) when a copied tensor's masked CRC32C is not the one its source
+        recorded (``expected``; ``None``: not checked)."""
+        if expected is not None and masked != expected:
+            self.abort()
+            raise CheckpointFormatError(
+                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C {masked:#010x}, the "
+                f"source recorded {expected:#010x}. The source checkpoint is corrupt; it was not copied.", key=key)
+
+    def _check_all_written(self) -> None:
+        """Raise (after aborting) when a declared tensor was never written."""
+        missing = [k for k in self._layout if k not in self._written]
+        if missing:
+            self.abort()
+            raise ArgumentError(f"{len(missing)} declared tensor(s) were never written, e.g. {missing[0]!r}; "
+                                f"nothing was written to {quote_name(self.path)}.")
