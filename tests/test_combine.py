@@ -297,6 +297,12 @@ def test_merge_writes_safetensors_and_dry_runs(run, tmp_path):
     np.testing.assert_array_equal(got["dense/kernel"], mean_of((400, 500), "dense/kernel"))
 
 
+def test_a_merge_refuses_to_write_over_one_of_the_inputs(run):
+    with pytest.raises(ArgumentError, match="input 'ckpt-500' of source 'mean of 2'"):
+        cm.merge(cm.combine(str(run), last=2), str(run / "ckpt-500"), overwrite=True)
+    assert cm.load(str(run / "ckpt-500"))["counter"] == 5
+
+
 def test_a_failed_combination_leaves_no_output(run, tmp_path):
     bad = tmp_path / "bad"
     for f in (run / "ckpt-500").parent.glob("ckpt-500*"):

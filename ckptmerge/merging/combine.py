@@ -190,6 +190,10 @@ class CombinedSource(Source):
         """``None``: a combination is not one checkpoint (its inputs resolve when it is opened)."""
         return None
 
+    def read_sources(self) -> List[Source]:
+        """The base (if any) and the inputs: what a merge must not write over."""
+        return ([self.base] if self.base is not None else []) + list(self.inputs)
+
     def __repr__(self) -> str:
         return f"CombinedSource({self.method!r}, {len(self.inputs)} inputs{', base' if self.base else ''})"
 

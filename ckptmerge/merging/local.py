@@ -479,6 +479,11 @@ def merge_local(
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
     resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
     inputs = [(source_origin(s.label), r.prefix) for s, r in zip(srcs, resolved) if r is not None]
+    for s in srcs:  # a combination reads its inputs (and base) while the output is written
+        for inner in s.read_sources():
+            r = inner.resolve() if inner is not s else None
+            if r is not None:
+                inputs.append((f"input {quote_name(inner.label)} of {source_origin(s.label)}", r.prefix))
     template_prefix = ""
     if kind == "path":
         template_prefix = resolve_checkpoint(tvalue).prefix

@@ -277,6 +277,15 @@ class Source:
             parts.append("optimizer=True")
         return f"Source({', '.join(parts)})"
 
+    def read_sources(self) -> List["Source"]:
+        """The sources whose checkpoints this one reads: itself (a combination: its inputs).
+
+        Example:
+            >>> [s.label for s in Source("runs/A").read_sources()]
+            ['runs/A']
+        """
+        return [self]
+
     # -- opening -----------------------------------------------------------------------------
     def resolve(self) -> Any:
         """Which checkpoint this source means now (a :class:`ckptmerge.sources.resolve.ResolvedCheckpoint`);
