@@ -575,7 +575,8 @@ def test_missing_required_keys():
         "line, or a list of tokens)",
         "sources[1].slice[0]: missing required key 'axis' (the one axis along which the shapes differ)",
     ]
-    assert problems({}) == ["missing required key 'sources' (a list of sources, each with at least 'path')"]
+    assert problems({}) == ["missing required key 'sources' (a list of sources, each with at least 'path'), or a "
+                            "'combine' section"]
 
 
 def test_sources_must_be_a_non_empty_list_of_mappings():
