@@ -134,8 +134,10 @@ def bench_average(root: Path, n: int, size_mib: int) -> dict:
     files = data_files(prefixes)
     cat = min(cat_time(files) for _ in range(2))
     out = root / "avg"
-    ours = measure("import ckptmerge as cm",
-                   f"cm.merge(cm.combine({str(root / 'run')!r}, last={n}), {str(out)!r}, overwrite=True)")
+    imports = ("import ckptmerge as cm, ckptmerge.merging.combine, ckptmerge.merging.dispatch, "
+               "ckptmerge.formats.tf.writer, ckptmerge.formats.safetensors_writer, ckptmerge.planning.planner")
+    ours = measure(imports, f"cm.merge(cm.combine({str(root / 'run')!r}, last={n}), {str(out)!r}, overwrite=True)")
+    two = measure(imports, f"cm.merge(cm.combine({str(root / 'run')!r}, last=2), {str(root / 'avg2')!r}, overwrite=True)")
     base = measure("import numpy as np, ckptmerge as cm", f"""
     arrays = [cm.load(p) for p in {prefixes!r}]
     mean = {{k: np.mean(np.stack([a[k] for a in arrays]), axis=0, dtype=np.float64).astype(np.float32) for k in arrays[0]}}
@@ -147,7 +149,8 @@ def bench_average(root: Path, n: int, size_mib: int) -> dict:
     want = np.mean([cm.load(p, ["layer_0/kernel"])["layer_0/kernel"].astype(np.float64) for p in prefixes], axis=0)
     assert np.array_equal(got, want.astype(np.float32)), "the average differs from NumPy's"
     chunk_mib = CHUNK_ELEMENTS * 8 / (1 << 20)
-    return {"n": n, "size_mib": size_mib, "cat_s": cat, "ours": ours, "numpy": base, "chunk_mib": chunk_mib}
+    return {"n": n, "size_mib": size_mib, "cat_s": cat, "ours": ours, "ours_n2": two, "numpy": base,
+            "chunk_mib": chunk_mib}
 
 
 def mergekit_config(method: str, paths: list, density: float) -> str:
@@ -184,7 +187,8 @@ def bench_mergekit(root: Path, size_mib: int, venv: str) -> dict:
                     f"{str(ours_out)!r}, overwrite=True)")
         else:
             call = f"cm.merge(cm.combine({paths[1:]!r}, weights=[1.0, 2.0, 3.0]), {str(ours_out)!r}, overwrite=True)"
-        ours = measure("import ckptmerge as cm", call)
+        ours = measure("import ckptmerge as cm, ckptmerge.merging.combine, ckptmerge.merging.dispatch, "
+                       "ckptmerge.formats.safetensors_writer, ckptmerge.planning.planner", call)
         diff = subprocess.run([py, "-c", textwrap.dedent(f"""
             import glob, numpy as np
             from safetensors.numpy import load_file
@@ -236,6 +240,8 @@ def main() -> None:
     print(f"  {'cat every input > /dev/null':34}{avg['cat_s']:8.2f}s{'':>12}")
     print(f"  {'numpy: load all, then mean':34}{b['time']:8.2f}s{mib(b['hwm_kib']):9.0f} MiB{mib(b['rss0_kib']):15.0f} MiB")
     print(f"  {'ckptmerge combine + merge (TF)':34}{o['time']:8.2f}s{mib(o['hwm_kib']):9.0f} MiB{mib(o['rss0_kib']):15.0f} MiB")
+    t = avg["ours_n2"]
+    print(f"  {'  the same, of the last 2 only':34}{t['time']:8.2f}s{mib(t['hwm_kib']):9.0f} MiB{mib(t['rss0_kib']):15.0f} MiB")
     print(f"  time: {o['time'] / avg['cat_s']:.2f}x reading every input once (target <= 1.3x), "
           f"{o['time'] / b['time']:.2f}x numpy's")
     print(f"  peak RSS: {mib(o['hwm_kib']):.0f} MiB (target <= 64 MiB + 4 x {avg['chunk_mib']:.0f} MiB = {target:.0f} MiB), "
@@ -247,9 +253,11 @@ def main() -> None:
           f"alone: {mk['mergekit_startup_s']:.1f}s)")
     for method in ("ties", "linear"):
         r = mk[method]
+        work = r['mergekit']['time'] - mk['mergekit_startup_s']  # (its startup, timed once: noisy)
         print(f"  {method:7} mergekit {r['mergekit']['time']:6.2f}s  ckptmerge {r['ours']['time']:6.2f}s "
-              f"({r['ours']['time'] / r['mergekit']['time']:.2f}x; merge only, without mergekit's startup: "
-              f"{r['ours']['time'] / max(r['mergekit']['time'] - mk['mergekit_startup_s'], 1e-9):.2f}x)  "
+              f"({r['ours']['time'] / r['mergekit']['time']:.2f}x; against mergekit less its startup: "
+              + (f"{r['ours']['time'] / work:.2f}x" if work > 0 else "n/a, its run took less than its startup alone")
+              + ")  "
               f"peak RSS ckptmerge {mib(r['ours']['hwm_kib']):.0f} MiB, mergekit {mib(r['mergekit']['children_kib']):.0f} MiB")
         print(f"          results: largest difference {r['max_rel_diff']:.2e} of the tensor's range; "
               f"{r['beyond_rounding']:,} of {r['elements']:,} elements beyond float32 rounding (1e-6 of the range: "

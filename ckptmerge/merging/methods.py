@@ -127,9 +127,13 @@ class Method:
         return ", ".join(f"{k}={v}" for k, v in sorted(p.params.items()))
 
 
+#: Scaled adds go through temporaries of at most this many elements (their memory stays small).
+_BLOCK = 1 << 16
+
+
 def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float, first: bool = False) -> None:
-    """``acc += w * x`` in the accumulator's dtype, with no temporary for ``w == 1``;
-    ``first``: ``acc = w * x`` (the accumulator was not initialised)."""
+    """``acc += w * x`` in the accumulator's dtype, with no temporary for ``w == 1`` (and small
+    ones otherwise); ``first``: ``acc = w * x`` (the accumulator was not initialised)."""
     if first:
         if w == 1.0:
             np.copyto(acc, x, casting="unsafe")
@@ -138,7 +142,9 @@ def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float, first: bool = False) -
     elif w == 1.0:
         np.add(acc, x, out=acc, casting="unsafe")
     else:
-        np.add(acc, np.multiply(x, w, dtype=acc.dtype), out=acc)
+        for s in range(0, acc.size, _BLOCK):
+            part = acc[s:s + _BLOCK]
+            np.add(part, np.multiply(x[s:s + _BLOCK], w, dtype=acc.dtype), out=part)
 
 
 class Linear(Method):
