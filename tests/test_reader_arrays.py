@@ -130,14 +130,6 @@ def test_deeply_nested_safetensors_header_is_a_format_error(tmp_path):
         SafetensorsReader(str(path))
 
 
-def test_unknown_safetensors_dtype_is_listed_and_refused_on_read(tmp_path):
-    path = _hand_made(tmp_path / "f4.safetensors", {"a": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}, b"\0\0")
-    with SafetensorsReader(str(path)) as r:
-        assert r.info("a").dtype == "safetensors:F4"
-        with pytest.raises(CheckpointFormatError, match="cannot read"):
-            r.get("a")
-
-
 # -- NumPy -------------------------------------------------------------------------------------
 
 
@@ -187,7 +179,7 @@ def test_npz_member_claiming_more_than_deflate_can_inflate_is_refused(tmp_path):
     cd = data.rfind(b"PK\x01\x02")
     data[cd + 24:cd + 28] = struct.pack("<I", 1 << 30)
     path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointFormatError, match="zip bomb"):
+    with pytest.raises(CheckpointFormatError, match="decompression bomb"):
         NumpyReader(str(path))
 
 

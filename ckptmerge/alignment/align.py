@@ -152,7 +152,10 @@ class _Features:
                 self.numbers[n] = tuple(map(int, _DIGITS.findall(w, 0, w.rfind("/") + 1)))
             return
         as_written = dict(zip(names, written))
-        templates = _ZERO_RUN.sub(b"0", joined.encode().translate(_DIGITS_TO_ZERO)).decode().split("\n")
+        # (surrogatepass: a name that is not valid Unicode, e.g. a file name's undecodable byte, goes
+        # through the bytes and back unchanged)
+        raw = joined.encode("utf-8", "surrogatepass")
+        templates = _ZERO_RUN.sub(b"0", raw.translate(_DIGITS_TO_ZERO)).decode("utf-8", "surrogatepass").split("\n")
         parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
         families: Dict[str, List[str]] = {}
         for name, template in zip(names, templates):
@@ -168,7 +171,8 @@ class _Features:
                 self.numbers.update(zip(members, itertools.repeat(())))
                 continue
             runs = template.count("0")
-            digits = " ".join(map(as_written.__getitem__, members)).encode().translate(_DIGITS_ONLY).split()
+            joined_members = " ".join(map(as_written.__getitem__, members))
+            digits = joined_members.encode("utf-8", "surrogatepass").translate(_DIGITS_ONLY).split()
             rows: List[Tuple[bytes, ...]] = list(zip(*[iter(digits)] * runs))
             if in_scope < runs:
                 rows = [r[:in_scope] for r in rows]

@@ -29,7 +29,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.io import storage
-from ckptmerge.formats.numpy_files import NumpyReader, is_npz
+from ckptmerge.formats.numpy_files import NumpyReader, holds_npy, is_npz
 from ckptmerge.formats.safetensors import (
     INDEX_SUFFIX,
     SafetensorsReader,
@@ -86,8 +86,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     if storage.isfile(path):
         if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
-        if path.endswith(INDEX_SUFFIX) or is_safetensors(path):
-            return SafetensorsReader(path, verify=verify)
+        if path.endswith(INDEX_SUFFIX) or path.lower().endswith(".safetensors") or is_safetensors(path):
+            return SafetensorsReader(path, verify=verify)  # (a damaged one: its error says what is wrong)
         if is_npz(path):
             return NumpyReader(path, verify=verify)
         if path.endswith(".index"):
@@ -110,7 +110,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         names = storage.listdir(path)
         if any(n.endswith((".safetensors", INDEX_SUFFIX)) for n in names):
             return SafetensorsReader(path, verify=verify)
-        if any(n.endswith(".npy") for n in names):
+        if any(n.endswith(".npy") for n in names) or (not storage.is_url(path) and holds_npy(path)):
             return NumpyReader(path, verify=verify)
         raise CheckpointNotFoundError(
             f"{path!r} is a directory; open_checkpoint expects a checkpoint prefix such as "

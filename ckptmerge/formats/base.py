@@ -28,7 +28,7 @@ from ckptmerge.formats.dtypes import tf_dtype_name
 from ckptmerge.specs import VariableInfo, by_name
 
 __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguous_chunks", "unreadable_dtype_error",
-           "ALIGN", "CHUNK_ELEMENTS"]
+           "too_large_for_numpy", "ALIGN", "CHUNK_ELEMENTS"]
 
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
@@ -54,6 +54,20 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
     buf = np.empty(n + ALIGN, np.uint8)
     off = (-buf.ctypes.data) % ALIGN
     return buf[off:off + n].view(dt).reshape(shape)
+
+
+def too_large_for_numpy(shape: Any, itemsize: int) -> bool:
+    """True if numpy cannot make an array of ``shape`` (even an empty one: numpy multiplies
+    every dimension, zeros aside, so ``(0, 2**62)`` is refused too).
+
+    Example:
+        >>> too_large_for_numpy((0, 2**62), 4), too_large_for_numpy((3, 4), 4)
+        (True, False)
+    """
+    n = max(itemsize, 1)
+    for d in shape:
+        n *= max(d, 1)
+    return n >= 1 << 63
 
 
 def contiguous_chunks(dtype: np.dtype, count: int, max_elements: int,
@@ -229,8 +243,9 @@ class CheckpointReader:
         one before the last piece is yielded), so statistics and comparisons of any tensor
         need memory for a piece, not for the tensor; so do the Keras h5 reader (one hyperslab
         per piece), the safetensors reader and the NumPy reader (``.npy`` files and ``.npz``
-        members stored uncompressed, in C order). Other tensors (compressed or Fortran-order
-        NumPy arrays, V1 checkpoints, strings) are read whole once, then handed out in pieces.
+        members in C order; compressed members are decompressed piece by piece). Other tensors
+        (Fortran-order NumPy arrays, V1 checkpoints, strings, packed ``F4``) are read whole once,
+        then handed out in pieces.
         Name and size problems are raised by this call, before any piece is read.
 
         Raises:

@@ -47,10 +47,11 @@ from ckptmerge.errors import (
     UnsafeCheckpointError,
     format_list,
 )
-from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.kerasnames import archive_names
+from ckptmerge.formats.zipmembers import MAX_EXPANSION, check_member, member_errors, open_member
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
 from ckptmerge.text import escape_name, human_bytes, plural
 
@@ -63,11 +64,10 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _OPTIMIZER_GROUPS = ("optimizer", "optimizer_weights")
 _NAMED_DTYPES = {dtype_name(dt): dt for dt in TF_TO_NUMPY.values() if dt.kind == "V" and dt.names is None}
 
-#: A compressed dataset, or a compressed ``.keras`` member, may hold at most this many times the
-#: bytes it occupies in the file. Weights compress far less (float32 about 1.1x); only
-#: near-constant data (or a decompression bomb) goes beyond. Rewrite such a trusted file
-#: uncompressed (``h5repack -f NONE in.h5 out.h5``) to read it.
-MAX_EXPANSION = 256
+# MAX_EXPANSION (from zipmembers, one bound for every compressed thing ckptmerge reads): a
+# compressed dataset may hold at most this many times the bytes it occupies in the file. Weights
+# compress far less (float32 about 1.1x); only near-constant data (or a decompression bomb) goes
+# beyond. Rewrite such a trusted file uncompressed (``h5repack -f NONE in.h5 out.h5``) to read it.
 # Below this size a dataset is never refused for its size (e.g. a small never-written one).
 _SMALL = 1 << 20
 # Filters HDF5 or h5py provide themselves; any other is loaded as a plugin from outside the file.
@@ -154,34 +154,23 @@ class _Window(io.RawIOBase):
         super().close()
 
 
-def _expands_too_much(info: zipfile.ZipInfo) -> bool:
-    """True for a compressed zip member declaring more than :data:`MAX_EXPANSION` x its size."""
-    return (info.compress_type != zipfile.ZIP_STORED
-            and info.file_size > max(info.compress_size * MAX_EXPANSION, _SMALL))
-
-
 def _open_keras_member(path: str) -> Tuple[Any, int]:
     """A file object on ``model.weights.h5`` inside a ``.keras`` zip, and its size in bytes.
 
     A stored member is read in place; a compressed one is streamed into an anonymous temporary
-    file (never memory), after checking that its declared size is at most
-    :data:`MAX_EXPANSION` times its compressed size.
+    file (never memory). Either is first checked by :func:`~ckptmerge.formats.zipmembers.check_member`
+    (not encrypted, a method ckptmerge decompresses, at most :data:`MAX_EXPANSION` times its
+    compressed size).
     """
+    size = storage.getsize(path)
     with storage.open_zip(path) as z:
         info = z.getinfo(_KERAS_WEIGHTS_MEMBER)
+        check_member(info, path, size)
         if info.compress_type != zipfile.ZIP_STORED:
-            if _expands_too_much(info):
-                raise UnsafeCheckpointError(
-                    f"Refusing to read Keras archive {path!r}: its member {_KERAS_WEIGHTS_MEMBER!r} "
-                    f"declares {human_bytes(info.file_size)} compressed into "
-                    f"{human_bytes(info.compress_size)}, more than {MAX_EXPANSION}x (a zip bomb, or "
-                    "a corrupt archive). If you trust it, extract the member ('unzip "
-                    f"{os.path.basename(path)} {_KERAS_WEIGHTS_MEMBER}') and pass the .weights.h5 file.",
-                    path=path, key=_KERAS_WEIGHTS_MEMBER)
             tmp = tempfile.TemporaryFile(prefix="ckptmerge-keras-")
             try:
                 # zipfile yields at most the declared file_size bytes and checks the CRC at the end
-                with z.open(info) as member:
+                with open_member(z, info, path) as member, member_errors(path, _KERAS_WEIGHTS_MEMBER):
                     shutil.copyfileobj(member, tmp, 1 << 18)
                 tmp.seek(0)
             except BaseException:
@@ -207,13 +196,17 @@ def _archive_config(path: str) -> Any:
     try:
         with storage.open_zip(path) as z:
             info = z.getinfo("config.json")
-            if info.file_size > _CONFIG_LIMIT or _expands_too_much(info):
-                logger.warning("Ignoring config.json of %s: it declares %s (%s compressed); entries keep "
+            try:
+                if info.file_size > _CONFIG_LIMIT:
+                    raise CheckpointFormatError("too large")
+                with open_member(z, info, path) as f, member_errors(path, "config.json"):
+                    raw = f.read(_CONFIG_LIMIT + 1)
+            except CheckpointFormatError as e:
+                logger.warning("Ignoring config.json of %s: it declares %s (%s compressed)%s; entries keep "
                                "their raw keys.", path, human_bytes(info.file_size),
-                               human_bytes(info.compress_size))
+                               human_bytes(info.compress_size), "" if str(e) == "too large" else f" ({e})")
                 return None
-            with z.open(info) as f:
-                return json.loads(f.read(_CONFIG_LIMIT + 1))
+        return json.loads(raw)
     except RecursionError:
         logger.warning("Ignoring config.json of %s: nested too deeply to parse; entries keep their "
                        "raw keys.", path)
@@ -469,7 +462,11 @@ class H5Reader(CheckpointReader):
                 "leave it out of merges and restores.", path=self.path, key=key)
         f = self._open()
         with self._h5_errors(key), self._lock:
-            self._check_size(f[key], info)
+            ds = f[key]
+            if too_large_for_numpy(info.shape, ds.dtype.itemsize):
+                raise self._error(f"dataset {key!r} has shape {info.shape}, too large for any array (its "
+                                  "dimensions multiply past 2**63)", key)
+            self._check_size(ds, info)
 
     def _load(self, info: VariableInfo, sel: Tuple[Any, ...] = ()) -> np.ndarray:
         """Read dataset ``info`` (or the part ``sel`` selects) once, into the array returned."""

@@ -4,13 +4,16 @@ Each array is one tensor. In a ``.npz`` its name is the member name without ``.n
 given to ``np.savez``, ``/`` scopes kept); in a directory it is the path below the directory
 without ``.npy``, with ``/`` between folders. Files are untrusted: object (pickled) arrays are
 never loaded, headers are parsed with numpy's own literal-only parser, every declared size is
-checked against the file before allocating, a compressed ``.npz`` member may not claim more
-than DEFLATE can inflate from its compressed size, symbolic links in a directory are not
-followed, and ZIP CRC-32 checksums are verified while reading (``verify=False`` skips them).
+checked against the file before allocating, ``.npz`` members are opened under the rules of
+:mod:`ckptmerge.formats.zipmembers` (no encrypted members or unknown methods; a compressed
+member may expand at most :data:`~ckptmerge.formats.zipmembers.MAX_EXPANSION` times),
+symbolic links in a directory are not followed, and ZIP CRC-32 checksums are verified while
+reading (``verify=False`` skips them for stored members; zipfile always checks compressed ones).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -19,32 +22,33 @@ import struct
 import threading
 import zipfile
 import zlib
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, too_large_for_numpy
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
+from ckptmerge.formats.zipmembers import check_member, member_errors, open_member
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
-__all__ = ["NumpyReader", "is_npz", "NPY_MAGIC"]
+__all__ = ["NumpyReader", "is_npz", "holds_npy", "NPY_MAGIC"]
 
 logger = logging.getLogger(__name__)
 
 #: The 6 bytes every ``.npy`` file starts with.
 NPY_MAGIC = b"\x93NUMPY"
-# DEFLATE inflates at most ~1032:1; a member claiming more is a zip bomb, not an array.
-_MAX_INFLATE_RATIO = 1100
 _MAX_NPY_HEADER = 1 << 20
 _PIECE = 1 << 22  # bytes per read from a compressed member
 
 
 def is_npz(path: str) -> bool:
-    """True if ``path`` is a zip archive whose members are all ``.npy`` files (``np.savez``).
+    """True if ``path`` is a zip archive meant as a ``.npz`` (``np.savez``): named ``*.npz``, or
+    holding ``.npy`` members. A member that is not an array is then refused by the reader, which
+    says which.
 
     Example:
         >>> is_npz("weights.npz")  # doctest: +SKIP
@@ -55,7 +59,33 @@ def is_npz(path: str) -> bool:
             names = z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-    return bool(names) and all(n.endswith(".npy") for n in names)
+    return path.lower().endswith(".npz") or any(n.endswith(".npy") for n in names)
+
+
+def holds_npy(directory: str, limit: int = 100_000) -> bool:
+    """True if an ``.npy`` file lies in ``directory`` or in a folder below it (what
+    :class:`NumpyReader` reads from a directory). Symbolic links are not followed, as the reader
+    follows none, and at most ``limit`` entries are looked at.
+
+    Example:
+        >>> holds_npy("/nonexistent")
+        False
+    """
+    stack, seen = [directory], 0
+    while stack and seen < limit:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    seen += 1
+                    if entry.is_symlink():
+                        continue
+                    if entry.name.endswith(".npy") and entry.is_file(follow_symlinks=False):
+                        return True
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return False
 
 
 class _Array:
@@ -109,6 +139,9 @@ def _parse_npy_header(stream: Any, where: str, error: Any) -> Tuple[np.dtype, Tu
         raise error(f"{where} has structured dtype {dtype}, which is not a tensor dtype")
     if not all(isinstance(s, int) and 0 <= s < 2 ** 62 for s in shape) or len(shape) > 64:
         raise error(f"{where}: invalid shape {shape!r}")
+    if too_large_for_numpy(shape, dtype.itemsize):
+        raise error(f"{where}: shape {tuple(shape)} of {dtype} is too large for any array (its dimensions "
+                    "multiply past 2**63)")
     return dtype, tuple(int(s) for s in shape), bool(fortran), raw
 
 
@@ -199,20 +232,16 @@ class NumpyReader(CheckpointReader):
         except (zipfile.BadZipFile, OSError, ValueError) as e:
             raise self._error(f"not a .npz (zip) archive ({e})", path) from None
         size = storage.getsize(path)
-        for info in z.infolist():
+        infos = z.infolist()
+        if not infos:
+            raise self._error("the archive is empty; a .npz holds one '<name>.npy' member per tensor", path)
+        for info in infos:
             if info.is_dir():
                 continue
             if not info.filename.endswith(".npy"):
-                raise self._error(f"member {info.filename!r} is not an .npy array; a .npz holds only "
-                                  "arrays", path)
-            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                raise self._error(f"member {info.filename!r} uses an unsupported compression "
-                                  f"(method {info.compress_type})", path)
-            if info.compress_type == zipfile.ZIP_DEFLATED and \
-                    info.file_size > info.compress_size * _MAX_INFLATE_RATIO + (1 << 16):
-                raise self._error(f"member {info.filename!r} claims {info.file_size} bytes from "
-                                  f"{info.compress_size} compressed, more than DEFLATE can produce "
-                                  "(a zip bomb?)", path)
+                raise self._error(f"member {escape_name(info.filename)!r} is not an .npy array; a .npz "
+                                  "holds only arrays (np.savez writes one '<name>.npy' per tensor)", path)
+            check_member(info, path, size)
             where = repr(info.filename)
             stored = info.compress_type == zipfile.ZIP_STORED
             try:
@@ -222,9 +251,9 @@ class NumpyReader(CheckpointReader):
                         f.seek(start)
                         dtype, shape, fortran, header = _parse_npy_header(f, where, lambda p: self._error(p, path))
                 else:
-                    with z.open(info) as m:
+                    with open_member(z, info, path) as m, member_errors(path, info.filename):
                         dtype, shape, fortran, header = _parse_npy_header(m, where, lambda p: self._error(p, path))
-            except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+            except OSError as e:
                 raise self._error(f"member {where} is damaged ({e})", path) from None
             need = len(header) + math.prod(shape) * dtype.itemsize
             if info.file_size != need:
@@ -271,13 +300,22 @@ class NumpyReader(CheckpointReader):
         return raw
 
     def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
-        """Pieces read from the file as they are asked for (memory for one piece) when the array
-        lies in it as it is, in C order: an ``.npy`` file or a stored ``.npz`` member. The CRC-32
-        of a member is accumulated on the way and checked before its last piece is yielded."""
+        """Pieces read as they are asked for (memory for one piece) when the array lies in C order:
+        an ``.npy`` file or a stored ``.npz`` member (read in place; the CRC-32 is accumulated on
+        the way), or a compressed member (decompressed piece by piece). The checksum is checked
+        before the last piece is yielded."""
         a = self._arrays[info.raw_key]
-        if a.fortran or (a.member is not None and a.offset < 0) or info.size <= max_elements:
+        if a.fortran or info.size <= max_elements:
             return super()._iter_chunks(info, max_elements)
+        if a.member is not None and a.offset < 0:
+            return self._stream_compressed(info, a, max_elements)
         return self._stream(info, a, max_elements)
+
+    def _stream_compressed(self, info: VariableInfo, a: _Array, max_elements: int) -> Iterator[np.ndarray]:
+        native = a.dtype.newbyteorder("=")
+        with self._member_data(a, self._where(info, a), info.size * a.dtype.itemsize) as fill:
+            for piece in contiguous_chunks(a.dtype, info.size, max_elements, lambda _offset, view: fill(view)):
+                yield piece if a.dtype.isnative else piece.byteswap().view(native)
 
     def _stream(self, info: VariableInfo, a: _Array, max_elements: int) -> Iterator[np.ndarray]:
         where, nbytes = self._where(info, a), info.size * a.dtype.itemsize
@@ -317,25 +355,41 @@ class NumpyReader(CheckpointReader):
 
     def _inflate(self, a: _Array, view: memoryview, where: str) -> None:
         """Decompress a member straight into ``view``, in pieces (never a second full copy)."""
+        with self._member_data(a, where, len(view)) as fill:
+            for start in range(0, len(view), _PIECE):
+                fill(view[start:start + _PIECE])
+
+    @contextlib.contextmanager
+    def _member_data(self, a: _Array, where: str, nbytes: int) -> Iterator[Callable[[memoryview], None]]:
+        """A compressed member opened past its header: ``fill(view)`` decompresses the next
+        ``len(view)`` bytes into ``view``; when all ``nbytes`` are in, zipfile checks the CRC-32."""
         assert a.member is not None
+        member = a.member.filename
+        done = 0
+        with self._lock:
+            if self._zip is None:
+                self._zip = storage.open_zip(a.file)
+            m = open_member(self._zip, a.member, a.file)
+
+        def fill(view: memoryview) -> None:
+            nonlocal done
+            with member_errors(a.file, member):
+                got = 0
+                while got < len(view):
+                    n = m.readinto(view[got:])
+                    if not n:
+                        raise self._error(f"member {where} ended early", a.file)
+                    got += n
+                done += got
+                if done >= nbytes:
+                    m.read(1)  # reaching the end makes zipfile check the CRC (always, even unverified)
+
         try:
-            with self._lock:
-                if self._zip is None:
-                    self._zip = storage.open_zip(a.file)
-                m = self._zip.open(a.member)
-            with m:
+            with m, member_errors(a.file, member):
                 m.read(len(a.header))
-                done = 0
-                while done < len(view):
-                    got = m.readinto(view[done:done + _PIECE])
-                    if not got:
-                        break
-                    done += got
-                m.read(1)  # reaching the end makes zipfile check the CRC (always, even unverified)
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
+                yield fill
+        except OSError as e:
             raise self._error(f"reading {where} failed: the archive is damaged ({e})", a.file) from None
-        if done < len(view):
-            raise self._error(f"member {where} ended early", a.file)
 
     def close(self) -> None:
         """Close the files (reading again reopens them)."""

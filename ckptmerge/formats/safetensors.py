@@ -26,8 +26,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import ml_dtypes
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnreadableTensorError
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, too_large_for_numpy
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
@@ -35,25 +35,43 @@ from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
-           "MAX_HEADER", "safetensors_dtype"]
+           "MAX_HEADER", "PACKED_DTYPES", "safetensors_dtype"]
 
 #: The suffix of a sharded set's index file (``model.safetensors.index.json``).
 INDEX_SUFFIX = ".safetensors.index.json"
 #: Largest JSON header (or index file) read: the same 100 MB bound the reference reader uses.
 MAX_HEADER = 100_000_000
 _SEGMENT = 32 << 20  # read_many reads bigger tensors in parallel segments of this size
+_SNIFF = 4096  # bytes of the header the format sniffer looks at for its opening brace
+_JSON_SPACE = b" \t\r\n"
 
-#: safetensors dtype codes -> numpy dtypes (little-endian).
+#: safetensors dtype codes -> numpy dtypes (little-endian), one or more bytes per element: the
+#: types ckptmerge reads and writes. (``C128`` is no safetensors type: the library refuses it.)
 SAFETENSORS_DTYPES: Dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"),
     "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
     "U64": np.dtype("<u8"), "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"), "C64": np.dtype("<c8"), "C128": np.dtype("<c16"),
+    "F64": np.dtype("<f8"), "C64": np.dtype("<c8"),
     "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
 }
 if hasattr(ml_dtypes, "float8_e8m0fnu"):  # ml_dtypes >= 0.5
     SAFETENSORS_DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+#: The sub-byte types: code -> (the ml_dtypes type of one element, bits per element). The file
+#: packs them (``shape`` counts elements, the data holds ``elements * bits / 8`` bytes, a whole
+#: number). ``F4`` is read two elements per byte, the first in the low nibble (as PyTorch's
+#: ``float4_e2m1fn_x2``, which the ``safetensors`` package returns for it, ONNX and the OCP MX
+#: formats pack them); ckptmerge unpacks it to one ``float4_e2m1fn`` per byte. The 6-bit types
+#: are listed, but neither the format nor the library defines the order of their bits (the
+#: package reads no value of them), so reading one is refused rather than guessed.
+PACKED_DTYPES: Dict[str, Tuple[np.dtype, int]] = {
+    code: (np.dtype(getattr(ml_dtypes, name)), bits)
+    for code, name, bits in (("F4", "float4_e2m1fn", 4), ("F6_E2M3", "float6_e2m3fn", 6),
+                             ("F6_E3M2", "float6_e3m2fn", 6))
+    if hasattr(ml_dtypes, name)
+}
 
 _CODE_OF = {dtype_name(dt): code for code, dt in SAFETENSORS_DTYPES.items()}
 
@@ -69,7 +87,8 @@ def safetensors_dtype(dtype: str) -> Optional[str]:
 
 
 def is_safetensors(path: str) -> bool:
-    """True if ``path`` is a file that starts like a safetensors file (header length, then ``{``).
+    """True if ``path`` is a file that starts like a safetensors file (header length, then ``{``,
+    after any JSON whitespace: the library accepts a header padded in front).
 
     Example:
         >>> is_safetensors("model.safetensors")  # doctest: +SKIP
@@ -77,22 +96,24 @@ def is_safetensors(path: str) -> bool:
     """
     try:
         with storage.open_binary(path, storage.SNIFF_BLOCK) as f:
-            head = f.read(9)
+            head = f.read(8 + _SNIFF)
             size = os.fstat(f.fileno()).st_size if not storage.is_url(path) else f.size
     except OSError:
         return False
-    if len(head) < 9:
+    if len(head) < 10:
         return False
     n = struct.unpack("<Q", head[:8])[0]
-    return head[8:9] == b"{" and 2 <= n <= size - 8
+    start = head[8:8 + min(n, _SNIFF)].lstrip(_JSON_SPACE)
+    return start[:1] == b"{" and 2 <= n <= size - 8
 
 
 class _Entry:
-    __slots__ = ("shard", "dtype", "shape", "begin", "end", "code")
+    __slots__ = ("shard", "dtype", "shape", "begin", "end", "code", "bits")
 
-    def __init__(self, shard: int, code: str, dtype: Optional[np.dtype], shape: Tuple[int, ...],
-                 begin: int, end: int) -> None:
+    def __init__(self, shard: int, code: str, dtype: np.dtype, shape: Tuple[int, ...],
+                 begin: int, end: int, bits: int) -> None:
         self.shard, self.code, self.dtype, self.shape, self.begin, self.end = shard, code, dtype, shape, begin, end
+        self.bits = bits  # per element: 8 * itemsize, or 4 / 6 for the packed types
 
 
 class SafetensorsReader(CheckpointReader):
@@ -138,8 +159,7 @@ class SafetensorsReader(CheckpointReader):
                                       f"{os.path.basename(self.files[self._entries[name].shard])} and "
                                       f"{os.path.basename(file)})", file)
                 self._entries[name] = e
-                dt = dtype_name(e.dtype) if e.dtype is not None else f"safetensors:{e.code}"
-                infos.append(VariableInfo(name, e.shape, dt, name, KIND_VARIABLE, e.end - e.begin))
+                infos.append(VariableInfo(name, e.shape, dtype_name(e.dtype), name, KIND_VARIABLE, e.end - e.begin))
         self._set_infos(infos)
 
     # -- opening ---------------------------------------------------------------------------
@@ -215,6 +235,13 @@ class SafetensorsReader(CheckpointReader):
             raise self._error(f"its JSON header does not parse ({type(e).__name__}: {str(e)[:80]})", file) from None
         if not isinstance(header, dict):
             raise self._error("its JSON header is not an object", file)
+        try:  # a "\\ud800" escape parses to a lone surrogate: no Unicode text (the library refuses it)
+            json.dumps(header, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            bad = next((k for k in header if not _is_text(k)), None)
+            raise self._error("its JSON header holds a string that is not valid Unicode (a lone surrogate escape"
+                              + (f", in tensor name {escape_name(bad)!r}" if bad is not None else "") + ")",
+                              file) from None
         data_start = 8 + n
         self._data_start.append(data_start)
         data_len = size - data_start
@@ -225,15 +252,9 @@ class SafetensorsReader(CheckpointReader):
             if shard == 0:
                 self.metadata = dict(meta)
         out: Dict[str, _Entry] = {}
-        spans: List[Tuple[int, int, str]] = []
         for name, spec in header.items():
-            out[name] = e = self._parse_entry(shard, file, name, spec, data_len)
-            if e.end > e.begin:
-                spans.append((e.begin, e.end, name))
-        spans.sort()
-        for (b0, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
-            if b1 < e0:
-                raise self._error(f"tensors {n0!r} and {n1!r} overlap (bytes {b1}..{e0})", file)
+            out[name] = self._parse_entry(shard, file, name, spec, data_len)
+        self._check_coverage(file, out, data_len)
         weight_map = getattr(self, "_weight_map", None)
         if weight_map is not None:
             base = os.path.basename(file)
@@ -245,6 +266,24 @@ class SafetensorsReader(CheckpointReader):
             if missing:
                 raise self._error(f"the index assigns {len(missing)} tensor(s) to it that it lacks, e.g. {missing[0]!r}", file)
         return out
+
+    def _check_coverage(self, file: str, entries: Dict[str, _Entry], data_len: int) -> None:
+        """The tensors must tile the data exactly, as the format requires: the first at offset
+        0, each starting where the one before ends, the last ending at the end of the file (no
+        holes, no overlaps, no trailing bytes: nothing a polyglot file could hide there)."""
+        pos, last = 0, None
+        for begin, end, name in sorted((e.begin, e.end, n) for n, e in entries.items()):
+            if begin < pos:
+                raise self._error(f"tensors {last!r} and {name!r} overlap (bytes {begin}..{pos})", file, name)
+            if begin > pos:
+                where = f"after tensor {last!r}" if last is not None else "before the first tensor"
+                raise self._error(f"bytes {pos}..{begin} of the data {where} belong to no tensor (tensor "
+                                  f"{name!r} starts at {begin}; the format allows no holes"
+                                  + (", and the first tensor starts at offset 0)" if last is None else ")"), file, name)
+            pos, last = end, name
+        if pos != data_len:
+            raise self._error(f"the file has {data_len - pos} byte(s) after the last tensor's data (the data "
+                              f"ends at byte {pos} of {data_len}; the format allows nothing after it)", file)
 
     def _parse_entry(self, shard: int, file: str, name: str, spec: Any, data_len: int) -> _Entry:
         if not isinstance(spec, dict):
@@ -262,22 +301,32 @@ class SafetensorsReader(CheckpointReader):
         if end > data_len:
             raise self._error(f"tensor {name!r} ends at byte {end} of the data but the data has {data_len} "
                               "(truncated file?)", file, name)
-        dt = SAFETENSORS_DTYPES.get(code)
+        dt, bits = SAFETENSORS_DTYPES.get(code), 0
         if dt is not None:
-            need = math.prod(shape) * dt.itemsize
-            if end - begin != need:
-                raise self._error(f"tensor {name!r} has {end - begin} bytes but shape {tuple(shape)} of "
-                                  f"{code} needs {need}", file, name)
-        return _Entry(shard, code, dt, tuple(shape), begin, end)
+            bits = 8 * dt.itemsize
+        elif code in PACKED_DTYPES:
+            dt, bits = PACKED_DTYPES[code]
+        else:
+            raise self._error(f"tensor {name!r} has dtype {escape_name(code)[:40]!r}, which is no safetensors "
+                              f"dtype (they are {', '.join(sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPES]))})",
+                              file, name)
+        if too_large_for_numpy(shape, dt.itemsize):
+            raise self._error(f"tensor {name!r} has shape {tuple(shape)}, too large for any array (its "
+                              "dimensions multiply past 2**63)", file, name)
+        need_bits = math.prod(shape) * bits
+        if need_bits % 8:
+            raise self._error(f"tensor {name!r} has {math.prod(shape)} elements of {code}, which do not fill "
+                              "a whole number of bytes", file, name)
+        if end - begin != need_bits // 8:
+            raise self._error(f"tensor {name!r} has {end - begin} bytes but shape {tuple(shape)} of "
+                              f"{code} needs {need_bits // 8}", file, name)
+        return _Entry(shard, code, dt, tuple(shape), begin, end, bits)
 
     # -- reading ---------------------------------------------------------------------------
     def _read(self, info: VariableInfo) -> np.ndarray:
         e = self._entries[info.raw_key]
-        if e.dtype is None:
-            raise CheckpointFormatError(
-                f"Tensor {info.name!r} of {os.path.basename(self.files[e.shard])} has safetensors dtype "
-                f"{e.code!r}, which ckptmerge cannot read (supported: {', '.join(SAFETENSORS_DTYPES)}). "
-                "Exclude it.", path=self.files[e.shard], key=info.raw_key)
+        if e.bits < 8:
+            return self._read_packed(info, e)
         arr = aligned_empty(e.shape, e.dtype)
         view = memoryview(arr.reshape(-1).view(np.uint8))
         if len(view):
@@ -287,7 +336,7 @@ class SafetensorsReader(CheckpointReader):
     def _iter_chunks(self, info: VariableInfo, max_elements: int) -> Iterator[np.ndarray]:
         """Pieces read from the file as they are asked for: memory for one piece."""
         e = self._entries[info.raw_key]
-        if e.dtype is None or info.size <= max_elements:  # the dtype error, or one piece anyway
+        if e.bits < 8 or info.size <= max_elements:  # packed, or one piece anyway
             return super()._iter_chunks(info, max_elements)
         start = self._data_start[e.shard] + e.begin
         return contiguous_chunks(e.dtype, info.size, max_elements,
@@ -309,8 +358,9 @@ class SafetensorsReader(CheckpointReader):
             if info.raw_key in arrays:
                 continue
             e = self._entries[info.raw_key]
-            if e.dtype is None:
-                return super().read_many(names)  # the error, from the one place that words it
+            if e.bits < 8:
+                arrays[info.raw_key] = self._read_packed(info, e)
+                continue
             arr = arrays[info.raw_key] = aligned_empty(e.shape, e.dtype)
             view = memoryview(arr.reshape(-1).view(np.uint8))
             for start in range(0, len(view), _SEGMENT):
@@ -332,6 +382,23 @@ class SafetensorsReader(CheckpointReader):
                     pass
         return {n: arrays[i.raw_key] for n, i in zip(names, infos)}
 
+    def _read_packed(self, info: VariableInfo, e: _Entry) -> np.ndarray:
+        """A sub-byte tensor, one element per byte (see :data:`PACKED_DTYPES`)."""
+        if e.bits != 4:
+            raise UnreadableTensorError(
+                f"Tensor {info.name!r} of {escape_name(os.path.basename(self.files[e.shard]))} has safetensors dtype "
+                f"{e.code}: 6-bit values packed in an order neither the format nor the safetensors library "
+                "defines (the library reads none of them either), so ckptmerge does not guess it. Exclude it, "
+                "or unpack it with the code that wrote it.", path=self.files[e.shard], key=info.raw_key)
+        packed = np.empty(e.end - e.begin, np.uint8)
+        if len(packed):
+            self._fill(info.name, e, self._data_start[e.shard] + e.begin, memoryview(packed))
+        arr = aligned_empty(e.shape, np.uint8)
+        flat = arr.reshape(-1)
+        flat[0::2] = packed & 0x0F  # the first element of each byte in its low nibble
+        flat[1::2] = packed >> 4
+        return arr.view(e.dtype)
+
     def _fill(self, name: str, e: _Entry, offset: int, view: memoryview) -> None:
         file = self.files[e.shard]
         try:
@@ -348,6 +415,14 @@ class SafetensorsReader(CheckpointReader):
     def close(self) -> None:
         """Close the files (reading again reopens them)."""
         self._fds.close()
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_json_file(path: str, error: Any) -> Any:

@@ -108,6 +108,13 @@ class SafetensorsWriter(SingleFileWriter):
                 raise ArgumentError(f"tensor name {name!r} is given twice (or is reserved)")
             if any(d < 0 for d in dims):
                 raise ArgumentError(f"tensor {name!r} has a negative dimension: {dims}")
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ArgumentError(
+                    f"tensor name {quote_name(name)} is not valid Unicode text (it holds a lone surrogate, as a "
+                    "file name that is not UTF-8 gives), and safetensors names are UTF-8. Rename it with a map "
+                    "rule, or write a TF checkpoint.") from None
             nbytes = math.prod(dims) * SAFETENSORS_DTYPES[safetensors_dtype(dtype)].itemsize
             self._layout[name] = (dtype, dims, pos, nbytes)
             header[name] = {"dtype": safetensors_dtype(dtype), "shape": list(dims), "data_offsets": [pos, pos + nbytes]}

@@ -234,11 +234,15 @@ def _array_file_format(path: str) -> str:
 
 
 def _array_dir_format(directory: str) -> str:
-    """The format of a folder of safetensors shards or ``.npy`` files, else ``""``."""
+    """The format of a folder of safetensors shards or ``.npy`` files (in it, or in folders
+    below it), else ``""``."""
+    from ..formats.numpy_files import holds_npy
+
     try:
-        return array_dir_format(os.listdir(directory))
+        fmt = array_dir_format(os.listdir(directory))
     except OSError:
         return ""
+    return fmt or (FORMAT_NUMPY if holds_npy(directory) else "")
 
 
 def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,

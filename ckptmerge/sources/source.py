@@ -168,9 +168,11 @@ class Source:
         if layout is not None:  # (the modules are loaded only for a source that names one)
             from ..alignment.layouts import LAYOUTS
 
-            if layout not in LAYOUTS:
-                raise RuleError(f"layout must be one of {', '.join(map(repr, LAYOUTS))} or None. Received: "
-                                f"layout={layout!r:.80}")
+            if layout not in LAYOUTS:  # (``map`` is the argument here, not the builtin)
+                known = ", ".join(repr(name) for name in LAYOUTS)
+                hint = did_you_mean(layout, LAYOUTS) if isinstance(layout, str) else ""
+                raise RuleError(f"Unknown layout: layout must be one of {known} or None. Received: "
+                                f"layout={layout!r:.80}.{hint}")
         self.layout = layout
         if align is not None:
             from ..alignment.align import ALIGN_MODES

@@ -44,6 +44,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import (
     CheckpointReader,
     aligned_empty,
+    too_large_for_numpy,
     unreadable_dtype_error,
 )
 from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
@@ -82,7 +83,6 @@ from ckptmerge.formats.tf.slices import (
     encode_tensor_name_slice,
     numel,
     slice_boxes,
-    too_large_for_numpy,
 )
 from ckptmerge.formats.tf.table import (
     TABLE_MAGIC,

@@ -14,8 +14,7 @@ from typing import List, Sequence, Tuple
 
 from ckptmerge.formats.tf.regions import Box, first_overlap, volume
 
-__all__ = ["Extents", "SliceError", "encode_tensor_name_slice", "slice_boxes", "numel",
-           "too_large_for_numpy"]
+__all__ = ["Extents", "SliceError", "encode_tensor_name_slice", "slice_boxes", "numel"]
 
 #: ``(start, length)`` per dimension; ``length == -1`` for a full dimension.
 Extents = Tuple[Tuple[int, int], ...]
@@ -39,20 +38,6 @@ def numel(shape: Sequence[int]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def too_large_for_numpy(shape: Sequence[int], itemsize: int) -> bool:
-    """True if numpy cannot make an array of ``shape`` (even an empty one: numpy multiplies
-    every dimension, zeros aside, so ``(0, 2**62)`` is refused too).
-
-    Example:
-        >>> too_large_for_numpy((0, 2**62), 4), too_large_for_numpy((3, 4), 4)
-        (True, False)
-    """
-    n = max(itemsize, 1)
-    for d in shape:
-        n *= max(d, 1)
-    return n >= 1 << 63
 
 
 def _num_increasing(value: int) -> bytes:

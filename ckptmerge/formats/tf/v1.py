@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, unreadable_dtype_error
+from ckptmerge.formats.base import CheckpointReader, too_large_for_numpy, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.tf.objectgraph import name_based_kind
@@ -44,7 +44,6 @@ from ckptmerge.formats.tf.slices import (
     encode_tensor_name_slice,
     numel,
     slice_boxes,
-    too_large_for_numpy,
 )
 from ckptmerge.formats.tf.table import Table, TableError
 from ckptmerge.formats.tf.tfproto import (

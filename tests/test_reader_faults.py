@@ -1,0 +1,195 @@
+"""Faults every reader meets the same way: overflowing shapes, names that are not Unicode, files
+that are damaged or half what they claim, and what is recognised as what.
+
+* A zero-element shape whose dimensions multiply past 2**63 (``(0, 2**61, 2**61)``) cannot be an
+  array: each reader refuses it with a ``CheckpointFormatError`` naming the file and tensor
+  (one check, ``ckptmerge.formats.base.too_large_for_numpy``), and ``show``, ``ls --stats``,
+  ``diff``, ``merge`` and ``cm.load`` say so in one line instead of a numpy traceback.
+* A name that is not valid Unicode (a lone surrogate, as an undecodable byte of a file name
+  gives) goes through ``suggest`` and is refused by a safetensors merge with a clear error.
+* A damaged ``.safetensors``, an ``.npz`` with a member that is not an array, a folder whose
+  ``.npy`` files are all in subfolders, and an unknown ``layout=`` are each named for what they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import ckptmerge as cm
+from _cli_util import assert_one_line_error, run, write_config
+from ckptmerge.errors import CheckpointFormatError, RuleError
+from ckptmerge.formats import NumpyReader, open_checkpoint
+from ckptmerge.formats.base import too_large_for_numpy
+
+HUGE = [0, 2 ** 61, 2 ** 61]
+
+
+def _safetensors(path: Path) -> Path:
+    header = json.dumps({"huge": {"dtype": "F32", "shape": HUGE, "data_offsets": [0, 0]},
+                         "ok": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + np.ones(2, "<f4").tobytes())
+    return path
+
+
+def _npy_header(shape) -> bytes:
+    text = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (tuple(shape),)
+    text += " " * (-(len(text) + 11) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode()
+
+
+def _npy_dir(path: Path) -> Path:
+    path.mkdir()
+    (path / "huge.npy").write_bytes(_npy_header(HUGE))
+    np.save(path / "ok.npy", np.ones(2, np.float32))
+    return path
+
+
+def _npz(path: Path) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("huge.npy", _npy_header(HUGE))
+        z.writestr("ok.npy", _npy_header([2]) + np.ones(2, "<f4").tobytes())
+    return path
+
+
+def _h5(path: Path) -> Path:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("huge", shape=tuple(HUGE), maxshape=(None, *HUGE[1:]), dtype="f4", chunks=(1, 1, 1))
+        f["ok"] = np.ones(2, np.float32)
+    return path
+
+
+MAKERS = {"safetensors": (_safetensors, "m.safetensors"), "npy-dir": (_npy_dir, "arrays"),
+          "npz": (_npz, "w.npz"), "h5": (_h5, "m.weights.h5")}
+
+
+def test_the_shared_check_refuses_what_numpy_cannot_allocate():
+    assert too_large_for_numpy(HUGE, 4) and too_large_for_numpy((0, 2 ** 60, 4), 4)
+    assert not too_large_for_numpy((0, 2 ** 40), 4) and not too_large_for_numpy((3, 4), 8)
+    with pytest.raises(ValueError):  # what the readers would otherwise hit
+        np.empty((0, 2 ** 60, 4), np.float32)
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_an_overflowing_zero_element_shape_is_a_format_error_in_every_reader(tmp_path, kind):
+    make, name = MAKERS[kind]
+    path = make(tmp_path / name)
+    with pytest.raises(CheckpointFormatError, match="too large for any array") as err:
+        with open_checkpoint(str(path)) as r:
+            r.get("huge")
+    assert name in str(err.value)
+    with pytest.raises(CheckpointFormatError, match="too large for any array"):
+        cm.load(str(path), "huge")
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+def test_the_commands_refuse_an_overflowing_shape_in_one_line(tmp_path, kind):
+    make, name = MAKERS[kind]
+    path = make(tmp_path / name)
+    config = write_config(tmp_path / "m.yaml", f"sources:\n  - path: {json.dumps(str(path))}\n")
+    for args in (("show", path, "huge"), ("ls", path, "--stats"), ("diff", path, path, "--values"),
+                 ("merge", config, "-o", tmp_path / "out" / "model.ckpt"),
+                 ("merge", config, "-o", tmp_path / "out" / "model.safetensors")):
+        result = run(*args)
+        assert_one_line_error(result, "too large for any array", name)
+    assert not (tmp_path / "out").exists() or not [p for p in (tmp_path / "out").iterdir()]
+
+
+def _non_utf8_name_dir(root: Path, scope: str) -> Path:
+    """A folder of .npy files whose scope folder's name is not UTF-8 (``a\\xff``): a lone surrogate."""
+    (root / scope).mkdir(parents=True)
+    np.save(root / scope / "kernel.npy", np.ones((3, 5), np.float32))
+    np.save(root / scope / "bias.npy", np.ones(5, np.float32))
+    os.rename(os.fsencode(root / scope), os.fsencode(root / scope)[:-len(scope)] + b"a\xff")
+    return root
+
+
+def test_suggest_handles_names_that_are_not_unicode(tmp_path):
+    source = _non_utf8_name_dir(tmp_path / "src", "a")
+    target = tmp_path / "target"
+    (target / "dense").mkdir(parents=True)
+    np.save(target / "dense" / "kernel.npy", np.ones((3, 5), np.float32))
+    np.save(target / "dense" / "bias.npy", np.ones(5, np.float32))
+    names = sorted(open_checkpoint(str(source)).names())
+    assert names == ["a\udcff/bias", "a\udcff/kernel"]
+    for extra in ((), ("--json",), ("-o", tmp_path / "warm.yaml")):
+        result = run("suggest", source, "--target", target, *extra)
+        assert result.exit_code == 0, result.output
+        assert "Traceback" not in result.output
+    result = run("plan", tmp_path / "warm.yaml", "--target", target)
+    assert result.exit_code == 0 and "dense/kernel <- " in result.stdout, result.output
+
+
+def test_a_safetensors_merge_refuses_a_name_that_is_not_unicode(tmp_path):
+    source = _non_utf8_name_dir(tmp_path / "src", "a")
+    config = write_config(tmp_path / "m.yaml", f"sources:\n  - path: {json.dumps(str(source))}\n")
+    out = tmp_path / "out"
+    result = run("merge", config, "-o", out / "model.safetensors")
+    assert_one_line_error(result, "is not valid Unicode text", "a\\udcff/bias")
+    assert not out.exists() or list(out.iterdir()) == []
+    result = run("merge", config, "-o", out / "model.ckpt")  # a TF checkpoint: also refused, clearly
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+def test_a_damaged_safetensors_file_says_what_is_wrong(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"this is not a safetensors file at all")
+    with pytest.raises(CheckpointFormatError, match="the header claims"):
+        open_checkpoint(str(path))
+    assert_one_line_error(run("ls", path), "Cannot read safetensors file model.safetensors", "the header claims")
+    path.write_bytes(b"\x02")
+    assert_one_line_error(run("ls", path), "model.safetensors", "fewer than the 8-byte header length")
+
+
+def test_an_npz_with_a_member_that_is_not_an_array_names_it(tmp_path):
+    import zipfile
+
+    path = tmp_path / "w.npz"
+    np.savez(path, x=np.ones(2))
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr("README.txt", "hello")
+    with pytest.raises(CheckpointFormatError, match="member 'README.txt' is not an .npy array"):
+        open_checkpoint(str(path))
+    assert_one_line_error(run("ls", path), "w.npz", "'README.txt' is not an .npy array")
+    renamed = tmp_path / "w.zip"  # not named .npz, but holding arrays: still read as one
+    path.rename(renamed)
+    assert_one_line_error(run("ls", renamed), "w.zip", "'README.txt' is not an .npy array")
+    empty = tmp_path / "empty.npz"
+    zipfile.ZipFile(empty, "w").close()
+    assert_one_line_error(run("ls", empty), "empty.npz", "the archive is empty")
+
+
+def test_a_folder_whose_npy_files_are_all_in_subfolders_is_recognised(tmp_path):
+    root = tmp_path / "arrays"
+    (root / "encoder" / "layer0").mkdir(parents=True)
+    np.save(root / "encoder" / "layer0" / "kernel.npy", np.ones((2, 3), np.float32))
+    np.save(root / "encoder" / "bias.npy", np.zeros(3, np.float32))
+    assert isinstance(open_checkpoint(str(root)), NumpyReader)
+    result = run("ls", root)
+    assert result.exit_code == 0, result.output
+    assert "encoder/layer0/kernel" in result.stdout and "encoder/bias" in result.stdout
+    assert sorted(cm.load(str(root))) == ["encoder/bias", "encoder/layer0/kernel"]
+
+
+def test_a_folder_with_no_npy_file_anywhere_is_still_no_checkpoint(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "notes.txt").write_text("x")
+    result = run("ls", tmp_path / "d")
+    assert result.exit_code == 2 and "No checkpoint in directory" in result.stderr
+
+
+@pytest.mark.parametrize("layout,hint", [("nope", ""), ("torhc", "Did you mean 'torch'?"), ("flax", "")])
+def test_an_unknown_layout_names_the_layouts_that_exist(tmp_path, layout, hint):
+    np.savez(tmp_path / "w.npz", a=np.ones(2))
+    with pytest.raises(RuleError) as err:
+        cm.Source(str(tmp_path / "w.npz"), layout=layout)
+    text = str(err.value)
+    assert f"layout={layout!r}" in text and "'torch'" in text and hint in text, text
