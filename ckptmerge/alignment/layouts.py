@@ -20,6 +20,7 @@ and from its name where those do not tell):
   (transposed; gate order i, f, g, o is Keras's i, f, c, o), ``bias_ih + bias_hh`` -> ``lK/bias``;
   ``nn.GRU`` reorders the gates from r, z, n to Keras's z, r, h and stacks the two biases into
   Keras's ``(2, 3H)`` bias (``reset_after=True``). ``_reverse`` tensors go to ``lK_reverse``.
+  A layer whose ranks or shapes do not fit (see ``_rnn_problem``) is kept as is and reported.
 - Names use ``/`` scopes: ``encoder.layer.0.attention.query.weight`` ->
   ``encoder/layer/0/attention/query/kernel``.
 
@@ -207,7 +208,7 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
                 add(scope + "num_batches_tracked", v.shape, [v], kind=KIND_BOOKKEEPING)
                 done.add("num_batches_tracked")
         elif kind == "rnn":
-            done |= _rnn(scope, params, rnn, add)
+            done |= _rnn(scope, params, rnn, add, out.undecided)
         elif kind == "undecided":
             w = params["weight"]
             out.undecided.append((_slash(w.name), f"2-D weight {w.shape} without a bias and without a name "
@@ -242,8 +243,38 @@ def _split_qkv(scope: str, params: Dict[str, VariableInfo], kind: str, add) -> b
     return True
 
 
-def _rnn(scope: str, params: Dict[str, VariableInfo], rnn: str, add) -> set:
-    """LSTM/GRU tensors of one module: kernels transposed with gates in Keras order, biases joined."""
+_GATES = {"lstm": 4, "gru": 3}
+
+
+def _rnn_problem(t: Dict[str, VariableInfo], rnn: str) -> Optional[str]:
+    """Why one RNN layer's tensors (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``) cannot be
+    an LSTM or GRU layer as PyTorch stores it, or None: weights of rank 2 and biases of rank 1, all
+    with the same ``gates * hidden`` rows, ``weight_hh`` of shape ``(gates * hidden, hidden)``."""
+    for k, v in sorted(t.items()):
+        rank = 2 if k.startswith("weight") else 1
+        if len(v.shape) != rank:
+            return f"{k} has shape {v.shape}, not rank {rank}"
+    rows = {k: v.shape[0] for k, v in t.items()}
+    if len(set(rows.values())) > 1:
+        return "the gate rows differ: " + ", ".join(f"{k} {v.shape}" for k, v in sorted(t.items()))
+    n = next(iter(rows.values()))
+    w_hh = t.get("weight_hh")
+    gates = _GATES.get(rnn)
+    if w_hh is not None:
+        hidden = w_hh.shape[1]
+        if hidden == 0 or n % hidden:
+            return f"weight_hh has shape {w_hh.shape}: its rows are not a whole number of gates of {hidden}"
+        if gates is not None and n != gates * hidden:
+            return f"weight_hh has shape {w_hh.shape}, not ({gates} * hidden, hidden) for rnn={rnn!r}"
+    elif gates is not None and n % gates:
+        return f"{len(t)} tensor(s) of {n} rows, which do not divide into {gates} gates for rnn={rnn!r}"
+    return None
+
+
+def _rnn(scope: str, params: Dict[str, VariableInfo], rnn: str, add,
+         undecided: List[Tuple[str, str]]) -> set:
+    """LSTM/GRU tensors of one module: kernels transposed with gates in Keras order, biases joined.
+    A layer whose shapes do not fit is kept as it is and reported in ``undecided``."""
     done = set()
     layers: Dict[Tuple[str, str], Dict[str, VariableInfo]] = {}
     for p, v in params.items():
@@ -254,6 +285,14 @@ def _rnn(scope: str, params: Dict[str, VariableInfo], rnn: str, add) -> set:
             done.add(p)
     for (layer, rev), t in sorted(layers.items()):
         sub = f"{scope}l{layer}{rev}/"
+        problem = _rnn_problem(t, rnn)
+        if problem is not None:
+            for k, v in sorted(t.items()):
+                add(sub + k, v.shape, [v])
+            undecided.append((sub.rstrip("/"), f"malformed RNN layer: {problem}. Its tensors keep their "
+                              "names and values (nothing is transposed or reordered); exclude them, or fix "
+                              "the file"))
+            continue
         w_ih = t.get("weight_ih")
         rows = (w_ih or next(iter(t.values()))).shape[0]
         hidden = params_hidden = None
