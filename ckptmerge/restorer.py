@@ -20,7 +20,7 @@ import numpy as np
 from .api import Binding, SourcesArg
 from .args import check_bool, check_callable, check_options, check_step, check_str
 from .errors import CkptMergeError, PlanError
-from .restoring.backends.tensors import join_parts
+from .restoring.backends.tensors import join_parts, read_variable
 from .sources.source import Source, SourceHandle
 from .text import quote_name
 
@@ -76,7 +76,7 @@ def snapshot(target: Any, *, session: Any = None, name: str = "snapshot") -> Sou
         with tf.device("/CPU:0"):
             for n, t in targets.variables.items():
                 if not t.partitioned:
-                    values[n] = tf.identity(t.parts[0][0].read_value())
+                    values[n] = tf.identity(read_variable(t.parts[0][0]))
                 else:
                     values[n] = join_parts(t, [v.numpy() for v, _ in t.parts])
     return Source(None, name=name, _values=values)

@@ -134,6 +134,50 @@ def test_sharded_checkpoint_restores_unsharded_and_into_other_shard_counts(tmp_p
         np.testing.assert_array_equal(np.float32(result[key]["bias"]), BIAS, err_msg=key)
 
 
+KERAS_SHARDED = """
+    import keras
+    strategy = tf.distribute.experimental.ParameterServerStrategy(
+        resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
+
+    def build():
+        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(6, 4, name="emb"),
+                                 keras.layers.Dense(3, name="d")], name="m")
+
+    with strategy.scope():
+        model = build()
+    def joined(w):
+        v = w.value
+        return (tf.concat([s.read_value() for s in v.variables], 0) if hasattr(v, "_var_offsets") else v).numpy()
+"""
+
+
+def test_unsharded_keras_weights_restore_into_a_sharded_keras_model(tmp_path):
+    """Keras variables made under a variable partitioner hold a ShardedVariable (no read_value)."""
+    result = run_pss(textwrap.dedent(KERAS_SHARDED) + textwrap.dedent("""
+        plain = build()
+        plain.get_layer("emb").embeddings.assign(np.arange(24, dtype="float32").reshape(6, 4))
+        plain.get_layer("d").kernel.assign(np.full((4, 3), 0.25, "float32"))
+        plain.get_layer("d").bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
+        plain.save_weights(sys.argv[2])
+        kinds = sorted({type(w.value).__name__ for w in model.weights})
+        report = cm.restore(model, [cm.Source(sys.argv[2])])
+        after = {w.path: joined(w).tolist() for w in model.weights}
+        snap = cm.snapshot(model)  # the snapshot reads the sharded values too
+        for w in model.weights:
+            w.assign(np.zeros(w.shape, "float32"))
+        cm.restore(model, [snap])
+        again = {w.path: joined(w).tolist() for w in model.weights}
+        print(json.dumps({"kinds": kinds, "restored": report.restored, "after": after, "again": again,
+                          "shards": [list(s.shape) for s in model.get_layer("emb").embeddings.value.variables]}))
+    """), tmp_path / "plain.weights.h5")
+    assert result["kinds"] == ["ShardedVariable"] and result["shards"] == [[3, 4], [3, 4]]
+    assert result["restored"] == ["m/d/bias", "m/d/kernel", "m/emb/embeddings"]
+    for values in (result["after"], result["again"]):
+        np.testing.assert_array_equal(np.float32(values["m/emb/embeddings"]), EMB)
+        np.testing.assert_array_equal(np.float32(values["m/d/kernel"]), np.full((4, 3), 0.25, np.float32))
+        np.testing.assert_array_equal(np.float32(values["m/d/bias"]), BIAS)
+
+
 def test_sharded_checkpoint_is_named_by_object_path_not_class_name(tmp_path):
     import tensorflow as tf
     from tensorflow.python.distribute.sharded_variable import ShardedVariable

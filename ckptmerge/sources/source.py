@@ -482,8 +482,10 @@ class MemoryHandle(SourceHandle):
         out = {}
         for n in names:
             v = self.values[n]
-            if hasattr(v, "read_value"):
-                v = v.read_value()
+            if hasattr(v, "read_value") or type(v).__name__ == "ShardedVariable":
+                from ..restoring.backends.tensors import read_variable
+
+                v = read_variable(v)
             elif _is_keras_variable(v):  # a Keras variable on another backend: its value, on the host
                 from ..restoring.backends.keras_native import keras_numpy
 

@@ -6,7 +6,8 @@ read by ckptmerge's TF-free reader on its own thread (``readinto`` + CRC32C, bot
 GIL) into fresh 64-byte-aligned buffers, which become tensors through DLPack without a copy;
 assigning such a tensor hands its buffer to the variable. Nothing is assigned until every read has
 succeeded, and the previous values are kept (reading a resource variable shares its buffer, so
-this costs nothing) to put everything back if an assignment fails half-way.
+this costs nothing) to put everything back if an assignment fails half-way or Ctrl-C lands
+(:func:`~ckptmerge.restoring.backends.common.assign_all`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import CkptMergeError, RestoreError
 from ...text import quote_name
-from .common import Progress, make_report
-from .tensors import part_value, to_numpy, to_tensor
+from .common import Progress, assign_all, make_report
+from .tensors import part_value, read_variable, to_numpy, to_tensor
 
 __all__ = ["restore_eager", "read_sources", "prepare_values"]
 
@@ -106,7 +107,7 @@ def _fast_ops() -> Tuple[Any, Any]:
     def read(var: Any) -> Any:
         if type(var) is ResourceVariable:
             return raw_read(resource=var.handle, dtype=var.dtype)
-        return var.read_value()
+        return read_variable(var)  # (a ShardedVariable has no read_value)
 
     def assign(var: Any, value: Any) -> None:
         if type(var) is ResourceVariable:
@@ -124,17 +125,5 @@ def restore_eager(plan: Any, binding: Any, progress: Optional[Progress] = None) 
     work = [(var, prepared[(a.target, spec)]) for a in plan.assignments.values()
             for var, spec in binding.targets.variables[a.target].parts]
     read, assign = _fast_ops()
-    backups = [(var, read(var)) for var, _ in work]
-    done = 0
-    try:
-        for var, tensor in work:
-            assign(var, tensor)
-            done += 1
-    except Exception as exc:  # put back what was changed, then report the cause
-        for var, old in backups[:done]:
-            var.assign(old, read_value=False)
-        raise RestoreError(
-            f"Assigning target variable {done + 1} of {len(work)} failed; every target was put "
-            f"back as it was. Cause: {exc}"
-        ) from exc
+    assign_all(work, assign, read, lambda var, old: var.assign(old, read_value=False))
     return make_report(plan, binding, mode="eager", elapsed=time.perf_counter() - t0, bytes_read=nbytes)

@@ -3,7 +3,8 @@
 Values are read by ckptmerge's TF-free readers exactly as for an eager TF restore (every source
 concurrently, nothing assigned until every read succeeded), then assigned through Keras's own
 variable API (``variable.assign``), which each backend implements. The previous values are
-copied to the host first, so an assignment that fails half-way puts every variable back.
+copied to the host first, so an assignment that fails half-way, or Ctrl-C, puts every variable
+back (:func:`~ckptmerge.restoring.backends.common.assign_all`).
 TensorFlow is never imported here.
 """
 
@@ -14,8 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...errors import RestoreError
-from .common import Progress, make_report
+from .common import Progress, assign_all, make_report
 from .eager import prepare_values, read_sources
 
 __all__ = ["restore_keras", "keras_numpy"]
@@ -40,17 +40,6 @@ def restore_keras(plan: Any, binding: Any, progress: Optional[Progress] = None) 
     prepared = prepare_values(plan, binding, values, as_numpy=True)
     work = [(var, prepared[(a.target, spec)]) for a in plan.assignments.values()
             for var, spec in binding.targets.variables[a.target].parts]
-    backups = [np.array(keras_numpy(var)) for var, _ in work]
-    done = 0
-    try:
-        for var, value in work:
-            var.assign(value)
-            done += 1
-    except Exception as exc:  # put back what was changed, then report the cause
-        for (var, _), old in zip(work[:done + 1], backups):
-            var.assign(old)
-        raise RestoreError(
-            f"Assigning target variable {done + 1} of {len(work)} failed; every target was put "
-            f"back as it was. Cause: {exc}"
-        ) from exc
+    assign_all(work, lambda var, value: var.assign(value), lambda var: np.array(keras_numpy(var)),
+               lambda var, old: var.assign(old))
     return make_report(plan, binding, mode="keras", elapsed=time.perf_counter() - t0, bytes_read=nbytes)

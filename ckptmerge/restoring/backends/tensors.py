@@ -8,7 +8,7 @@ import numpy as np
 
 from ...formats.base import ALIGN, aligned_empty
 
-__all__ = ["to_tensor", "to_numpy", "aligned_empty", "parse_slice_spec", "cast_value", "join_parts", "ALIGN"]
+__all__ = ["to_tensor", "to_numpy", "read_variable", "aligned_empty", "parse_slice_spec", "cast_value", "join_parts", "ALIGN"]
 
 
 
@@ -53,6 +53,23 @@ def to_tensor(value: Any, *, owned: bool) -> Any:
     if arr.dtype.name == "bfloat16":  # DLPack has no bfloat16: ship the bits, bitcast in TF
         return tf.bitcast(dlpack.from_dlpack(arr.view(np.uint16).__dlpack__()), tf.bfloat16)
     return dlpack.from_dlpack(arr.__dlpack__())
+
+
+def read_variable(var: Any) -> Any:
+    """The value of a TF variable as a tensor: ``read_value()``, or for a ``ShardedVariable``
+    (which has none: the value of a Keras variable made under a variable partitioner) its shards
+    joined, as ``tf.convert_to_tensor`` gives them.
+
+    Example:
+        >>> read_variable(tf.Variable([1.0, 2.0])).numpy()  # doctest: +SKIP
+        array([1., 2.], dtype=float32)
+    """
+    reader = getattr(var, "read_value", None)
+    if reader is not None:
+        return reader()
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(var)
 
 
 def parse_slice_spec(spec: str) -> Tuple[List[int], Tuple[slice, ...]]:
