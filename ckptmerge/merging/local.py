@@ -370,11 +370,13 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-    except OSError as e:
+    except BaseException as e:  # an error, or Ctrl-C: leave no temporary file
         try:
             os.remove(tmp)
         except OSError:
             pass
+        if not isinstance(e, OSError):
+            raise
         raise CheckpointWriteError(
             f"The checkpoint {quote_name(given)} was written, but its directory's state file {quote_name(final)} "
             f"could not be updated: {escape_name(e.strerror or e)}. Check that you may write to "

@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 
 import crc32c as _crc32c
 
+from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.errors import CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.tf.bundle import DATA_RE
 from ckptmerge.text import quote_name
@@ -140,37 +141,90 @@ class OutputLock:
         except ImportError:  # pragma: no cover - Windows: no flock; publishes are not serialised
             return self
         while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-            except OSError as e:
-                if not self.required:
+            # Ctrl-C is held back wherever the lock could be taken and not recorded (or the file
+            # made and not removed); only the wait for another holder stays interruptible.
+            with HeldInterrupts() as held:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+                except OSError as e:
+                    if not self.required:
+                        return self
+                    raise CheckpointWriteError(io_message(e, self.path, "create the lock file", self.prefix),
+                                               path=self.path, errno_=e.errno) from e
+                got = self._try(fcntl, fd)
+                if got and self._settle(fd, held):
                     return self
-                raise CheckpointWriteError(io_message(e, self.path, "create the lock file", self.prefix),
-                                           path=self.path, errno_=e.errno) from e
+                if not got and held.pending:
+                    os.close(fd)  # (the interrupt is delivered as the block ends)
+            if got:
+                continue  # the file was replaced under us: lock the current one
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    logger.info("waiting for another writer of %s to finish moving it into place", self.prefix)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                st = os.fstat(fd)
-                try:
-                    now = os.stat(self.path)
-                except FileNotFoundError:
-                    now = None
-            except BaseException:
-                os.close(fd)
+                logger.info("waiting for another writer of %s to finish moving it into place", self.prefix)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:  # Ctrl-C while waiting: leave no lock file of ours behind
+                with HeldInterrupts():
+                    self._abandon(fcntl, fd)
                 raise
-            if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                self.fd = fd
-                return self
-            os.close(fd)  # the holder we waited for removed this file: lock the current one
+            with HeldInterrupts() as held:
+                if self._settle(fd, held):
+                    return self
 
-    def __exit__(self, *exc: Any) -> None:
+    @staticmethod
+    def _try(fcntl: Any, fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        return True
+
+    def _names(self, fd: int) -> bool:
+        """Whether the lock path still names the file ``fd`` holds."""
+        st = os.fstat(fd)
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+    def _settle(self, fd: int, held: HeldInterrupts) -> bool:
+        """With the flock on ``fd`` taken: keep it if the path still names it (True), else close
+        it (False, lock again). A Ctrl-C that arrived meanwhile releases it at once."""
+        try:
+            mine = self._names(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not mine:
+            os.close(fd)  # the holder we waited for removed this file: lock the current one
+            return False
+        self.fd = fd
+        if held.pending:  # interrupted while taking it: release it before the interrupt is delivered
+            self._release()
+        return True
+
+    def _abandon(self, fcntl: Any, fd: int) -> None:
+        """Give up ``fd`` after an interrupt: if the flock is (now) ours, remove the file as a release does."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if self._names(fd):
+                remove_quietly(self.path)
+        except OSError:
+            pass  # another writer holds it: its file is not ours to remove
+        finally:
+            os.close(fd)
+
+    def _release(self) -> None:
         fd, self.fd = self.fd, None
         if fd is not None:
             remove_quietly(self.path)  # while still locked (see the class docstring)
             os.close(fd)
+
+    def __exit__(self, *exc: Any) -> None:
+        with HeldInterrupts():  # a Ctrl-C here must not leave the file behind
+            self._release()
 
 
 def remove_quietly(path: str) -> None:

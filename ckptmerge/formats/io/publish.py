@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from ckptmerge.errors import ArgumentError, CheckpointFormatError, CheckpointWriteError, OutputExistsError
+from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.text import quote_name
 
@@ -49,11 +50,12 @@ def publish_file(tmp: str, abs_path: str, given: str, *, overwrite: bool, durabl
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        if overwrite:
-            os.replace(tmp, abs_path)
-        else:
-            os.link(tmp, abs_path)  # fails, unlike a rename, if the output appeared meanwhile
-            os.remove(tmp)
+        with HeldInterrupts():  # published and its temporary name gone, or neither (Ctrl-C waits)
+            if overwrite:
+                os.replace(tmp, abs_path)
+            else:
+                os.link(tmp, abs_path)  # fails, unlike a rename, if the output appeared meanwhile
+                os.remove(tmp)
     except FileExistsError:
         remove_quietly(tmp)
         raise OutputExistsError(f"A file appeared at {quote_name(given)} while it was being written (another "

@@ -77,6 +77,7 @@ from ckptmerge.formats.io.bytecopy import (
     kernel_copy,
     pread_pieces,
 )
+from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.output_prefix import (
     HOST_TAG,
     TMP_MARK,
@@ -615,7 +616,8 @@ class BundleWriter:
             raise self._fail(e, self._shards[-1], "write the temporary data file") from e
         natural = len(self._shards)
         try:
-            with OutputLock(self._dir, self._base, self.prefix):
+            with OutputLock(self._dir, self._base, self.prefix), HeldInterrupts():
+                # (the publish runs whole: a Ctrl-C meanwhile is delivered once it is done)
                 if not self._overwrite:
                     refuse_existing(self._abs, self.prefix, "pass overwrite=True")
                 num = self._publish(natural)
