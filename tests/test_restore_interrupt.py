@@ -45,65 +45,46 @@ def module_and_checkpoint(tmp_path, tf):
     return target, prefix, n
 
 
+def _failing_ops(real, k: int, when: str, error: BaseException):
+    """``_fast_ops`` whose ``k``-th assignment raises ``error``, before or after it took effect."""
+    calls = {"n": 0}
+
+    def ops():
+        read, assign = real()
+
+        def failing(var, value):
+            calls["n"] += 1
+            if calls["n"] == k and when == "before":
+                raise error
+            assign(var, value)
+            if calls["n"] == k:
+                raise error
+        return read, failing
+    return ops
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_an_exception_at_any_assignment_leaves_every_variable_as_it_was(module_and_checkpoint, monkeypatch, when):
+@pytest.mark.parametrize("kind", ["exception", "KeyboardInterrupt"])
+def test_an_exception_at_any_assignment_leaves_every_variable_as_it_was(module_and_checkpoint, monkeypatch,
+                                                                       when, kind):
     import ckptmerge as cm
     from ckptmerge.restoring.backends import eager
 
     target, prefix, n = module_and_checkpoint
     real = eager._fast_ops
     for k in range(1, n + 1):
-        calls = {"n": 0}
-
-        def ops():
-            read, assign = real()
-
-            def failing(var, value):
-                calls["n"] += 1
-                if calls["n"] == k and when == "before":
-                    raise RuntimeError(f"injected before assignment {k}")
-                assign(var, value)
-                if calls["n"] == k:
-                    raise RuntimeError(f"injected after assignment {k}")
-            return read, failing
-
-        monkeypatch.setattr(eager, "_fast_ops", ops)
-        with pytest.raises(cm.RestoreError, match=f"Assigning target variable {k} of {n} failed; every target "
-                                                  "was put back as it was") as err:
+        error = RuntimeError(f"injected at assignment {k}") if kind == "exception" else KeyboardInterrupt()
+        monkeypatch.setattr(eager, "_fast_ops", _failing_ops(real, k, when, error))
+        expected = (cm.RestoreError, f"Assigning target variable {k} of {n} failed; every target was put back "
+                                     "as it was") if kind == "exception" else (KeyboardInterrupt, None)
+        with pytest.raises(expected[0], match=expected[1]) as err:
             cm.restore(target, [cm.Source(prefix, map={"model/": "/"})])
-        assert "injected" in str(err.value.__cause__)
+        if kind == "exception":
+            assert "injected" in str(err.value.__cause__)
         assert all(not v.numpy().any() for v in target.vs), (k, [v.numpy()[0] for v in target.vs])
     monkeypatch.setattr(eager, "_fast_ops", real)
     cm.restore(target, [cm.Source(prefix, map={"model/": "/"})])
     assert [float(v.numpy()[0]) for v in target.vs] == [i + 1.0 for i in range(n)]
-
-
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_a_keyboard_interrupt_at_any_assignment_puts_everything_back(module_and_checkpoint, monkeypatch, when):
-    import ckptmerge as cm
-    from ckptmerge.restoring.backends import eager
-
-    target, prefix, n = module_and_checkpoint
-    real = eager._fast_ops
-    for k in (1, n // 2, n):
-        calls = {"n": 0}
-
-        def ops():
-            read, assign = real()
-
-            def interrupted(var, value):
-                calls["n"] += 1
-                if calls["n"] == k and when == "before":
-                    raise KeyboardInterrupt
-                assign(var, value)
-                if calls["n"] == k:
-                    raise KeyboardInterrupt
-            return read, interrupted
-
-        monkeypatch.setattr(eager, "_fast_ops", ops)
-        with pytest.raises(KeyboardInterrupt):
-            cm.restore(target, [cm.Source(prefix, map={"model/": "/"})])
-        assert all(not v.numpy().any() for v in target.vs), k
 
 
 def test_assign_all_puts_back_the_variable_in_flight():
