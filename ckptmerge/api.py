@@ -211,10 +211,11 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
         which = [s.align == "structure" for s in srcs]
         if any(which) and result.missing:  # align only what names and rules left missing
             from .planning.suggestion import aligned_views
-            from .restoring.targets import creation_order
+            from .restoring.targets import creation_order, input_layers
 
             views = aligned_views(result, views, which, target_order=creation_order(target, targets),
-                                  source_orders=[h.order if on else None for h, on in zip(handles, which)])
+                                  source_orders=[h.order if on else None for h, on in zip(handles, which)],
+                                  target_inputs=input_layers(target, targets))
             result = make_plan(targets.infos, views, **options)
             added = {v.label: v.transforms for v, h in zip(views, handles) if len(v.transforms) > len(h.source.transforms)}
     except BaseException:
@@ -241,14 +242,15 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
         >>> print(s.report()); s.write("warm.yaml")                   # doctest: +SKIP
     """
     from .planning.suggestion import make_suggestion
-    from .restoring.targets import creation_order
+    from .restoring.targets import creation_order, input_layers
 
     check_options(plan_options, PLAN_OPTIONS, "suggest()")
     p = plan(target, sources, **plan_options)
     try:
         with paused_gc():  # the alignment's small objects have no cycles either: see ckptmerge.gcpause
             found = make_suggestion(p, target_order=creation_order(target, p._binding.targets),
-                                    source_orders=[h.order for h in p._binding.handles])
+                                    source_orders=[h.order for h in p._binding.handles],
+                                    target_inputs=input_layers(target, p._binding.targets))
         layouts = {h.label: h.source.layout for h in p._binding.handles if getattr(h.source, "layout", None)}
         return dataclasses.replace(found, layouts=layouts) if layouts else found
     finally:

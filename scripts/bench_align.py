@@ -12,8 +12,8 @@ shapes (no TensorFlow: exactly what the planner sees), with the true answer know
   rebuilt in one process (``sequential_1/dense_12`` ...; TF issue 46317);
 - ``bert-base``: original BERT-Base TF1 names into TF2 Model-Garden names (12 layers, 768/3072);
 - ``resnet50-slim``: TF-Slim ``resnet_v1_50`` into ``keras.applications.ResNet50`` names (Slim
-  has no conv biases and a 1x1-conv classifier: those Keras targets have no counterpart and are
-  not counted).
+  has no conv biases: those Keras targets have no counterpart and are not counted; its 1x1-conv
+  classifier ``(1, 1, 2048, 1000)`` is the Dense kernel reshaped).
 
 Each pair is planned as ``cm.plan`` does with ``Source(..., align="structure")``: a plan, the
 alignment of what it leaves missing, a plan again (the planner and the alignment are pure, so
@@ -154,6 +154,8 @@ def resnet50_slim() -> Pair:
     src["resnet_v1_50/logits/biases"] = v("resnet_v1_50/logits/biases", 1000)
     tgt += [v("predictions/kernel", 2048, 1000), v("predictions/bias", 1000)]
     truth["predictions/bias"] = "resnet_v1_50/logits/biases"
+    # (the 1x1-conv classifier is the Dense kernel with two unit axes: a reshape alignment infers)
+    truth["predictions/kernel"] = "resnet_v1_50/logits/weights"
     return tgt, src, truth, [t.name for t in tgt], None
 
 

@@ -33,19 +33,11 @@ def restored(request):
     return name, model, truth, plan, X.score_values(model, truth, list(plan.assignments))
 
 
-#: What each pair does today. Every transformer pair has no wrong tensor; ResNet-18 (default Keras
-#: names, so only shapes and order speak) has one BatchNorm layer wrong (see the xfail below).
-EXPECTED_UNRESOLVED = {"bert": set(), "gpt2": set(), "vit": set(), "llama": {"token_embedding/reverse_embeddings"}}
-
-
-def test_transformer_pairs_are_never_wrong_and_complete_but_for_the_known_gaps(restored):
+def test_every_pair_is_complete_never_wrong_and_reproduces_pytorch(restored):
     name, model, truth, plan, score = restored
-    if name == "resnet18":
-        pytest.skip("ResNet-18 has its own test below")
     assert score.wrong == []
-    assert set(truth) - set(plan.assignments) == EXPECTED_UNRESOLVED[name]
-    if not EXPECTED_UNRESOLVED[name]:
-        assert X.output_difference(name, model) <= 1e-4
+    assert set(truth) - set(plan.assignments) == set()
+    assert X.output_difference(name, model) <= 1e-4
 
 
 def test_restored_tensors_equal_keras_hub_from_preset(restored):
@@ -68,23 +60,23 @@ def test_reshaped_and_split_tensors_say_so_in_the_report(restored):
     assert "columns 0..15 of 48" in report and "reshaped (16, 16)->(16, 4, 4)" in report
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19, open: the ResNet-18 twin with default names gets "
-                   "the BatchNorm of layer4.0.downsample.1 from layer4.0.bn2")
-def test_resnet18_twin_is_never_wrong(restored):
-    name, model, truth, plan, score = restored
-    if name != "resnet18":
-        pytest.skip("only ResNet-18")
-    assert score.wrong == []
+def test_llama_untied_output_projection_is_lm_head_transposed_as_keras_hub_ports_it(restored):
+    name, model, truth, plan, _ = restored
+    if name != "llama":
+        pytest.skip("only Llama has an untied lm_head")
+    reverse = plan.assignments["token_embedding/reverse_embeddings"]
+    assert reverse.key == truth["token_embedding/reverse_embeddings"].key == "lm_head.weight"
+    assert truth["token_embedding/reverse_embeddings"].op == "transpose"
 
 
-def test_resnet18_twin_wrong_tensors_stay_within_one_layer(restored):
-    name, model, truth, plan, score = restored
+def test_resnet18_downsample_norms_are_placed_by_the_layer_that_feeds_them(restored):
+    name, model, truth, plan, _ = restored
     if name != "resnet18":
         pytest.skip("only ResNet-18")
-    # (Keras numbers default names per session: the layer is batch_normalization_17 in a fresh one)
-    assert len({w.split("/")[0] for w in score.wrong}) <= 1
-    assert {truth[w].key.rsplit(".", 1)[0] for w in score.wrong} <= {"layer4.0.downsample.1"}
-    assert score.assigned >= 50
+    downsample = [t for t, v in truth.items() if ".downsample.1." in v.key]
+    assert len(downsample) == 12
+    for t in downsample:
+        assert "fed by" in plan.assignments[t].describe() and "downsample/0" in plan.assignments[t].describe()
 
 
 # -- never wrong: the traps -----------------------------------------------------------------------
@@ -136,6 +128,108 @@ def test_one_layer_fed_by_two_modules_keeps_none_of_them():
     assert any("layers are units" in u.reason for u in found.unresolved)
 
 
+def _torchvision_block(stage, block, planes, downsample, bottleneck=False):
+    """A torchvision ResNet block's BatchNorm tensors (after the torch layout), by module."""
+    names = [f"bn{i}" for i in ((1, 2, 3) if bottleneck else (1, 2))]
+    if downsample:
+        names.append("downsample/1")
+    out = {}
+    for n in names:
+        width = planes * (4 if bottleneck and n in ("bn3", "downsample/1") else 1)
+        out[f"layer{stage}/{block}/{n}"] = width
+    return out
+
+
+def _bn_specs(scope, width):
+    return [f32(f"{scope}/{leaf}", width) for leaf in ("gamma", "beta", "moving_mean", "moving_variance")]
+
+
+def test_numbers_of_two_module_kinds_are_not_compared_as_positions():
+    # ResNet-50's (2048,) norms: layer4.0.bn3 (4, 0, 3), layer4.0.downsample.1 (4, 0, 1), layer4.1.bn3,
+    # layer4.2.bn3; a twin with default names creates the block's bn3 before its downsample norm.
+    # Compared digit by digit the two sides sort these differently: never paired by position.
+    modules = {}
+    for b in range(3):
+        modules.update(_torchvision_block(4, b, 512, b == 0, bottleneck=True))
+    wide = [m for m, w in modules.items() if w == 2048]
+    assert wide == ["layer4/0/bn3", "layer4/0/downsample/1", "layer4/1/bn3", "layer4/2/bn3"]
+    names = [v for m, w in modules.items() for v in _bn_specs(m, w)]  # (bn1 (4, 0, 1) meets downsample/1)
+    # the twin's norms in creation order: bn1, bn2, bn3, then the shortcut's, block by block
+    built = [m for b in range(3) for m in (f"layer4/{b}/bn1", f"layer4/{b}/bn2", f"layer4/{b}/bn3")
+             + ((f"layer4/{b}/downsample/1",) if b == 0 else ())]
+    keras = {m: f"batch_normalization_{40 + i}" for i, m in enumerate(built)}
+    targets = [f32(n.name.replace(n.name.rsplit("/", 1)[0], keras[n.name.rsplit("/", 1)[0]]), *n.shape)
+               for n in names]
+    truth = {t.name: n.name for t, n in zip(targets, names)}
+    order = [t.name for m in built for t in targets if t.name.startswith(keras[m] + "/")]
+    found = align(targets, names, target_order=order)
+    assert all(truth[t] == n for n, t in found.mapping.items())
+    assert not any(truth[t].startswith(("layer4/0/bn3", "layer4/0/downsample")) for t in found.mapping.values())
+
+
+def test_the_layer_that_feeds_a_norm_places_it_beside_its_module():
+    modules = _torchvision_block(4, 0, 8, True) | _torchvision_block(4, 1, 8, False)
+    names = [v for m in modules for v in _bn_specs(m, 8)]
+    names += [f32(f"layer4/{b}/{c}/kernel", 3, 3, 8, 8) for b in (0, 1) for c in ("conv1", "conv2")]
+    names += [f32("layer4/0/downsample/0/kernel", 1, 1, 4, 8)]
+    # the twin: conv, its norm, conv, its norm, then the shortcut's conv and norm; block 1 likewise
+    order = ["layer4/0/conv1", "layer4/0/bn1", "layer4/0/conv2", "layer4/0/bn2", "layer4/0/downsample/0",
+             "layer4/0/downsample/1", "layer4/1/conv1", "layer4/1/bn1", "layer4/1/conv2", "layer4/1/bn2"]
+    keras = {m: f"{'conv2d' if 'conv' in m or m.endswith('/0') else 'batch_normalization'}_{30 + i}"
+             for i, m in enumerate(order)}
+    targets = [f32(n.name.replace(n.name.rsplit("/", 1)[0], keras[n.name.rsplit("/", 1)[0]]), *n.shape)
+               for n in names]
+    truth = {t.name: n.name for t, n in zip(targets, names)}
+    target_order = [t.name for m in order for t in targets if t.name.startswith(keras[m] + "/")]
+    inputs = {}
+    for i, m in enumerate(order):
+        if "conv" not in m and not m.endswith("/0"):
+            feeder = keras[order[i - 1]]
+            for t in targets:
+                if t.name.startswith(keras[m] + "/"):
+                    inputs[t.name] = (f"{feeder}/kernel",)
+    without = align(targets, names, target_order=target_order)
+    assert all(truth[t] == n for n, t in without.mapping.items()) and len(without.mapping) < len(targets)
+    found = align(targets, names, target_order=target_order, target_inputs=inputs)
+    assert {t: n for n, t in found.mapping.items()} == truth
+    ds = next(m for m in found.matches if m.name == "layer4/0/downsample/1/gamma")
+    assert any("fed by" in e and "downsample/0" in e for e in ds.evidence)
+
+
+def test_a_reshape_joins_only_tensors_of_the_same_kind():
+    # a (1, 1, 4, 8) conv kernel has the size of a (32,) norm scale: never its candidate
+    targets = [f32("batch_normalization_3/gamma", 32), f32("conv2d_3/kernel", 1, 1, 4, 8)]
+    names = [f32("layer2/0/downsample/1/gamma", 32), f32("layer2/0/downsample/0/kernel", 1, 1, 4, 8)]
+    found = align(targets, names)
+    assert found.mapping == {"layer2/0/downsample/1/gamma": "batch_normalization_3/gamma",
+                             "layer2/0/downsample/0/kernel": "conv2d_3/kernel"}
+
+
+def test_input_layers_name_the_one_weighted_layer_feeding_each_layer():
+    keras = pytest.importorskip("keras")
+    from ckptmerge.restoring.targets import collect_targets, input_layers
+
+    x = keras.Input((8, 8, 3))
+    a = keras.layers.Conv2D(4, 3, padding="same", name="c1")(x)
+    b = keras.layers.BatchNormalization(name="n1")(keras.layers.ReLU()(a))
+    c = keras.layers.Conv2D(4, 1, name="c2")(x)
+    d = keras.layers.Dense(2, name="head")(keras.layers.Add()([b, c]))
+    model = keras.Model(x, d)
+    found = input_layers(model, collect_targets(model))
+    assert found["n1/gamma"] == ("c1/kernel", "c1/bias")
+    assert "head/kernel" not in found  # fed by n1 and c2 through the Add: no single feeder
+    assert "c1/kernel" not in found  # fed by the input
+
+
+def test_keras_hub_reverse_embeddings_reads_as_the_lm_head_module():
+    targets = [f32("token_embedding/embeddings", 50, 16), f32("token_embedding/reverse_embeddings", 16, 50)]
+    names = [f32("model/embed_tokens/embeddings", 50, 16), f32("lm_head/kernel", 16, 50)]
+    assert align(targets, names).mapping == {"model/embed_tokens/embeddings": "token_embedding/embeddings",
+                                             "lm_head/kernel": "token_embedding/reverse_embeddings"}
+    # tied: the target has no output projection of its own, and lm_head stays unused, not forced
+    assert align(targets[:1], names).mapping == {"model/embed_tokens/embeddings": "token_embedding/embeddings"}
+
+
 # -- tensor operations on literal arrays -----------------------------------------------------------
 
 def test_refines_accepts_head_splits_and_unit_axes_only():
@@ -181,3 +275,6 @@ def test_conventions_rewrite_roles_and_users_extend_the_table():
     assert rewrite("b/1/my_pre_ffn_norm/scale") == "b/1/mlpnorm/scale"
     with pytest.raises(RuleError, match="lower-case words"):
         Convention(("x",), "Bad-Role")
+    with pytest.raises(RuleError, match="leaf must be a variable name"):
+        Convention(("x",), "role", leaf="Bad/Leaf")
+    assert rewrite("token_embedding/reverse_embeddings") == "token_embedding_tokemb/lmhead/kernel"

@@ -26,12 +26,13 @@ TensorFlow. :func:`ckptmerge.suggest` and ``Source(..., align="structure")`` are
 
 from __future__ import annotations
 
-import functools
+import collections
 import itertools
-import re
+from dataclasses import dataclass
 from typing import (
     Any,
     Dict,
+    FrozenSet,
     Iterable,
     List,
     Mapping,
@@ -44,8 +45,8 @@ import numpy as np
 
 from ..specs import VariableInfo
 from ..text import quote_name
-from .conventions import rewrite, rewrite_all
 from .entries import Alignment, Columns, Entry, Match, Unresolved, scope_entries
+from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
 from .tensorops import refines
 
 __all__ = ["Match", "Unresolved", "Alignment", "Entry", "align", "tokens", "natural_key", "scope_entries",
@@ -61,144 +62,7 @@ MIN_SCORE = 0.25
 #: its own order evidence: not applied.
 ORDER_TOLERANCE = 0.5
 
-_SPLIT = re.compile(r"[/_\-.:\s]+")
-_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")
-_DIGITS = re.compile(r"[0-9]+")
-#: Tokens that mean the same thing in the naming schemes of TF1, Keras 2/3 and Model Garden.
-_SYNONYMS = {
-    "weights": "kernel", "weight": "kernel", "w": "kernel", "kernel": "kernel",
-    "biases": "bias", "b": "bias", "bias": "bias",
-    "scale": "gamma", "gamma": "gamma", "offset": "beta", "center": "beta", "beta": "beta",
-    "embedding": "embeddings", "embeddings": "embeddings",
-    "hiddenlayer": "dense", "fc": "dense", "linear": "dense", "dense": "dense", "hidden": "dense",
-    "layernorm": "norm", "norm": "norm", "ln": "norm", "normalization": "norm",
-    "feedforward": "mlp", "ffn": "mlp", "mlp": "mlp", "attn": "attention", "attention": "attention",
-}
-
-
-def tokens(name: str) -> Tuple[str, ...]:
-    """The lower-case word tokens of a name, digits left out, synonyms folded (cached by the name's
-    digit-free template, so ``layer_0`` ... ``layer_599`` cost one split).
-
-    Example:
-        >>> tokens("bert/encoder/layer_3/attention/output/LayerNorm")
-        ('bert', 'encoder', 'layer', 'attention', 'output', 'layer', 'norm')
-        >>> tokens("dnn/hiddenlayer_0")
-        ('dnn', 'dense')
-    """
-    return _template_tokens(_DIGITS.sub("0", rewrite(name)))
-
-
-@functools.lru_cache(maxsize=65536)
-def _template_tokens(name: str) -> Tuple[str, ...]:
-    out = []
-    for part in _SPLIT.split(name):
-        for t in _CAMEL.split(part):
-            t = t.lower()
-            if t and not t.isdigit():
-                out.append(_SYNONYMS.get(t, t))
-    return tuple(out)
-
-
-def natural_key(name: str) -> Tuple[Any, ...]:
-    """Sort key that orders numbers by value: ``layer_9`` before ``layer_10``.
-
-    Example:
-        >>> sorted(["l_10/k", "l_9/k", "l_1/k"], key=natural_key)
-        ['l_1/k', 'l_9/k', 'l_10/k']
-    """
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p)
-
-
-def _leaf(name: str) -> str:
-    return name[name.rfind("/") + 1:]
-
-
-_DIGITS_TO_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
-_ZERO_RUN = re.compile(b"00+")
-_DIGITS_ONLY = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
-
-
-@functools.lru_cache(maxsize=65536)
-def _template_features(template: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """Leaf and scope tokens of a template (one split per template, not per name)."""
-    cut = template.rfind("/") + 1
-    return _template_tokens(template[cut:]), _template_tokens(template[:cut])
-
-
-class _Features:
-    """What alignment knows of each name: its template (each digit run as ``0``) and its scope
-    numbers (the digit runs before the leaf, as ints; ``()`` for none).
-
-    Built for all names at once with no Python step per name, since that is what a
-    10,000-variable model pays for every name: the templates from the names joined by newlines
-    and worked on as bytes (translate, one regex; UTF-8 keeps ASCII digits and newlines single
-    bytes), then the numbers of each family of one template together (each name of a family has
-    as many digit runs, the first ones in its scope), each distinct run of digits parsed once.
-    """
-
-    __slots__ = ("template", "numbers")
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self.template: Dict[str, str] = {}
-        self.numbers: Dict[str, Tuple[int, ...]] = {}
-        # Names as the convention table reads them (``ln_1`` -> ``attnnorm``), before their
-        # digits become series numbers: the numbers of a convention's names are not positions.
-        written = rewrite_all(names)
-        joined = "\n".join(written)
-        if joined.count("\n") != len(names) - 1:  # a name holds a newline: one at a time
-            for n, w in zip(names, written):
-                self.template[n] = _DIGITS.sub("0", w)
-                self.numbers[n] = tuple(map(int, _DIGITS.findall(w, 0, w.rfind("/") + 1)))
-            return
-        as_written = dict(zip(names, written))
-        # (surrogatepass: a name that is not valid Unicode, e.g. a file name's undecodable byte, goes
-        # through the bytes and back unchanged)
-        raw = joined.encode("utf-8", "surrogatepass")
-        templates = _ZERO_RUN.sub(b"0", raw.translate(_DIGITS_TO_ZERO)).decode("utf-8", "surrogatepass").split("\n")
-        parsed: Dict[Tuple[bytes, ...], Tuple[int, ...]] = {}  # digit runs -> numbers
-        families: Dict[str, List[str]] = {}
-        for name, template in zip(names, templates):
-            family = families.get(template)
-            if family is None:
-                families[template] = [name]
-            else:
-                family.append(name)
-        for template, members in families.items():
-            self.template.update(zip(members, itertools.repeat(template)))  # one object per family
-            in_scope = template.count("0", 0, template.rfind("/") + 1)
-            if not in_scope:
-                self.numbers.update(zip(members, itertools.repeat(())))
-                continue
-            runs = template.count("0")
-            joined_members = " ".join(map(as_written.__getitem__, members))
-            digits = joined_members.encode("utf-8", "surrogatepass").translate(_DIGITS_ONLY).split()
-            rows: List[Tuple[bytes, ...]] = list(zip(*[iter(digits)] * runs))
-            if in_scope < runs:
-                rows = [r[:in_scope] for r in rows]
-            # Parse each distinct row once (a series repeats its positions family after family).
-            for r in set(rows).difference(parsed):
-                parsed[r] = tuple(map(int, r))
-            self.numbers.update(zip(members, map(parsed.__getitem__, rows)))
-
-    def tokens(self, name: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-        """Leaf and scope tokens of a name."""
-        return _template_features(self.template[name])
-
-    def stems(self, names: Sequence[str]) -> List[str]:
-        """Per name: its template when it has scope numbers (its numbered series), else itself."""
-        template, numbers = self.template, self.numbers
-        return [template[n] if numbers[n] else n for n in names]
-
-    def is_series(self, names: Sequence[str]) -> bool:
-        """True when the names form a numbered series: two of them equal but for their scope
-        numbers (``layer_0/...``, ``layer_1/...``)."""
-        template, numbers = self.template, self.numbers
-        stems = [template[n] for n in names if numbers[n]]
-        return len(set(stems)) < len(stems)
-
-
-def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]], feats: _Features
+def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]], feats: Features
            ) -> Tuple[np.ndarray, bool]:
     """Relative ranks (0..1) of ``names`` and whether that order carries evidence.
 
@@ -228,7 +92,7 @@ def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]], feats: _Fea
 _Block = Tuple[List[str], List[str], str, Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]]]
 
 
-def _by_series(tnames: List[str], snames: List[str], feats: _Features) -> List[_Block]:
+def _by_series(tnames: List[str], snames: List[str], feats: Features) -> List[_Block]:
     """Split one shape group by series position when both sides are numbered series with the same
     number of positions (the k-th ``layer_N`` of the checkpoint is the k-th ``transformer_M`` of
     the target); else the group as it is. Keeps large models linear: 12 x 600 equal layers are
@@ -245,7 +109,7 @@ def _by_series(tnames: List[str], snames: List[str], feats: _Features) -> List[_
             for k, ((tst, tn), (sst, sn)) in enumerate(zip(t_at, s_at))]
 
 
-def _at_positions(names: List[str], feats: _Features) -> List[Tuple[Tuple[str, ...], List[str]]]:
+def _at_positions(names: List[str], feats: Features) -> List[Tuple[Tuple[str, ...], List[str]]]:
     """Per series position, in order: the stems and the names there, ordered by stem then name
     (two stable sorts of the sorted names, so no position sorts its own)."""
     stems = feats.stems(names)
@@ -290,11 +154,11 @@ def _set_jaccard(a: Tuple[str, ...], b: Tuple[str, ...]) -> float:
 
 
 def _evidence(tname: str, sname: str, spec: VariableInfo, alone: bool, leaf: float, scope: float,
-              feats: _Features) -> List[str]:
+              feats: Features) -> List[str]:
     shape = f"shape {tuple(spec.shape)} {spec.dtype}"
     evidence = [f"{shape}, the only candidate of its shape" if alone else shape]
     if leaf > 0:
-        evidence.append(f"leaf {quote_name(_leaf(sname))} ~ {quote_name(_leaf(tname))}")
+        evidence.append(f"leaf {quote_name(leaf_of(sname))} ~ {quote_name(leaf_of(tname))}")
     if scope > 0:
         shared = sorted(set(feats.tokens(tname)[1]) & set(feats.tokens(sname)[1]))
         evidence.append("scope tokens " + ", ".join(map(quote_name, shared)))
@@ -307,7 +171,7 @@ _CONTRADICTED = ("the best pairing's own order evidence disagrees (the two sides
 _TIED = "the evidence (names, scopes, order) fits more than one pairing equally well"
 
 
-def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str, feats: _Features
+def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str, feats: Features
                 ) -> Tuple[List[Match], List[Unresolved]]:
     """One target, one candidate: accepted when its names say something, not its shape alone."""
     (t_leaf, t_scope), (s_leaf, s_scope) = feats.tokens(tname), feats.tokens(sname)
@@ -321,10 +185,12 @@ def _solve_pair(tname: str, sname: str, spec: VariableInfo, position: str, feats
 
 def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Mapping[str, int]],
                  source_order: Optional[Mapping[str, int]], spec: VariableInfo, position: str,
-                 feats: _Features) -> Tuple[List[Match], List[Unresolved]]:
+                 feats: Features, beside: Optional["_Beside"] = None) -> Tuple[List[Match], List[Unresolved]]:
+    """Solve one block as a global assignment; ``beside``: the graph evidence of
+    :func:`_settle`, added to the names' (only for a group the names left tied)."""
     from scipy.optimize import linear_sum_assignment
 
-    if len(tnames) == 1 and len(snames) == 1:  # the common case once split by series: no matrix
+    if len(tnames) == 1 and len(snames) == 1 and beside is None:  # the common case once split by series
         return _solve_pair(tnames[0], snames[0], spec, position, feats)
     tf, sf = [feats.tokens(t) for t in tnames], [feats.tokens(s) for s in snames]
     leaf = _jaccard([f[0] for f in tf], [f[0] for f in sf])
@@ -335,7 +201,7 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
         rt, t_inf = _ranks(tnames, target_order, feats)
         rs, s_inf = _ranks(snames, source_order, feats)
         # Ranks compare only when both sides order their names as finely: a side that holds two
-        # of them at one rank (``layer4/0/bn1`` and ``layer4/0/downsample/1`` both at 4, 0, 1)
+        # of them at one rank (``layer4/0/bn1`` and ``layer4/0/downsample/1`` both in block 4, 0)
         # against one that does not would pair by a scale that is not the same.
         use_order = t_inf and s_inf and len(set(rt.tolist())) == len(set(rs.tolist()))
     if use_order:
@@ -344,6 +210,8 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     else:
         order = None
         score = 0.5 * leaf + 0.5 * scope
+    if beside is not None:
+        score = score + beside.score
     nt, ns = score.shape
     n = max(nt, ns)
     padded = np.zeros((n, n))  # dummies score 0: "no partner" is always an option
@@ -380,6 +248,8 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
         evidence = _evidence(tnames[i], snames[j], spec, False, leaf[i, j], scope[i, j], feats)
         if order is not None:
             evidence.append(f"order {rt[i]:.2f} ~ {rs[j]:.2f}")
+        if beside is not None and beside.score[i, j] > 0:
+            evidence.append(beside.phrase(i, j))
         confidence = float(min(1.0, own[i]) * min(1.0, 0.5 + margin[i] / 0.2 * 0.5))
         matches.append(Match(tnames[i], snames[j], round(confidence, 2), tuple(evidence), position))
     unresolved: List[Unresolved] = []
@@ -404,7 +274,7 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
 
 
 def _solve_block(block: _Block, t_order: Optional[Mapping[str, int]], s_order: Optional[Mapping[str, int]],
-                 spec: VariableInfo, memo: Dict[Any, Any], feats: _Features
+                 spec: VariableInfo, memo: Dict[Any, Any], feats: Features
                  ) -> Tuple[List[Match], List[Unresolved]]:
     """:func:`_solve_group` for one block; a position of a numbered series is solved once per kind
     of block: layer 7 of 600 has the same names, but for its number, as layer 6, so the same answer."""
@@ -424,7 +294,7 @@ def _solve_block(block: _Block, t_order: Optional[Mapping[str, int]], s_order: O
              for ts, ss, r in groups] if groups else [])
 
 
-def _families(names: List[str], feats: _Features
+def _families(names: List[str], feats: Features
               ) -> Optional[Tuple[List[str], List[Tuple[int, ...]], List[List[str]]]]:
     """A side of a shape group as a *regular* numbered series: its names without numbers, the
     positions, and per numbered family (ordered by stem) its names ordered by position; ``None``
@@ -459,7 +329,7 @@ def _families(names: List[str], feats: _Features
     return sorted(plain), positions, families
 
 
-def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: _Features,
+def _solve_regular(tnames: List[str], snames: List[str], spec: VariableInfo, feats: Features,
                    out: Columns) -> Optional[List[Unresolved]]:
     """The common case of :func:`_by_series` in bulk: both sides regular numbered series (see
     :func:`_families`) with as many positions. Every numbered position is then the same kind of
@@ -514,7 +384,8 @@ def _by_spec(infos: Iterable[VariableInfo]) -> Dict[Tuple[Tuple[int, ...], str],
 
 def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
           target_order: Optional[Sequence[str]] = None,
-          source_order: Optional[Sequence[str]] = None) -> Alignment:
+          source_order: Optional[Sequence[str]] = None,
+          target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Alignment:
     """Pair targets with checkpoint variables by structure (see the module docstring).
 
     Args:
@@ -523,6 +394,9 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
         target_order: target names in creation order (a Keras model's ``weights``, a graph's
             variables), if known: evidence for pairing by position.
         source_order: checkpoint names in the order they were saved, if known.
+        target_inputs: per target, the targets of the one layer with weights that feeds its
+            layer, where the target's graph records it (a functional Keras model): evidence for
+            targets whose names leave them tied (see :func:`_settle`).
 
     Returns:
         An :class:`Alignment`: accepted matches and unresolved groups.
@@ -547,52 +421,176 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     for (shape, dtype), (ss, _) in s_groups.items():
         by_size.setdefault((int(np.prod(shape, dtype=np.int64)), dtype), []).append(shape)
     reshaped = False
+    feats = Features(list(dict.fromkeys(itertools.chain((t.name for t in targets), (n.name for n in names)))))
     for (shape, dtype), (ts, ss, spec) in groups.items():
+        leaves = None
         for other in by_size.get((int(np.prod(shape, dtype=np.int64)), dtype), ()):
             if other != shape and refines(other, shape):
-                ss.extend(s_groups[(other, dtype)][0])
+                # Only a tensor of the same kind (its leaf: kernel to kernel, bias to bias): a
+                # (1, 1, 4, 8) conv kernel has the size of a (32,) norm scale, not its meaning.
+                leaves = leaves if leaves is not None else {w for t in ts for w in feats.tokens(t)[0]}
+                ss.extend(n for n in s_groups[(other, dtype)][0] if leaves.intersection(feats.tokens(n)[0]))
                 reshaped = True
     groups = {k: g for k, g in groups.items() if g[1]}
-    feats = _Features(list(dict.fromkeys(n for ts, ss, _ in groups.values() for n in itertools.chain(ts, ss))))
     matches = Columns()
     unresolved: List[Unresolved] = []
+    hazards = (feats.hazards([t.name for t in targets]), feats.hazards([n.name for n in names]))
     for tnames, snames, spec in groups.values():
-        regular = _solve_regular(tnames, snames, spec, feats, matches)
-        if regular is not None:
-            unresolved += regular
-            continue
-        memo: Dict[Any, Any] = {}
-        for block in _by_series(sorted(tnames), sorted(snames), feats):
-            if block[0] and block[1]:
-                m, u = _solve_block(block, t_order, s_order, spec, memo, feats)
-                matches.extend(m)
-                unresolved += u
+        unresolved += _solve_spec(tnames, snames, spec, feats, hazards, t_order, s_order, matches)
     if reshaped:
         matches, unresolved = _one_target_each(matches, unresolved)
-    matches, unresolved = _layers_as_units(matches, unresolved, {t.name: t for t in targets},
-                                           {n.name: n for n in names})
+    matches, unresolved = _layers_as_units(matches, unresolved, feats)
+    if target_inputs and any(u.reason == _TIED for u in unresolved):
+        matches, unresolved = _settle(matches, unresolved, target_inputs, feats, hazards, t_order, s_order)
+        matches, unresolved = _layers_as_units(matches, unresolved, feats)
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches.sorted_by_target(), unresolved)
+
+
+#: Per side (targets, checkpoint names): the pairs of scopes whose numbers do not compare (see
+#: :meth:`Features.hazards`).
+_Hazards = Tuple[FrozenSet[FrozenSet[str]], FrozenSet[FrozenSet[str]]]
+
+
+def _solve_spec(tnames: List[str], snames: List[str], spec: VariableInfo, feats: Features, hazards: _Hazards,
+                t_order: Optional[Mapping[str, int]], s_order: Optional[Mapping[str, int]],
+                matches: Columns) -> List[Unresolved]:
+    """Solve one group of a shape and dtype: its matches added to ``matches``, the unresolved returned."""
+    seen = feats.with_positions(tnames, hazards[0]).with_positions(snames, hazards[1])  # (series positions)
+    regular = _solve_regular(tnames, snames, spec, seen, matches)
+    if regular is not None:
+        return regular
+    unresolved: List[Unresolved] = []
+    memo: Dict[Any, Any] = {}
+    for block in _by_series(sorted(tnames), sorted(snames), seen):
+        if block[0] and block[1]:
+            m, u = _solve_block(block, t_order, s_order, spec, memo, seen)
+            matches.extend(m)
+            unresolved += u
+    return unresolved
+
+
+def _tree_steps(a: str, b: str) -> int:
+    """Steps between two scopes in the module tree (``a/b/`` to ``a/c/``: 2)."""
+    x, y = a.strip("/").split("/"), b.strip("/").split("/")
+    common = 0
+    for p, q in zip(x, y):
+        if p != q:
+            break
+        common += 1
+    return len(x) + len(y) - 2 * common
+
+
+@dataclass(frozen=True)
+class _Beside:
+    """Graph evidence for a tied group: how close each candidate's module sits, in the
+    checkpoint's module tree, to the module that feeds the target's input layer."""
+
+    score: np.ndarray
+    anchors: Tuple[Optional[Tuple[str, str]], ...]  # per target: (its input layer's variable, its source)
+    steps: np.ndarray
+
+    def phrase(self, i: int, j: int) -> str:
+        layer, source = self.anchors[i]  # type: ignore[misc]
+        return (f"fed by {quote_name(_scope(layer).rstrip('/'))}, which takes {quote_name(_scope(source).rstrip('/'))}: "
+                f"{int(self.steps[i, j])} steps from it in the module tree")
+
+
+#: Weight of the graph evidence: enough to break a tie of names (its steps differ by a whole
+#: module), never enough to outweigh a leaf (``gamma`` vs ``beta``) or scope that the names tell.
+BESIDE_WEIGHT = 0.2
+
+
+def _beside(tnames: Sequence[str], snames: Sequence[str], inputs: Mapping[str, Sequence[str]],
+            taken: Mapping[str, str]) -> Optional[_Beside]:
+    """:class:`_Beside` for a tied group, or ``None`` when no target has an input layer whose
+    variables all come from one checkpoint module, or no such target sees its candidates at
+    different distances (then the graph tells nothing)."""
+    anchors: List[Optional[Tuple[str, str]]] = []
+    steps = np.zeros((len(tnames), len(snames)))
+    score = np.zeros_like(steps)
+    useful = False
+    for i, t in enumerate(tnames):
+        feeders = [(x, taken[x]) for x in inputs.get(t, ()) if x in taken]
+        modules = {_scope(s) for _, s in feeders}
+        if not feeders or len(modules) != 1 or len(feeders) != len(inputs.get(t, ())):
+            anchors.append(None)
+            continue
+        anchors.append(feeders[0])
+        module = modules.pop()
+        steps[i] = [_tree_steps(_scope(s), module) for s in snames]
+        score[i] = BESIDE_WEIGHT / np.maximum(steps[i] - 1, 1)
+        useful = useful or len(set(steps[i].tolist())) > 1
+    return _Beside(score, tuple(anchors), steps) if useful else None
+
+
+def _settle(matches: Columns, unresolved: List[Unresolved], inputs: Mapping[str, Sequence[str]],
+            feats: Features, hazards: _Hazards, t_order: Optional[Mapping[str, int]],
+            s_order: Optional[Mapping[str, int]]) -> Tuple[Columns, List[Unresolved]]:
+    """Groups the names left tied, decided where the target's graph tells: a target whose input
+    layer (``conv2d_17`` feeding ``batch_normalization_17``) took its tensors from one checkpoint
+    module takes the candidate that sits nearest that module (``layer4/0/downsample/1`` beside
+    ``layer4/0/downsample/0``), when that separates it from every alternative. What the graph
+    decides leaves the rest of the group to be solved again by the names' own evidence (its
+    numbers may form a series once the odd one is out), and so on while something is decided."""
+    taken = dict(zip(matches.target, matches.name))
+    todo = [u for u in unresolved if u.reason == _TIED]
+    out = [u for u in unresolved if u.reason != _TIED]
+    while todo:
+        u = todo.pop()
+        tnames, snames = list(u.targets), list(u.names)
+        beside = _beside(tnames, snames, inputs, taken)
+        if beside is None:
+            out.append(u)
+            continue
+        spec = VariableInfo("", u.shape, u.dtype)
+        seen = feats.with_positions(tnames, hazards[0]).with_positions(snames, hazards[1])
+        found, _ = _solve_group(tnames, snames, None, None, spec, "", seen, beside)
+        if not found:
+            out.append(u)
+            continue
+        matches.extend(found)
+        taken.update((m.target, m.name) for m in found)
+        done_t, done_s = {m.target for m in found}, {m.name for m in found}
+        rest_t, rest_s = [t for t in tnames if t not in done_t], [s for s in snames if s not in done_s]
+        if rest_t and rest_s:
+            again = Columns()
+            left = _solve_spec(rest_t, rest_s, spec, feats, hazards, t_order, s_order, again)
+            matches.extend(again)
+            taken.update(zip(again.target, again.name))
+            todo += [x for x in left if x.reason == _TIED]
+            out += [x for x in left if x.reason != _TIED]
+    return matches, out
 
 
 def _scope(name: str) -> str:
     return name[:name.rfind("/") + 1]
 
 
-#: Leaf names (after synonym folding) of a layer's own parameters.
+#: Leaf names (after synonym folding) of a layer's own parameters. (Not ``reverse_embeddings``: an
+#: untied output projection is a module of its own in PyTorch, ``lm_head``, beside the embedding.)
 _LAYER_PARAMS = frozenset({"kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance", "embeddings",
-                           "recurrent_kernel", "reverse_embeddings", "running_mean", "running_var"})
+                           "recurrent_kernel", "running_mean", "running_var"})
 
 
-def _tok_leaf(name: str) -> str:
-    leaf = _leaf(name)
-    return _SYNONYMS.get(leaf.lower(), leaf.lower())
+def _unit_scopes(names: Sequence[str], feats: Features) -> List[str]:
+    """Per name: its scope when its leaf is a layer's own parameter (see :data:`_LAYER_PARAMS`),
+    else ``""``. Looked up once per template: names that differ only in their numbers share a leaf."""
+    templates = list(map(feats.template.__getitem__, names))
+    unit = {}
+    for t, n in dict(zip(templates, names)).items():
+        leaf = n[n.rfind("/") + 1:].lower()
+        unit[t] = SYNONYMS.get(leaf, leaf) in _LAYER_PARAMS
+    keep = list(map(unit.__getitem__, templates))
+    return [n[:n.rfind("/") + 1] if k else "" for n, k in zip(names, keep)]
 
 
 def _one_target_each(matches: "Columns", unresolved: List[Unresolved]) -> Tuple["Columns", List[Unresolved]]:
     """Where one checkpoint tensor was matched in two shape groups (as itself and reshaped), keep
     its match that is clearly the more confident (by more than 0.05); else neither: both targets
     become unresolved, with both candidates named."""
+    if len(set(matches.name)) == len(matches.name):  # (the usual case: each tensor matched once)
+        return matches, unresolved
     by_name: Dict[str, List[int]] = {}
     for i, n in enumerate(matches.name):
         by_name.setdefault(n, []).append(i)
@@ -612,8 +610,8 @@ def _one_target_each(matches: "Columns", unresolved: List[Unresolved]) -> Tuple[
     return matches.without(drop), unresolved
 
 
-def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], tspecs: Mapping[str, VariableInfo],
-                     sspecs: Mapping[str, VariableInfo]) -> Tuple["Columns", List[Unresolved]]:
+def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], feats: Features
+                     ) -> Tuple["Columns", List[Unresolved]]:
     """Layers are units: the matched variables of one target layer (a scope: kernel and bias,
     gamma and beta and the moving statistics) come from one checkpoint module, and one module's
     tensors go to one target layer. A layer whose matches come from two modules (or a module
@@ -621,16 +619,12 @@ def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], tspecs: M
     candidates named."""
     # Only layer parameters make a unit: a table held directly under a scope
     # (``bert/embeddings/position_embeddings``) is a tensor of its own.
-    t_scope = [_scope(t) if _tok_leaf(t) in _LAYER_PARAMS else "" for t in matches.target]
-    s_scope = [_scope(n) if _tok_leaf(n) in _LAYER_PARAMS else "" for n in matches.name]
-    modules: Dict[str, set] = {}
-    layers: Dict[str, set] = {}
-    for t, s in zip(t_scope, s_scope):
-        if t and s:
-            modules.setdefault(t, set()).add(s)
-            layers.setdefault(s, set()).add(t)
-    bad_t = {t for t, ms in modules.items() if len(ms) > 1}
-    bad_s = {s for s, ls in layers.items() if len(ls) > 1}
+    t_scope, s_scope = _unit_scopes(matches.target, feats), _unit_scopes(matches.name, feats)
+    # (the distinct pairs of scopes, counted per side, at C speed: a scope in two pairs is bad)
+    pairs = {(t, s) for t, s in set(zip(t_scope, s_scope)) if t and s}
+    per_t, per_s = collections.Counter(t for t, _ in pairs), collections.Counter(s for _, s in pairs)
+    bad_t = {t for t, c in per_t.items() if c > 1}
+    bad_s = {s for s, c in per_s.items() if c > 1}
     if not bad_t and not bad_s:
         return matches, unresolved
     drop = {i for i, (t, s) in enumerate(zip(t_scope, s_scope)) if t in bad_t or s in bad_s}

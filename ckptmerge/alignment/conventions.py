@@ -28,9 +28,10 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from ..errors import RuleError
 
 __all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
-           "CONV1D_MODULES", "EMBEDDING_MODULES"]
+           "digit_sensitive", "CONV1D_MODULES", "EMBEDDING_MODULES"]
 
 _ROLE = re.compile(r"^[a-z][a-z ]*[a-z]$|^[a-z]$")
+_LEAF = re.compile(r"^[a-z][a-z_]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Convention:
         replace: whether the role replaces the segment's own words (for names whose words
             mislead, ``post_attention_layernorm``) or joins them (the default). Names holding
             digits are always replaced, so that ``ln_1`` is not read as position 1 of a series.
+        leaf: for a variable that the other framework holds as a whole module: the module's
+            variable it stands for. KerasHub's ``reverse_embeddings`` is PyTorch's
+            ``lm_head.weight``, so its row reads it as ``lmhead/kernel`` (role, then leaf).
 
     Example:
         >>> Convention(("ffn_norm", "post_attention_layernorm"), "mlpnorm").role
@@ -55,6 +59,7 @@ class Convention:
     role: str
     why: str = ""
     replace: bool = False
+    leaf: str = ""
 
     def __post_init__(self) -> None:
         names = (self.names,) if isinstance(self.names, str) else tuple(self.names)
@@ -64,6 +69,9 @@ class Convention:
         if not isinstance(self.role, str) or not _ROLE.match(self.role):
             raise RuleError(f"a convention's role must be lower-case words (letters and spaces), e.g. 'attnnorm'. "
                             f"Received: role={self.role!r:.80}")
+        if not isinstance(self.leaf, str) or (self.leaf and not _LEAF.match(self.leaf)):
+            raise RuleError(f"a convention's leaf must be a variable name (lower-case letters and '_'), e.g. "
+                            f"'kernel'. Received: leaf={self.leaf!r:.80}")
         object.__setattr__(self, "names", tuple(n.strip("/") for n in names))
 
 
@@ -100,11 +108,12 @@ CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm
       "fc_out", "lin2"),
      "mlpout", "the MLP's last projection"),
     (("c_attn", "qkv", "query_key_value", "in_proj"), "fusedqkv", "query, key and value fused in one tensor"),
-    (("lm_head", "reverse_embeddings"), "lmhead", "the output projection onto the vocabulary"),
+    (("lm_head",), "lmhead", "the output projection onto the vocabulary"),
     (("cls_token", "class_token"), "clstoken", "the class token of a vision transformer"),
     (("patch_embeddings/projection", "patch_embedding", "patch_embed/proj"), "patchemb",
      "the patch embedding convolution"),
-))
+)) + (Convention(("reverse_embeddings",), "lmhead", "KerasHub's untied output projection: PyTorch's "
+                       "lm_head weight (transposed by the torch layout, as KerasHub's converters do)", True, "kernel"),)
 
 #: Module names whose 2-D ``weight`` is Hugging Face's ``Conv1D`` (``(in, out)``, never transposed as a
 #: Linear) when their bias shows it (see :mod:`ckptmerge.alignment.layouts`): the GPT-2 family.
@@ -118,7 +127,8 @@ _lock = threading.Lock()
 _extra: List[Convention] = []
 
 
-def add_convention(names: Sequence[str], role: str, why: str = "", *, replace: bool = False) -> Convention:
+def add_convention(names: Sequence[str], role: str, why: str = "", *, replace: bool = False,
+                   leaf: str = "") -> Convention:
     """Add a row to the convention table, for every later alignment in this process.
 
     Args:
@@ -127,6 +137,7 @@ def add_convention(names: Sequence[str], role: str, why: str = "", *, replace: b
             :func:`conventions`) or a new word of your own for both sides.
         why: what it is for.
         replace: the role replaces the names' own words (see :class:`Convention`).
+        leaf: the names are a variable standing for a whole module's ``leaf`` (see :class:`Convention`).
 
     Returns:
         The new :class:`Convention`.
@@ -139,7 +150,7 @@ def add_convention(names: Sequence[str], role: str, why: str = "", *, replace: b
         >>> rewrite("blocks/3/pre_mlp_rmsnorm/scale")
         'blocks/3/pre_mlp_rmsnorm_mlpnorm/scale'
     """
-    row = Convention(tuple(names), role, why, replace)
+    row = Convention(tuple(names), role, why, replace, leaf)
     with _lock:
         _extra.append(row)
         _compiled.cache_clear()
@@ -151,16 +162,42 @@ def conventions() -> Tuple[Convention, ...]:
     return CONVENTIONS + tuple(_extra)
 
 
+def _trie(words: Iterable[str]) -> str:
+    """One regex alternation of ``words`` as a trie (``ln(?:_1|_2)``), so that the engine tries
+    each character once instead of every word at every position; each optional tail greedy, so
+    the longest word that fits is tried first."""
+    root: Dict[str, dict] = {}
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: Dict[str, dict]) -> str:
+        alts = [re.escape(ch) + build(node[ch]) for ch in sorted(node) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return build(root)
+
+
+_DIGIT_RUN = re.compile(r"[0-9]+")
+
+
 @functools.lru_cache(maxsize=1)
-def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str]]:
+def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]"]:
     roles: Dict[str, str] = {}
     for row in conventions():
         for n in row.names:
             replace = row.replace or any(c.isdigit() for c in n)
-            roles[n.lower()] = row.role if replace else f"{n}_{row.role}"
-    alternatives = sorted(roles, key=len, reverse=True)  # the longest phrase first
-    pattern = re.compile(r"(?<![^/\n])(?:" + "|".join(map(re.escape, alternatives)) + r")(?![^/\n])", re.IGNORECASE)
-    return pattern, roles
+            roles[n.lower()] = (f"{row.role}/{row.leaf}" if row.leaf else row.role) if replace else f"{n}_{row.role}"
+    # a whole segment (or run of segments) of a name, never part of one
+    pattern = re.compile(r"(?<![^/\n])" + _trie(roles) + r"(?![^/\n])", re.IGNORECASE)
+    # the names holding digits, as digit templates show them (``ln_1`` -> ``ln_0``)
+    digits = {_DIGIT_RUN.sub("0", n) for n in roles if any(c.isdigit() for c in n)} or {"\0"}
+    return pattern, roles, re.compile(r"(?<![^/\n])" + _trie(digits) + r"(?![^/\n])", re.IGNORECASE)
 
 
 def rewrite(name: str) -> str:
@@ -174,7 +211,7 @@ def rewrite(name: str) -> str:
         >>> rewrite("wte/embeddings")
         'wte_tokemb/embeddings'
     """
-    pattern, roles = _compiled()
+    pattern, roles, _ = _compiled()
     return pattern.sub(lambda m: roles[m.group(0).lower()], name)
 
 
@@ -184,6 +221,19 @@ def rewrite_all(names: Iterable[str]) -> List[str]:
     joined = "\n".join(names)
     if joined.count("\n") != max(len(names) - 1, 0):
         return [rewrite(n) for n in names]
-    pattern, roles = _compiled()
+    pattern, roles, _ = _compiled()
     out = pattern.sub(lambda m: roles[m.group(0).lower()], joined)
     return out.split("\n") if names else []
+
+
+def digit_sensitive(templates: Iterable[str]) -> List[bool]:
+    """Per digit template (each run of digits as ``0``): whether the table may read it differently
+    for different digits (it holds ``ln_0``, which is ``ln_1`` or ``ln_2``). Any other template
+    rewrites alike for every name it stands for, so :func:`rewrite` of the template serves them all.
+
+    Example:
+        >>> digit_sensitive(["h/0/ln_0/gamma", "h/0/attn/c_attn/kernel"])
+        [True, False]
+    """
+    found = _compiled()[2].search
+    return [found(t) is not None for t in templates]

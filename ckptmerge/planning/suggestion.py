@@ -18,7 +18,7 @@ import dataclasses
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import Alignment, Entry, Unresolved, align, scope_entries
 from ..alignment.tensorops import Reshape, glob_escape
@@ -190,7 +190,8 @@ _NAME = operator.attrgetter("name")
 
 
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_order: Optional[Sequence[str]],
-                  source_order: Optional[Sequence[str]] = None) -> Alignment:
+                  source_order: Optional[Sequence[str]] = None,
+                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Alignment:
     want = set(missing)
     variables, rules = src.variables, src.rules
     unused = plan.unused.get(src.label, [])
@@ -202,11 +203,12 @@ def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_or
         names = [variables[n] if variables[n].name == n else dataclasses.replace(variables[n], name=n)
                  for n in unused if n in variables and not _left_out(rules, n)]
     return align([t for t in plan.targets if t.name in want], names, target_order=target_order,
-                 source_order=src.order if source_order is None else source_order)
+                 source_order=src.order if source_order is None else source_order, target_inputs=target_inputs)
 
 
 def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
-                    source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None) -> Suggestion:
+                    source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None,
+                    target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Suggestion:
     """Propose, per source in plan order, a map for the targets the plan leaves missing.
 
     Args:
@@ -214,6 +216,8 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         target_order: target names in creation order, if known (evidence for order).
         source_orders: per source, its names in saving order where known (see
             :attr:`SourceHandle.order <ckptmerge.sources.source.SourceHandle.order>`); else each view's ``order``.
+        target_inputs: per target, the targets of the layer that feeds its layer, where known
+            (see :func:`ckptmerge.restoring.targets.input_layers`).
 
     Returns:
         The :class:`Suggestion`.
@@ -232,7 +236,7 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
     out = []
     orders = source_orders or [None] * len(plan.sources)
     for src, order in zip(plan.sources, orders):
-        found = _align_source(plan, src, missing, target_order, order)
+        found = _align_source(plan, src, missing, target_order, order, target_inputs)
         taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
@@ -243,9 +247,10 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
 
 def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool], *,
                   target_order: Optional[Sequence[str]] = None,
-                  source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None) -> List[SourceView]:
+                  source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None,
+                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> List[SourceView]:
     """The views again, the ``which`` ones with the plan's unambiguous structural matches added
-    (``source_orders``: as for :func:`make_suggestion`).
+    (``source_orders``, ``target_inputs``: as for :func:`make_suggestion`).
 
     Each match becomes a ``(name -> target)`` pair the planner uses for a name its rules did not
     put on a target (explicit ``map``/``regex`` entries win), with the note
@@ -261,7 +266,7 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         if not on:
             out.append(src)
             continue
-        found = _align_source(plan, src, missing, target_order, order)
+        found = _align_source(plan, src, missing, target_order, order, target_inputs)
         taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)

@@ -34,7 +34,8 @@ from ..errors import ArgumentTypeError, CkptMergeError, PlanError
 from ..specs import VariableInfo, normalize_name
 from ..text import quote_name
 
-__all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "import_tf", "keras_backend"]
+__all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "input_layers", "import_tf",
+           "keras_backend"]
 
 _AUTO_NAME = re.compile(r"^(Sharded)?Variable(_\d+)?$")
 _PART_SUFFIX = re.compile(r"/part_\d+$")
@@ -364,3 +365,65 @@ def creation_order(target: Any, targets: TargetSet) -> Optional[List[str]]:
         return None
     names = [targets.name_of(v) for v in variables]
     return list(dict.fromkeys(n for n in names if n is not None))
+
+
+def input_layers(target: Any, targets: TargetSet) -> Optional[Dict[str, Tuple[str, ...]]]:
+    """Per target variable of a functional Keras model: the variables of the one layer with
+    weights that feeds its layer (through layers without weights: activations, padding, pooling),
+    where exactly one does; ``None`` for targets without such a graph.
+
+    The graph is evidence for structural alignment: a ``BatchNormalization`` fed by
+    ``conv2d_17`` belongs beside the module that feeds ``conv2d_17`` in the checkpoint
+    (``layer4.0.downsample.0`` -> ``layer4.0.downsample.1``). Read from Keras 3's own graph
+    records (each layer's inbound nodes, as ``Functional.get_config`` reads them); a model without
+    them (subclassed, not yet called) gives ``None``.
+
+    Example:
+        >>> input_layers(model, collect_targets(model))["batch_normalization/gamma"]  # doctest: +SKIP
+        ('conv2d/kernel',)
+    """
+    if targets.mode == "specs" or not is_keras_object(target) or isinstance(target, (list, tuple, dict)):
+        return None
+    layers = getattr(target, "layers", None)
+    if not layers:
+        return None
+
+    def names(layer: Any) -> Tuple[str, ...]:
+        return tuple(n for n in (targets.name_of(v) for v in layer.weights) if n is not None)
+
+    def feeding(layer: Any) -> set:
+        """The layers with weights nearest above ``layer`` in the graph (ids -> layers)."""
+        found: Dict[int, Any] = {}
+        todo = [p for node in getattr(layer, "_inbound_nodes", ()) for p in _parents(node)]
+        seen = set()
+        while todo and len(seen) < 10_000:
+            op = todo.pop()
+            if id(op) in seen:
+                continue
+            seen.add(id(op))
+            if getattr(op, "weights", None):
+                found[id(op)] = op
+            else:
+                todo += [p for node in getattr(op, "_inbound_nodes", ()) for p in _parents(node)]
+        return set(found.values())
+
+    out: Dict[str, Tuple[str, ...]] = {}
+    try:
+        for layer in layers:
+            if not getattr(layer, "weights", None):
+                continue
+            above = feeding(layer)
+            if len(above) != 1:
+                continue
+            anchor = names(next(iter(above)))
+            if anchor:
+                for n in names(layer):
+                    out[n] = anchor
+    except Exception:  # noqa: BLE001 - a graph Keras does not record as usual is no evidence
+        return None
+    return out or None
+
+
+def _parents(node: Any) -> List[Any]:
+    """The operations whose outputs a Keras graph node consumes."""
+    return [p.operation for p in getattr(node, "parent_nodes", ()) if getattr(p, "operation", None) is not None]
