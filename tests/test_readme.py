@@ -127,6 +127,15 @@ def test_eager_example(tf, runs_ab):
     np.testing.assert_array_equal(model["a1"].numpy(), runs_ab["a1"])  # the last restore: model-2000
 
 
+@runs("watch")
+def test_watch_example(runs_ab):
+    import ckptmerge as cm
+
+    ns = {"cm": cm}
+    exec(_block("watch"), ns)
+    assert sorted(v.name for v in ns["names"]) == ["a1", "a2", "a3"]  # the latest only, read while pinned
+
+
 @runs("files")
 def test_files_example(runs_ab):
     import ckptmerge as cm
