@@ -127,29 +127,6 @@ def test_eager_example(tf, runs_ab):
     np.testing.assert_array_equal(model["a1"].numpy(), runs_ab["a1"])  # the last restore: model-2000
 
 
-@runs("follow")
-def test_follow_example(tf, runs_ab):
-    import ckptmerge as cm
-
-    model = {k: tf.Variable(np.zeros_like(v)) for k, v in runs_ab.items()}
-    seen = []
-    ns = {"cm": cm, "model": model, "num_steps": 2000,
-          "evaluate": lambda m, step: seen.append((step, m["a1"].numpy().copy()))}
-    exec(_block("follow"), ns)
-    assert [s for s, _ in seen] == [1000, 2000]  # every checkpoint, oldest first
-    np.testing.assert_array_equal(seen[1][1], runs_ab["a1"])
-    np.testing.assert_array_equal(seen[0][1], runs_ab["a1"] + 1)
-
-
-@runs("watch")
-def test_watch_example(runs_ab):
-    import ckptmerge as cm
-
-    ns = {"cm": cm}
-    exec(_block("watch"), ns)
-    assert sorted(v.name for v in ns["names"]) == ["a1", "a2", "a3"]  # the latest only, read while pinned
-
-
 @runs("files")
 def test_files_example(runs_ab):
     import ckptmerge as cm
@@ -290,3 +267,21 @@ def test_combine_example(tf, tmp_path, monkeypatch):
     want = cm.combine([f"runs/A/ckpt-{s}" for s in range(2000, 6000, 1000)], "ema", decay=0.9).open()
     np.testing.assert_array_equal(model["dense/kernel"].numpy(), want.read(["dense/kernel"])["dense/kernel"])
     want.close()
+
+
+@runs("merge-to-torch")
+def test_merge_to_torch_example(tmp_path, monkeypatch):
+    pytest.importorskip("keras_hub", reason="keras-hub is in the test extra: pip install -e '.[test]'")
+    import shutil
+
+    import _xframe as X
+    import ckptmerge as cm
+    from safetensors.numpy import load_file
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(X.fixture_dir("bert"), tmp_path / "hf" / "bert")
+    backbone = X.fresh_backbone("bert")
+    cm.restore(backbone, [cm.Source("hf/bert/model.safetensors", layout="torch", align="structure")])
+    exec(_block("merge-to-torch"), {"backbone": backbone})
+    got, want = load_file("out/model.safetensors"), load_file("hf/bert/model.safetensors")
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)

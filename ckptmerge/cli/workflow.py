@@ -286,6 +286,10 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         raise SystemExit(EXIT_FINDINGS)
 
 
+def _as_list(globs: Any) -> List[str]:
+    return [globs] if isinstance(globs, str) else list(globs)
+
+
 @cli.command("merge", short_help="Write a new checkpoint assembled from several.")
 @click.argument("config", metavar="CONFIG")
 @click.option("-o", "--output", "out_prefix", metavar="OUT_PREFIX",
@@ -307,17 +311,27 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
 @click.option("--format", "out_format", type=click.Choice(["tf", "safetensors"]), default=None,
               help="Output format (default: safetensors when OUT_PREFIX ends with .safetensors, else a TF "
                    "checkpoint).")
+@click.option("--layout", "layout", type=click.Choice(["torch"]), default=None,
+              help="torch: write the Keras/TF weights under the --template's PyTorch names, shapes and "
+                   "layouts (a .safetensors file, or a save_pretrained folder), paired by structural "
+                   "alignment; -o must end with .safetensors.")
+@click.option("--allow-missing", "allow_missing", metavar="GLOB", multiple=True,
+              help="Template names no source needs to provide (repeatable; added to the config's "
+                   "allow_missing). With --layout torch: template tensors alignment leaves unresolved "
+                   "that may be written from the template's own values.")
 @JSON_OPTION
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
-                  out_format: Optional[str], as_json: bool) -> None:
+                  out_format: Optional[str], layout: Optional[str], allow_missing: Tuple[str, ...],
+                  as_json: bool) -> None:
     """Write a new checkpoint assembled from the sources of CONFIG, without model code.
 
     Without a template the output holds every name the sources give after their rules; with
     --template PATH or --model MODULE:FUNCTION exactly the template's names and shapes (the
     plan's findings apply). The output is a standard TF checkpoint, or one .safetensors file
     (-o out/model.safetensors, or --format safetensors), written atomically; an existing one is
-    kept unless --force. A progress bar shows on a terminal unless --quiet.
+    kept unless --force. A progress bar shows on a terminal unless --quiet. With --layout torch
+    and --template FILE the output is a PyTorch state_dict (.safetensors) under FILE's names.
     Exit code 0 on success, 1 when findings block the merge (nothing is written), 2 on config
     or input errors. --json prints the report (report.to_dict(): summary, restored, skipped,
     output, dry_run, bytes_written, plan, ...).
@@ -339,12 +353,13 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
     progress = ProgressBar("Merging") if (not quiet and not as_json and stderr_is_tty()) else None
     options = dict(cfg.plan_options)
     try:
-        report = merge(sources, out, template=template, allow_missing=options.get("allow_missing", ()),
+        allowed = [*_as_list(options.get("allow_missing", ())), *allow_missing]
+        report = merge(sources, out, template=template, allow_missing=allowed,
                        on_conflict=options.get("on_conflict", "error"),
                        on_shape_mismatch=options.get("on_shape_mismatch", "error"),
                        cast=options.get("cast", False), strict=cfg.strict, overwrite=force, dry_run=dry_run,
                        update_state=update_state, progress=progress, verify=options.get("verify", True),
-                       durable=durable, format=out_format)
+                       durable=durable, format=out_format, layout=layout)
     except PlanError as e:
         if dry_run and e.plan is not None:  # a dry run is for reading the findings: show them all
             if as_json:

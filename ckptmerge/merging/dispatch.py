@@ -37,6 +37,7 @@ def merge(
     verify: bool = True,
     durable: bool = False,
     format: Optional[str] = None,
+    layout: Optional[str] = None,
 ) -> Report:
     """Write a new checkpoint assembled from ``sources``, without TensorFlow.
 
@@ -78,6 +79,16 @@ def merge(
             a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back); default:
             ``"keras-h5"`` when ``out_prefix`` ends with ``.weights.h5``, ``"safetensors"`` when it
             ends with ``.safetensors``, else ``"tf"``.
+        layout: ``"torch"``: the inverse of ``Source(layout="torch")``: write the sources' Keras/TF
+            tensors under the template's PyTorch names, shapes and layouts (Linear weights
+            transposed back, fused ``c_attn``/``qkv`` joined, attention heads reshaped, RNN gates
+            in PyTorch order), paired by the planner and the structural alignment a forward
+            restore runs. Needs a ``.safetensors`` output and a template: a PyTorch
+            ``.safetensors`` file, a ``save_pretrained`` folder, or a list of
+            :class:`~ckptmerge.VariableInfo`. Template tensors alignment leaves unresolved block
+            the merge (``allow_missing`` lets named ones through: a template file's own values
+            fill them, a template of specs leaves them out); ``num_batches_tracked`` comes from
+            the template file (0 for specs). See docs/names.md.
 
     Returns:
         A :class:`MergeReport` (a :class:`~ckptmerge.render.report.Report` with ``mode="offline"``):
@@ -104,11 +115,13 @@ def merge(
         ...                "runs/C/merged")                               # doctest: +SKIP
         >>> print(report.summary())                                       # doctest: +SKIP
         wrote 6 variables from 2 sources to 'runs/C/merged' in 0.02 s
+        >>> merge([cm.Source.from_values(backbone)], "out/model.safetensors", layout="torch",
+        ...       template="hf/model.safetensors")                        # doctest: +SKIP
     """
     options = dict(template=template, allow_missing=allow_missing, on_conflict=on_conflict,
                    on_shape_mismatch=on_shape_mismatch, cast=cast, strict=strict, overwrite=overwrite,
                    dry_run=dry_run, update_state=update_state, progress=progress, verify=verify,
-                   durable=durable, format=format)
+                   durable=durable, format=format, layout=layout)
     if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
         return merge_to_url(merge_local, sources, os.fspath(out_prefix), **options)
     return merge_local(sources, out_prefix, **options)

@@ -86,6 +86,7 @@ from ..specs import (
     trusted_info,
 )
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
+from .inverse import TorchInverseHandle, describe_unresolved, template_specs, torch_inverse
 from .jobs import (
     PIECE,
     TEMPLATE_LABEL,
@@ -436,6 +437,24 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
     return SafetensorsWriter(given, specs, metadata=metadata, overwrite=overwrite, durable=durable)
 
 
+def _check_layout(layout: Any, kind: str, fmt: str, given: str) -> None:
+    """``layout="torch"`` writes a safetensors file under a template's PyTorch names."""
+    if layout is None:
+        return
+    if layout != "torch":
+        raise ArgumentError(f"layout must be 'torch' or None. Received: layout={layout!r:.80}."
+                            + (" Did you mean 'torch'?" if isinstance(layout, str) and layout.lower() in
+                               ("pytorch", "torch", "pt", "hf") else ""))
+    if kind == "none":
+        raise ArgumentError("layout='torch' writes the sources' tensors under a PyTorch model's names, shapes and "
+                            "layouts, so it needs the model's state_dict as the template: pass "
+                            "template='hf/model.safetensors' (a file or a save_pretrained folder) or a list of "
+                            "ckptmerge.VariableInfo (ckptmerge merge --template FILE).")
+    if fmt != FORMAT_SAFETENSORS:
+        raise ArgumentError(f"layout='torch' writes a .safetensors file (what PyTorch loads); the output is a {fmt} "
+                            f"output. Name it like 'out/model.safetensors'. Received: out_prefix={given!r}")
+
+
 def merge_local(
     sources: SourcesArg,
     out_prefix: Union[str, "os.PathLike[str]"],
@@ -453,6 +472,7 @@ def merge_local(
     verify: bool = True,
     durable: bool = False,
     format: Optional[str] = None,
+    layout: Optional[str] = None,
 ) -> Report:
     """:func:`ckptmerge.merge` to a local prefix (the arguments are its own; see
     :mod:`ckptmerge.merging.dispatch`).
@@ -474,6 +494,7 @@ def merge_local(
         raise ArgumentTypeError(f"progress must be a callable progress(done_bytes, total_bytes) or None. "
                                 f"Received: progress={progress!r:.80}")
     kind, tvalue = _check_template(template)
+    _check_layout(layout, kind, fmt, given)
     srcs = as_sources(sources)
     check_unique_labels(srcs)
     out_abs = os.path.abspath(given)
@@ -504,12 +525,26 @@ def merge_local(
     handles = open_sources(srcs, verify=verify, resolved=resolved)
     treader: Any = None
     jobs: List[Job] = []
+    inverse: Optional[TorchInverseHandle] = None
     try:
         if kind == "path":
             treader = open_checkpoint(template_prefix, verify=verify)
         with paused_gc():  # one small object per tensor, several times over: see ckptmerge.gcpause
             views = [h.view(h.source.rules(None)) for h in handles]
-            if kind == "none":
+            job_handles: Sequence[SourceHandle] = handles
+            if layout is not None:  # Keras tensors under the template's PyTorch names (merging/inverse.py)
+                targets = template_specs(treader.variables() if kind == "path" else tvalue)
+                inverse, keras_plan = torch_inverse(
+                    handles, views, _produced_targets(views, on_conflict), targets, template_reader=treader,
+                    template_label=str(tvalue) if kind == "path" else "the template's specs",
+                    on_conflict=on_conflict, cast=cast)
+                try:
+                    keras_plan.check(strict=strict, action="write")
+                except PlanError as e:
+                    raise PlanError(f"The sources' own tensors: {e}\nNothing was written to {quote_name(given)}.",
+                                    plan=e.plan) from None
+                views, job_handles = [inverse.view(inverse.source.rules(None))], [inverse]
+            elif kind == "none":
                 targets = _produced_targets(views, on_conflict)
             elif kind == "path":
                 targets = _template_targets(treader, tvalue)
@@ -520,13 +555,22 @@ def merge_local(
             try:
                 plan.check(strict=strict, action="write")
             except PlanError as e:
-                raise PlanError(f"{e}\nNothing was written to {quote_name(given)}.", plan=e.plan) from None
+                why = describe_unresolved(inverse, plan.missing) if inverse is not None else []
+                if why:
+                    why = ["Unresolved in the PyTorch template (alignment pairs only what its evidence "
+                           "decides; an incomplete PyTorch file is written only when you allow it: "
+                           "allow_missing=[globs] / --allow-missing, or strict=False):", *why]
+                raise PlanError("\n".join([str(e), *why, f"Nothing was written to {quote_name(given)}."]),
+                                plan=e.plan) from None
             if dry_run:  # (tallied as made: no job per tensor is kept)
                 from_template, skipped = [], []
-                tally = Tally(iter_jobs(plan, handles, kind, treader, template_prefix, from_template, skipped))
+                tally = Tally(iter_jobs(plan, job_handles, kind, treader, template_prefix, from_template, skipped))
             else:
-                jobs, from_template, skipped = build_jobs(plan, handles, kind, treader, template_prefix)
+                jobs, from_template, skipped = build_jobs(plan, job_handles, kind, treader, template_prefix)
                 tally = Tally(jobs)
+            if inverse is not None:  # say why alignment left each one out, not only that no source gave it
+                from_template = [(n, inverse.why(n, r)) for n, r in from_template]
+                skipped = [(n, inverse.why(n, r)) for n, r in skipped]
         if not tally.names:
             raise CkptMergeError(
                 f"Nothing to write to {quote_name(given)}: no variable is left after the rules and the plan"
@@ -578,7 +622,7 @@ def merge_local(
 
     written, count, nbytes = tally.names, tally.count, tally.nbytes
     per_source = []
-    for h in handles:
+    for h in (handles if inverse is None else [inverse]):
         origin = source_origin(h.label)
         per_source.append({"label": h.label, "path": h.path, "note": h.note, "n_restored": count[origin],
                            "bytes": nbytes[origin]})

@@ -182,6 +182,13 @@ class Source:
                                 f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")
         self.align = align
         self._values = dict(_values) if _values is not None else None
+        #: For a source made from a live model (:meth:`from_values`): its variables' names in
+        #: creation order, evidence for structural alignment; else ``None``.
+        self.order: Optional[Tuple[str, ...]] = None
+        #: For a source made from a live functional Keras model: per variable, the variables of
+        #: the layer that feeds its layer (see :func:`ckptmerge.restoring.targets.input_layers`);
+        #: evidence for structural alignment; else ``None``.
+        self.inputs: Optional[Dict[str, Tuple[str, ...]]] = None
         # Validate every rule now, so a bad regex fails where the source is written.
         self._check_map_keys()
         self.rules(None)
@@ -213,8 +220,9 @@ class Source:
             >>> src.in_memory
             True
         """
+        order = inputs = None
         if not isinstance(values, Mapping):
-            from ..restoring.targets import collect_targets
+            from ..restoring.targets import collect_targets, creation_order, input_layers
 
             targets = collect_targets(values)
             split = sorted(n for n, t in targets.variables.items() if t.partitioned)
@@ -222,9 +230,13 @@ class Source:
                 raise CkptMergeError(
                     f"Partitioned variables cannot be a live source ({', '.join(split[:5])}); "
                     "take a ckptmerge.snapshot() of them instead.")
+            order, inputs = creation_order(values, targets), input_layers(values, targets)
             values = {n: t.parts[0][0] for n, t in targets.variables.items()}
         rules.setdefault("name", "memory")
-        return cls(None, _values=values, **rules)
+        source = cls(None, _values=values, **rules)
+        source.order = tuple(order) if order else None
+        source.inputs = dict(inputs) if inputs else None
+        return source
 
     # -- description -------------------------------------------------------------------------
     @property
@@ -476,6 +488,11 @@ class MemoryHandle(SourceHandle):
         infos = sorted((_value_info(normalize_name(k), v) for k, v in values.items()), key=lambda i: i.name)
         super().__init__(source, "<memory>", "values held in memory", infos)
         self.values = {normalize_name(k): v for k, v in values.items()}
+
+    @property
+    def order(self) -> Optional[Tuple[str, ...]]:
+        """A live model's variable names in creation order (see :attr:`Source.order`), else ``None``."""
+        return self.source.order
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Return the held values themselves (no copy); variables are read now."""
