@@ -13,7 +13,7 @@ import itertools
 import math
 import operator
 import os
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from ckptmerge.errors import (
 )
 from ckptmerge.formats.dtypes import tf_dtype_name
 from ckptmerge.specs import VariableInfo, by_name
+
+if TYPE_CHECKING:  # (only a type hint: the readers that give ranges import it)
+    from ckptmerge.formats.ranges import TensorRanges
 
 __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguous_chunks", "unreadable_dtype_error",
            "too_large_for_numpy", "ALIGN", "CHUNK_ELEMENTS"]
@@ -268,6 +271,23 @@ class CheckpointReader:
         """Pieces of the whole value, read at once (formats that can read ranges override this)."""
         flat = self._read(info).reshape(-1)
         return (flat[start:start + max_elements] for start in range(0, flat.size, max_elements))
+
+    def ranges(self, name: str) -> Optional["TensorRanges"]:
+        """Tensor ``name`` as a :class:`~ckptmerge.formats.ranges.TensorRanges` (element ranges
+        read by any thread straight into the caller's buffers, its checksum checked once every
+        byte was read), or ``None`` when the format does not store it so; then use
+        :meth:`iter_chunks`. This base reader returns ``None``; the TF bundle and safetensors
+        readers give the numeric tensors of local files stored in one piece.
+
+        Raises:
+            UnknownTensorError: if there is no such tensor.
+
+        Example:
+            >>> r = reader.ranges("dense/kernel")                          # doctest: +SKIP
+            >>> r.span(0, 4).read(np.empty(4, r.dtype))                    # doctest: +SKIP
+        """
+        self.info(name)
+        return None
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Read several tensors at once; returns ``{name: array}`` in the order given.

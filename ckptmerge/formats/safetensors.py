@@ -31,6 +31,7 @@ from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_c
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
+from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
@@ -341,6 +342,21 @@ class SafetensorsReader(CheckpointReader):
         start = self._data_start[e.shard] + e.begin
         return contiguous_chunks(e.dtype, info.size, max_elements,
                                  lambda offset, view: self._fill(info.name, e, start + offset, view))
+
+    def ranges(self, name: str) -> Optional[TensorRanges]:
+        """A tensor of a local file as :class:`~ckptmerge.formats.ranges.TensorRanges` (no
+        checksum: safetensors keeps none); ``None`` for packed 4- and 6-bit types, empty
+        tensors and URLs (use :meth:`iter_chunks`).
+
+        Example:
+            >>> r = reader.ranges("enc.weight")                            # doctest: +SKIP
+        """
+        info = self.info(name)
+        e = self._entries[info.raw_key]
+        if e.bits < 8 or not info.size or storage.is_url(self.files[e.shard]):
+            return None
+        start = self._data_start[e.shard] + e.begin
+        return TensorRanges(e.dtype, info.size, lambda offset, view: self._fill(info.name, e, start + offset, view))
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Read several tensors at once: a thread pool fills the aligned arrays in file order,

@@ -6,8 +6,9 @@ restored into a live model (``cm.plan`` / ``cm.restore`` / :class:`~ckptmerge.Re
 every finding), or written by ``cm.merge(combined, out)`` as a TF checkpoint, a
 ``.safetensors`` or a ``.weights.h5`` file (atomically, as every merge). Nothing is read until
 a tensor is asked for; then each output chunk is made from one chunk of each input in turn
-(the next input's chunk read by a second thread meanwhile), so memory holds a few chunks
-whatever the number of inputs. The math lives in :mod:`ckptmerge.merging.methods` (pure NumPy);
+(the next input's chunk read by a second thread meanwhile), or, for elementwise methods of local
+files, a cache-sized block of every input at a time (:meth:`CombinedHandle._blocked`), so memory
+holds a few chunks whatever the number of inputs. The math lives in :mod:`ckptmerge.merging.methods` (pure NumPy);
 this module finds the inputs, lines up their names, applies the policies (key sets, integers,
 dtypes, optimizer state) and streams. No TensorFlow.
 
@@ -32,6 +33,7 @@ import numpy as np
 from ..args import describe_value
 from ..errors import ArgumentError, ArgumentTypeError, CombineError, did_you_mean
 from ..formats.base import CHUNK_ELEMENTS, aligned_empty
+from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
 from ..planning.rulekinds import GlobFilter
 from ..sources.files import step_of
@@ -40,6 +42,7 @@ from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.source import Source, SourceHandle
 from ..specs import VariableInfo, model_variables
 from ..text import plural, quote_name
+from .blocks import FixedChunks, blocked_chunks
 from .combine_report import CombineReport
 from .methods import METHODS, TensorParams, ema_weights
 
@@ -237,54 +240,6 @@ class CombinedSource(Source):
             h.close()
 
 
-class FixedChunks:
-    """Pieces of a stream regrouped into chunks of exactly ``step`` elements (the last one
-    shorter): readers cut tensors where their files make it cheap (whole rows, hyperslabs), and
-    one chunk of each input must cover the same elements. Keeps at most the rest of one piece.
-
-    Example:
-        >>> [c.tolist() for c in FixedChunks(iter([np.arange(3), np.arange(3, 5)]), 2)]
-        [[0, 1], [2, 3], [4]]
-    """
-
-    def __init__(self, pieces: Iterator[np.ndarray], step: int) -> None:
-        self.pieces = pieces
-        self.step = step
-        self.rest: Optional[np.ndarray] = None
-
-    def __iter__(self) -> "FixedChunks":
-        return self
-
-    def __next__(self) -> np.ndarray:
-        step, rest = self.step, self.rest
-        self.rest = None
-        if rest is None:
-            rest = next(self.pieces)
-        if rest.size >= step:
-            if rest.size > step:
-                self.rest = rest[step:]
-            return rest[:step]
-        parts, have = [rest], rest.size
-        for x in self.pieces:
-            need = step - have
-            if x.size > need:
-                parts.append(x[:need])
-                self.rest = x[need:]
-                have = step
-            else:
-                parts.append(x)
-                have += x.size
-            if have >= step:
-                break
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
-
-    def close(self) -> None:
-        self.rest = None
-        close = getattr(self.pieces, "close", None)
-        if close is not None:
-            close()
-
-
 @dataclass(frozen=True)
 class _Entry:
     """One output tensor: where each input holds it, and how it is made."""
@@ -389,6 +344,24 @@ class CombinedHandle(SourceHandle):
             return self.inputs[j].iter_chunks(n, self.step)
         return self._combined(e)
 
+    def _ranges(self, e: _Entry) -> Optional[Tuple[List[TensorRanges], Optional[TensorRanges]]]:
+        """Every input's (and the base's) ranges of ``e``, when the method is elementwise and
+        all of them are local files that store it in one piece; else ``None``."""
+        if not self.method.elementwise or not e.spec.size:
+            return None
+        got = []
+        for j, n in e.inputs:
+            r = self.inputs[j].ranges(n)
+            if r is None:
+                return None
+            got.append(r)
+        b = None
+        if self.base is not None and e.base is not None:
+            b = self.base.ranges(e.base)
+            if b is None:
+                return None
+        return got, b
+
     def _combined(self, e: _Entry) -> Iterator[np.ndarray]:
         m, p, step = self.method, e.params, self.step
         assert p is not None
@@ -397,7 +370,11 @@ class CombinedHandle(SourceHandle):
         base = self.base
         base_feed = ((lambda: FixedChunks(base.iter_chunks(e.base, step), step))
                      if (base is not None and e.base is not None) else None)
+        ranges = self._ranges(e)
         stats = m.prepare(p, size, feeds, base_feed)
+        if ranges is not None:
+            yield from self._blocked(e, stats, *ranges)
+            return
         its = [f() for f in feeds]
         bit = base_feed() if base_feed is not None else None
         order: List[Iterator[np.ndarray]] = ([bit] if bit is not None else []) + its
@@ -424,6 +401,13 @@ class CombinedHandle(SourceHandle):
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
+
+    def _blocked(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+                 base: Optional[TensorRanges]) -> Iterator[np.ndarray]:
+        """The chunks of an elementwise combination of local files (see :func:`blocked_chunks`)."""
+        assert e.params is not None
+        return blocked_chunks(self.method, e.params, stats, ranges, base, e.spec.size, self.step, e.spec.dtype,
+                              self._submit)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """The combined values of ``names`` as whole arrays (64-byte aligned)."""

@@ -405,6 +405,12 @@ class SourceHandle:
         flat = np.asarray(self.read([name])[name]).reshape(-1)
         return map(flat.__getitem__, (slice(s, s + max_elements) for s in range(0, flat.size, max_elements)))
 
+    def ranges(self, name: str) -> Any:
+        """``name`` as :class:`~ckptmerge.formats.ranges.TensorRanges` (ranges of elements read
+        straight into the caller's buffers), or ``None``: then use :meth:`iter_chunks`. Only
+        local checkpoints whose format stores the tensor in one piece give them."""
+        return None
+
     def close(self) -> None:
         """Release files."""
 
@@ -460,6 +466,11 @@ class CheckpointHandle(SourceHandle):
     def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
         """The values of ``name`` as flat pieces, read from the file as they are asked for."""
         return self.reader.iter_chunks(self._key_of.get(name, name), max_elements)
+
+    def ranges(self, name: str) -> Any:
+        """The reader's :meth:`~ckptmerge.formats.base.CheckpointReader.ranges` of ``name``."""
+        ranges = getattr(self.reader, "ranges", None)
+        return ranges(self._key_of.get(name, name)) if ranges is not None else None
 
     def close(self) -> None:
         """Close the reader's files."""

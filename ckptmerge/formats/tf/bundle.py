@@ -55,6 +55,7 @@ from ckptmerge.formats.io.storage import (
     read_small,
     remote_size,
 )
+from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.formats.tf.bundleindex import (
     OFFSET,
     SHARD,
@@ -622,6 +623,26 @@ class BundleReader(CheckpointReader):
             self._check_numeric(e)
             parts = [_Part(tuple((0, d) for d in e.shape), e, None)]
         return self._stream(e.shape, dt, parts, max_elements)
+
+    def ranges(self, name: str) -> Optional[TensorRanges]:
+        """A numeric tensor of a local bundle stored in one entry as
+        :class:`~ckptmerge.formats.ranges.TensorRanges`, its CRC32C checked (unless
+        ``verify=False``) once every byte was read; ``None`` for strings, partitioned variables,
+        empty tensors and URLs (use :meth:`iter_chunks`). Raises as :meth:`get` for a bad entry.
+
+        Example:
+            >>> r = reader.ranges("dense/kernel")                          # doctest: +SKIP
+        """
+        e = self._entries[self.info(name).raw_key]
+        dt = TF_TO_NUMPY.get(e.dtype)
+        if self.remote or e.slices or e.dtype == DT_STRING or dt is None or not e.size:
+            return None
+        self._check_numeric(e)
+        shard, start, key = e.shard_id, e.offset, e.key
+        return TensorRanges(dt, e.size // dt.itemsize,
+                            lambda offset, view: self._read_into(shard, start + offset, view, key),
+                            unmask_crc(e.crc32c) if self.verify else None,
+                            lambda actual: self._crc_error(e, actual))
 
     def _stream(self, shape: Tuple[int, ...], dt: np.dtype, parts: Sequence[_Part],
                 max_elements: int) -> Iterator[np.ndarray]:

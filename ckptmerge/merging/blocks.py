@@ -1,0 +1,189 @@
+"""How a combination's chunks are made from its inputs' chunks or ranges, in bounded memory.
+
+:class:`FixedChunks` regroups a reader's pieces into chunks of one size (one chunk of each input
+must cover the same elements). :func:`blocked_chunks` makes the chunks of an elementwise method
+from element ranges of local files (:class:`~ckptmerge.formats.ranges.TensorRanges`): a block of
+every input at a time, read straight into a small buffer, checksummed, added and cast while it is
+in the CPU cache, by the calling thread and a worker thread sharing each chunk's pieces.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import Future, wait
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..formats.base import aligned_empty
+from ..formats.ranges import TensorRanges
+from ..planning.casts import cast_array, numpy_dtype
+from .methods import Method, TensorParams
+
+__all__ = ["FixedChunks", "Pieces", "blocked_chunks", "BLOCK", "TASK"]
+
+#: Elements of each input read and added at once: the block, its float64 accumulator and the
+#: output block fit in a core's L2 cache (512 KiB here).
+BLOCK = 1 << 15
+#: Elements of the pieces of a chunk the threads share out.
+TASK = 1 << 17
+_PLAIN = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))  # numpy's casts round as TF's
+
+
+class FixedChunks:
+    """Pieces of a stream regrouped into chunks of exactly ``step`` elements (the last one
+    shorter): readers cut tensors where their files make it cheap (whole rows, hyperslabs), and
+    one chunk of each input must cover the same elements. Keeps at most the rest of one piece.
+
+    Example:
+        >>> [c.tolist() for c in FixedChunks(iter([np.arange(3), np.arange(3, 5)]), 2)]
+        [[0, 1], [2, 3], [4]]
+    """
+
+    def __init__(self, pieces: Iterator[np.ndarray], step: int) -> None:
+        self.pieces = pieces
+        self.step = step
+        self.rest: Optional[np.ndarray] = None
+
+    def __iter__(self) -> "FixedChunks":
+        return self
+
+    def __next__(self) -> np.ndarray:
+        step, rest = self.step, self.rest
+        self.rest = None
+        if rest is None:
+            rest = next(self.pieces)
+        if rest.size >= step:
+            if rest.size > step:
+                self.rest = rest[step:]
+            return rest[:step]
+        parts, have = [rest], rest.size
+        for x in self.pieces:
+            need = step - have
+            if x.size > need:
+                parts.append(x[:need])
+                self.rest = x[need:]
+                have = step
+            else:
+                parts.append(x)
+                have += x.size
+            if have >= step:
+                break
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def close(self) -> None:
+        self.rest = None
+        close = getattr(self.pieces, "close", None)
+        if close is not None:
+            close()
+
+
+class Pieces:
+    """The pieces of one output chunk, claimed in turn by whichever thread is free: the worker
+    thread given :meth:`run`, and the caller in :meth:`finish`, which then waits for the
+    pieces still being made and raises the first error."""
+
+    def __init__(self, out: np.ndarray, pieces: List[Tuple[int, int, int]], make: Callable[..., None]) -> None:
+        self.out = out
+        self.pieces = pieces
+        self.make = make
+        self.claim = itertools.count()  # (next() is atomic: each piece is made once)
+        self.helper: Optional[Future] = None
+        self.stop = False
+
+    def run(self) -> None:
+        for i in self.claim:
+            if i >= len(self.pieces) or self.stop:
+                return
+            self.make(self.out, *self.pieces[i])
+
+    def finish(self) -> np.ndarray:
+        try:
+            self.run()
+        except BaseException:
+            self.abandon()
+            raise
+        if self.helper is not None:
+            self.helper.result()
+        return self.out
+
+    def abandon(self) -> None:
+        """Make no more pieces; return once the worker has left off (no read is in flight)."""
+        self.stop = True
+        if self.helper is not None and not self.helper.cancel():
+            wait([self.helper])
+
+
+def blocked_chunks(m: Method, p: TensorParams, stats: Any, ranges: List[TensorRanges], base: Optional[TensorRanges],
+                   size: int, step: int, out_name: str, submit: Callable[..., Future]) -> Iterator[np.ndarray]:
+    """The output chunks (``step`` elements, the last one shorter) of the elementwise method
+    ``m`` over ``ranges`` (one per input, in order; ``base`` the base's), cast to ``out_name``.
+
+    Each chunk is made in pieces of :data:`TASK` elements that the calling thread and a worker
+    (``submit(fn)`` runs ``fn`` on one) claim in turn: the worker starts on the next chunk while
+    the caller uses this one, and the caller never waits for a thread to be scheduled while a
+    piece is left. A piece is made a :data:`BLOCK` at a time: that block of every input read,
+    checksummed and added, then finished and cast, so the reads, the accumulator and the output
+    stay in the CPU cache. The last chunk is given only once every input's checksum matched.
+
+    Example:
+        >>> from concurrent.futures import ThreadPoolExecutor
+        >>> from ckptmerge.merging.methods import METHODS
+        >>> def ranges(values):
+        ...     raw = np.asarray(values, np.float32).tobytes()
+        ...     def fill(offset, view):
+        ...         view[:] = raw[offset:offset + len(view)]
+        ...     return TensorRanges(np.dtype(np.float32), len(values), fill)
+        >>> mean, p = METHODS["mean"], TensorParams("x", (1.0, 1.0))
+        >>> with ThreadPoolExecutor(1) as pool:
+        ...     chunks = blocked_chunks(mean, p, mean.prepare(p, 3, [], None), [ranges([1, 2, 3]), ranges([3, 4, 6])],
+        ...                             None, 3, 2, "float32", pool.submit)
+        ...     [c.tolist() for c in chunks]
+        [[2.0, 3.0], [4.5]]
+    """
+    out_dt = numpy_dtype(out_name)
+    plain = out_dt in _PLAIN  # else cast_array rounds (bfloat16 and others through float32, as TF)
+    scratch = threading.local()
+
+    def buffers() -> Tuple[List[np.ndarray], Optional[np.ndarray]]:
+        got = getattr(scratch, "bufs", None)
+        if got is None:
+            by_dtype: Dict[np.dtype, np.ndarray] = {}
+            xs = [by_dtype.setdefault(r.dtype, aligned_empty(BLOCK, r.dtype)) for r in ranges]
+            got = scratch.bufs = (xs, aligned_empty(BLOCK, base.dtype) if base is not None else None)
+        return got
+
+    def piece(out: np.ndarray, first: int, lo: int, hi: int) -> None:
+        xs, bbuf = buffers()
+        spans = [r.span(lo, hi) for r in ranges]
+        bspan = base.span(lo, hi) if base is not None else None
+        for s in range(lo, hi, BLOCK):
+            k = min(BLOCK, hi - s)
+            b = bspan.read(bbuf[:k]) if bspan is not None and bbuf is not None else None
+            acc = m.start(p, k)
+            for j, span in enumerate(spans):
+                m.add(acc, p, stats, j, span.read(xs[j][:k]), b, s)
+            res = m.finish(acc, p, stats, b)
+            if plain:
+                np.copyto(out[s - first:s - first + k], res, casting="unsafe")
+            else:
+                out[s - first:s - first + k] = cast_array(res, out_name)
+
+    def start(first: int) -> Pieces:
+        n = min(step, size - first)
+        work = Pieces(aligned_empty(n, out_dt),
+                      [(first, lo, min(lo + TASK, first + n)) for lo in range(first, first + n, TASK)], piece)
+        work.helper = submit(work.run)
+        return work
+
+    ahead: List[Pieces] = [start(0)]
+    try:
+        for first in range(0, size, step):
+            work = ahead.pop()
+            if first + step < size:
+                ahead.append(start(first + step))
+            yield work.finish()
+    finally:  # (closed early or failed: no piece is left running on the files)
+        for work in ahead:
+            work.abandon()

@@ -1,0 +1,241 @@
+"""Element ranges (ckptmerge.formats.ranges) and the combination path that reads them: blocks
+of every input read straight into small buffers, checksummed, added and cast while in the CPU
+cache, by two threads. Its results must equal the chunk-streaming path (and NumPy) bit for bit,
+its checksum and truncation errors must be those of the reader, and nothing may run on the
+files after the caller stops."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pytest
+
+import ckptmerge as cm
+import ckptmerge.merging.blocks as blocks
+from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.formats import open_checkpoint
+from ckptmerge.formats.ranges import TensorRanges
+from ckptmerge.formats.tf.table import crc32c
+from ckptmerge.formats.tf.writer import BundleWriter
+from ckptmerge.merging.methods import combine_arrays
+
+from _reader_util import write_partitioned_bundle
+
+SHAPES = {"a/kernel": (97, 103), "a/bias": (103,), "h/half": (41, 29), "one": (1,)}
+
+
+def values(k: int) -> dict:
+    rng = np.random.default_rng(k)
+    out = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+    out["h/half"] = out["h/half"].astype(np.float16)
+    out["step"] = np.array(k, np.int64)
+    out["name"] = np.array([b"x", b"yz"], dtype=object)
+    return out
+
+
+def write(prefix: Path, vals: dict) -> str:
+    with BundleWriter(str(prefix)) as w:
+        for k, v in vals.items():
+            w.add(k, v)
+    return str(prefix)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ranges")
+    return [write(d / f"ckpt-{k}", values(k)) for k in range(4)]
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks and pieces far smaller than the tensors, of sizes that divide nothing."""
+    monkeypatch.setattr(blocks, "BLOCK", 7)
+    monkeypatch.setattr(blocks, "TASK", 29)
+
+
+def read_all(src, names, *, streamed=False, monkeypatch=None):
+    h = src.open()
+    try:
+        if streamed:
+            assert monkeypatch is not None
+            monkeypatch.setattr(type(h), "_ranges", lambda self, e: None)
+        return h.read(names)
+    finally:
+        if streamed:
+            monkeypatch.undo()
+        h.close()
+
+
+def test_ranges_read_any_order_from_any_thread_and_check_the_crc_once_complete(run):
+    with open_checkpoint(run[0]) as r:
+        got = r.ranges("a/kernel")
+        want = values(0)["a/kernel"].reshape(-1)
+        assert got.dtype == np.float32 and got.count == want.size
+        out = np.empty(want.size, np.float32)
+        bounds = list(range(0, want.size, 1000)) + [want.size]
+        spans = [(lo, hi) for lo, hi in zip(bounds, bounds[1:])][::-1]  # the last first
+
+        def read(lo, hi):
+            span = got.span(lo, hi)
+            for s in range(lo, hi, 333):
+                span.read(out[s:min(s + 333, hi)])
+
+        threads = [threading.Thread(target=read, args=sp) for sp in spans]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        np.testing.assert_array_equal(out, want)
+        assert got._covered == want.nbytes  # every byte folded into the checksum, which matched
+        assert r.ranges("name") is None  # strings stream as before
+        with pytest.raises(ValueError, match="outside"):
+            got.span(0, want.size + 1)
+        with pytest.raises(ValueError, match="does not fit"):
+            got.span(0, 2).read(np.empty(3, np.float32))
+
+
+def test_a_checksum_mismatch_raises_the_readers_error():
+    data = np.arange(10, dtype="<f4").tobytes()
+
+    def fill(offset, view):
+        view[:] = data[offset:offset + len(view)]
+
+    r = TensorRanges(np.dtype("<f4"), 10, fill, crc32c(data) ^ 1, lambda actual: CheckpointFormatError(f"bad {actual}"))
+    r.span(5, 10).read(np.empty(5, "<f4"))  # (not complete yet: nothing to check)
+    with pytest.raises(CheckpointFormatError, match=f"bad {crc32c(data)}"):
+        r.span(0, 5).read(np.empty(5, "<f4"))
+
+
+@pytest.mark.parametrize("method, opts", [
+    ("mean", {}),
+    ("mean", {"weights": [1, 2, 3]}),
+    ("ema", {"decay": 0.7}),
+    ("task_arithmetic", {"weights": [0.5, 0.3, 0.2], "scale": 0.8}),
+    ("dare", {"density": 0.4, "seed": 3}),
+    ("model_stock", {}),
+])
+def test_blocks_equal_the_streamed_chunks_and_numpy(run, small_blocks, monkeypatch, method, opts):
+    base = run[0] if method in ("task_arithmetic", "dare", "model_stock") else None
+    fts = run[1:]
+    src = cm.combine(fts, method, base=base, chunk_elements=500, **opts)
+    names = ["a/kernel", "a/bias", "h/half", "one", "step"]
+    h = src.open()
+    try:  # (the combination reads ranges of the files, the integer is copied by streaming)
+        assert h._ranges(h.entries["a/kernel"]) is not None and h.entries["step"].params is None
+    finally:
+        h.close()
+    got = read_all(src, names)
+    streamed = read_all(src, names, streamed=True, monkeypatch=monkeypatch)
+    for n in names:
+        np.testing.assert_array_equal(got[n], streamed[n], err_msg=n)
+        assert got[n].dtype == streamed[n].dtype
+    if method in ("mean", "task_arithmetic", "dare"):
+        ref_opts = {k: v for k, v in opts.items()}
+        ref = combine_arrays(method, [values(k)["a/kernel"] for k in (1, 2, 3)],
+                             values(0)["a/kernel"] if base else None, name="a/kernel", **ref_opts)
+        np.testing.assert_array_equal(got["a/kernel"], ref.astype(np.float32))
+
+
+def test_mixed_input_dtypes_and_a_bfloat16_output(tmp_path, small_blocks, monkeypatch):
+    a = write(tmp_path / "a", {"w": np.linspace(-3, 3, 1001, dtype=np.float32)})
+    b = write(tmp_path / "b", {"w": np.linspace(1, 2, 1001).astype(np.float16)})
+    for dtype in (None, "bfloat16", "float64"):
+        src = cm.combine([a, b], keys="union", dtype=dtype)
+        got = read_all(src, ["w"])["w"]
+        streamed = read_all(src, ["w"], streamed=True, monkeypatch=monkeypatch)["w"]
+        assert got.dtype == streamed.dtype
+        np.testing.assert_array_equal(got.astype(np.float64), streamed.astype(np.float64))
+
+
+def test_safetensors_inputs_take_the_same_path(tmp_path, small_blocks, monkeypatch):
+    from safetensors.numpy import save_file
+
+    paths = []
+    for k in range(3):
+        p = str(tmp_path / f"m{k}.safetensors")
+        save_file({"w": np.random.default_rng(k).standard_normal((50, 31)).astype(np.float32)}, p)
+        paths.append(p)
+    with open_checkpoint(paths[0]) as r:
+        assert r.ranges("w") is not None
+    src = cm.combine(paths)
+    got = read_all(src, ["w"])["w"]
+    np.testing.assert_array_equal(got, read_all(src, ["w"], streamed=True, monkeypatch=monkeypatch)["w"])
+
+
+def test_partitioned_inputs_fall_back_to_streaming(tmp_path, monkeypatch):
+    whole = np.arange(12, dtype=np.float32).reshape(4, 3)
+    p = write_partitioned_bundle(str(tmp_path / "p"), "v", (4, 3), [(((0, 2), (0, -1)), whole[:2]),
+                                                                    (((2, 2), (0, -1)), whole[2:])])
+    q = write(tmp_path / "q", {"v": whole + 1})
+    with open_checkpoint(p) as r:
+        assert r.ranges("v") is None
+    got = read_all(cm.combine([p, q]), ["v"])["v"]
+    np.testing.assert_array_equal(got, whole + np.float32(0.5))
+
+
+def corrupt_copy(src: str, dst: Path, at: Optional[int]) -> str:
+    """A copy of checkpoint ``src`` as ``dst``, the data byte ``at`` flipped (``None``: none)."""
+    for f in Path(src).parent.glob(Path(src).name + ".*"):
+        data = bytearray(f.read_bytes())
+        if ".data-" in f.name and at is not None:
+            data[at] ^= 0xFF
+        (dst.parent / (dst.name + f.name[len(Path(src).name):])).write_bytes(bytes(data))
+    return str(dst)
+
+
+def test_a_corrupt_input_fails_before_the_last_chunk_is_given(run, tmp_path, small_blocks):
+    bad = corrupt_copy(run[1], tmp_path / "bad", 8)
+    src = cm.combine([run[0], bad])
+    h = src.open()
+    try:
+        names = [e for e in h.entries if h.entries[e].params is not None]
+        failed = []
+        for name in names:
+            size = h.entries[name].spec.size
+            got = 0
+            try:
+                for chunk in h.iter_chunks(name):
+                    got += chunk.size
+            except CheckpointFormatError as e:
+                assert "checksum mismatch" in str(e) and "bad" in str(e)
+                assert got < size
+                failed.append(name)
+        assert len(failed) == 1
+    finally:
+        h.close()
+    with open_checkpoint(bad, verify=False) as r:
+        assert r.ranges(failed[0]).expected is None  # verify=False: nothing checked
+
+
+def test_a_file_truncated_after_opening_raises_a_clear_error(run, tmp_path):
+    copy = corrupt_copy(run[2], tmp_path / "short", None)
+    src = cm.combine([run[0], copy])
+    h = src.open()
+    try:
+        data = next(tmp_path.glob("short.data-*"))
+        os.truncate(data, 100)
+        with pytest.raises(CheckpointFormatError, match="ended early|truncated"):
+            for name in h.entries:
+                for _ in h.iter_chunks(name):
+                    pass
+    finally:
+        h.close()
+
+
+def test_closing_early_leaves_nothing_running_on_the_files(run, small_blocks):
+    src = cm.combine(run, chunk_elements=100)
+    h = src.open()
+    try:
+        it = h.iter_chunks("a/kernel")
+        first = next(it)
+        assert first.size == 100
+        it.close()
+        pool = h._pool
+        assert pool is not None
+    finally:
+        h.close()
+    assert h._pool is None  # (close joined the worker: none of its reads outlives the handle)
