@@ -73,6 +73,7 @@ _LAZY: Dict[str, str] = {
     "suggest": ".api",
     "Suggestion": ".planning.suggestion",
     "warm_start": ".api",
+    "watch": ".sources.watch",
 }
 
 __all__ = [
@@ -119,6 +120,7 @@ __all__ = [
     "snapshot",
     "suggest",
     "warm_start",
+    "watch",
 ]
 
 
@@ -149,3 +151,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .restorer import Restorer, snapshot
     from .sources.resolve import CheckpointInfo, checkpoints
     from .sources.source import Source
+    from .sources.watch import watch

@@ -3,6 +3,8 @@
 A :class:`Restorer` plans and validates once, keeps its readers open, builds its graph ops once
 (graph mode) and then restores as often as needed, optionally switching a source to another
 checkpoint of the same layout (``restore(step=N)`` / ``restore(path=...)``), re-validated cheaply.
+:meth:`Restorer.follow` restores each new checkpoint of a training run as it arrives (the
+actor/learner loop), through :func:`ckptmerge.watch`.
 :func:`snapshot` captures a target's current values in host memory as a :class:`Source`; in eager
 mode it holds TF tensors (sharing the variables' buffers, which TF copies on the next write), so
 restoring a snapshot is a buffer hand-over, not a copy.
@@ -10,19 +12,23 @@ restoring a snapshot is a buffer hand-over, not a copy.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TypeVar
 
 import numpy as np
 
 from .api import Binding, SourcesArg
 from .args import check_bool, check_callable, check_options, check_step, check_str
-from .errors import CkptMergeError, PlanError
+from .errors import CkptMergeError, PlanError, RestoreError
 from .restoring.backends.tensors import join_parts, read_variable
+from .sources.opening import as_sources
+from .sources.resolved import CheckpointInfo
 from .sources.source import Source, SourceHandle
-from .text import quote_name
+from .sources.watch import WATCH_OPTIONS, check_watch_options, intact, watch_checked
+from .text import and_list, quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .render.report import Report
@@ -127,7 +133,10 @@ class Restorer:
 
         check_options(plan_options, PLAN_OPTIONS, "Restorer()")
         check_bool(strict, "strict")
-        self.plan = make(target, sources, **plan_options)
+        self._target = target
+        self._sources = as_sources(sources)
+        self._plan_options = dict(plan_options)
+        self.plan = make(target, self._sources, **plan_options)
         self.plan.check(strict=strict)
         self.strict = strict
         self.session = session
@@ -137,6 +146,10 @@ class Restorer:
         # Each checkpoint source's path as first given (a directory, typically): switching by
         # step resolves against it even after a switch by path.
         self._origin = {h.label: h.source.path for h in binding.handles if not h.source.in_memory}
+        self._build_ops()
+
+    def _build_ops(self) -> None:
+        binding = self.plan._binding
         if binding.targets.mode == "graph":
             from .restoring.backends.graph import GraphOps
 
@@ -203,11 +216,7 @@ class Restorer:
                 f"Source {quote_name(old.label)} was given as the checkpoint prefix {base}; pass path=... to "
                 "switch it, or make the source from its directory to switch by step."
             )
-        new_source = Source(base, step=step, map=old.source.map, regex=old.source.regex,
-                            include=old.source.include, exclude=old.source.exclude,
-                            optimizer=old.source.optimizer, name=old.source.label, cast=old.source.cast,
-                            transforms=old.source.transforms, align=old.source.align)
-        handle = new_source.open()
+        handle = _like(old.source, base, step=step).open()
         if old.renamed:  # a Keras weights file named by the model's walk: the same names
             handle.rename(old.renamed, old.notes)
         new_vars = {v.name: v for v in handle.all_variables}
@@ -265,6 +274,108 @@ class Restorer:
         self.count += 1
         return report
 
+    def follow(self, directory: Any, *, source: Optional[str] = None, progress: Any = None,
+               **watch_options: Any) -> Iterator["Report"]:
+        """Restore each new checkpoint of ``directory`` as it arrives, and yield its report.
+
+        The actor/learner loop in one line: :func:`ckptmerge.watch` finds each new complete
+        checkpoint (in increasing step order, pinned while it is read) and this restorer
+        restores it into the target, atomically: a checkpoint that cannot be read leaves every
+        variable as it was, is reported (``on_skip``, else a warning) and skipped. The plan is
+        kept while the checkpoints' names, shapes and dtypes stay the same; when they change it
+        is made again, and the report's ``replanned`` says why (a new plan with findings that
+        ``strict`` rejects skips that checkpoint, the old plan stays).
+
+        Args:
+            directory: the training directory (or URL) to follow.
+            source: the label of the source the checkpoints replace; needed when there are several.
+            progress: optional ``progress(done_bytes, total_bytes)`` callback for each restore.
+            **watch_options: :func:`ckptmerge.watch`'s options (``after``, ``backlog``,
+                ``until_step``, ``timeout``, ``timeout_fn``, ``poll``, ``on_skip``, ``notify``).
+
+        Yields:
+            The :class:`ckptmerge.render.report.Report` of each restore, with ``checkpoint``
+            (the :class:`~ckptmerge.CheckpointInfo` restored) and ``replanned`` set.
+
+        Raises:
+            ArgumentError, ArgumentTypeError: bad options (raised by this call, before the loop).
+            CkptMergeError: several checkpoint sources and no ``source``.
+
+        Example:
+            >>> r = Restorer(actor, [Source("runs/learner")])             # doctest: +SKIP
+            >>> for report in r.follow("runs/learner", timeout=3600):     # doctest: +SKIP
+            ...     act(actor, steps=1000)
+        """
+        check_options(watch_options, WATCH_OPTIONS, "Restorer.follow()")
+        check_callable(progress, "progress")
+        options = check_watch_options(directory, **watch_options)
+        label = self._handle(source).label
+        return self._follow(options, label, progress)
+
+    def _follow(self, options: Dict[str, Any], label: str, progress: Any) -> Iterator["Report"]:
+        on_skip = options["on_skip"]
+        for info in watch_checked(options):
+            try:
+                report = self._restore_followed(label, info, options["given"], progress)
+            except CkptMergeError as e:
+                err = _followed_error(info, e)
+                if on_skip is not None:
+                    on_skip(info, err)
+                else:
+                    log.warning("%s", err)
+                continue
+            yield report
+
+    @_serialised
+    def _restore_followed(self, label: str, info: CheckpointInfo, given: str, progress: Any) -> "Report":
+        """Restore the followed checkpoint ``info`` into the target: the same plan when its layout
+        is the same, else a new one (see :meth:`follow`)."""
+        from .restoring.backends import run_plan
+
+        old = self._handle(label)
+        new_source = _like(old.source, info.read_path)
+        handle = new_source.open()
+        try:
+            if old.renamed:  # a Keras weights file named by the model's walk: the same names
+                handle.rename(old.renamed, old.notes)
+            why = _layout_change(old, handle, info)
+        except BaseException:
+            handle.close()
+            raise
+        note = f"step {info.step} of {given}" + (" (pinned while read)" if info.pinned else "")
+        if why is None:
+            handle.path, handle.note = info.path, note
+            handles = self.binding.handles
+            handles[handles.index(old)] = handle
+            old.close()
+        else:
+            handle.close()
+            self._replan(label, new_source, why)
+            for h in self.binding.handles:
+                if h.label == label:
+                    h.path, h.note = info.path, note
+        report = run_plan(self.plan, self.session, strict=self.strict, progress=progress)
+        self.count += 1
+        return dataclasses.replace(report, checkpoint=info, replanned=why)
+
+    def _replan(self, label: str, new_source: Source, why: str) -> None:
+        """Plan again with ``new_source`` in place of the source ``label`` (the old plan stays
+        when the new one has findings ``strict`` rejects)."""
+        from .api import plan as make
+
+        sources = [new_source if s.label == label else s for s in self._sources]
+        log.info("re-planning: %s", why)
+        plan = make(self._target, sources, **self._plan_options)
+        try:
+            plan.check(strict=self.strict)
+        except PlanError as e:
+            plan._binding.close()
+            raise PlanError(f"{why}; the new plan has findings, so this checkpoint was not restored and the "
+                            f"old plan stays: {e}", plan=plan) from None
+        self.plan._binding.close()
+        self.plan = plan
+        self._build_ops()
+
     @_serialised
     def close(self) -> None:
         """Close the readers (after the restore another thread may be running)."""
@@ -275,6 +386,61 @@ class Restorer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _like(source: Source, path: Any, *, step: Optional[int] = None) -> Source:
+    """A source with ``source``'s rules and label, reading another checkpoint."""
+    return Source(path, step=step, map=source.map, regex=source.regex, include=source.include,
+                  exclude=source.exclude, optimizer=source.optimizer, name=source.label, cast=source.cast,
+                  transforms=source.transforms, layout=source.layout, align=source.align)
+
+
+def _layout_change(old: SourceHandle, new: SourceHandle, info: CheckpointInfo) -> Optional[str]:
+    """Why ``new`` cannot use the plan made for ``old``: the names, shapes or dtypes of the
+    variables the rules may use differ (optimizer state and bookkeeping count only with
+    ``optimizer=True``, as in the plan); None when they are the same."""
+    before = {n: (v.shape, v.dtype) for n, v in old.selectable().items()}
+    after = {n: (v.shape, v.dtype) for n, v in new.selectable().items()}
+    if before == after:
+        return None
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(n for n in set(before) & set(after) if before[n] != after[n])
+    parts: List[str] = []
+    for what, names in (("new", added), ("gone", removed)):
+        if names:
+            parts.append(f"{len(names)} {what} ({_names(names)})")
+    if changed:
+        shown = [f"{quote_name(n)} {before[n][1]} {before[n][0]} -> {after[n][1]} {after[n][0]}" for n in changed[:3]]
+        parts.append(f"{len(changed)} with another shape or dtype ({', '.join(shown)}"
+                     f"{', ...' if len(changed) > 3 else ''})")
+    return f"step {info.step} changed the checkpoint's variables: {and_list(parts)}"
+
+
+def _names(names: List[str]) -> str:
+    shown = ", ".join(quote_name(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _followed_error(info: CheckpointInfo, e: CkptMergeError) -> CkptMergeError:
+    """The error reported for a followed checkpoint that was not restored: one naming it, and
+    saying so when its files were deleted while it was read."""
+    if isinstance(e, PlanError):
+        e.args = (f"Checkpoint {quote_name(info.path)} (step {info.step}) was not restored: {e}",)
+        return e
+    gone = not intact(info)
+    if gone:
+        how = (f" although it was pinned (its pinned copy {quote_name(info.pinned)} was removed too)"
+               if info.pinned else "")
+        message = (f"Checkpoint {quote_name(info.path)} (step {info.step}) was deleted while it was being "
+                   f"read{how}, so it was skipped and no target variable was changed. A trainer's cleanup "
+                   f"(max_to_keep) removed it; keep more checkpoints, or follow a local copy. Cause: {e}")
+    else:
+        message = (f"Checkpoint {quote_name(info.path)} (step {info.step}) could not be restored, so it was "
+                   f"skipped and no target variable was changed: {e}")
+    err = RestoreError(message, path=info.path)
+    err.__cause__ = e
+    return err
 
 
 def _is_dir(path: Any) -> bool:

@@ -492,7 +492,8 @@ def test_unknown_command_is_a_usage_error_with_exit_2():
 
 @pytest.mark.parametrize("args", [
     ["ls", "{B}"], ["ls", "{B}", "--stats"], ["show", "{B}", "a1"], ["diff", "{B}", "{C}", "--values"],
-    ["checkpoints", "{A}"], ["check", "{config}"], ["plan", "{config}", "--target", "{B}"],
+    ["checkpoints", "{A}"], ["watch", "{A}", "--timeout", "0"], ["check", "{config}"],
+    ["plan", "{config}", "--target", "{B}"],
 ], ids=lambda a: " ".join(a[:1] + [x for x in a[2:] if x.startswith("--")]))
 def test_inspection_commands_do_not_import_tensorflow(ck, tmp_path, args):
     config = tmp_path / "warm.yaml"

@@ -127,6 +127,29 @@ def test_eager_example(tf, runs_ab):
     np.testing.assert_array_equal(model["a1"].numpy(), runs_ab["a1"])  # the last restore: model-2000
 
 
+@runs("follow")
+def test_follow_example(tf, runs_ab):
+    import ckptmerge as cm
+
+    model = {k: tf.Variable(np.zeros_like(v)) for k, v in runs_ab.items()}
+    seen = []
+    ns = {"cm": cm, "model": model, "num_steps": 2000,
+          "evaluate": lambda m, step: seen.append((step, m["a1"].numpy().copy()))}
+    exec(_block("follow"), ns)
+    assert [s for s, _ in seen] == [1000, 2000]  # every checkpoint, oldest first
+    np.testing.assert_array_equal(seen[1][1], runs_ab["a1"])
+    np.testing.assert_array_equal(seen[0][1], runs_ab["a1"] + 1)
+
+
+@runs("watch")
+def test_watch_example(runs_ab):
+    import ckptmerge as cm
+
+    ns = {"cm": cm}
+    exec(_block("watch"), ns)
+    assert sorted(v.name for v in ns["names"]) == ["a1", "a2", "a3"]  # the latest only, read while pinned
+
+
 @runs("files")
 def test_files_example(runs_ab):
     import ckptmerge as cm

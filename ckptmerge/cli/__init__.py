@@ -7,7 +7,7 @@ one clear ``Error: ...`` message on stderr with exit code 2, never a traceback (
 errors list one problem per line). Exit codes: 0 ok, 1 findings or differences, 2 usage or
 input errors, 130 interrupted (Ctrl-C).
 
-The inspection commands (``ls``, ``show``, ``diff``, ``checkpoints``, ``check``,
+The inspection commands (``ls``, ``show``, ``diff``, ``checkpoints``, ``watch``, ``check``,
 ``plan --target``, ``suggest --target``, ``merging`` without ``--model``) never import TensorFlow; ``demo`` and
 ``--model MODULE:FUNCTION`` do.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 from typing import Optional, Sequence
 
-from . import combine, inspect, suggest, workflow  # noqa: F401  (registers the commands)
+from . import combine, follow, inspect, suggest, workflow  # noqa: F401  (registers the commands)
 from .common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
 from .inspect import max_abs_diff, tensor_stats, value_to_json
 

@@ -14,6 +14,7 @@ module expects a prefix or a file.
 
 Holds: one reader (and writer) per format: ``base`` (the reader interface), ``dtypes``, ``h5`` and
 ``kerasnames`` (Keras weights files), ``numpy_files``, ``safetensors`` and ``safetensors_writer``;
+``whole`` (whether a file still being written is whole yet: footers and headers);
 ``tf/`` (TensorFlow's own formats) and ``io/`` (storage, safe files, atomic outputs).
 
 May import: the bottom modules (``errors``, ``specs``, ``text``, ``args``, ``gcpause``) only. Never

@@ -138,6 +138,10 @@ class Report:
         elapsed: seconds the restore took.
         bytes_read: bytes read from all checkpoints.
         sources: one dict per source: ``label``, ``path``, ``note``, ``n_restored``, ``bytes``.
+        checkpoint: the :class:`~ckptmerge.CheckpointInfo` restored, for a restore made by
+            ``Restorer.follow`` (else ``None``).
+        replanned: why ``Restorer.follow`` planned again before this restore (the followed
+            checkpoint's names, shapes or dtypes changed), else ``None``.
 
     Raises:
         OptionError: ``mode`` is not one of :data:`RESTORE_MODES`.
@@ -155,6 +159,8 @@ class Report:
     elapsed: float
     bytes_read: int
     sources: List[Dict[str, Any]]
+    checkpoint: Any = None
+    replanned: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.mode not in RESTORE_MODES:
@@ -188,6 +194,10 @@ class Report:
     def render(self, *, limit: Optional[int] = 50) -> str:
         """Plain text: the summary, mode and bytes, per-source lines, restored and skipped."""
         out = [self.summary(), f"Mode: {self.mode}; read {human_bytes(self.bytes_read)}"]
+        if self.checkpoint is not None:
+            out.append(f"Checkpoint: step {self.checkpoint.step} ({escape_name(self.checkpoint.path)})")
+        if self.replanned:
+            out.append(f"Re-planned: {self.replanned}")
         out += self._source_lines("restored")
         by_target = self.plan.assignments
         out += section("Restored", self.restored, limit,
@@ -213,11 +223,18 @@ class Report:
              "skipped": [{"target": str, "reason": str}], "elapsed": float,
              "bytes_read": int, "sources": [{"label", "path", "note", "n_restored", "bytes"}],
              "plan": Plan.to_dict()}
+
+        plus, for a restore made by ``Restorer.follow``, ``"checkpoint": {"path", "step"}`` and
+        ``"replanned": str | None``.
         """
-        return {"summary": self.summary(), "mode": self.mode, "restored": list(self.restored),
-                "skipped": [{"target": t, "reason": r} for t, r in self.skipped],
-                "elapsed": float(self.elapsed), "bytes_read": int(self.bytes_read),
-                "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict(lazy=lazy)}
+        out = {"summary": self.summary(), "mode": self.mode, "restored": list(self.restored),
+               "skipped": [{"target": t, "reason": r} for t, r in self.skipped],
+               "elapsed": float(self.elapsed), "bytes_read": int(self.bytes_read),
+               "sources": [dict(s) for s in self.sources], "plan": self.plan.to_dict(lazy=lazy)}
+        if self.checkpoint is not None:
+            out["checkpoint"] = {"path": self.checkpoint.path, "step": self.checkpoint.step}
+            out["replanned"] = self.replanned
+        return out
 
 
 def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50) -> str:

@@ -21,6 +21,8 @@ class CheckpointInfo:
             recorded for it, else the modification time of its ``.index`` (or ``.h5``) file.
         size: bytes of the ``.index`` plus all ``.data-*`` shards (or of the ``.h5`` file).
         latest: whether the directory's ``checkpoint`` state file names it as the latest.
+        pinned: where :func:`ckptmerge.watch` holds it while the loop is on it (hard links in a
+            private folder, or a ``memory://`` copy where links are impossible), else ``None``.
 
     Example:
         >>> import ckptmerge as cm
@@ -33,6 +35,17 @@ class CheckpointInfo:
     time: float
     size: int
     latest: bool
+    pinned: Optional[str] = None
+
+    @property
+    def read_path(self) -> str:
+        """Where to read the checkpoint now: :attr:`pinned` when set, else :attr:`path`.
+
+        Example:
+            >>> CheckpointInfo("runs/A/ckpt-1", 1, 0.0, 10, True).read_path
+            'runs/A/ckpt-1'
+        """
+        return self.pinned or self.path
 
 
 @dataclass(frozen=True)

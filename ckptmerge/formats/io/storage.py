@@ -37,7 +37,7 @@ from ckptmerge.errors import (
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
-           "remote_listdir", "remote_size", "join", "basename", "dirname", "create_exclusive", "RETRIES",
+           "remote_listdir", "remote_size", "forget_listings", "join", "basename", "dirname", "create_exclusive", "RETRIES",
            "REMOTE_CONCURRENCY", "isfile", "isdir", "exists", "getsize", "listdir", "walk_files", "abspath",
            "open_binary", "open_zip", "REMOTE_BLOCK", "SNIFF_BLOCK"]
 
@@ -213,6 +213,20 @@ def remote_listdir(url: str) -> List[Dict[str, Any]]:
         out.append({"name": name, "size": int(e.get("size") or 0), "type": e.get("type", "file"),
                     "mtime": float(mtime) if isinstance(mtime, (int, float)) else None})
     return out
+
+
+def forget_listings(url: str) -> None:
+    """Drop the filesystem's cached listings of ``url`` and below, so the next listing asks the
+    store (fsspec caches directory listings; a watcher polling a prefix must see new objects).
+
+    Example:
+        >>> forget_listings("memory://run")  # doctest: +SKIP
+    """
+    fs, path = filesystem(url)
+    try:
+        fs.invalidate_cache(path)
+    except (AttributeError, NotImplementedError):  # pragma: no cover - a filesystem without a cache
+        pass
 
 
 # Filesystems whose pipe_file takes ``mode="create"`` through ``**kwargs`` and honours it from a

@@ -102,6 +102,7 @@ from ckptmerge.specs import VariableInfo, trusted_info
 __all__ = [
     "BundleReader",
     "BundleEntry",
+    "ShortShardError",
     "TABLE_MAGIC",
     "read_table",
     "mask_crc",
@@ -119,6 +120,11 @@ logger = logging.getLogger(__name__)
 _U32 = struct.Struct("<I")
 _SUPPORTED_MIN_CONSUMER = 1  # TF's kTensorBundleVersion
 _PIECE = 1 << 20  # read and checksum in pieces small enough to stay in the CPU cache
+
+
+class ShortShardError(CheckpointFormatError):
+    """A data shard is shorter than the entries of its index need: truncated, or (to a watcher)
+    still being written or copied."""
 
 
 #: A data file's name ending, ``.data-<shard>-of-<shards>`` (groups: shard, shard count).
@@ -322,7 +328,7 @@ class BundleReader(CheckpointReader):
         if short.size and (problem is None or short[0] < problem[0]):
             e = cols.entry(int(with_data[short[0]]))
             path = self._shard_path(e.shard_id)
-            raise CheckpointFormatError(
+            raise ShortShardError(
                 f"Checkpoint data file {os.path.basename(path)} is too short: tensor "
                 f"{e.key!r} needs bytes {e.offset}..{e.offset + e.size} but the file has "
                 f"{int(size_of[short[0]])}. The file is truncated or does not belong to this index; re-copy "
