@@ -37,12 +37,15 @@ setup(
         "gcs": ["fsspec>=2023.1", "gcsfs>=2023.1"],
         "azure": ["fsspec>=2023.1", "adlfs>=2023.1"],
         "remote": ["fsspec[http]>=2023.1", "s3fs>=2023.1", "gcsfs>=2023.1", "adlfs>=2023.1"],
+        # Orbax (JAX) checkpoints, read and written without JAX (docs/formats.md).
+        "orbax": ["tensorstore>=0.1.60", "msgpack>=1.0"],
         "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4",
                  "fsspec>=2023.1", "s3fs>=2023.1", "moto[server]>=5.0", "gcsfs>=2023.1", "adlfs>=2024.12",
                  # The docs site, built with --strict by tests/test_docs.py (docs/architecture.md).
                  "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=2.0",
                  # The cross-framework tests (tests/test_xframe_*.py) read KerasHub's converters.
-                 "keras-hub>=0.32"],
+                 "keras-hub>=0.32",
+                 "tensorstore>=0.1.60", "msgpack>=1.0", "orbax-checkpoint>=0.12.8"],
     },
     entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
     classifiers=[
