@@ -308,3 +308,18 @@ def test_merge_to_torch_example(tmp_path, monkeypatch):
     exec(_block("merge-to-torch"), {"backbone": backbone})
     got, want = load_file("out/model.safetensors"), load_file("hf/bert/model.safetensors")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+@runs("orbax-flax")
+def test_orbax_flax_example(monkeypatch):
+    pytest.importorskip("tensorstore")
+    import keras
+
+    monkeypatch.chdir(ROOT)
+    twin = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(6, 3, padding="same", activation="relu"),
+                             keras.layers.Conv2D(4, 3, strides=2, padding="same"),
+                             keras.layers.BatchNormalization(epsilon=1e-5), keras.layers.ReLU(),
+                             keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(5)])
+    exec(_block("orbax-flax"), {"keras_twin": twin})
+    io = np.load(ROOT / "tests" / "fixtures" / "flax" / "linen_cnn" / "io.npz")
+    np.testing.assert_allclose(twin.predict(io["x"], verbose=0), io["y"], rtol=1e-5, atol=1e-5)

@@ -38,13 +38,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..specs import KIND_BOOKKEEPING, VariableInfo
+from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
 from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
 
-__all__ = ["LayoutEntry", "Layout", "torch_layout", "LAYOUTS", "apply_entry"]
+__all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "layout_of", "apply_entry"]
 
 #: The layouts ``Source(layout=...)`` accepts.
-LAYOUTS = ("torch",)
+LAYOUTS = ("torch", "flax")
 
 _EMBED = re.compile(r"(^|[_.])(" + "|".join(map(re.escape, EMBEDDING_MODULES)) + r")$", re.IGNORECASE)
 #: Fused query/key/value modules whose output axis holds q, k, v one after the other (GPT-2's
@@ -85,10 +85,11 @@ class Layout:
 
     entries: Dict[str, LayoutEntry] = field(default_factory=dict)
     undecided: List[Tuple[str, str]] = field(default_factory=list)
+    name: str = "torch"
 
     def findings(self, label: str) -> List[str]:
         """One line per undecided tensor, for the plan's findings."""
-        return [f"layout 'torch' of source '{label}': {name}: {why}" for name, why in self.undecided]
+        return [f"layout '{self.name}' of source '{label}': {name}: {why}" for name, why in self.undecided]
 
 
 def _slash(name: str) -> str:
@@ -362,3 +363,82 @@ def apply_entry(entry: LayoutEntry, values: Sequence[np.ndarray]) -> np.ndarray:
     if entry.op == "stack":
         return np.stack([_reorder(values[0], entry.order), _reorder(values[1], entry.order)])
     raise ValueError(f"unknown layout op {entry.op!r}")  # pragma: no cover - entries come from here
+
+
+# -- Flax (Linen and NNX) ----------------------------------------------------------------------
+
+_FLAX_COLLECTIONS = ("params", "batch_stats")
+_FLAX_TRANSPOSED_CONV = re.compile(r"(conv_?transpose|deconv)", re.IGNORECASE)
+_FLAX_RENAMES = {"embedding": "embeddings", "mean": "moving_mean", "var": "moving_variance"}
+
+
+def _flax_name(v: VariableInfo) -> Tuple[str, ...]:
+    parts = tuple(v.name.split("/"))
+    if v.kind == KIND_VARIABLE:
+        for i in range(min(2, len(parts) - 1)):  # the variables' collection, perhaps after an item name
+            if parts[i] in _FLAX_COLLECTIONS:
+                parts = parts[i + 1:]
+                break
+    if len(parts) > 1 and parts[-1] in ("value", "raw_value"):  # an NNX Variable's leaf
+        parts = parts[:-1]
+    return parts
+
+
+def flax_layout(infos: Sequence[VariableInfo]) -> Layout:
+    """Map a Flax checkpoint's tensors (Linen ``params``/``batch_stats`` trees, NNX states) to
+    Keras names, shapes and transforms.
+
+    Flax's conventions are Keras's but for names: ``Dense``/``nnx.Linear`` kernels are
+    ``(in, out)`` and ``Conv`` kernels HWIO in both, so they are copied; ``LayerNorm``,
+    ``GroupNorm``, ``RMSNorm`` and ``BatchNorm`` ``scale``/``bias`` become ``gamma``/``beta``,
+    ``BatchNorm``'s ``mean``/``var`` (``batch_stats``) ``moving_mean``/``moving_variance``,
+    ``Embed``'s ``embedding`` ``embeddings``; ``ConvTranspose`` kernels ``(*k, in, out)`` become
+    Keras's ``(*k, out, in)``. The collection (``params/``, ``batch_stats/``) and NNX's trailing
+    ``/value`` are dropped, so a layer's tensors share one scope as in Keras (``BatchNorm_0/gamma``
+    and ``BatchNorm_0/moving_mean``). Optimizer state keeps its names.
+
+    Example:
+        >>> from ckptmerge.specs import VariableInfo
+        >>> lay = flax_layout([VariableInfo("params/LayerNorm_0/scale", (4,), "float32"),
+        ...                    VariableInfo("params/Dense_0/kernel", (3, 4), "float32")])
+        >>> [(n, e.note) for n, e in lay.entries.items()]
+        [('LayerNorm_0/gamma', 'scale -> gamma'), ('Dense_0/kernel', '')]
+    """
+    modules: Dict[Tuple[str, ...], Dict[str, VariableInfo]] = {}
+    for v in infos:
+        parts = _flax_name(v)
+        modules.setdefault(parts[:-1], {})[parts[-1]] = v
+    out = Layout(name="flax")
+    for module, params in modules.items():
+        scope = "/".join(module) + "/" if module else ""
+        norm = "scale" in params and len(params["scale"].shape) == 1 and "kernel" not in params
+        for p, v in params.items():
+            new, op, perm, note = p, "copy", (), ""
+            if norm and p in ("scale", "bias"):
+                new = {"scale": "gamma", "bias": "beta"}[p]
+            elif p in _FLAX_RENAMES and (p == "embedding" or len(v.shape) == 1):
+                new = _FLAX_RENAMES[p]
+            elif p == "kernel" and module and _FLAX_TRANSPOSED_CONV.search(module[-1]) and len(v.shape) >= 3:
+                n = len(v.shape)
+                perm = tuple(range(n - 2)) + (n - 1, n - 2)
+                op, note = "transpose", "ConvTranspose kernel (*k,in,out)->(*k,out,in)"
+            if new != p and not note:
+                note = f"{p} -> {new}"
+            shape = tuple(v.shape[i] for i in perm) if perm else v.shape
+            info = VariableInfo(scope + new, shape, v.dtype, v.raw_key, v.kind, v.nbytes)
+            if info.name in out.entries:
+                out.undecided.append((info.name, f"two Flax tensors ({out.entries[info.name].sources[0]!r} and "
+                                                 f"{v.raw_key!r}) would both be {info.name!r}; map one of them"))
+                continue
+            out.entries[info.name] = LayoutEntry(info, (v.raw_key,), op, perm, (), note)
+    return out
+
+
+def layout_of(name: str, infos: Sequence[VariableInfo]) -> Layout:
+    """The layout ``name`` (one of :data:`LAYOUTS`) of a source's tensors.
+
+    Example:
+        >>> layout_of("flax", []).entries
+        {}
+    """
+    return flax_layout(infos) if name == "flax" else torch_layout(infos)

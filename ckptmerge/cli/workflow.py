@@ -308,9 +308,9 @@ def _as_list(globs: Any) -> List[str]:
 @click.option("--durable", is_flag=True,
               help="fsync every file before it is moved into place (survives a power loss; slower).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar; print only the summary line.")
-@click.option("--format", "out_format", type=click.Choice(["tf", "safetensors"]), default=None,
+@click.option("--format", "out_format", type=click.Choice(["tf", "safetensors", "orbax"]), default=None,
               help="Output format (default: safetensors when OUT_PREFIX ends with .safetensors, else a TF "
-                   "checkpoint).")
+                   "checkpoint); orbax writes an Orbax checkpoint folder that JAX's Orbax restores.")
 @click.option("--layout", "layout", type=click.Choice(["torch"]), default=None,
               help="torch: write the Keras/TF weights under the --template's PyTorch names, shapes and "
                    "layouts (a .safetensors file, or a save_pretrained folder), paired by structural "
@@ -328,8 +328,9 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
 
     Without a template the output holds every name the sources give after their rules; with
     --template PATH or --model MODULE:FUNCTION exactly the template's names and shapes (the
-    plan's findings apply). The output is a standard TF checkpoint, or one .safetensors file
-    (-o out/model.safetensors, or --format safetensors), written atomically; an existing one is
+    plan's findings apply). The output is a standard TF checkpoint, one .safetensors file
+    (-o out/model.safetensors, or --format safetensors) or an Orbax checkpoint folder
+    (--format orbax: names split on '/' into the tree), written atomically; an existing one is
     kept unless --force. A progress bar shows on a terminal unless --quiet. With --layout torch
     and --template FILE the output is a PyTorch state_dict (.safetensors) under FILE's names.
     Exit code 0 on success, 1 when findings block the merge (nothing is written), 2 on config

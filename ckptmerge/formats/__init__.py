@@ -6,7 +6,8 @@ SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.tf.
 TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format of TF 0.x and
 ``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.tf.v1.V1Reader`, and Keras weights
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
-:class:`~ckptmerge.formats.h5.H5Reader`.
+:class:`~ckptmerge.formats.h5.H5Reader`, and Orbax step or item folders (JAX) through
+:class:`~ckptmerge.formats.orbax.OrbaxReader` (``tensorstore`` decodes the arrays).
 Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
 reads through :mod:`ckptmerge.formats.io.storage`. Nothing here imports TensorFlow. Path resolution
 (directories, ``checkpoint`` state files, "latest") is :mod:`ckptmerge.sources.resolve`' job; this
@@ -31,6 +32,7 @@ from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.numpy_files import NumpyReader, holds_npy, is_npz
+from ckptmerge.formats.orbax import OrbaxReader, is_orbax
 from ckptmerge.formats.safetensors import (
     INDEX_SUFFIX,
     SafetensorsReader,
@@ -48,6 +50,7 @@ __all__ = [
     "BundleReader",
     "H5Reader",
     "NumpyReader",
+    "OrbaxReader",
     "SafetensorsReader",
     "V1Reader",
     "UnknownTensorError",
@@ -63,7 +66,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         path: a resolved checkpoint prefix (``runs/base/model.ckpt-1000``, for which
             ``model.ckpt-1000.index`` exists), a V1 checkpoint file or the pattern of a sharded
             V1 set (``model.ckpt-1000-?????-of-00002``), a ``.weights.h5``/``.h5`` file or a
-            Keras 3 ``.keras`` archive.
+            Keras 3 ``.keras`` archive, or an Orbax step or item folder.
         verify: check CRC32C checksums while reading (``False`` to salvage corrupt files).
 
     Returns:
@@ -108,6 +111,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
             "file. If it is a "
             "data shard, pass the prefix (the part before '.data-').", path=path)
     if storage.isdir(path):
+        if is_orbax(path):  # (tensorstore is imported when an Orbax checkpoint is opened)
+            return OrbaxReader(path, verify=verify)
         names = storage.listdir(path)
         if any(n.endswith((".safetensors", INDEX_SUFFIX)) for n in names):
             return SafetensorsReader(path, verify=verify)

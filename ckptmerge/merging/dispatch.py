@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence, Union
 
+from ..errors import ArgumentError
 from ..formats.io.storage import is_url
 from ..render.report import Report
 from ..sources.opening import SourcesArg
@@ -74,7 +75,10 @@ def merge(
             survives a power loss (slower: it waits for the disk). Without it the output is still
             all-or-nothing for the process: a merge killed half-way leaves the prefix as it was.
         format: ``"tf"`` (a TF checkpoint), ``"safetensors"`` (one ``.safetensors`` file whose
-            metadata records the sources and the plan) or ``"keras-h5"`` (a Keras
+            metadata records the sources and the plan), ``"orbax"`` (an Orbax checkpoint folder
+            at ``out_prefix`` that Orbax's V1 ``load`` and V0 ``PyTreeCheckpointer`` restore, names
+            split on ``/`` into the tree; see :mod:`ckptmerge.formats.orbax_writer`) or
+            ``"keras-h5"`` (a Keras
             ``.weights.h5`` file: each name is a dataset path, as ckptmerge names the entries of
             a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back); default:
             ``"keras-h5"`` when ``out_prefix`` ends with ``.weights.h5``, ``"safetensors"`` when it
@@ -123,5 +127,9 @@ def merge(
                    dry_run=dry_run, update_state=update_state, progress=progress, verify=verify,
                    durable=durable, format=format, layout=layout)
     if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
+        if format == "orbax":
+            raise ArgumentError(f"format='orbax' writes to a local folder; {os.fspath(out_prefix)!r} is a URL. Merge "
+                                "to a local folder, then copy it up (gsutil -m cp -r, aws s3 cp --recursive), the "
+                                "commit_success.txt files last.")
         return merge_to_url(merge_local, sources, os.fspath(out_prefix), **options)
     return merge_local(sources, out_prefix, **options)

@@ -195,13 +195,15 @@ def _check_flag(name: str, value: Any) -> bool:
     return value
 
 
-def _check_out_prefix(out_prefix: Any) -> str:
+def _check_out_prefix(out_prefix: Any, *, folder: bool = False) -> str:
     if isinstance(out_prefix, bool) or not isinstance(out_prefix, (str, os.PathLike)):
         raise ArgumentTypeError("out_prefix must be a checkpoint prefix (str or os.PathLike), e.g. "
                                 f"'out/merged'. Received: out_prefix={out_prefix!r:.80}")
     given = os.fspath(out_prefix)
     if not isinstance(given, str) or not given:
         raise ArgumentError(f"out_prefix must be a non-empty path. Received: out_prefix={out_prefix!r}")
+    if folder:  # an Orbax output is a folder: an existing one is replaced only with overwrite
+        return given.rstrip("/" + os.sep) or given
     if given.endswith(("/", os.sep)) or os.path.isdir(given):
         example = os.path.join(given.rstrip("/" + os.sep) or ".", "merged")
         raise ArgumentError(
@@ -394,7 +396,8 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
 FORMAT_TF = "tf"
 FORMAT_SAFETENSORS = "safetensors"
 FORMAT_KERAS_H5 = "keras-h5"
-_FORMATS = (FORMAT_TF, FORMAT_SAFETENSORS, FORMAT_KERAS_H5)
+FORMAT_ORBAX = "orbax"
+_FORMATS = (FORMAT_TF, FORMAT_SAFETENSORS, FORMAT_KERAS_H5, FORMAT_ORBAX)
 
 
 def _check_format(format: Any, given: str) -> str:
@@ -424,15 +427,22 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
                                 f"{names}{f' and {len(problems) - 5} more' if len(problems) > 5 else ''}. Exclude them "
                                 "(Source(..., exclude=[...])), or write a TF checkpoint.")
         return H5Writer(given, specs, overwrite=overwrite, durable=durable)
-    from ..formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
+    if fmt == FORMAT_ORBAX:
+        from ..formats.orbax_writer import OrbaxWriter, unsupported_dtypes
+    else:
+        from ..formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
 
     bad = unsupported_dtypes(specs)
     if bad:
         names = ", ".join(f"{quote_name(n)} ({d})" for n, d in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise ArgumentError(f"safetensors cannot store {plural(len(bad), 'tensor')} of this merge: {names}. "
+        what = "An Orbax checkpoint" if fmt == FORMAT_ORBAX else "safetensors"
+        raise ArgumentError(f"{what} cannot store {plural(len(bad), 'tensor')} of this merge: {names}. "
                             "Exclude them (Source(..., exclude=[...])), or write a TF checkpoint.")
     sources = [{"label": h.label, "path": h.path, "note": h.note} for h in handles]
     assigned = {t: f"{a.source}:{a.name}" for t, a in sorted(plan.assignments.items())}
+    if fmt == FORMAT_ORBAX:
+        return OrbaxWriter(given, specs, metadata={"ckptmerge": {"sources": sources, "plan": assigned}},
+                           overwrite=overwrite, durable=durable)
     metadata = {"ckptmerge.sources": json.dumps(sources), "ckptmerge.plan": json.dumps(assigned)}
     return SafetensorsWriter(given, specs, metadata=metadata, overwrite=overwrite, durable=durable)
 
@@ -481,7 +491,7 @@ def merge_local(
         >>> merge_local([Source("runs/A")], "runs/C/merged")   # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    given = _check_out_prefix(out_prefix)
+    given = _check_out_prefix(out_prefix, folder=format == FORMAT_ORBAX)
     fmt = _check_format(format, given)
     if fmt != FORMAT_TF and update_state:
         raise ArgumentError("update_state applies to TF checkpoints (the 'checkpoint' state file names a "
@@ -606,7 +616,7 @@ def merge_local(
                 if writer is not None:
                     writer.abort()
                 raise
-            bytes_written = writer.bytes_written if fmt == FORMAT_TF else os.path.getsize(out_abs)
+            bytes_written = writer.bytes_written if fmt in (FORMAT_TF, FORMAT_ORBAX) else os.path.getsize(out_abs)
             if update_state:
                 state_path = _write_state(out_abs, given, state)
             logger.info("merged %d tensors from %d source(s) into %s (%d bytes)", len(jobs), len(handles),

@@ -49,6 +49,7 @@ from .files import (
     v1_shard,
 )
 from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .orbax import FORMAT_ORBAX, orbax_folder, orbax_listing, orbax_root
 from .state import CheckpointState, read_state
 
 __all__ = ["checkpoints_local", "resolve_local"]
@@ -151,6 +152,11 @@ def checkpoints_local(given: str) -> List[CheckpointInfo]:
     state = read_state(given, given)
     cands = _candidates_with_state(given, state)
     sm = _saved_model_prefix(given)
+    if not cands and sm is None:  # a CheckpointManager root of Orbax steps?
+        orbax = orbax_listing(given)
+        if orbax:
+            return [CheckpointInfo(path=o.path, step=o.step, time=o.time, size=o.size, latest=o.latest)
+                    for o in orbax]
     if sm is not None and index_exists(sm) and all(c.prefix != sm for c in cands):
         cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
     latest = state.model_checkpoint_path if state is not None else None
@@ -281,6 +287,9 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
 
 def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     abs_dir = os.path.abspath(given)
+    orbax = orbax_folder(given, step)  # (first: an old Orbax item's 'checkpoint' file is no state file)
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     sm = _saved_model_prefix(given)
     if sm is not None:
         if not index_exists(sm):
@@ -304,6 +313,9 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     if step is not None:
         cands = _candidates_with_state(given, state)
         matching = sorted({c.prefix: c for c in cands if c.step == step}.values(), key=_sort_key)
+        orbax = orbax_root(given, step) if not cands else None  # a CheckpointManager root of Orbax steps
+        if orbax is not None:
+            return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
         if not matching:
             raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {escape_name(given)}; steps there: {_steps_text(cands)}. "
@@ -362,6 +374,9 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     fmt = _array_dir_format(given)
     if fmt:
         return ResolvedCheckpoint(abs_dir, fmt, None, f"{fmt} files in {given}")
+    orbax = orbax_root(given, None)
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
 
     # Nothing here; point at subdirectories that do hold checkpoints.
     sub_hint = ""

@@ -43,6 +43,7 @@ from .files import (
 )
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .state import CheckpointState, state_from_text
+from .orbax import FORMAT_ORBAX, ORBAX_MARKERS, orbax_folder, orbax_listing, orbax_root
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
@@ -119,6 +120,9 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
             "checkpoints of its parent.",
             path=given)
     names = {e["name"]: e for e in remote_listdir(url)}
+    orbax = orbax_folder(url, step) if ORBAX_MARKERS.intersection(names) else None
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
     # (name, format) of each checkpoint there: TF prefixes, and Keras weights files as in a local directory
     bundles = [(p, FORMAT_TF_BUNDLE) for p in prefixes]
@@ -127,6 +131,9 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
         match = [c for c in bundles + h5 if step_of(c[0]) == step]
+        orbax = orbax_root(url, step) if not bundles and not h5 else None
+        if orbax is not None:
+            return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
         if len(match) != 1:
             raise CheckpointNotFoundError(
                 f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run "
@@ -167,6 +174,9 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     fmt = array_dir_format(names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
+    orbax = orbax_root(url, None)
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object and no "
                                   "'checkpoint' state file there.", path=given)
 
@@ -223,6 +233,10 @@ def checkpoints_url(directory: str) -> List[CheckpointInfo]:
         raise CheckpointNotFoundError(f"{quote_name(directory)} is not a directory (no objects below it).",
                                       path=directory)
     names = {e["name"]: e for e in remote_listdir(url)}
+    if not any(n.endswith(INDEX) or is_h5_name(n) for n in names):  # a CheckpointManager root of Orbax steps?
+        orbax = orbax_listing(url)
+        if orbax:
+            return [CheckpointInfo(o.path, o.step, o.time, o.size, o.latest) for o in orbax]
     latest = _latest_name(url, names)
     data: Dict[str, int] = {}  # prefix -> bytes of its data shards, in one pass (linear in the listing)
     for n, e in names.items():

@@ -36,6 +36,7 @@ from .files import (
     PathArg,
 )
 from .local import checkpoints_local, resolve_local
+from .orbax import FORMAT_ORBAX
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .state import CheckpointState, read_state_file
 
@@ -54,6 +55,7 @@ __all__ = [
     "FORMAT_SAFETENSORS",
     "FORMAT_NUMPY",
     "FORMAT_TF_V1",
+    "FORMAT_ORBAX",
 ]
 
 logger = logging.getLogger(__name__)
@@ -140,10 +142,12 @@ def open_resolved(path: PathArg, *, step: Optional[int] = None, verify: bool = T
         >>> resolved.note, len(reader)                      # doctest: +SKIP
         ('latest checkpoint per runs/A/checkpoint (step 10)', 3)
     """
-    from ..formats import BundleReader, open_checkpoint
+    from ..formats import BundleReader, OrbaxReader, open_checkpoint
 
     if resolved is None:
         resolved = resolve_checkpoint(path, step=step)
     if resolved.format == FORMAT_TF_BUNDLE:  # resolving found its index: not looked for again (a request less by URL)
         return resolved, BundleReader(resolved.prefix, verify=verify)
+    if resolved.format == FORMAT_ORBAX:
+        return resolved, OrbaxReader(resolved.prefix, verify=verify)
     return resolved, open_checkpoint(resolved.prefix, verify=verify)

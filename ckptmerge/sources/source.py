@@ -110,7 +110,10 @@ class Source:
         transforms: value transforms (``ckptmerge.planning.transforms``) applied to this source's values.
         layout: ``"torch"`` reads a PyTorch ``state_dict`` as Keras/TF holds it: ``/`` scopes,
             ``kernel``/``gamma``/``beta``/``embeddings`` names, Linear and conv kernels
-            transposed, RNN gates reordered (see :mod:`ckptmerge.alignment.layouts`; the report notes each).
+            transposed, RNN gates reordered; ``"flax"`` reads a Flax (Linen or NNX) tree as Keras
+            names it: collections and NNX's ``/value`` dropped, ``scale``/``bias`` of norms as
+            ``gamma``/``beta``, ``embedding`` as ``embeddings`` (see :mod:`ckptmerge.alignment.layouts`;
+            the report notes each).
         align: ``"structure"``: targets no name or rule reaches take the checkpoint variables
             structural alignment pairs them with, where that is unambiguous (see
             :func:`ckptmerge.suggest`); each is marked "matched by structure" in the report.
@@ -527,9 +530,9 @@ class LayoutHandle(SourceHandle):
     kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.alignment.layouts`)."""
 
     def __init__(self, inner: SourceHandle) -> None:
-        from ..alignment.layouts import torch_layout
+        from ..alignment.layouts import layout_of
 
-        layout = torch_layout(inner.all_variables)
+        layout = layout_of(inner.source.layout, inner.all_variables)
         src = inner.source
         # An undecided 2-D weight is settled by the user: a Transpose on its target, or a map
         # onto an Embedding's 'embeddings'.

@@ -1,0 +1,151 @@
+"""Which Orbax checkpoint a path (and optional step) means: a step or item folder, or the latest
+finalised step of a CheckpointManager root.
+
+Used by :mod:`ckptmerge.sources.local` and :mod:`ckptmerge.sources.remote` for local paths and URLs
+alike (the folder questions go through :mod:`ckptmerge.formats.orbax`). Only finalised steps
+count: never a folder under Orbax's temporary name, nor a step without its commit marker where
+Orbax uses one (GCS); "latest" is the highest finalised step, as Orbax's CheckpointManager has it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, NamedTuple, Optional, Tuple
+
+from ..errors import ArgumentError, CheckpointNotFoundError
+from ..formats.io import storage
+from ..formats.orbax import CHECKPOINT_METADATA_FILE, METADATA_FILE, is_orbax, orbax_steps
+from ..text import quote_name, quoted_command
+
+__all__ = ["orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
+
+#: An Orbax step or item folder (read through tensorstore).
+FORMAT_ORBAX = "orbax"
+_STEP = re.compile(r"^(?:.+_)?(\d+)$")
+#: Files whose presence makes a folder an Orbax step or item folder.
+ORBAX_MARKERS = frozenset((CHECKPOINT_METADATA_FILE, METADATA_FILE, "manifest.ocdbt", "orbax.checkpoint"))
+
+
+def orbax_step_of(path: str) -> Optional[int]:
+    """The step in an Orbax step folder's name (``100``, ``ckpt_100``), else ``None``.
+
+    Example:
+        >>> orbax_step_of("runs/jax/ckpt_100"), orbax_step_of("runs/jax/100/state")
+        (100, None)
+    """
+    m = _STEP.match(storage.basename(path.rstrip("/\\")))
+    return int(m.group(1)) if m else None
+
+
+def _looks_like_orbax(given: str) -> bool:
+    """Whether ``given`` is an Orbax step or item folder, from a few file lookups (no listing, so a
+    TF run directory pays almost nothing): Orbax's metadata files or OCDBT manifest, or an old
+    item's msgpack ``checkpoint`` file (a TF state file of that name is text)."""
+    if any(storage.isfile(storage.join(given, m)) for m in sorted(ORBAX_MARKERS)):
+        return True
+    state = storage.join(given, "checkpoint")
+    if storage.is_url(given) or not os.path.isfile(state):
+        return False
+    try:
+        with open(state, "rb") as f:
+            head = f.read(1)
+    except OSError:
+        return False
+    return bool(head) and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)) and is_orbax(given)
+
+
+def orbax_folder(given: str, step: Optional[int]) -> Optional[Tuple[str, Optional[int], str]]:
+    """``(folder, step, note)`` when ``given`` is an Orbax step or item folder, else ``None``.
+
+    Raises:
+        ArgumentError: ``step`` contradicts the step folder given.
+
+    Example:
+        >>> orbax_folder("runs/jax/200", None)  # doctest: +SKIP
+        ('/abs/runs/jax/200', 200, 'Orbax checkpoint runs/jax/200')
+    """
+    if not _looks_like_orbax(given):
+        return None
+    own = orbax_step_of(given)
+    if step is not None and own != step:
+        has = f"is step {own}" if own is not None else "has no step in its name"
+        raise ArgumentError(
+            f"step={step} was given, but Orbax checkpoint {quote_name(given)} {has}. Pass its "
+            f"CheckpointManager folder with the step (Source({quote_name(storage.dirname(given))}, step={step})), "
+            "or drop the step.")
+    return _abs(given.rstrip("/")), own, f"Orbax checkpoint {given}"
+
+
+def orbax_root(given: str, step: Optional[int]) -> Optional[Tuple[str, Optional[int], str]]:
+    """``(step folder, step, note)`` when ``given`` is a CheckpointManager root: ``step`` picks one of
+    its finalised steps, else the latest; ``None`` when it holds no Orbax step.
+
+    Raises:
+        CheckpointNotFoundError: the root has no finalised step ``step``.
+
+    Example:
+        >>> orbax_root("runs/jax", None)  # doctest: +SKIP
+        ('/abs/runs/jax/200', 200, 'latest finalised Orbax step of runs/jax (step 200; steps there: 100, 200)')
+    """
+    steps = orbax_steps(given)
+    if not steps:
+        return None
+    shown = ", ".join(str(s.step) for s in steps)
+    if step is not None:
+        match = [s for s in steps if s.step == step]
+        if not match:
+            raise CheckpointNotFoundError(
+                f"no finalised Orbax step {step} in {quote_name(given)}; steps there: {shown}. Run "
+                f"{quoted_command('checkpoints', given)} to list them.", path=given)
+        return _abs(match[0].path), step, f"step {step} of {given}"
+    last = steps[-1]
+    return _abs(last.path), last.step, f"latest finalised Orbax step of {given} (step {last.step}; steps there: {shown})"
+
+
+def _abs(path: str) -> str:
+    return path if storage.is_url(path) else os.path.abspath(path)
+
+
+class OrbaxListed(NamedTuple):
+    """One step of :func:`orbax_listing`."""
+
+    path: str
+    step: int
+    time: float
+    size: int
+    latest: bool
+
+
+def orbax_listing(directory: str) -> List[OrbaxListed]:
+    """The finalised steps of a CheckpointManager root with their time (of the step's metadata
+    file) and size (every file below the step), the last one marked latest; ``[]`` if none.
+
+    Example:
+        >>> [(s.step, s.latest) for s in orbax_listing("runs/jax")]  # doctest: +SKIP
+        [(100, False), (200, True)]
+    """
+    steps = orbax_steps(directory)
+    out = []
+    for i, s in enumerate(steps):
+        if storage.is_url(s.path):
+            entries = {e["name"]: e for e in storage.remote_listdir(s.path)}
+            t = (entries.get(CHECKPOINT_METADATA_FILE) or {}).get("mtime") or 0.0
+            size = sum(int(e.get("size") or 0) for e in storage.remote_listdir(s.path))
+            fs, path = storage.filesystem(s.path)
+            try:
+                size = int(fs.du(path, total=True) or size)
+            except Exception:  # noqa: BLE001 - a listing that fails leaves the top-level size
+                pass
+        else:
+            meta = os.path.join(s.path, CHECKPOINT_METADATA_FILE)
+            t = os.path.getmtime(meta if os.path.exists(meta) else s.path)
+            size = 0
+            for dirpath, _, files in os.walk(s.path):
+                for n in files:
+                    try:
+                        size += os.lstat(os.path.join(dirpath, n)).st_size
+                    except OSError:
+                        pass
+        out.append(OrbaxListed(_abs(s.path), s.step, float(t), size, i == len(steps) - 1))
+    return out
