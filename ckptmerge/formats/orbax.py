@@ -37,7 +37,7 @@ import math
 import os
 import re
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -131,11 +131,13 @@ def is_orbax(path: str) -> bool:
         return True
     if "manifest.ocdbt" in names:
         return True
-    if AGGREGATE_FILE in names and loc.exists(AGGREGATE_FILE) and not loc.exists("checkpoint.index"):
-        head = loc.read_bytes(AGGREGATE_FILE, 1 << 31) or b""  # TF's state file 'checkpoint' is text
-        return bool(head) and head[:1] in (b"\x80", b"\x81", b"\x82", b"\x83", b"\x84", b"\x85", b"\x86", b"\x87",
-                                           b"\x88", b"\x89", b"\x8a", b"\x8b", b"\x8c", b"\x8d", b"\x8e", b"\x8f",
-                                           b"\xde", b"\xdf")
+    if AGGREGATE_FILE in names and not loc.exists("checkpoint.index"):
+        try:  # (a TF state file of that name is text; a msgpack aggregate starts with a map)
+            with storage.open_binary(loc.path(AGGREGATE_FILE), storage.SNIFF_BLOCK) as f:
+                head = f.read(1)
+        except OSError:
+            return False
+        return bool(head) and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF))
     return False
 
 
@@ -235,31 +237,34 @@ def orbax_steps(root: str) -> List[OrbaxStep]:
     return [OrbaxStep(s, found[s]) for s in sorted(found)]
 
 
-def item_folders(path: str) -> Dict[str, str]:
-    """``{item name: folder}`` of an Orbax step folder, or ``{"": path}`` for an item folder.
+def item_folders(path: Union[str, Location], meta: Any = None) -> Dict[str, Optional[str]]:
+    """``{item name: folder relative to the step}`` of an Orbax step folder, or ``{"": ""}`` for an
+    item folder; ``None`` for an item the metadata names but no folder holds (``meta``: the
+    step's ``_CHECKPOINT_METADATA`` when the caller read it already).
 
     Example:
         >>> item_folders("runs/keras/3")  # doctest: +SKIP
-        {'model_config': 'runs/keras/3/model_config', 'pytree': 'runs/keras/3/pytree'}
+        {'model_config': 'model_config', 'pytree': 'pytree'}
     """
-    loc = Location(path)
+    loc = path if isinstance(path, Location) else Location(path)
     if _is_item(loc):
-        return {"": loc.root}
-    meta = loc.read_json(CHECKPOINT_METADATA_FILE) if loc.exists(CHECKPOINT_METADATA_FILE) else None
+        return {"": ""}
+    if meta is None and loc.exists(CHECKPOINT_METADATA_FILE):
+        meta = loc.read_json(CHECKPOINT_METADATA_FILE)
     handlers = meta.get("item_handlers") if isinstance(meta, dict) else None
     names = loc.listdir()
-    items: Dict[str, str] = {}
+    items: Dict[str, Optional[str]] = {}
     listed = sorted(handlers) if isinstance(handlers, dict) else []
     for name in names:
         if TMP_SUFFIX in name or name.startswith((".", "_")) or name in ("d", "array_metadatas"):
             continue
         if name in listed or (loc.isdir(name) and _is_item(loc, name)):
             if not safe_key(name):
-                raise UnsafeCheckpointError(f"Orbax item name {quote_name(name)} is not a folder name.", path=path)
-            items[name] = loc.path(name)
+                raise UnsafeCheckpointError(f"Orbax item name {quote_name(name)} is not a folder name.", path=loc.root)
+            items[name] = name
     for name in listed:  # items the metadata names but that hold no folder (nothing to read)
         if name not in items and isinstance(name, str) and safe_key(name):
-            items.setdefault(name, "")
+            items.setdefault(name, None)
     return dict(sorted(items.items()))
 
 
@@ -320,17 +325,17 @@ class OrbaxReader(CheckpointReader):
         if root.exists(CHECKPOINT_METADATA_FILE):
             meta = root.read_json(CHECKPOINT_METADATA_FILE)
             self.metadata = meta if isinstance(meta, dict) else {}
-        folders = item_folders(path)
+        folders = item_folders(root, self.metadata)
         if not folders:
             raise CheckpointFormatError(
                 f"{quote_name(path)} holds no Orbax item (no folder with {METADATA_FILE}, an OCDBT manifest or "
                 "zarr arrays). If it is a CheckpointManager root, pass step=N or one of its step folders.", path=path)
         leaves: List[Tuple[str, Tuple[str, ...], _Array]] = []
         for item, folder in folders.items():
-            if not folder:
+            if folder is None:
                 self.items[item] = "json"
                 continue
-            loc = root if folder == root.root else Location(folder)
+            loc = root.child(folder) if folder else root
             if loc is not root:
                 self._locations.append(loc)
             self.items[item] = self._open_item(loc, item, leaves)

@@ -115,27 +115,24 @@ class Bridge:
         try:
             with self.lock:
                 size = self.sizes.get(token, {}).get(url)
-            if size is None:
-                if not storage.remote_exists(url):
-                    return self._reply(h, 404)
+            if size is None:  # one request: a missing object is a CheckpointNotFoundError
                 size = storage.remote_size(url)
                 with self.lock:
                     self.sizes.setdefault(token, {})[url] = size
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", h.headers.get("Range") or "")
-            if m is None:
-                if not body:
-                    return self._reply(h, 200, length=size)
-                return self._reply(h, 200, storage.read_small(url))
-            start = int(m.group(1))
-            end = min(int(m.group(2)) + 1 if m.group(2) else size, size)
-            if start >= size:
+            start = int(m.group(1)) if m else 0
+            end = min(int(m.group(2)) + 1 if m and m.group(2) else size, size)
+            if m and start >= size:
                 return self._reply(h, 416, headers=[("Content-Range", f"bytes */{size}")])
+            code = 206 if m else 200
+            ranged = [("Content-Range", f"bytes {start}-{max(start, end) - 1}/{size}")] if m else []
             if not body:
-                return self._reply(h, 206, length=end - start,
-                                   headers=[("Content-Range", f"bytes {start}-{end - 1}/{size}")])
+                return self._reply(h, code, length=end - start, headers=ranged)
             buf = bytearray(end - start)
-            got = storage.RemoteFile(url).readinto(start, memoryview(buf))
-            return self._reply(h, 206, bytes(buf[:got]), [("Content-Range", f"bytes {start}-{start + got - 1}/{size}")])
+            got = storage.RemoteFile(url).readinto(start, memoryview(buf)) if buf else 0
+            if m:
+                ranged = [("Content-Range", f"bytes {start}-{start + got - 1}/{size}")]
+            return self._reply(h, code, bytes(buf[:got]), ranged)
         except CheckpointNotFoundError:  # gone meanwhile: TensorStore reports the missing data
             return self._reply(h, 404)
         except CkptMergeError as e:  # retried already: tell TensorStore not to retry (a 4xx)

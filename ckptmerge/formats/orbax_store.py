@@ -26,7 +26,7 @@ import posixpath
 import urllib.parse
 from typing import Any, Dict, List, Optional
 
-from ckptmerge.errors import CheckpointFormatError, CkptMergeError, UnsafeCheckpointError
+from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.orbax_bridge import bridge
 from ckptmerge.text import escape_name, quote_name
@@ -104,6 +104,7 @@ class Location:
         self.root = root.rstrip("/") if self.is_url else os.path.realpath(root)
         self.display = root
         self._token: Optional[str] = None
+        self._listings: Dict[str, Optional[Dict[str, Dict[str, Any]]]] = {}
 
     # -- files ---------------------------------------------------------------------------------
     def path(self, rel: str = "") -> str:
@@ -112,17 +113,50 @@ class Location:
             return self.root
         return storage.join(self.root, rel) if self.is_url else os.path.join(self.root, *rel.split("/"))
 
+    def child(self, rel: str) -> "Location":
+        """The Location of the folder ``rel`` below this one, knowing what this one listed."""
+        out = Location(self.path(rel))
+        rel = rel.strip("/")
+        out._listings = {k[len(rel) + 1:] if k != rel else "": v for k, v in self._listings.items()
+                         if k == rel or k.startswith(rel + "/")}
+        return out
+
+    # A URL's folders are listed once each (one request answers every exists/isdir/listdir below
+    # it); a local folder asks the OS each time.
+    def _listing(self, rel: str) -> Optional[Dict[str, Dict[str, Any]]]:
+        if rel not in self._listings:
+            try:
+                entries = storage.remote_listdir(self.path(rel))
+            except CheckpointNotFoundError:
+                entries = None
+            self._listings[rel] = {e["name"]: e for e in entries} if entries else None
+        return self._listings[rel]
+
+    def _entry(self, rel: str) -> Optional[Dict[str, Any]]:
+        parent, _, name = rel.strip("/").rpartition("/")
+        return (self._listing(parent) or {}).get(name)
+
     def exists(self, rel: str) -> bool:
         """Whether the file ``rel`` exists (a directory does not count)."""
-        return storage.isfile(self.path(rel))
+        if self.is_url:
+            e = self._entry(rel)
+            return e is not None and e.get("type") != "directory"
+        return os.path.isfile(self.path(rel))
 
     def isdir(self, rel: str = "") -> bool:
         """Whether ``rel`` is a directory."""
-        return storage.isdir(self.path(rel))
+        if self.is_url:
+            if not rel:
+                return self._listing("") is not None
+            e = self._entry(rel)
+            return e is not None and e.get("type") == "directory"
+        return os.path.isdir(self.path(rel))
 
     def listdir(self, rel: str = "") -> List[str]:
         """The names in directory ``rel``, sorted."""
-        return sorted(storage.listdir(self.path(rel)))
+        if self.is_url:
+            return sorted(self._listing(rel.strip("/")) or {})
+        return sorted(os.listdir(self.path(rel)))
 
     def read_bytes(self, rel: str, limit: int = MAX_JSON) -> Optional[bytes]:
         """The whole small file ``rel``, or ``None`` if it does not exist.
@@ -132,9 +166,16 @@ class Location:
         """
         p = self.path(rel)
         if self.is_url:
-            if not storage.remote_exists(p):
+            entry = self._entry(rel)
+            if entry is None or entry.get("type") == "directory":
                 return None
-            return storage.read_small(p, limit)
+            size = int(entry.get("size") or 0)
+            if size > limit:
+                raise CheckpointFormatError(f"{quote_name(p)} is larger than the {limit}-byte limit for a metadata "
+                                            "file; it is not Orbax metadata.", path=p)
+            buf = bytearray(size)
+            got = storage.RemoteFile(p).readinto(0, memoryview(buf)) if size else 0
+            return bytes(buf[:got])
         if not os.path.lexists(p):
             return None
         if os.path.islink(p) or not os.path.isfile(p):
