@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import numpy as np
+import pytest
 
 FORBIDDEN = ("jax", "jaxlib", "flax", "orbax")
 #: Every layout the reader knows, as written by orbax-checkpoint.
@@ -61,6 +62,15 @@ def no_jax_from_ckptmerge() -> Iterator[List[str]]:
         yield seen
     finally:
         builtins.__import__, importlib.import_module = real_import, real_import_module
+
+
+@pytest.fixture(autouse=True)
+def refuse_jax_from_ckptmerge():
+    """Autouse in the Orbax test modules (imported there): the test fails if ckptmerge's code
+    imported JAX, Flax or Orbax while it ran."""
+    with no_jax_from_ckptmerge() as seen:
+        yield
+    assert seen == [], f"ckptmerge imported JAX/Flax/Orbax: {seen}"
 
 
 def sample_tree() -> Dict[str, Any]:
