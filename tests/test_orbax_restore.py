@@ -154,7 +154,9 @@ def test_a_keras_orbax_step_names_variables_by_their_keras_path(keras_orbax):
         names = r.names(optimizer=False)
         kinds = {v.name: v.kind for v in r.variables()}
     assert names == sorted(w.path for w in _keras_model().weights)
-    assert kinds["optimizer_variables/adam/iteration"] == "optimizer"
+    optimizer = [n for n in kinds if n.startswith("optimizer_variables/")]  # (adam, adam_1, ...: Keras numbers them)
+    assert optimizer and {kinds[n] for n in optimizer} == {"optimizer"}
+    assert any(n.endswith("/iteration") for n in optimizer)
     assert kinds["model_config/config"] == "bookkeeping"
 
 
