@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import crc32c as _crc32c
 import numpy as np
 
-from ckptmerge.errors import ArgumentError, ArgumentTypeError, CheckpointWriteError, OutputExistsError
+from ckptmerge.errors import ArgumentError, CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
 from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.formats.io.publish import SingleFileWriter, publish_file, temp_path
@@ -114,11 +114,7 @@ class H5Writer(SingleFileWriter):
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], specs: Sequence[Spec], *, overwrite: bool = False,
                  durable: bool = False) -> None:
-        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"path must be a str or os.PathLike. Received: path={path!r}")
-        self.path = os.fspath(path)
-        self._abs = os.path.abspath(self.path)
-        self._overwrite, self._durable = bool(overwrite), bool(durable)
+        self._set_output(path, overwrite, durable)
         bad = h5_unsupported(specs)
         if bad:
             raise ArgumentError(f"A Keras weights file cannot hold {len(bad)} of these tensors, e.g. {quote_name(bad[0][0])} "

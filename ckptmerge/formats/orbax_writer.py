@@ -28,11 +28,11 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
+from ckptmerge.errors import (ArgumentError, CheckpointWriteError,
                               OutputExistsError)
 from ckptmerge.formats.tf.bundle import crc32c, mask_crc
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
-from ckptmerge.formats.io.fileio import pread_into
+from ckptmerge.formats.io.publish import SingleFileWriter
 from ckptmerge.formats.orbax_msgpack import numpy_dtype_named
 from ckptmerge.formats.orbax_bridge import safe_key
 from ckptmerge.formats.orbax_store import load_tensorstore
@@ -157,7 +157,7 @@ class _Out:
         self.written = False
 
 
-class OrbaxWriter:
+class OrbaxWriter(SingleFileWriter):
     """Write one Orbax checkpoint (a step folder) whose tensors are known up front.
 
     Args:
@@ -180,11 +180,7 @@ class OrbaxWriter:
     def __init__(self, path: Union[str, "os.PathLike[str]"], specs: Sequence[Spec], *,
                  metadata: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
                  durable: bool = False) -> None:
-        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"path must be a str or os.PathLike. Received: path={path!r}")
-        self.path = os.fspath(path)
-        self._abs = os.path.abspath(self.path)
-        self._overwrite, self._durable = bool(overwrite), bool(durable)
+        self._set_output(path, overwrite, durable)
         self._metadata = dict(metadata or {})
         self._state = "new"
         bad = unsupported_dtypes(specs)
@@ -194,6 +190,7 @@ class OrbaxWriter:
                                 "Exclude them, or write a TF checkpoint instead.")
         keys = tree_keys([s[0] for s in specs])
         self._outs: Dict[str, _Out] = {}
+        self._layout, self._written = self._outs, set()  # (SingleFileWriter's checks read these)
         for name, dtype, shape in specs:
             dims = tuple(int(d) for d in shape)
             if name in self._outs:
@@ -222,20 +219,6 @@ class OrbaxWriter:
         self._pending = 0
         #: Bytes of the tensors written so far; once finished, of the files published.
         self.bytes_written = 0
-
-    # -- context manager -------------------------------------------------------------------
-    def __enter__(self) -> "OrbaxWriter":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abort()
-
-    def __del__(self) -> None:
-        if getattr(self, "_state", None) == "open":
-            self.abort()
 
     def _check_existing(self) -> None:
         if not self._overwrite and os.path.lexists(self._abs):
@@ -320,12 +303,14 @@ class OrbaxWriter:
         if out.is_string:
             out.store = value.reshape(()).item()
             out.written = True
+            self._written.add(key)
             return
         out.store = self._open(out)  # (an empty array too: its metadata says its shape)
         if value.size:
             for index, region in self._chunks(out):
                 self._write(out, index, np.ascontiguousarray(value[index] if index else value).reshape(region))
         out.written = True
+        self._written.add(key)
 
     def add_raw(self, key: str, dtype_enum: int, shape: Sequence[int], chunks: Iterable[BytesLike], *,
                 expected_crc32c: Optional[int] = None) -> None:
@@ -368,35 +353,9 @@ class OrbaxWriter:
                 self._write(out, index, buf.view(le).reshape(region))
         if len(pending) or next(it, None) is not None:
             raise ArgumentError(f"tensor {quote_name(key)}: the chunks hold more than its {nbytes} bytes")
-        if expected_crc32c is not None and mask_crc(crc) != expected_crc32c:
-            raise CheckpointFormatError(
-                f"Tensor {quote_name(key)} failed its checksum: its bytes have masked CRC32C {mask_crc(crc):#010x}, the "
-                f"source recorded {expected_crc32c:#010x}. The source checkpoint is corrupt; it was not copied.",
-                key=key)
+        self._check_crc(key, mask_crc(crc), expected_crc32c)
         out.written = True
-
-    def add_range(self, key: str, dtype_enum: int, shape: Sequence[int], src_fd: int, src_offset: int, *,
-                  expected_crc32c: Optional[int] = None, verify: bool = True) -> None:
-        """Copy a tensor's raw bytes from a range of another file (as ``BundleWriter.add_range``).
-
-        Example:
-            >>> w.add_range("emb", 1, (1000, 64), fd, 4096)  # doctest: +SKIP
-        """
-        nbytes = math.prod(int(d) for d in shape) * TF_TO_NUMPY[dtype_enum].itemsize
-
-        def pieces() -> Iterable[memoryview]:
-            buf = memoryview(bytearray(min(CHUNK_BYTES, max(nbytes, 1))))
-            pos = 0
-            while pos < nbytes:
-                want = min(len(buf), nbytes - pos)
-                got = pread_into(src_fd, src_offset + pos, buf[:want])
-                if got <= 0:
-                    raise CheckpointWriteError(f"The source of tensor {quote_name(key)} ended after {pos} of its "
-                                               f"{nbytes} bytes.", path=self.path)
-                yield buf[:got]
-                pos += got
-
-        self.add_raw(key, dtype_enum, shape, pieces(), expected_crc32c=expected_crc32c if verify else None)
+        self._written.add(key)
 
     # -- publishing ------------------------------------------------------------------------
     def _metadata_files(self) -> None:
@@ -441,11 +400,7 @@ class OrbaxWriter:
         """
         if self._state != "open":
             raise ArgumentError(f"This OrbaxWriter for {quote_name(self.path)} is already {self._state}.")
-        missing = [k for k, o in self._outs.items() if not o.written]
-        if missing:
-            self.abort()
-            raise ArgumentError(f"{len(missing)} declared tensor(s) were never written, e.g. {quote_name(missing[0])}; "
-                                f"nothing was written to {quote_name(self.path)}.")
+        self._check_all_written()
         self._commit()
         try:
             self._metadata_files()

@@ -82,12 +82,7 @@ class SafetensorsWriter(SingleFileWriter):
     def __init__(self, path: Union[str, "os.PathLike[str]"], specs: Sequence[Spec], *,
                  metadata: Optional[Mapping[str, str]] = None, overwrite: bool = False,
                  durable: bool = False) -> None:
-        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-            raise ArgumentTypeError(f"path must be a str or os.PathLike. Received: path={path!r}")
-        self.path = os.fspath(path)
-        self._abs = os.path.abspath(self.path)
-        self._overwrite = bool(overwrite)
-        self._durable = bool(durable)
+        self._set_output(path, overwrite, durable)
         bad = unsupported_dtypes(specs)
         if bad:
             raise ArgumentError(

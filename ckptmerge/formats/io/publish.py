@@ -12,7 +12,8 @@ import math
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-from ckptmerge.errors import ArgumentError, CheckpointFormatError, CheckpointWriteError, OutputExistsError
+from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
+                              OutputExistsError)
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.text import quote_name
@@ -74,7 +75,8 @@ def publish_file(tmp: str, abs_path: str, given: str, *, overwrite: bool, durabl
 
 
 class SingleFileWriter:
-    """What the single-file writers share: copying a tensor from a byte range of another file,
+    """What the publishing writers share (safetensors and Keras ``.weights.h5`` files, and the
+    Orbax writer's folder): the context-manager protocol, copying a tensor from a byte range of another file,
     the source checksum check, and the check that every declared tensor was written.
 
     Subclasses provide ``add_raw(key, dtype_enum, shape, chunks, *, expected_crc32c)``,
@@ -84,6 +86,14 @@ class SingleFileWriter:
     path: str
     _layout: dict
     _written: set
+
+    def _set_output(self, path: Any, overwrite: bool, durable: bool) -> None:
+        """Check and keep the output path (``path``, ``_abs``) and the publishing options."""
+        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+            raise ArgumentTypeError(f"path must be a str or os.PathLike. Received: path={path!r}")
+        self.path = os.fspath(path)
+        self._abs = os.path.abspath(self.path)
+        self._overwrite, self._durable = bool(overwrite), bool(durable)
 
     def add_raw(self, key: str, dtype_enum: int, shape: Sequence[int], chunks: Iterable[Any], *,
                 expected_crc32c: Optional[int] = None) -> None:  # pragma: no cover - abstract
