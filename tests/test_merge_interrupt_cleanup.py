@@ -4,7 +4,7 @@ The regression: the publish lock (``.<name>.ckptmerge-lock``, a flock taken whil
 moved into place) and the state file's temporary copy were left behind when the interrupt landed
 while the lock was being taken or released, or while the ``checkpoint`` file was written. Here a
 real SIGINT is raised in the merging thread just before, and just after, every ``os`` call a merge
-makes (where an interrupt lands: between two bytecodes), for TF and safetensors outputs, new and
+makes (where an interrupt lands: between two bytecodes), for TF, safetensors and Orbax outputs, new and
 ``--force``: afterwards the folder holds exactly the old checkpoint or the complete new one, no
 temporary file and no lock, and the next merge runs. A second test interrupts a merge that waits
 for another writer's lock.
@@ -13,6 +13,7 @@ for another writer's lock.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import shutil
 import signal
@@ -85,9 +86,16 @@ def _holds(out: Path, values) -> bool:
     return sorted(got) == sorted(values) and all(np.array_equal(got[k], v) for k, v in values.items())
 
 
-@pytest.mark.parametrize("name", ["model", "model.safetensors"])
-@pytest.mark.parametrize("force", [False, True], ids=["new", "force"])
-@pytest.mark.parametrize("when", ["before", "after"])
+_ORBAX = pytest.mark.skipif(importlib.util.find_spec("tensorstore") is None, reason="needs tensorstore")
+#: (when, force, output name): TF and safetensors interrupted before and after each call; an Orbax
+#: folder (many more calls) after each one, which is also before the next.
+CASES = [pytest.param(when, force, name, id=f"{when}-{'force' if force else 'new'}-{name}")
+         for name in ("model", "model.safetensors") for force in (False, True) for when in ("before", "after")] + \
+        [pytest.param("after", force, "orbax", id=f"after-{'force' if force else 'new'}-orbax", marks=_ORBAX)
+         for force in (False, True)]
+
+
+@pytest.mark.parametrize("when, force, name", CASES)
 def test_sigint_at_any_step_of_a_merge_leaves_no_lock_and_no_temporary_file(tmp_path, name, force, when):
     new_src, old_src = tmp_path / "new.npz", tmp_path / "old.npz"
     np.savez(new_src, **VALUES)
@@ -95,16 +103,17 @@ def test_sigint_at_any_step_of_a_merge_leaves_no_lock_and_no_temporary_file(tmp_
     folder = tmp_path / "out"
     out = folder / name
     state = name == "model"
+    fmt = {"format": "orbax"} if name == "orbax" else {}  # an Orbax output is a folder published with one rename
     steps = 0
     for k in range(1, 400):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         if force:
-            cm.merge([str(old_src)], str(out), update_state=state)
+            cm.merge([str(old_src)], str(out), update_state=state, **fmt)
         interrupted = False
         with _SigintAt(k, when) as probe:
             try:
-                cm.merge([str(new_src)], str(out), overwrite=force, update_state=state)
+                cm.merge([str(new_src)], str(out), overwrite=force, update_state=state, **fmt)
             except KeyboardInterrupt:
                 interrupted = True
         assert _junk(folder) == [], (k, when, probe.where, os.listdir(folder))
@@ -115,7 +124,7 @@ def test_sigint_at_any_step_of_a_merge_leaves_no_lock_and_no_temporary_file(tmp_
         else:
             assert probe.calls < k and _holds(out, VALUES)
             break
-        cm.merge([str(new_src)], str(out), overwrite=True, update_state=state)  # the next merge runs
+        cm.merge([str(new_src)], str(out), overwrite=True, update_state=state, **fmt)  # the next merge runs
         assert _holds(out, VALUES) and _junk(folder) == []
     assert steps > 10, steps  # the sweep really went through the merge
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -221,6 +222,33 @@ def test_a_missing_chunk_is_an_error_never_zeros(written, tmp_path):
         assert r.get("params/Dense_0/kernel").shape == (4, 3)  # the others still read
 
 
+@pytest.mark.parametrize("layout", ["zarr", "msgpack"])
+def test_without_the_all_chunks_stored_flag_a_missing_chunk_reads_as_orbax_restores_it(written, tmp_path, layout):
+    p = _copy(written, layout, tmp_path)
+    if layout == "zarr":  # an older Orbax: chunks equal to the fill value were left out
+        meta = json.loads((p / "_METADATA").read_text())
+        meta.pop("store_array_data_equal_to_fill_value")
+        (p / "_METADATA").write_text(json.dumps(meta))
+    for f in (p / "params.Conv_0.kernel").iterdir():
+        if f.name != ".zarray":
+            f.unlink()
+    with no_jax_from_ckptmerge():
+        want = orbax_restore(p)["params/Conv_0/kernel"]
+    assert not want.any()
+    with OrbaxReader(str(p)) as r:
+        assert _same(r.get("params/Conv_0/kernel"), want)
+
+
+def test_an_array_of_zeros_is_stored_by_the_writer_and_reads_back(tmp_path):
+    values = {"zeros": np.zeros((3, 4), np.float32), "ones": np.ones(5, np.int8)}
+    with OrbaxWriter(tmp_path / "out", [(k, v.dtype.name, v.shape) for k, v in values.items()]) as w:
+        for k, v in values.items():
+            w.add(k, v)
+    with OrbaxReader(str(tmp_path / "out")) as r:
+        for k, v in values.items():
+            assert _same(r.get(k), v)
+
+
 def test_corrupt_chunk_bytes_and_a_damaged_ocdbt_store_are_clear_errors(written, tmp_path):
     p = _copy(written, "zarr", tmp_path)
     chunk = next(f for f in (p / "params.Dense_0.kernel").iterdir() if f.name != ".zarray")
@@ -267,28 +295,56 @@ def test_an_inline_array_whose_bytes_do_not_fit_its_shape_is_refused(tmp_path):
         OrbaxReader(str(tmp_path))
 
 
+def test_an_overflowing_shape_in_a_msgpack_aggregate_is_refused_by_the_shared_check(tmp_path):
+    import msgpack
+
+    packed = msgpack.packb(((0, 2 ** 61, 2 ** 61), "float32", b""), use_bin_type=True)
+    (tmp_path / "checkpoint").write_bytes(msgpack.packb({"w": msgpack.ExtType(1, packed)}, use_bin_type=True))
+    with pytest.raises(CheckpointFormatError, match=r"too large for any array"):
+        OrbaxReader(str(tmp_path))
+
+
 def test_a_missing_folder_is_checkpoint_not_found(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match="does not exist"):
         OrbaxReader(str(tmp_path / "nope"))
 
 
-def test_without_tensorstore_the_error_names_the_extra(written):
-    code = ("import sys; sys.modules['tensorstore'] = None\n"
-            "from ckptmerge.formats import open_checkpoint\n"
-            "try:\n    open_checkpoint(sys.argv[1])\n"
-            "except Exception as e:\n    print(type(e).__name__, e)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(written["ocdbt+zarr3"])], capture_output=True, text=True,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-    assert "CkptMergeError" in out.stdout and 'pip install "ckptmerge[orbax]"' in out.stdout, out.stdout + out.stderr
+_NO_JAX_DRIVER = """
+import contextlib, io, json, sys
+for m in ('jax', 'jaxlib', 'flax', 'orbax', 'torch', 'tensorstore'):
+    sys.modules[m] = None  # an import of any of them fails
+from ckptmerge.cli import main  # (what the console script and python -m ckptmerge run)
+def cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return [code, out.getvalue(), err.getvalue()]
+results = [cli('ls', sys.argv[1])]
+del sys.modules['tensorstore']  # installed again: JAX, Flax, Orbax and torch still cannot be imported
+results += [cli('ls', sys.argv[1]), cli('show', sys.argv[1], 'params/Dense_0/kernel')]
+heavy = sorted(m for m, mod in sys.modules.items() if mod is not None
+               and m.split('.')[0] in ('tensorflow', 'keras', 'jax', 'jaxlib', 'flax', 'orbax', 'torch'))
+print(json.dumps({'results': results, 'heavy': heavy[:5]}))
+"""
 
 
-def test_reading_works_with_jax_unimportable(written):
-    code = ("import sys\nfor m in ('jax', 'jaxlib', 'flax', 'orbax'): sys.modules[m] = None\n"
-            "from ckptmerge.formats import open_checkpoint\n"
-            "r = open_checkpoint(sys.argv[1]); print(len(r.names()), r.get('params/Dense_0/kernel').shape)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(written["ocdbt+zarr3"])], capture_output=True, text=True,
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
-    assert out.returncode == 0 and out.stdout.split() == ["35", "(4,", "3)"], out.stdout + out.stderr
+def test_ls_and_show_import_no_framework_and_without_tensorstore_name_the_extra(written):
+    # One fresh interpreter where JAX, Flax, Orbax and torch cannot be imported: without
+    # tensorstore, 'ls' fails in one line naming the [orbax] extra; with it, 'ls' and 'show' read
+    # the checkpoint, and TensorFlow, Keras, JAX and torch were never imported.
+    out = subprocess.run([sys.executable, "-c", _NO_JAX_DRIVER, str(written["ocdbt+zarr3"])], capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.splitlines()[-1])
+    (code, _, err), (ls_code, ls_out, _), (show_code, show_out, _) = found["results"]
+    assert code == 2 and 'pip install "ckptmerge[orbax]"' in err and len(err.strip().splitlines()) == 1, err
+    assert ls_code == 0 and re.search(r"\nparams/Dense_0/kernel +float32 +\(4, 3\) ", ls_out), ls_out
+    assert show_code == 0 and re.match(r"params/Dense_0/kernel +float32 +\(4, 3\)", show_out), show_out
+    assert found["heavy"] == []
 
 
 # -- URLs through fsspec ----------------------------------------------------------------------

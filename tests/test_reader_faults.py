@@ -3,7 +3,7 @@ that are damaged or half what they claim, and what is recognised as what.
 
 * A zero-element shape whose dimensions multiply past 2**63 (``(0, 2**61, 2**61)``) cannot be an
   array: each reader refuses it with a ``CheckpointFormatError`` naming the file and tensor
-  (one check, ``ckptmerge.formats.base.too_large_for_numpy``), and ``show``, ``ls --stats``,
+  (one check, ``ckptmerge.formats.base.too_large_for_numpy``; Orbax's zarr metadata too), and ``show``, ``ls --stats``,
   ``diff``, ``merge`` and ``cm.load`` say so in one line instead of a numpy traceback.
 * A name that is not valid Unicode (a lone surrogate, as an undecodable byte of a file name
   gives) goes through ``suggest`` and is refused by a safetensors merge with a clear error.
@@ -13,6 +13,7 @@ that are damaged or half what they claim, and what is recognised as what.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
@@ -67,8 +68,28 @@ def _h5(path: Path) -> Path:
     return path
 
 
+def _orbax(path: Path) -> Path:
+    """An Orbax item folder as orbax-checkpoint's V0 handler writes it without OCDBT (zarr v2
+    arrays in folders), uncompressed."""
+    path.mkdir()
+    tree = {f"('{k}',)": {"key_metadata": [{"key": k, "key_type": 2}],
+                          "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}
+            for k in ("huge", "ok")}
+    (path / "_METADATA").write_text(json.dumps({"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False}))
+    for key, shape in (("huge", HUGE), ("ok", [2])):
+        (path / key).mkdir()
+        (path / key / ".zarray").write_text(json.dumps(
+            {"chunks": [1] * (len(shape) - 1) + [2], "compressor": None, "dimension_separator": ".", "dtype": "<f4",
+             "fill_value": None, "filters": None, "order": "C", "shape": shape, "zarr_format": 2}))
+    (path / "ok" / "0").write_bytes(np.ones(2, "<f4").tobytes())
+    return path
+
+
+_NEEDS_TENSORSTORE = pytest.mark.skipif(importlib.util.find_spec("tensorstore") is None,
+                                        reason="the Orbax reader needs tensorstore (pip install 'ckptmerge[orbax]')")
 MAKERS = {"safetensors": (_safetensors, "m.safetensors"), "npy-dir": (_npy_dir, "arrays"),
-          "npz": (_npz, "w.npz"), "h5": (_h5, "m.weights.h5")}
+          "npz": (_npz, "w.npz"), "h5": (_h5, "m.weights.h5"), "orbax": (_orbax, "orbax-item")}
+KINDS = [pytest.param(k, marks=_NEEDS_TENSORSTORE) if k == "orbax" else k for k in sorted(MAKERS)]
 
 
 def test_the_shared_check_refuses_what_numpy_cannot_allocate():
@@ -78,7 +99,7 @@ def test_the_shared_check_refuses_what_numpy_cannot_allocate():
         np.empty((0, 2 ** 60, 4), np.float32)
 
 
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("kind", KINDS)
 def test_an_overflowing_zero_element_shape_is_a_format_error_in_every_reader(tmp_path, kind):
     make, name = MAKERS[kind]
     path = make(tmp_path / name)
@@ -90,7 +111,7 @@ def test_an_overflowing_zero_element_shape_is_a_format_error_in_every_reader(tmp
         cm.load(str(path), "huge")
 
 
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_commands_refuse_an_overflowing_shape_in_one_line(tmp_path, kind):
     make, name = MAKERS[kind]
     path = make(tmp_path / name)
@@ -186,7 +207,7 @@ def test_a_folder_with_no_npy_file_anywhere_is_still_no_checkpoint(tmp_path):
     assert result.exit_code == 2 and "No checkpoint in directory" in result.stderr
 
 
-@pytest.mark.parametrize("layout,hint", [("nope", ""), ("torhc", "Did you mean 'torch'?"), ("flax", "")])
+@pytest.mark.parametrize("layout,hint", [("nope", ""), ("torhc", "Did you mean 'torch'?"), ("flx", "Did you mean 'flax'?")])
 def test_an_unknown_layout_names_the_layouts_that_exist(tmp_path, layout, hint):
     np.savez(tmp_path / "w.npz", a=np.ones(2))
     with pytest.raises(RuleError) as err:

@@ -24,8 +24,11 @@ Untrusted input: every param name must stay inside its item folder (no ``..``, n
 paths, no symbolic links below a local checkpoint); each array's zarr metadata is checked
 (shape, dtype, chunks, only the codecs Orbax and zarr use with bounded expansion) and must
 agree with ``_METADATA``; no array may declare more bytes than its stored data could expand to
-(:data:`MAX_EXPANSION`); a missing chunk is an error, never zeros; old msgpack files are read
-whole, with every inline array's size checked. Reads go per tensor, and :meth:`iter_chunks`
+(:data:`MAX_EXPANSION`) or a shape no array can have (the shared check of every reader); a
+missing chunk is an error, never zeros, where ``_METADATA`` says every chunk was stored
+(``store_array_data_equal_to_fill_value``, what Orbax writes today); older checkpoints left out
+chunks equal to the fill value, and those read as it, as Orbax restores them. Old msgpack files
+are read whole, with every inline array's size checked. Reads go per tensor, and :meth:`iter_chunks`
 reads one stored chunk row at a time.
 """
 
@@ -43,7 +46,7 @@ import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
-from ckptmerge.formats.base import CheckpointReader, aligned_empty
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.orbax_msgpack import numpy_dtype_named, parse_aggregate
 from ckptmerge.formats.orbax_bridge import safe_key
@@ -271,14 +274,18 @@ def item_folders(path: Union[str, Location], meta: Any = None) -> Dict[str, Opti
 class _Array:
     """One tensor: a stored TensorStore array, an inline value, or a string."""
 
-    __slots__ = ("name", "loc", "key", "ocdbt", "driver", "metadata", "dtype", "shape", "rows", "value", "ts")
+    __slots__ = ("name", "loc", "key", "ocdbt", "driver", "metadata", "dtype", "shape", "rows", "value", "ts",
+                 "complete")
 
     def __init__(self, name: str, loc: Location, key: str, *, ocdbt: bool = False, driver: str = "",
                  metadata: Optional[dict] = None, dtype: Optional[np.dtype] = None, shape: Tuple[int, ...] = (),
-                 rows: int = 1, value: Any = None) -> None:
+                 rows: int = 1, value: Any = None, complete: bool = True) -> None:
         self.name, self.loc, self.key, self.ocdbt, self.driver = name, loc, key, ocdbt, driver
         self.metadata, self.dtype, self.shape, self.rows, self.value = metadata, dtype, shape, rows, value
         self.ts: Any = None
+        #: Every chunk was stored (``store_array_data_equal_to_fill_value``): a missing one is an error.
+        #: Otherwise the writer left out chunks equal to the fill value, and they read as it (as Orbax does).
+        self.complete = complete
 
 
 class OrbaxReader(CheckpointReader):
@@ -412,7 +419,8 @@ class OrbaxReader(CheckpointReader):
             raise self._error(loc, f"{METADATA_FILE} says the arrays are in an OCDBT database, but there is no "
                                    "manifest.ocdbt")
         sizes = self._stored_sizes(loc)
-        arrays = self._stored_arrays(loc, stored, ocdbt, zarr3, write_shapes, sizes)
+        complete = meta is not None and meta.get("store_array_data_equal_to_fill_value") is True
+        arrays = self._stored_arrays(loc, stored, ocdbt, zarr3, write_shapes, sizes, complete)
         if strings:
             table = loc.read_json("_strings.json")
             if not isinstance(table, dict):
@@ -481,8 +489,8 @@ class OrbaxReader(CheckpointReader):
         return out
 
     def _stored_arrays(self, loc: Location, stored: List[Tuple[Tuple[str, ...], str]], ocdbt: bool,
-                       zarr3: Optional[bool], write_shapes: Dict[str, Any],
-                       sizes: Dict[str, int]) -> List[Tuple[Tuple[str, ...], _Array]]:
+                       zarr3: Optional[bool], write_shapes: Dict[str, Any], sizes: Dict[str, int],
+                       complete: bool) -> List[Tuple[Tuple[str, ...], _Array]]:
         for parts, param in stored:
             if not safe_key(param):
                 raise self._error(loc, f"param name {quote_name(param)} (of {quote_name('/'.join(parts))}) would "
@@ -512,7 +520,7 @@ class OrbaxReader(CheckpointReader):
                                        f"({need} bytes), more than its stored data could hold", param,
                                   UnsafeCheckpointError)
             out.append((parts, _Array("", loc, param, ocdbt=ocdbt, driver=driver, metadata=meta, dtype=dtype,
-                                      shape=shape, rows=rows)))
+                                      shape=shape, rows=rows, complete=complete)))
         return out
 
     def _read_zarr_metadata(self, loc: Location, params: List[str], candidates: List[str],
@@ -588,6 +596,8 @@ class OrbaxReader(CheckpointReader):
             dtype = numpy_dtype_named(dt_field)
         except ValueError as e:
             raise bad(f"has a dtype ckptmerge does not read ({escape_name(e)})") from None
+        if too_large_for_numpy(shape_t, dtype.itemsize):  # (0, 2**61, 2**61): no data, yet no array either
+            raise bad(f"has shape {shape_t}, too large for any array (its dimensions multiply past 2**63)")
         return meta, dtype, shape_t, (inner[0] if inner else 1)
 
     def _codecs_ok(self, codecs: Any) -> bool:
@@ -610,7 +620,7 @@ class OrbaxReader(CheckpointReader):
             kv = ({"driver": "ocdbt", "base": arr.loc.kvstore(), "path": arr.key + "/", "cache_pool": "cache_pool#ocdbt"}
                   if arr.ocdbt else dict(arr.loc.kvstore(arr.key)))
             spec = {"driver": arr.driver, "kvstore": kv, "metadata": arr.metadata, "recheck_cached_data": False,
-                    "recheck_cached_metadata": False, "fill_missing_data_reads": False}
+                    "recheck_cached_metadata": False, "fill_missing_data_reads": not arr.complete}
             store = arr.ts = wait(self._ts.open(spec, open=True, assume_metadata=True, read=True,
                                                 context=self._context),
                                   f"opening array {quote_name(arr.key)}", arr.loc, key=arr.name)

@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CkptMergeError
+from ckptmerge.formats.base import too_large_for_numpy
 from ckptmerge.text import escape_name
 
 __all__ = ["parse_aggregate", "Leaf", "numpy_dtype_named", "PLACEHOLDER", "AGGREGATED"]
@@ -62,10 +63,12 @@ def numpy_dtype_named(name: str) -> np.dtype:
     return dt
 
 
-def _check_shape(shape: Any) -> Tuple[int, ...]:
+def _check_shape(shape: Any, itemsize: int) -> Tuple[int, ...]:
     if (not isinstance(shape, (list, tuple)) or len(shape) > _MAX_DIMS
             or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
         raise ValueError(f"invalid shape {shape!r}")
+    if too_large_for_numpy(shape, itemsize):
+        raise ValueError(f"shape {tuple(shape)} is too large for any array (its dimensions multiply past 2**63)")
     return tuple(shape)
 
 
@@ -75,8 +78,8 @@ def _array_from(data: bytes, msgpack: Any) -> np.ndarray:
     if not isinstance(parts, (list, tuple)) or len(parts) != 3:
         raise ValueError("an inline array is not (shape, dtype, bytes)")
     shape, dtype_name, buf = parts
-    shape = _check_shape(shape)
     dt = numpy_dtype_named(dtype_name.decode("ascii") if isinstance(dtype_name, bytes) else dtype_name)
+    shape = _check_shape(shape, dt.itemsize)
     if not isinstance(buf, bytes):
         raise ValueError("an inline array's data is not bytes")
     need = math.prod(shape) * dt.itemsize
@@ -89,10 +92,10 @@ def _unchunk(d: Dict[str, Any]) -> np.ndarray:
     shape, chunks = d.get("shape"), d.get("chunks")
     if not isinstance(shape, dict) or not isinstance(chunks, dict):
         raise ValueError("a chunked array has no 'shape' or 'chunks'")
-    dims = _check_shape([shape.get(str(i)) for i in range(len(shape))])
     pieces = [chunks.get(str(i)) for i in range(len(chunks))]
     if not pieces or not all(isinstance(p, np.ndarray) and p.ndim == 1 and p.dtype == pieces[0].dtype for p in pieces):
         raise ValueError("a chunked array's chunks are not flat arrays of one dtype")
+    dims = _check_shape([shape.get(str(i)) for i in range(len(shape))], pieces[0].dtype.itemsize)
     if sum(p.size for p in pieces) != math.prod(dims):
         raise ValueError(f"a chunked array's chunks do not add up to its shape {dims}")
     return np.concatenate(pieces).reshape(dims)

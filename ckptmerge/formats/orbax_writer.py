@@ -32,6 +32,7 @@ from ckptmerge.errors import (ArgumentError, CheckpointWriteError,
                               OutputExistsError)
 from ckptmerge.formats.tf.bundle import crc32c, mask_crc
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
+from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.publish import SingleFileWriter
 from ckptmerge.formats.orbax_msgpack import numpy_dtype_named
 from ckptmerge.formats.orbax_bridge import safe_key
@@ -207,15 +208,19 @@ class OrbaxWriter(SingleFileWriter):
                                          f"{os.urandom(4).hex()}")
         self._item = os.path.join(self._tmp, ITEM)
         self._init_ns = time.time_ns()
-        try:
+        try:  # (one try from the folder's creation on: Ctrl-C just after it leaves no folder behind)
             os.makedirs(self._item)
-        except OSError as e:
-            raise CheckpointWriteError(f"Cannot create {quote_name(self._tmp)} to write {quote_name(self.path)}: "
-                                       f"{escape_name(e.strerror or e)}", path=self._tmp, errno_=e.errno) from e
-        self._state = "open"
-        self._context = self._ts.Context({"file_io_concurrency": {"limit": 128}})
-        self._kv = {"driver": "ocdbt", "base": {"driver": "file", "path": self._item + "/"}}
-        self._txn = self._ts.Transaction()
+            self._state = "open"
+            self._context = self._ts.Context({"file_io_concurrency": {"limit": 128}})
+            self._kv = {"driver": "ocdbt", "base": {"driver": "file", "path": self._item + "/"}}
+            self._txn = self._ts.Transaction()
+        except BaseException as e:
+            self._state = "aborted"
+            shutil.rmtree(self._tmp, ignore_errors=True)  # (our pid and a random name: nobody else's)
+            if isinstance(e, OSError):
+                raise CheckpointWriteError(f"Cannot create {quote_name(self._tmp)} to write {quote_name(self.path)}: "
+                                           f"{escape_name(e.strerror or e)}", path=self._tmp, errno_=e.errno) from e
+            raise
         self._pending = 0
         #: Bytes of the tensors written so far; once finished, of the files published.
         self.bytes_written = 0
@@ -253,7 +258,8 @@ class OrbaxWriter(SingleFileWriter):
         spec = {"driver": "zarr3", "kvstore": dict(self._kv, path=".".join(out.parts) + "/"),
                 "metadata": {"shape": list(out.shape), "data_type": dtype_name(out.dtype),
                              "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": out.chunk}},
-                             "codecs": codecs}}
+                             "codecs": codecs},
+                "store_data_equal_to_fill_value": True}  # every chunk, zeros too: _METADATA says so
         try:
             return self._ts.open(spec, create=True, context=self._context, transaction=self._txn).result()
         except Exception as e:  # noqa: BLE001
@@ -414,7 +420,8 @@ class OrbaxWriter(SingleFileWriter):
                             os.fsync(fd)
                         finally:
                             os.close(fd)
-            self._publish()
+            with HeldInterrupts():  # published and the old output gone, or neither (Ctrl-C waits)
+                self._publish()
         except OutputExistsError:
             self.abort()
             raise
