@@ -6,16 +6,18 @@ SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.tf.
 TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format of TF 0.x and
 ``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.tf.v1.V1Reader`, and Keras weights
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
-:class:`~ckptmerge.formats.h5.H5Reader`, and Orbax step or item folders (JAX) through
-:class:`~ckptmerge.formats.orbax.OrbaxReader` (``tensorstore`` decodes the arrays).
+:class:`~ckptmerge.formats.h5.H5Reader`, Keras 3 sharded weights (``*.weights.json`` with its
+``*_NNNNN.weights.h5`` shards) through :class:`~ckptmerge.formats.kerasshards.KerasShardsReader`,
+and Orbax step or item folders (JAX) through :class:`~ckptmerge.formats.orbax.OrbaxReader`
+(``tensorstore`` decodes the arrays).
 Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
 reads through :mod:`ckptmerge.formats.io.storage`. Nothing here imports TensorFlow. Path resolution
 (directories, ``checkpoint`` state files, "latest") is :mod:`ckptmerge.sources.resolve`' job; this
 module expects a prefix or a file.
 
-Holds: one reader (and writer) per format: ``base`` (the reader interface), ``dtypes``, ``h5`` and
-``kerasnames`` (Keras weights files), ``numpy_files``, ``safetensors`` and ``safetensors_writer``;
-``whole`` (whether a file still being written is whole yet: footers and headers);
+Holds: one reader (and writer) per format: ``base`` (the reader interface), ``dtypes``, ``h5``,
+``kerasnames`` and ``kerasshards`` (Keras weights files), ``numpy_files``, ``safetensors`` and
+``safetensors_writer``; ``whole`` (whether a file still being written is whole yet: footers and headers);
 ``tf/`` (TensorFlow's own formats) and ``io/`` (storage, safe files, atomic outputs).
 
 May import: the bottom modules (``errors``, ``specs``, ``text``, ``args``, ``gcpause``) only. Never
@@ -31,6 +33,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.kerasshards import KerasShardsReader, is_keras_shards
 from ckptmerge.formats.numpy_files import NumpyReader, holds_npy, is_npz
 from ckptmerge.formats.orbax import OrbaxReader, is_orbax
 from ckptmerge.formats.safetensors import (
@@ -49,6 +52,7 @@ __all__ = [
     "CheckpointReader",
     "BundleReader",
     "H5Reader",
+    "KerasShardsReader",
     "NumpyReader",
     "OrbaxReader",
     "SafetensorsReader",
@@ -65,8 +69,9 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     Args:
         path: a resolved checkpoint prefix (``runs/base/model.ckpt-1000``, for which
             ``model.ckpt-1000.index`` exists), a V1 checkpoint file or the pattern of a sharded
-            V1 set (``model.ckpt-1000-?????-of-00002``), a ``.weights.h5``/``.h5`` file or a
-            Keras 3 ``.keras`` archive, or an Orbax step or item folder.
+            V1 set (``model.ckpt-1000-?????-of-00002``), a ``.weights.h5``/``.h5`` file, a
+            Keras 3 ``.keras`` archive or a sharded set's ``.weights.json``, or an Orbax step or
+            item folder.
         verify: check CRC32C checksums while reading (``False`` to salvage corrupt files).
 
     Returns:
@@ -88,6 +93,8 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     if V1_PATTERN_RE.search(path) and not storage.exists(path):
         return V1Reader(path, verify=verify)
     if storage.isfile(path):
+        if is_keras_shards(path):
+            return KerasShardsReader(path, verify=verify)
         if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
         if path.endswith(INDEX_SUFFIX) or path.lower().endswith(".safetensors") or is_safetensors(path):

@@ -35,7 +35,7 @@ from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
-__all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX",
+__all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX", "read_json_file",
            "MAX_HEADER", "PACKED_DTYPES", "safetensors_dtype"]
 
 #: The suffix of a sharded set's index file (``model.safetensors.index.json``).
@@ -171,7 +171,7 @@ class SafetensorsReader(CheckpointReader):
             f"truncated or not a safetensors file; re-copy it. (File: {escape_name(file)})", path=file, key=key)
 
     def _shards_from_index(self, index: str) -> List[str]:
-        data = _read_json_file(index, self._error)
+        data = read_json_file(index, self._error)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise self._error("the index has no 'weight_map' object naming the shard of each tensor", index)
@@ -441,7 +441,7 @@ def _is_text(name: str) -> bool:
     return True
 
 
-def _read_json_file(path: str, error: Any) -> Any:
+def read_json_file(path: str, error: Any) -> Any:
     """A small JSON file (an index), read with a size cap; errors through ``error(problem, path)``."""
     if not storage.is_url(path) and os.path.exists(path) and not os.path.isfile(path):
         raise error("it is not a regular file", path)  # a FIFO would block, a device never end

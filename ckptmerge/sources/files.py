@@ -51,7 +51,7 @@ def step_of(prefix: str) -> Optional[int]:
     """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
     base = os.path.basename(prefix.rstrip(os.sep))
     base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
-    for suffix in _H5_SUFFIXES:
+    for suffix in (KERAS_SHARDS,) + _H5_SUFFIXES:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
             break
@@ -62,6 +62,32 @@ def step_of(prefix: str) -> Optional[int]:
 def is_h5_name(path: str) -> bool:
     """True if ``path`` ends like a Keras HDF5 file (``.h5``, ``.hdf5``, ``.keras``, ...)."""
     return path.endswith(_H5_SUFFIXES)
+
+
+#: The JSON of a Keras 3 sharded set (``save_weights("m.weights.json", max_shard_size=...)``).
+KERAS_SHARDS = ".weights.json"
+_KERAS_SHARD_RE = re.compile(r"^(.+)_\d{5}\.weights\.h5$")
+
+
+def keras_weight_files(names: Iterable[str]) -> List[str]:
+    """The Keras weights files among a folder's ``names``: ``.h5`` files and sharded sets'
+    ``.weights.json``, without the shards of a set whose JSON is there (a set is one checkpoint).
+
+    Example:
+        >>> keras_weight_files(["m.weights.json", "m_00000.weights.h5", "m_00001.weights.h5", "x.h5"])
+        ['m.weights.json', 'x.h5']
+    """
+    names = sorted(names)
+    sets = {n[: -len(KERAS_SHARDS)] for n in names if n.endswith(KERAS_SHARDS)}
+    out = []
+    for n in names:
+        if n.endswith(KERAS_SHARDS):
+            out.append(n)
+        elif is_h5_name(n):
+            m = _KERAS_SHARD_RE.match(n)
+            if m is None or m.group(1) not in sets:
+                out.append(n)
+    return out
 
 
 def _read_head_tail(path: str, n: int) -> Tuple[bytes, bytes, int]:
@@ -196,9 +222,15 @@ def _data_files(prefix: str) -> List[str]:
 
 
 def size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> int:
-    """Bytes of a checkpoint: the ``.h5`` file, or the ``.index`` and every data shard
-    (``data_files`` when the caller listed the directory already)."""
+    """Bytes of a checkpoint: the ``.h5`` file (a sharded set's JSON and its shards), or the
+    ``.index`` and every data shard (``data_files`` when the caller listed the directory already)."""
     if fmt == FORMAT_KERAS_H5:
+        if prefix.endswith(KERAS_SHARDS):  # the JSON and every shard it names
+            from ..formats.kerasshards import shard_files
+
+            folder = os.path.dirname(prefix)
+            return os.path.getsize(prefix) + sum(os.path.getsize(os.path.join(folder, f))
+                                                 for f in shard_files(prefix)[1])
         return os.path.getsize(prefix)
     if fmt == FORMAT_TF_V1:
         return sum(os.path.getsize(f) for f in v1_files(prefix))

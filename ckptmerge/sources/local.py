@@ -20,6 +20,7 @@ from ..errors import (
     CheckpointNotFoundError,
     format_list,
 )
+from ..formats.kerasshards import shard_set_of
 from ..text import escape_name, quote_name, quoted_command
 from .files import (
     DATA_RE,
@@ -29,6 +30,7 @@ from .files import (
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
     INDEX,
+    KERAS_SHARDS,
     NOT_V1_SUFFIXES,
     STATE_FILE,
     array_dir_format,
@@ -37,6 +39,7 @@ from .files import (
     index_exists,
     is_h5_name,
     is_hdf5,
+    keras_weight_files,
     not_found_error,
     prefix_exists,
     shown_path,
@@ -69,20 +72,24 @@ class _Candidate:
 
 
 def _scan(directory: str) -> List[_Candidate]:
-    """Checkpoints directly in ``directory``: ``*.index`` prefixes, V1 files and sets, ``.h5`` files."""
+    """Checkpoints directly in ``directory``: ``*.index`` prefixes, V1 files and sets, ``.h5`` files
+    and Keras sharded sets (their ``.weights.json``)."""
     abs_dir = os.path.abspath(directory)
     out = []
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
+    keras = set(keras_weight_files(names))
     for name in names:
         full = os.path.join(abs_dir, name)
         if name.endswith(INDEX) and len(name) > len(INDEX) and os.path.isfile(full):
             prefix = full[: -len(INDEX)]
             out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, step_of(prefix)))
-        elif is_h5_name(name) and os.path.isfile(full):
+        elif name in keras and os.path.isfile(full):
             out.append(_Candidate(full, FORMAT_KERAS_H5, step_of(full)))
+        elif is_h5_name(name):
+            continue  # a shard of a Keras sharded set: the set's JSON stands for it
         elif not name.startswith(".") and name != STATE_FILE and not name.endswith(NOT_V1_SUFFIXES) \
                 and DATA_RE.search(name) is None:
             v1 = v1_format(full)
@@ -109,7 +116,7 @@ def _candidates_with_state(directory: str, state: Optional[CheckpointState]) -> 
         for p in paths:
             if index_exists(p):
                 found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, step_of(p)))
-            elif os.path.isfile(p) and is_h5_name(p):
+            elif os.path.isfile(p) and (is_h5_name(p) or p.endswith(KERAS_SHARDS)):
                 found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, step_of(p)))
             elif v1_format(p) is not None:
                 v1 = v1_format(p) or p
@@ -189,6 +196,14 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
     fmt = _array_file_format(abs_path)
     if fmt:
         return ResolvedCheckpoint(abs_path, fmt, None, note or f"{fmt} file {given}")
+    if abs_path.endswith(KERAS_SHARDS):
+        return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
+                                  note or f"Keras sharded weights {given}")
+    shards = shard_set_of(abs_path) if is_h5_name(abs_path) else None
+    if shards is not None:  # one shard means its whole set, as for a V1 shard
+        shown = display_path(os.path.dirname(given), os.path.basename(shards))
+        return ResolvedCheckpoint(shards, FORMAT_KERAS_H5, step_of(shards),
+                                  note or f"all shards of Keras sharded weights {shown}")
     if is_h5_name(abs_path) or is_hdf5(abs_path):
         return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")
@@ -260,7 +275,7 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
     fmt = ""
     if index_exists(prefix):
         fmt = FORMAT_TF_BUNDLE
-    elif os.path.isfile(prefix) and (is_h5_name(prefix) or is_hdf5(prefix)):
+    elif os.path.isfile(prefix) and (is_h5_name(prefix) or is_hdf5(prefix) or prefix.endswith(KERAS_SHARDS)):
         fmt = FORMAT_KERAS_H5
     elif v1_format(prefix) is not None or v1_shard(prefix):
         prefix, fmt = v1_format(prefix) or v1_pattern_of(v1_shard(prefix) or ""), FORMAT_TF_V1
@@ -392,7 +407,8 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     raise CheckpointNotFoundError(
         f"No checkpoint in directory {quote_name(given)}: looked for a '{STATE_FILE}' state file, "
         "'*.index' files of TF checkpoints, V1 checkpoint files, a SavedModel ('saved_model.pb' "
-        f"with 'variables/variables.index') and Keras '*.h5' weights files.{sub_hint or _DIR_HINT}",
+        "with 'variables/variables.index'), Keras '*.h5' weights files and sharded sets' "
+        f"'*.weights.json'.{sub_hint or _DIR_HINT}",
         path=given,
     )
 

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Dict, List, Optional
 
-from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
+from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io.storage import (
     basename,
     dirname,
@@ -25,6 +25,7 @@ from ..formats.io.storage import (
     remote_isdir,
     remote_listdir,
 )
+from ..formats.kerasshards import shard_set_of
 from ..text import quote_name, quoted_command
 from .files import (
     DATA_RE,
@@ -34,10 +35,12 @@ from .files import (
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
     INDEX,
+    KERAS_SHARDS,
     STATE_FILE,
     V1_SHARD_RE,
     array_dir_format,
     is_h5_name,
+    keras_weight_files,
     step_of,
     v1_pattern_of,
 )
@@ -126,7 +129,7 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
     # (name, format) of each checkpoint there: TF prefixes, and Keras weights files as in a local directory
     bundles = [(p, FORMAT_TF_BUNDLE) for p in prefixes]
-    h5 = [(n, FORMAT_KERAS_H5) for n in sorted(names) if is_h5_name(n)]
+    h5 = [(n, FORMAT_KERAS_H5) for n in keras_weight_files(names)]
     steps = sorted({s for s in (step_of(n) for n, _ in bundles + h5) if s is not None})
     shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
@@ -202,6 +205,12 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     from ..formats.tf.table import is_leveldb_table
 
     lower = url.lower()
+    if url.endswith(KERAS_SHARDS):
+        return ResolvedCheckpoint(url, FORMAT_KERAS_H5, step_of(url), f"Keras sharded weights {given}")
+    shards = shard_set_of(url) if is_h5_name(url) else None
+    if shards is not None:  # one shard means its whole set, as for a local path
+        return ResolvedCheckpoint(shards, FORMAT_KERAS_H5, step_of(shards),
+                                  f"all shards of Keras sharded weights {join(dirname(given), basename(shards))}")
     if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
         return ResolvedCheckpoint(url, FORMAT_SAFETENSORS, None, f"safetensors file {given}")
     if lower.endswith(".npz") or (not lower.endswith(_KERAS_NAMES) and is_npz(url)):
@@ -219,6 +228,16 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
         f"{quote_name(given)} is a file but not a checkpoint ckptmerge can read: expected a TF checkpoint "
         "prefix (with a '.index' object beside it), a V1 checkpoint file, a .safetensors or .npz file, or a "
         "Keras '.h5'/'.keras' file.", path=given)
+
+
+def _shard_names(index: str) -> List[str]:
+    """The shard file names a remote sharded set's JSON lists (none if it cannot be read)."""
+    from ..formats.kerasshards import shard_files
+
+    try:
+        return shard_files(index)[1]
+    except CkptMergeError:
+        return []
 
 
 def checkpoints_url(directory: str) -> List[CheckpointInfo]:
@@ -244,9 +263,13 @@ def checkpoints_url(directory: str) -> List[CheckpointInfo]:
         if m:
             data[n[: m.start()]] = data.get(n[: m.start()], 0) + e["size"]
     out = []
+    keras = set(keras_weight_files(names))
     for n, e in names.items():
-        if is_h5_name(n):  # a Keras weights file, as a local listing shows it
-            out.append(CheckpointInfo(join(url, n), step_of(n), e["mtime"] or 0.0, e["size"], False))
+        if n in keras:  # a Keras weights file (a sharded set by its JSON), as a local listing shows it
+            size = e["size"]
+            if n.endswith(KERAS_SHARDS):
+                size += sum(names[f]["size"] for f in _shard_names(join(url, n)) if f in names)
+            out.append(CheckpointInfo(join(url, n), step_of(n), e["mtime"] or 0.0, size, False))
             continue
         if not n.endswith(INDEX) or len(n) == len(INDEX):
             continue
