@@ -129,23 +129,29 @@ def _is_spec_list(target: Any) -> bool:
             and all(map(isinstance, target, itertools.repeat(VariableInfo))))
 
 
+def _is_keras_model(target: Any) -> bool:
+    from .restoring.targets import is_keras_object
+
+    return target is not None and not isinstance(target, (list, tuple, dict)) and is_keras_object(target)
+
+
 def _keras_names(target: Any, targets: Any, handles: List[SourceHandle]) -> Optional[str]:
     """For a Keras model target: name weights-file entries by its walk; return its root scope.
 
     ``None`` for other targets (names are matched as they are).
     """
-    from .restoring.targets import is_keras_object
-
-    if target is None or isinstance(target, (list, tuple, dict)) or not is_keras_object(target):
+    if not _is_keras_model(target):
         return None
-    from .restoring.keraswalk import model_root, name_weights_files
+    from .restoring.kerasfiles import model_root, name_weights_files
 
     name_weights_files(target, targets, handles)
-    return model_root(target, list(targets.variables))
+    weights = [n for n in map(targets.name_of, target.weights) if n is not None]
+    return model_root(target, weights)
 
 
-def _collect(target: Any) -> Any:
-    """Name the target's variables; a list of VariableInfo is a spec-only target (no TF)."""
+def _collect(target: Any, optimizer: bool = False) -> Any:
+    """Name the target's variables (a Keras model's optimizer too, with ``optimizer``); a list of
+    VariableInfo is a spec-only target (no TF)."""
     if _is_spec_list(target):
         from .restoring.targets import TargetSet
 
@@ -153,7 +159,7 @@ def _collect(target: Any) -> Any:
         return TargetSet(variables=by_name(target), mode="specs")
     from .restoring.targets import collect_targets
 
-    return collect_targets(target)
+    return collect_targets(target, optimizer=optimizer and _is_keras_model(target))
 
 
 def plan(
@@ -198,7 +204,7 @@ def plan(
 
 def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: str, on_shape_mismatch: str,
           cast: bool, verify: bool) -> Plan:
-    targets = _collect(target)
+    targets = _collect(target, optimizer=any(s.optimizer for s in srcs))
     rules = [s.rules(targets.name_of) for s in srcs]
     handles = open_sources(srcs, verify=verify)
     added: Dict[str, Tuple[Any, ...]] = {}

@@ -242,12 +242,19 @@ def test_auto_name_shift_restores_twelve_equal_layers_into_keras(tmp_path, tf):
     fresh = build()  # built later in the same process: every layer name shifted by 12 (TF issue 46317)
     old = [layer.name for layer in saved.layers]
     assert not {layer.name for layer in fresh.layers} & set(old)
+    # both the model's name and the layer numbers moved: undone by name, no alignment needed
     plain = cm.plan(fresh, [cm.Source(prefix)])
+    assert plain.ok and len(plain.assignments) == 24
+    assert plain.assignments[fresh.weights[0].path].via.startswith("model root and auto-name shift: ")
+    # the same values under another layer family name: only structural alignment pairs them
+    renamed = {n.replace("/dense", "/fc"): v for n, v in cm.load(prefix).items() if "/dense" in n}
+    plain = cm.plan(fresh, [cm.Source.from_values(renamed)])
     assert len(plain.assignments) == 0 and "Hint: 24 missing targets" in plain.report()
-    plan = cm.plan(fresh, [cm.Source(prefix, align="structure")])
+    plan = cm.plan(fresh, [cm.Source.from_values(renamed, align="structure")])
     assert plan.ok and len(plan.assignments) == 24
-    # numeric order decides: e.g. dense_9 before dense_10, as a string sort would not have it
-    assert [plan.assignments[v.path].name.split("/")[1] for v in fresh.weights[::2]] == old
+    # numeric order decides: e.g. fc_9 before fc_10, as a string sort would not have it
+    assert [plan.assignments[v.path].name.split("/")[1] for v in fresh.weights[::2]] == [
+        n.replace("dense", "fc") for n in old]
     plan.restore()
     for a, b in zip(saved.weights, fresh.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())

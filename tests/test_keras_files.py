@@ -116,6 +116,10 @@ def test_optimizer_entries_are_left_out_unless_optimizer_true(tf):
     assert plan.unused["c"] == [] and plan.ok
     with_opt = cm.plan(model, [cm.Source(_churn(), name="c", optimizer=True)])
     assert "optimizer/vars/0" in with_opt.unused["c"] and len(with_opt.assignments) == 6
+    # the model has no optimizer to restore the state into: a finding, not a silent partial restore
+    assert [t.split(":")[0] for _, t in with_opt.structure] == [
+        "the file holds optimizer state (14 entries under 'optimizer/') but the model has no optimizer"]
+    assert cm.plan(model, [cm.Source(_churn(), name="c", optimizer=True, exclude=["optimizer/*"])]).ok
 
 
 def test_a_file_of_another_architecture_is_a_structure_finding(tmp_path, tf):
@@ -130,7 +134,9 @@ def test_a_file_of_another_architecture_is_a_structure_finding(tmp_path, tf):
     assert len(plan.assignments) == 4
     third = big.layers[2].name
     assert plan.structure == [("s", f"the model's layer at 'layers/dense_2' ('{big.name}/{third}/bias', "
-                                    f"'{big.name}/{third}/kernel') has no entries in the file")]
+                                    f"'{big.name}/{third}/kernel') has no entries in the file; load_weights "
+                                    f"would fail: Layer '{third}' expected 2 variables, but received 0 "
+                                    "variables during loading. Expected: ['kernel', 'bias']")]
     with pytest.raises(cm.PlanError, match="structure: source 's': the model's layer at 'layers/dense_2'"):
         plan.check()
     plan = cm.plan(small, [cm.Source(str(tmp_path / "small.weights.h5"), name="s")])
@@ -202,9 +208,10 @@ def test_ls_of_a_keras_archive_shows_layer_names_and_raw_keys_under_all(tmp_path
     r = run("ls", path)
     assert r.exit_code == 0, r.output
     rows = [line.split()[0] for line in r.stdout.splitlines()[2:-1]]
-    assert rows == ["out/bias", "out/kernel", "proj/kernel"]
+    assert rows == ["net/out/bias", "net/out/kernel", "net/proj/kernel"]  # as variable.path names them
+    assert rows == sorted(v.path for v in model.weights)
     r = run("ls", path, "--all")
-    assert any("proj/kernel" in line and "layers/dense/vars/0" in line for line in r.stdout.splitlines())
+    assert any("net/proj/kernel" in line and "layers/dense/vars/0" in line for line in r.stdout.splitlines())
 
 
 def test_a_zip_named_keras_without_weights_is_a_clear_error(tmp_path):

@@ -278,7 +278,9 @@ def test_keras_archive_weights_read_in_place(tmp_path):
             open_checkpoint(str(tmp_path / "m.weights.h5")) as plain:
         assert archive.format == "keras-h5"
         by_key = {v.raw_key: v for v in archive.variables()}  # same entries, named from config.json
-        assert [by_key[v.raw_key].name for v in plain.variables() if v.kind == "variable"] == ["d/kernel", "d/bias"]
+        # (as variable.path names them: a Sequential scopes its layers with its own name)
+        assert [by_key[v.raw_key].name for v in plain.variables() if v.kind == "variable"] == [
+            v.path for v in model.weights] == [f"{model.name}/d/kernel", f"{model.name}/d/bias"]
         assert sorted(by_key) == sorted(v.raw_key for v in plain.variables())
         for v in plain.variables():
             assert same_value(archive.get(v.name), plain.get(v.name)), v.name

@@ -24,6 +24,7 @@ is imported only when a file is opened; TensorFlow never.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -55,7 +56,8 @@ from ckptmerge.formats.zipmembers import MAX_EXPANSION, check_member, member_err
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
 from ckptmerge.text import escape_name, human_bytes, plural
 
-__all__ = ["H5Reader", "HDF5_SIGNATURE", "MAX_EXPANSION", "is_hdf5", "is_keras_archive"]
+__all__ = ["H5Reader", "HDF5_SIGNATURE", "MAX_EXPANSION", "LegacyLayout", "is_hdf5", "is_keras_archive",
+           "list_attr"]
 
 logger = logging.getLogger(__name__)
 
@@ -286,10 +288,75 @@ def _not_a_tensor(ds: Any, dt: np.dtype, h5py: Any) -> Optional[Tuple[str, str]]
     return None
 
 
+def list_attr(obj: Any, name: str) -> List[str]:
+    """A list-of-strings attribute as Keras's legacy format writes it: ``name``, or split into
+    ``name0``, ``name1``, ... when it outgrew HDF5's 64 KB attribute limit."""
+    attrs = obj.attrs
+    if name in attrs:
+        raw = [attrs[name]]
+    else:
+        raw, i = [], 0
+        while f"{name}{i}" in attrs and i < 1 << 16:
+            raw.append(attrs[f"{name}{i}"])
+            i += 1
+    out = []
+    for chunk in raw:
+        for w in (chunk if isinstance(chunk, (list, tuple, np.ndarray)) else [chunk]):
+            out.append(w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LegacyLayout:
+    """What a Keras 2 / legacy ``.h5`` weights file says of its layers, in the file's order.
+
+    Attributes:
+        layers: ``(layer name, dataset keys in weight_names order)`` per entry of
+            ``layer_names`` (layers without weights have no keys).
+        top: the keys of ``top_level_model_weights`` (a subclassed model's own weights).
+        has_top: whether the file has a ``top_level_model_weights`` group (Keras then checks
+            the model's own weights against it, even when it is empty).
+    """
+
+    layers: Tuple[Tuple[str, Tuple[str, ...]], ...]
+    top: Tuple[str, ...] = ()
+    has_top: bool = False
+
+
+def _legacy_layout(f: Any, datasets: Any) -> Optional[LegacyLayout]:
+    """The :class:`LegacyLayout` of a legacy file (its root or ``model_weights`` group lists
+    ``layer_names``), or ``None`` (a Keras 3 file, or one whose lists name missing datasets)."""
+    group, prefix = f, ""
+    if "model_weights" in f and not list_attr(f, "layer_names"):
+        group, prefix = f["model_weights"], "model_weights/"
+    try:
+        names = list_attr(group, "layer_names")
+        if not names:
+            return None
+        layers = []
+        for name in names:
+            sub = group.get(name)
+            if sub is None or isinstance(sub, _import_h5py().Dataset):
+                return None
+            layers.append((name, tuple(f"{prefix}{name}/{w}" for w in list_attr(sub, "weight_names"))))
+        top_group = group.get("top_level_model_weights")
+        top = tuple(f"{prefix}top_level_model_weights/{w}" for w in list_attr(top_group, "weight_names")) \
+            if top_group is not None else ()
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError):
+        return None
+    if any(k not in datasets for _, keys in layers for k in keys) or any(k not in datasets for k in top):
+        return None
+    return LegacyLayout(tuple(layers), top, top_group is not None)
+
+
 class H5Reader(CheckpointReader):
     """Reader of a Keras weights file (``.weights.h5``, legacy ``.h5``, or a ``.keras`` archive).
 
     Use :func:`ckptmerge.formats.open_checkpoint` rather than this class directly.
+
+    Attributes:
+        legacy: a Keras 2 / legacy file's :class:`LegacyLayout` (layers in the file's order,
+            each with its weights in ``weight_names`` order), else ``None``.
 
     Raises:
         CheckpointNotFoundError: if the file does not exist.
@@ -327,8 +394,7 @@ class H5Reader(CheckpointReader):
 
         def visit(name: str, obj: Any) -> None:
             if not isinstance(obj, h5py.Dataset):
-                for w in obj.attrs.get("weight_names", ()) if "weight_names" in obj.attrs else ():
-                    w = w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
+                for w in list_attr(obj, "weight_names"):
                     weight_names[f"{name}/{w}"] = normalize_name(w)
                 if name == "vars" or name.endswith("/vars"):
                     layer = obj.attrs.get("name")
@@ -376,6 +442,7 @@ class H5Reader(CheckpointReader):
         if legacy and len(set(legacy.values())) == len(legacy):  # Keras 2: by the weight's name
             infos = [VariableInfo(legacy.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind,
                                   i.nbytes) for i in infos]
+        self.legacy = _legacy_layout(f, {i.raw_key for i in infos})
         if self._archive:  # a .keras archive: name entries as config.json and the file say
             named = archive_names([i.raw_key for i in infos], layer_names, _archive_config(self.path))
             infos = [VariableInfo(named.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind, i.nbytes)

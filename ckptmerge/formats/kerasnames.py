@@ -133,6 +133,8 @@ def archive_names(datasets: Sequence[str], layer_names: Mapping[str, str],
         {'layers/dense/vars/0': 'head/kernel', 'layers/dense/vars/1': 'head/bias'}
     """
     classes = layer_classes(config) if config is not None else {}
+    root_class = snake_case(config["class_name"]) if isinstance(config, Mapping) and isinstance(
+        config.get("class_name"), str) else None
     by_layer: Dict[str, List[Tuple[int, str]]] = {}
     for key in datasets:
         head, sep, index = key.rpartition("/vars/")
@@ -149,6 +151,7 @@ def archive_names(datasets: Sequence[str], layer_names: Mapping[str, str],
         if path is None:
             continue
         cls, cfg = classes.get(tuple(path), (None, {}))
+        prefix = _scope(path, layer_names.get(""), root_class, classes)
         if cls is None:  # not in config.json: the key (``dense_1``, ``query_dense``) says the class
             last = head.rsplit("/", 1)[-1]
             cls = _ATTRIBUTE_CLASSES.get(last) or _UNIQUE_SUFFIX.sub("", last)
@@ -158,13 +161,27 @@ def archive_names(datasets: Sequence[str], layer_names: Mapping[str, str],
         names = _variable_names(cls, cfg, len(entries))
         if [i for i, _ in entries] != list(range(len(entries))):
             names = None
-        prefix = "/".join(path)
         for i, key in entries:
             leaf = names[i] if names is not None else f"vars/{i}"
             out[key] = f"{prefix}/{leaf}" if prefix else leaf
     if len(set(out.values())) != len(out):  # two layers with one name: keep the raw keys
         return {}
     return out
+
+
+def _scope(path: List[str], root_name: Optional[str], root_class: Optional[str],
+           classes: Mapping[Tuple[str, ...], Tuple[str, Mapping[str, Any]]]) -> str:
+    """The scope Keras gives the variables of the layer at name ``path``: the names of the
+    enclosing layers that build it (a ``Sequential``, a custom layer or model adds its name), from
+    the last ``Functional`` model on (a functional model's layers are built when it is made,
+    outside any scope). Without ``config.json`` the root's name is left out."""
+    scope: List[str] = [root_name] if root_class not in (None, "functional") and root_name else []
+    for end in range(1, len(path)):
+        if classes.get(tuple(path[:end]), ("",))[0] == "functional":
+            scope = []
+        else:
+            scope.append(path[end - 1])
+    return "/".join(scope + path[-1:])
 
 
 def _layer_path(head: str, layer_names: Mapping[str, str]) -> Optional[List[str]]:

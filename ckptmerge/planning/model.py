@@ -92,6 +92,11 @@ class SourceView:
             shown beside its assignment.
         findings: structure findings of this source (a Keras weights file whose layers differ
             from the model's); they block a strict restore.
+        finding_targets: finding -> the targets it leaves unrestored: the finding is settled
+            (dropped from the plan) when each of them is restored from elsewhere or allowed by
+            ``allow_missing``.
+        finding_names: finding -> the checkpoint names it leaves unused: settled when the
+            source's rules drop every one of them (``exclude``).
         aligned: ``{checkpoint name: target}`` from structural alignment
             (``Source(align="structure")``), used for names the rules put on no target.
         order: checkpoint names in the order the checkpoint saved them, where it records one
@@ -118,6 +123,8 @@ class SourceView:
     hidden: Tuple[str, ...] = ()
     notes: Mapping[str, str] = field(default_factory=dict)
     findings: Tuple[str, ...] = ()
+    finding_targets: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    finding_names: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
     aligned: Mapping[str, str] = field(default_factory=dict)
     order: Optional[Tuple[str, ...]] = None
 
@@ -125,6 +132,9 @@ class SourceView:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
         object.__setattr__(self, "aligned", types.MappingProxyType(dict(self.aligned)))
         object.__setattr__(self, "findings", tuple(self.findings))
+        for name in ("finding_targets", "finding_names"):
+            object.__setattr__(self, name, types.MappingProxyType(
+                {str(k): tuple(v) for k, v in getattr(self, name).items()}))
         if self.cast is not None and not isinstance(self.cast, bool):
             raise OptionError(f"source {quote_name(self.label)}: cast must be True, False or None (the plan's "
                               f"option); received {describe_value(self.cast)}.")

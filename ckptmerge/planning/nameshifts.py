@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..text import and_list, quote_name
 
-__all__ = ["root_swaps", "series_shifts"]
+__all__ = ["root_swaps", "series_shifts", "rerooted"]
 
 
 def _common_root(names: Sequence[str]) -> Optional[str]:
@@ -66,6 +66,27 @@ def root_swaps(names: Sequence[str], target_names: Iterable[str],
             findings.append(f"{quote_name(n)} fits {and_list([quote_name(f) for f in fits])} once the model's "
                             "root name is ignored; map it explicitly (map={...})")
     return out, findings
+
+
+def rerooted(names: Sequence[str], model_root: str) -> Dict[str, str]:
+    """Each name with the checkpoint's common root (if any) replaced by the model's: the form in
+    which a name whose model root *and* layer numbers both moved is offered to
+    :func:`series_shifts` (a legacy ``.h5`` of ``sequential_3/dense_7/...`` into a twin
+    ``sequential_5/dense_12/...`` built in the same process). Names the form leaves alike are
+    left out.
+
+    Example:
+        >>> rerooted(["s1/dense_1/kernel", "s1/dense_2/kernel"], "s2")
+        {'s1/dense_1/kernel': 's2/dense_1/kernel', 's1/dense_2/kernel': 's2/dense_2/kernel'}
+    """
+    src_root = _common_root(names)
+    out: Dict[str, str] = {}
+    for n in names:
+        rest = n[len(src_root) + 1:] if src_root is not None else n
+        form = f"{model_root}/{rest}" if model_root else rest
+        if form != n:
+            out[n] = form
+    return out
 
 
 _SERIES = re.compile(r"^([a-z][a-z0-9_]*?)(?:_(\d+))?$")

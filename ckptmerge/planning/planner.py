@@ -45,7 +45,7 @@ from ..specs import VariableInfo, by_name
 from ..text import quote_name
 from .findings import Assignment, Conflict, Mismatch, trusted_assignment  # noqa: F401 - re-exported
 from .model import CHECK_LIMIT, OptionError, Plan, SourceView  # noqa: F401 - re-exported
-from .nameshifts import root_swaps, series_shifts
+from .nameshifts import rerooted, root_swaps, series_shifts
 from .rules import (
     Ambiguity,
     GlobFilter,
@@ -170,12 +170,18 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
             pairs = [(n, swaps.get(n, t), rule) for n, t, rule in pairs]
             for n, t in swaps.items():
                 via[n] = f"model root: {quote_name(n)} as {quote_name(t)}"
-            shifted = series_shifts([t for _, t, rule in pairs if rule is None], target_names, model_root)
+            # names still lost are offered to the shift with the model's root: both may have moved
+            forms = rerooted([n for n in lost if n not in swaps], model_root)
+            offered = [forms.get(n, t) if rule is None else t for n, t, rule in pairs]
+            shifted = series_shifts([o for o, (_, _, rule) in zip(offered, pairs) if rule is None],
+                                    target_names, model_root)
             if shifted:  # layers numbered from where another model in the saving process left off
-                pairs = [(n, shifted.get(t, t) if rule is None else t, rule) for n, t, rule in pairs]
+                pairs = [(n, shifted.get(o, t) if rule is None else t, rule) for o, (n, t, rule) in zip(offered, pairs)]
+                moved = set(shifted.values())
                 for n, t, rule in pairs:
-                    if rule is None and n not in via and t != n and t in shifted.values():
-                        via[n] = f"auto-name shift: {quote_name(n)} as {quote_name(t)}"
+                    if rule is None and n not in via and t != n and t in moved:
+                        what = "model root and auto-name shift" if n in forms else "auto-name shift"
+                        via[n] = f"{what}: {quote_name(n)} as {quote_name(t)}"
         if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
             # (the alignment already left out what include/exclude or a None regex drop on purpose)
             landed_set = {n for n, t, _ in pairs if t in target_by_name}
@@ -264,6 +270,26 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
                     f"target variable (e.g. {quote_name(n0)} -> {quote_name(t0)})")))
     return _SourceMatch(candidates, unmatched, ambiguous, sorted(drop), not_landed,
                         list(src.findings) + structure)
+
+
+def _unsettled(structure: List[Tuple[str, str]], sources: Mapping[str, SourceView],
+               assignments: Mapping[str, Assignment], allowed: Sequence[str],
+               dropped: Mapping[str, Sequence[str]]) -> List[Tuple[str, str]]:
+    """The structure findings nothing settled: a finding about targets is settled when each of
+    them is restored (from any source) or allowed missing; one about checkpoint names when the
+    source's rules dropped every one of them."""
+    allowed_set = set(allowed)
+    out = []
+    for label, text in structure:
+        src = sources[label]
+        targets = src.finding_targets.get(text)
+        names = src.finding_names.get(text)
+        if targets and all(t in assignments or t in allowed_set for t in targets):
+            continue
+        if names and set(names) <= set(dropped.get(label, ())):
+            continue
+        out.append((label, text))
+    return out
 
 
 def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
@@ -502,6 +528,8 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
             if c.name not in taken.get(c.source, ()):
                 unused[c.source].add(c.name)
     unused_sorted = {label: sorted(names) for label, names in unused.items()}
+    if structure:
+        structure = _unsettled(structure, source_by_label, assignments, allowed, dropped)
     ambiguous.sort(key=lambda a: (order[a.source], a.name))
 
     return Plan(

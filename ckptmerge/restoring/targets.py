@@ -35,7 +35,7 @@ from ..specs import VariableInfo, normalize_name
 from ..text import quote_name
 
 __all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "input_layers", "import_tf",
-           "keras_backend"]
+           "keras_backend", "keras_model_variables"]
 
 _AUTO_NAME = re.compile(r"^(Sharded)?Variable(_\d+)?$")
 _PART_SUFFIX = re.compile(r"/part_\d+$")
@@ -139,7 +139,37 @@ def keras_backend(target: Any) -> Optional[str]:
     return str(keras.backend.backend())
 
 
-def _keras_native_set(target: Any) -> TargetSet:
+def keras_model_variables(target: Any, optimizer: bool = False) -> List[Tuple[str, Any]]:
+    """A Keras model's (or layer's) variables as ``(name, variable)`` targets: its ``weights``
+    by ``.path``, then, with ``optimizer``, its optimizer's ``variables`` (in the optimizer's own
+    order), when it has one. An optimizer variable whose path another one has too (Adafactor
+    names its factors after the model variable) is named ``<path>_<its index in the optimizer>``.
+
+    Example:
+        >>> [n for n, _ in keras_model_variables(model, optimizer=True)][-2:]   # doctest: +SKIP
+        ['adam/dense_bias_momentum', 'adam/dense_bias_velocity']
+    """
+    pairs = [(v.path, v) for v in target.weights]
+    opt = getattr(target, "optimizer", None) if optimizer else None
+    if opt is not None and hasattr(opt, "variables"):
+        seen = {id(v) for v in target.weights}
+        own = [(i, v) for i, v in enumerate(opt.variables) if id(v) not in seen]
+        counts: Dict[str, int] = {}
+        for _, v in own:
+            counts[v.path] = counts.get(v.path, 0) + 1
+        taken = {n for n, _ in pairs} | set(counts)
+        for i, v in own:
+            name = v.path
+            if counts[name] > 1:
+                name = f"{v.path}_{i}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+            pairs.append((name, v))
+    return pairs
+
+
+def _keras_native_set(target: Any, optimizer: bool) -> TargetSet:
     """Targets of a Keras 3 model on a backend other than TensorFlow: Keras variables, assigned
     through Keras's own API, named by ``variable.path`` as on TensorFlow (no TF import)."""
     if isinstance(target, dict):
@@ -147,7 +177,7 @@ def _keras_native_set(target: Any) -> TargetSet:
     elif isinstance(target, (list, tuple)):
         pairs = [(v.path, v) for v in target]
     else:
-        pairs = [(v.path, v) for v in target.weights]
+        pairs = keras_model_variables(target, optimizer)
     names = [n for n, _ in pairs]
     _raise_duplicates(names, "Give the layers unique names, or pass a dict {name: variable}.")
     groups = {}
@@ -248,12 +278,14 @@ def _module_entries(module: Any) -> List[Tuple[str, Any]]:
     return named
 
 
-def collect_targets(target: Any = None) -> TargetSet:
+def collect_targets(target: Any = None, *, optimizer: bool = False) -> TargetSet:
     """Name every target variable.
 
     Args:
         target: ``None`` (default graph's global variables), a list/tuple or dict of variables,
             a ``tf.Module`` or a Keras 3 model/layer.
+        optimizer: for a Keras model, also its optimizer's variables (named by their ``.path``,
+            e.g. ``adam/iteration``), for sources with ``optimizer=True``.
 
     Returns:
         A :class:`TargetSet`.
@@ -270,7 +302,7 @@ def collect_targets(target: Any = None) -> TargetSet:
     """
     backend = keras_backend(target)
     if backend is not None and backend != "tensorflow":
-        return _keras_native_set(target)  # JAX, PyTorch, NumPy backends: TensorFlow is not imported
+        return _keras_native_set(target, optimizer)  # JAX, PyTorch, NumPy backends: no TensorFlow
     tf = import_tf()
     graph_mode = not tf.executing_eagerly()
     graph = tf.compat.v1.get_default_graph() if graph_mode else None
@@ -287,7 +319,7 @@ def collect_targets(target: Any = None) -> TargetSet:
         _check_variables((f"target[{k!r}]", v) for k, v in target.items())
         pairs = [(normalize_name(str(k)), v) for k, v in target.items()]
     elif is_keras_object(target) and not isinstance(target, (list, tuple)):
-        pairs = [(v.path, v) for v in target.weights]
+        pairs = keras_model_variables(target, optimizer)
         hint = "Give the layers unique names, or pass a dict {name: variable}."
     elif isinstance(target, tf.Module):
         pairs = _module_entries(target)

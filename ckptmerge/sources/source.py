@@ -348,6 +348,9 @@ class SourceHandle:
     all_variables: List[VariableInfo] = field(default_factory=list)
     notes: Dict[str, str] = field(default_factory=dict)
     findings: List[str] = field(default_factory=list)
+    finding_targets: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    finding_names: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    superseded: Tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -371,8 +374,12 @@ class SourceHandle:
         return None
 
     def selectable(self) -> Dict[str, VariableInfo]:
-        """Variables the rules may use: all of them with ``optimizer=True``, else model variables."""
-        return by_name(self.all_variables if self.source.optimizer else model_variables(self.all_variables))
+        """Variables the rules may use: all of them with ``optimizer=True``, else model variables;
+        never the :attr:`superseded` ones (entries a later one overwrites in the format's own load)."""
+        chosen = by_name(self.all_variables if self.source.optimizer else model_variables(self.all_variables))
+        for name in self.superseded:
+            chosen.pop(name, None)
+        return chosen
 
     def view(self, rules: Rules) -> "SourceView":
         """What the planner needs of this source: label, path, note, variables, rules, ...
@@ -390,7 +397,8 @@ class SourceHandle:
         return SourceView(label=self.label, path=self.path, note=self.note,
                           variables=types.MappingProxyType(selectable),
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
-                          hidden=hidden, notes=self.notes, findings=tuple(self.findings))
+                          hidden=hidden, notes=self.notes, findings=tuple(self.findings),
+                          finding_targets=self.finding_targets, finding_names=self.finding_names)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
@@ -425,6 +433,7 @@ class CheckpointHandle(SourceHandle):
         super().__init__(source, path, note, list(reader.variables()))
         self.reader = reader
         self._key_of: Dict[str, str] = {}
+        self._supplied: Dict[str, np.ndarray] = {}
 
     @property
     def renamed(self) -> Dict[str, str]:
@@ -458,13 +467,39 @@ class CheckpointHandle(SourceHandle):
         self.all_variables = sorted(renamed, key=lambda v: v.name)
         self.notes.update(notes)
 
+    def supply(self, values: Mapping[str, np.ndarray], notes: Mapping[str, str] = {}) -> None:
+        """Offer values the file does not hold but its format's own load writes (``{name: array}``,
+        e.g. the zeros Keras's ``load_weights`` gives a LoRA layer's factors); ``notes`` (by
+        name) say why, beside the assignments. Each is read from memory, never from the file.
+
+        Example:
+            >>> handle.supply({"dense/lora_kernel_a": np.zeros((4, 2), np.float32)})  # doctest: +SKIP
+        """
+        taken = {v.name for v in self.all_variables}
+        for name, value in values.items():
+            if name in taken:
+                raise CkptMergeError(f"cannot supply {quote_name(name)}: source {quote_name(self.label)} "
+                                     "holds a tensor of that name already")
+            self._supplied[name] = value
+            self.all_variables.append(VariableInfo(name, tuple(value.shape), str(value.dtype), name,
+                                                   nbytes=int(value.nbytes)))
+        self.all_variables.sort(key=lambda v: v.name)
+        self.notes.update(notes)
+
+    def supersede(self, names: Sequence[str]) -> None:
+        """Leave out tensors that the format's own load overwrites with another (by name)."""
+        self.superseded = tuple(sorted(set(self.superseded) | set(names)))
+
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors with CRC checks; see ``CheckpointReader.read_many``."""
         names = list(names)
+        supplied = {n: self._supplied[n].copy() for n in names if n in self._supplied}
+        if supplied:
+            names = [n for n in names if n not in supplied]
         if not self._key_of:
-            return self.reader.read_many(names)
+            return {**self.reader.read_many(names), **supplied}
         arrays = self.reader.read_many([self._key_of.get(n, n) for n in names])
-        return {n: arrays[self._key_of.get(n, n)] for n in names}
+        return {**{n: arrays[self._key_of.get(n, n)] for n in names}, **supplied}
 
     def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
         """The values of ``name`` as flat pieces, read from the file as they are asked for."""
