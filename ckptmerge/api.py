@@ -214,7 +214,8 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
         options = dict(allow_missing=allow, on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch,
                        cast=cast, model_root=root)
         result = make_plan(targets.infos, views, **options)
-        which = [s.align == "structure" for s in srcs]
+        # (Keras weights files walked by the model have aligned by layer already: see kerasfiles)
+        which = [s.align == "structure" and h.drift is None for s, h in zip(srcs, handles)]
         if any(which) and result.missing:  # align only what names and rules left missing
             from .planning.suggestion import aligned_views
             from .restoring.targets import creation_order, input_layers

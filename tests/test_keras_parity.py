@@ -496,8 +496,10 @@ def test_partial_loads_keras_refuses_are_findings_that_restore_nothing(keras, fo
     wider = keras.Sequential([keras.Input((3,), batch_size=2), keras.layers.Dense(4), keras.layers.Dense(6)])
     with pytest.raises(ValueError, match="must match"):
         wider.load_weights(path)
-    plan = cm.plan(wider, [cm.Source(path)])
-    assert not plan.ok and plan.structure and "must match" in plan.structure[0][1]
+    plan = cm.plan(wider, [cm.Source(path)])  # every entry there, only shapes differ: Mismatched, per variable
+    assert not plan.ok and plan.structure == []
+    assert [m.target for m in plan.mismatched] == sorted(v.path for v in wider.layers[1].weights)
+    assert "must match" in plan.sources[0].keras.failures[0][2]
     longer = keras.Sequential([keras.Input((3,), batch_size=2), keras.layers.Dense(4), keras.layers.Dense(5),
                                keras.layers.Dense(5)])
     with pytest.raises(ValueError, match="received 0 variables"):

@@ -243,6 +243,36 @@ def test_keras_jax_example(tmp_path):
     np.testing.assert_array_equal(np.float32(result["kernel"]), kernel)
 
 
+@runs("drift")
+def test_path_drift_example(tf, tmp_path, monkeypatch):
+    import keras
+
+    import ckptmerge as cm
+
+    def model_with(attribute):
+        class Model(keras.Model):
+            def __init__(self):
+                super().__init__()
+                setattr(self, attribute, keras.layers.Dense(4))
+
+            def call(self, x):
+                return getattr(self, attribute)(x)
+
+        model = Model()
+        model(np.zeros((1, 3), np.float32))
+        return model
+
+    monkeypatch.chdir(tmp_path)
+    old = model_with("attn")
+    old.attn.kernel.assign(np.full((3, 4), 7, np.float32))
+    old.save_weights("old.weights.h5")
+    model = model_with("attention")
+    printed = []
+    exec(_block("drift"), {"cm": cm, "model": model, "print": printed.append})
+    assert "Path drift (1)" in printed[0] and "file 'attn' -> model 'attention' (1.00: same 2 entries" in printed[0]
+    np.testing.assert_array_equal(model.attention.kernel.numpy(), 7)
+
+
 @runs("suggest")
 def test_suggest_example(tf, tmp_path, monkeypatch):
     import keras

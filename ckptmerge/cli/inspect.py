@@ -26,8 +26,10 @@ import click
 from ..errors import UnreadableTensorError, did_you_mean
 from ..gcpause import paused_gc
 from ..jsonout import Records
+from ..formats.kerasnames import layer_of
+from ..planning.kerascompat import KerasVerdict, compare_legacy_files, compare_weights_files
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
-from ..specs import KIND_VARIABLE, VariableInfo, model_variables
+from ..specs import KIND_VARIABLE, VariableInfo, model_variables, normalize_name
 from ..text import escape_name, human_bytes, plural, quote_name
 from .common import (
     EXIT_FINDINGS,
@@ -539,6 +541,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                     not_compared.append((x, y))
                     continue
                 compared.append({"name": x.name, "max_abs_diff": d, "equal": eq})
+        keras = keras_verdict(ra, rb)
     value_diffs = [c for c in compared if not c["equal"]]
     equal = not (only_a or only_b or mismatched or value_diffs)
 
@@ -551,6 +554,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
             **({"values": [{**c, "max_abs_diff": (c["max_abs_diff"] if c["max_abs_diff"] is None
                                                   else _finite_or_text(c["max_abs_diff"]))}
                            for c in compared], "not_compared": [x.name for x, _ in not_compared]} if values else {}),
+            **({"keras": keras.to_dict()} if keras is not None else {}),
         })
         if not equal:
             raise SystemExit(EXIT_FINDINGS)
@@ -582,6 +586,9 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     section("Values not readable, not compared", [
         f"{x.name}: {x.dtype}" if x.dtype == y.dtype else f"{x.name}: A {x.dtype}, B {y.dtype}"
         for x, y in not_compared])
+    if keras is not None:  # what Keras's own load_weights would do: B's model loading A
+        click.echo("Keras (a model saved as B, loading A with load_weights):")
+        click.echo("\n".join(f"  {escape_name(line)}" for line in keras.lines()))
     what = "names, dtypes, shapes" + (" and values" if values else "")
     if equal:
         click.echo(f"Equal: {plural(len(common), 'variable' if not show_all else 'tensor')}, same {what}"
@@ -603,6 +610,39 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
 
 
 _NAME, _DTYPE = operator.attrgetter("name"), operator.attrgetter("dtype")
+
+
+def _weight(key: str, layer: str) -> str:
+    """A legacy file's weight name from its dataset key (``model_weights/d/seq/d/kernel`` -> ``seq/d/kernel``)."""
+    if key.startswith("model_weights/"):
+        key = key[len("model_weights/"):]
+    return normalize_name(key[len(layer) + 1:])
+
+
+def keras_verdict(old: Any, new: Any) -> Optional[KerasVerdict]:
+    """What a model saved as the Keras weights file ``new`` would do loading ``old`` with
+    ``load_weights`` (see :mod:`ckptmerge.planning.kerascompat`), when both readers are Keras
+    weights files of one kind (Keras 3, or legacy ``.h5``); else ``None``.
+
+    Example:
+        >>> keras_verdict(open_checkpoint("old.weights.h5"), open_checkpoint("new.weights.h5")).outcome  # doctest: +SKIP
+        'fail'
+    """
+    if getattr(old, "format", None) != "keras-h5" or getattr(new, "format", None) != "keras-h5":
+        return None
+    la, lb = getattr(old, "legacy", None), getattr(new, "legacy", None)
+    if la is not None and lb is not None:
+        shapes_a = {v.raw_key: v.shape for v in old.variables()}
+        shapes_b = {v.raw_key: v.shape for v in new.variables()}
+        return compare_legacy_files([(n, [(_weight(k, n), shapes_a[k]) for k in keys]) for n, keys in la.layers],
+                                    [(n, [(_weight(k, n), shapes_b[k]) for k in keys]) for n, keys in lb.layers])
+    if la is not None or lb is not None:
+        return None
+    shapes_a = {v.raw_key: v.shape for v in old.variables() if layer_of(v.raw_key) is not None}
+    shapes_b = {v.raw_key: v.shape for v in new.variables() if layer_of(v.raw_key) is not None}
+    if not shapes_a or not shapes_b:
+        return None
+    return compare_weights_files(shapes_a, shapes_b, getattr(new, "layer_names", {}))
 
 
 def _sorted_diff(a: List[VariableInfo], b: List[VariableInfo]

@@ -357,6 +357,8 @@ class H5Reader(CheckpointReader):
     Attributes:
         legacy: a Keras 2 / legacy file's :class:`LegacyLayout` (layers in the file's order,
             each with its weights in ``weight_names`` order), else ``None``.
+        layer_names: a Keras 3 file's ``{object path: layer name}``, from the ``name`` each
+            ``vars`` group records (``{"layers/dense": "head"}``).
 
     Raises:
         CheckpointNotFoundError: if the file does not exist.
@@ -443,6 +445,7 @@ class H5Reader(CheckpointReader):
             infos = [VariableInfo(legacy.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind,
                                   i.nbytes) for i in infos]
         self.legacy = _legacy_layout(f, {i.raw_key for i in infos})
+        self.layer_names: Dict[str, str] = layer_names
         if self._archive:  # a .keras archive: name entries as config.json and the file say
             named = archive_names([i.raw_key for i in infos], layer_names, _archive_config(self.path))
             infos = [VariableInfo(named.get(i.raw_key, i.name), i.shape, i.dtype, i.raw_key, i.kind, i.nbytes)

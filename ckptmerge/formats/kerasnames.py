@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["archive_names", "snake_case", "layer_classes"]
+__all__ = ["archive_names", "snake_case", "layer_classes", "layer_of"]
 
 _KERNEL_BIAS = ("kernel", "bias")
 _RNN_CELL = ("kernel", "recurrent_kernel", "bias")
@@ -52,6 +52,22 @@ for _c in ("conv1d", "conv2d", "conv3d", "conv1d_transpose", "conv2d_transpose",
     _OPTIONAL[(_c, "use_bias")] = "bias"
 _UNIQUE_SUFFIX = re.compile(r"_\d+$")
 _CONTAINER = re.compile(r"container(_\d+)?")
+
+
+def layer_of(key: str) -> Optional[str]:
+    """The object path of a weights-file entry (``layers/dense`` of ``layers/dense/vars/0``,
+    ``""`` of the root's ``vars/0``), or ``None`` for a key that is not a Keras 3 entry.
+
+    Example:
+        >>> layer_of("layers/dense/vars/1"), layer_of("vars/0"), layer_of("dense/kernel")
+        ('layers/dense', '', None)
+    """
+    head, sep, index = key.rpartition("/vars/")
+    if sep and index.isdigit():
+        return head
+    if key.startswith("vars/") and key[5:].isdigit():
+        return ""
+    return None
 
 
 def snake_case(name: str) -> str:

@@ -105,6 +105,8 @@ class KerasShardsReader(CheckpointReader):
     Attributes:
         files: the shard files read, in the order the JSON names them.
         legacy: always ``None`` (a sharded set is a Keras 3 file).
+        layer_names: ``{object path: layer name}`` the shards record (see
+            :class:`~ckptmerge.formats.h5.H5Reader`).
 
     Raises:
         CheckpointNotFoundError: the JSON, or a shard it names, does not exist.
@@ -151,6 +153,9 @@ class KerasShardsReader(CheckpointReader):
             self.close()
             raise
         self._set_infos(sorted(infos, key=lambda i: i.name))
+        self.layer_names: Dict[str, str] = {}
+        for reader in reversed(list(self._shards.values())):
+            self.layer_names.update(reader.layer_names)
 
     def _read(self, info: VariableInfo) -> np.ndarray:
         reader, inner = self._where[info.raw_key]

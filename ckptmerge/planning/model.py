@@ -30,12 +30,14 @@ from typing import (
     Tuple,
 )
 
+from ..alignment.keraspaths import PathAlignment
 from ..args import describe_value
 from ..errors import OptionError, PlanError
 from ..jsonout import Entries, Records
 from ..specs import VariableInfo
 from ..text import escape_name, quote_name
 from .findings import Assignment, Conflict, Mismatch
+from .kerascompat import KerasVerdict
 from .rules import Ambiguity, Rules, UnmatchedRule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,6 +101,12 @@ class SourceView:
             source's rules drop every one of them (``exclude``).
         aligned: ``{checkpoint name: target}`` from structural alignment
             (``Source(align="structure")``), used for names the rules put on no target.
+        keras: for a Keras weights file restored into a Keras model, what Keras's own
+            ``load_weights`` would do with it (a :class:`~ckptmerge.planning.kerascompat.KerasVerdict`),
+            else ``None``; reports show it beside ckptmerge's plan.
+        drift: for such a file with ``align="structure"``, the layers path-drift repair paired
+            (file path -> model path) and those it left unresolved
+            (a :class:`~ckptmerge.alignment.keraspaths.PathAlignment`), else ``None``.
         order: checkpoint names in the order the checkpoint saved them, where it records one
             (a TF2 object graph), else ``None``: evidence for structural alignment. Plans made by
             :func:`ckptmerge.plan` leave it ``None`` (walking a large object graph on every plan
@@ -127,6 +135,8 @@ class SourceView:
     finding_names: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
     aligned: Mapping[str, str] = field(default_factory=dict)
     order: Optional[Tuple[str, ...]] = None
+    keras: Optional[KerasVerdict] = None
+    drift: Optional[PathAlignment] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
@@ -187,10 +197,16 @@ class SourceView:
         object.__setattr__(self, "variables", frozen)
 
     def to_dict(self) -> dict:
-        """JSON-ready summary: label, path, note, rules (options dict), n_variables, transforms."""
+        """JSON-ready summary: label, path, note, rules (options dict), n_variables, findings,
+        transforms, and ``keras`` (:meth:`KerasVerdict.to_dict`) where there is one."""
         return {"label": self.label, "path": self.path, "note": self.note,
                 "rules": self.rules.to_dict(), "n_variables": len(self.variables),
                 "findings": list(self.findings),
+                **({"keras": self.keras.to_dict()} if self.keras is not None else {}),
+                **({"paths": [{"file": m.file, "model": m.model, "confidence": m.confidence,
+                               "evidence": list(m.evidence)} for m in self.drift.matches],
+                    "paths_unresolved": [{"file": list(f), "model": list(m), "reason": r}
+                                         for f, m, r in self.drift.unresolved]} if self.drift is not None else {}),
                 "transforms": [t.to_dict() if hasattr(t, "to_dict") else repr(t)
                                for t in self.transforms]}
 

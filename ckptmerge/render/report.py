@@ -95,6 +95,10 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         out.append(f"    {plural(len(s.variables), 'variable')}: {n_used} used{feeds}, "
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
+        if s.keras is not None:  # what Keras's own load_weights would do, to compare before loading
+            lines = s.keras.lines()
+            out.append(f"    Keras: {lines[0]}")
+            out += [f"      {line}" for line in lines[1:]]
 
     out += section("Assignments", list(plan.assignments.values()), limit, render=_describe)
 
@@ -113,11 +117,14 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     findings += section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)
     findings += section("Structure", [f"{label}: {text}" for label, text in plan.structure], limit,
                          "names that do not line up")
+    drift = [f"{s.label}: {line}" for s in plan.sources if s.drift is not None for line in s.drift.lines()]
+    out_drift = section("Path drift", drift, limit, "which file layer feeds which model layer (align='structure')")
     dropped_by = {label: set(names) for label, names in plan.dropped.items()}
     unused = [(label, name) for label, names in plan.unused.items() for name in names]
     findings += section("Unused", unused, limit, "checkpoint variables no target takes",
                          render=lambda item: f"{item[0]}: {item[1]}" + (" (left out by rules)"
                                                                        if item[1] in dropped_by[item[0]] else ""))
+    out += out_drift
     out += findings if findings else ["No findings."]
     hint = align_hint(plan)
     if hint:

@@ -30,10 +30,13 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from ..alignment.keraspaths import LayerEntries, align_paths
 from ..planning.casts import numpy_dtype
+from ..planning.kerascompat import KerasVerdict
 from ..specs import KIND_OPTIMIZER, KIND_VARIABLE
 from ..text import plural, quote_name
-from .keraswalk import FileEntries, KerasTree, Saveable, join, layer_of, load_walk
+from ..formats.kerasnames import layer_of
+from .keraswalk import FileEntries, KerasTree, Saveable, join, load_walk
 
 __all__ = ["name_weights_files", "model_root", "legacy_problem"]
 
@@ -41,6 +44,8 @@ _KERAS3_KEY = re.compile(r"(^|/)vars/\d+$")
 _UNBUILT = ("the model is not built ({name!r} has no variables yet), so nothing can be restored into it; "
             "load_weights refuses it too ('You are loading weights into a model that has not yet been "
             "built'). Build it first: call it on a batch of data, or model.build(input_shape)")
+_KERAS_UNBUILT = ("You are loading weights into a model that has not yet been built. Try building the model "
+                  "first by calling it on some data or by using `build()`.")
 _ZEROS_NOTE = "zeros: load_weights resets a LoRA layer's factors (the file holds the merged kernel)"
 
 
@@ -97,10 +102,12 @@ def name_weights_files(model: Any, targets: Any, handles: Sequence[Any]) -> None
             continue
         if not getattr(model, "built", True):
             _Findings(h).add(_UNBUILT.format(name=getattr(model, "name", "?")))
+            h.keras = KerasVerdict((("", str(getattr(model, "name", "model")), _KERAS_UNBUILT),))
             continue
         keys = {v.raw_key: v for v in h.all_variables}
         layout = getattr(reader, "legacy", None)
         if layout is not None:  # Keras 2 / legacy h5: by topology where load_weights would load it
+            h.keras = _legacy_verdict(model, layout, keys)
             if h.source.map is None and h.source.regex is None:
                 _name_legacy(model, targets, h, layout)
             continue
@@ -139,6 +146,31 @@ def legacy_problem(model: Any, layout: Any) -> Optional[str]:
         return ("Weight count mismatch for top-level weights when loading weights from file. Model expects "
                 f"{len(top)} top-level weight(s). Received {len(layout.top)} saved top-level weight(s)")
     return None
+
+
+def _legacy_verdict(model: Any, layout: Any, keys: Dict[str, Any]) -> KerasVerdict:
+    """What ``load_weights`` (by topology) does with a legacy file: its first error, or a load
+    (``skip_mismatch=True`` skips mismatched shapes weight by weight)."""
+    problem = legacy_problem(model, layout)
+    if problem is not None:
+        return KerasVerdict((("", str(model.name), problem),), legacy=True)
+    filtered = [layer for layer in model.layers if _legacy_weights(layer)]
+    saved = [(name, ks) for name, ks in layout.layers if ks]
+    first = None
+    skipped: List[str] = []
+    pairs = [(k, layer, key, var) for k, (layer, (_, ks)) in enumerate(zip(filtered, saved))
+             for key, var in zip(ks, _legacy_weights(layer))]
+    for k, layer, key, var in pairs:
+        want, got = tuple(int(d) for d in var.shape), tuple(keys[key].shape)
+        if want != got:
+            skipped.append(var.path)
+            if first is None:
+                first = (layer.name, layer.name, f"Shape mismatch in layer #{k} (named {layer.name})for weight "
+                                                  f"{var.path}. Weight expects shape {want}. Received saved weight "
+                                                  f"with shape {got}")
+    if first is not None:
+        return KerasVerdict((first,), tuple(skipped), legacy=True)
+    return KerasVerdict(loaded=len(filtered), legacy=True)
 
 
 def _top_weights(model: Any) -> List[Any]:
@@ -192,11 +224,31 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
     skip = [optimizer] if optimizer is not None and not with_optimizer else []
     file = FileEntries({k: v.shape for k, v in keys.items()})
     walk = load_walk(tree, file, skip=skip)
+    h.keras = _verdict(walk if not skip else load_walk(tree, file), file, keys)  # Keras walks the optimizer
+    loads = list(walk.loads)
+    loaded = {id(rec.obj) for _, rec in loads}
+    failures = list(walk.failures)
+    nested = [(path, [r for r in recs if id(r.obj) not in loaded]) for path, recs in walk.nested]
+    nested = [(path, recs) for path, recs in nested if recs]
+    shapes_only = {id(rec.obj): g for rec, _, _ in failures for g in [_shapes_only(rec, walk, file)] if g is not None}
+    if h.source.align == "structure":  # path drift: pair what loads nothing, a layer at a time
+        matched = _repair_paths(h, walk, file, keys, targets, loads, failures, nested)
+        loads += matched
+        done = {id(rec.obj) for _, rec in matched}
+        taken = {group for group, _ in matched}
+        failures = [f for f in failures if id(f[0].obj) not in done]
+        nested = [(p, [r for r in recs if id(r.obj) not in done]) for p, recs in nested]
+        nested = [(p, recs) for p, recs in nested if recs]
+        shapes_only = {k: g for k, g in shapes_only.items() if g not in taken}
+    for rec, _, _ in failures:  # every entry there, only shapes differ: named; Mismatched says which
+        if id(rec.obj) in shapes_only:
+            loads.append((shapes_only[id(rec.obj)], rec))
+    failures = [f for f in failures if id(f[0].obj) not in shapes_only]
     names: Dict[str, str] = {}  # raw key -> target
     owner: Dict[str, str] = {}  # target -> the raw key that restores it last
     zeros: Dict[str, Any] = {}  # target -> a LoRA factor load_weights resets
     tried: Set[str] = set()  # file groups some object loads from (or tries to)
-    for group, rec in walk.loads:
+    for group, rec in loads:
         tried.add(group)
         for key in rec.keys:
             var = rec.variables.get(key)
@@ -212,7 +264,8 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
     superseded = sorted(raw for raw, target in names.items() if owner[target] != raw)
     for raw in superseded:
         del names[raw]
-    h.rename(names, {n: f"h5 {quote_name(k)}" for k, n in names.items()})
+    drift = {m.file: m.model for m in (h.drift.matches if h.drift is not None else ())}
+    h.rename(names, {n: _note(k, drift) for k, n in names.items()})
     if zeros:
         specs = {t: targets.variables[t].info for t in zeros}
         h.supply({t: np.zeros(s.shape, numpy_dtype(s.dtype)) for t, s in specs.items()},
@@ -222,7 +275,7 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
     if h.source.map is not None or h.source.regex is not None:
         return  # the user steers this source's names: what does not line up is theirs to map
     findings = _Findings(h)
-    for rec, path, message in walk.failures:
+    for rec, path, message in failures:
         group, stored = file.get(path)
         tried.add(group)
         mine = _targets_of(rec, targets)
@@ -240,12 +293,80 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
         findings.add(f"the model's optimizer {quote_name(rec.name)} at {quote_name(path)} does not fit the file's "
                      f"optimizer state; load_weights would skip it with a warning: {message}{hint}",
                      targets=_targets_of(rec, targets))
-    for path, recs in walk.nested:
+    for path, recs in nested:
         mine = [t for rec in recs for t in _targets_of(rec, targets)]
         findings.add(f"the model's nested container at {quote_name(path)} ({_listed(mine)}) has no group in the "
                      "file; load_weights would skip it with a warning and leave its layers as they are",
                      targets=mine)
     _unreached(file, keys, names, superseded, tried, with_optimizer, optimizer, findings)
+
+
+def _note(raw: str, drift: Dict[str, str]) -> str:
+    """How an entry got its target's name, for the report."""
+    group = layer_of(raw)
+    if group is not None and group in drift:
+        return (f"h5 {quote_name(raw)}; path drift (align='structure'): file layer {quote_name(group or 'root')} "
+                f"as model layer {quote_name(drift[group] or 'root')}")
+    return f"h5 {quote_name(raw)}"
+
+
+def _repair_paths(h: Any, walk: Any, file: FileEntries, keys: Dict[str, Any], targets: Any,
+                  loads: Sequence[Tuple[str, Saveable]], failures: Sequence[Tuple[Saveable, str, str]],
+                  nested: Sequence[Tuple[str, Sequence[Saveable]]]) -> List[Tuple[str, Saveable]]:
+    """Pair the model's layers that load nothing with the file's layers nothing loads
+    (:func:`~ckptmerge.alignment.keraspaths.align_paths`); ``[(file group, Saveable)]`` of the
+    pairs, and ``h.drift`` set to the whole alignment (pairs and what stays unresolved)."""
+    candidates = [rec for rec, _, _ in failures] + [rec for _, recs in nested for rec in recs]
+    model: Dict[str, Tuple[Saveable, Tuple[Tuple[str, Tuple[int, ...], str], ...]]] = {}
+    for rec in candidates:
+        entries = []
+        for key in rec.keys:
+            var = rec.variables.get(key)
+            name = targets.name_of(var) if var is not None else None
+            if name is None:
+                break
+            entries.append((key, rec.shapes[key], targets.variables[name].info.dtype))
+        else:
+            if entries:
+                model[walk.visits[id(rec.obj)][0]] = (rec, tuple(entries))
+    consumed = {group for group, _ in loads}
+    groups: Dict[str, List[Tuple[str, Tuple[int, ...], str]]] = {}
+    for raw, info in keys.items():
+        group = layer_of(raw)
+        if group is not None and group not in consumed and info.kind in (KIND_VARIABLE, KIND_OPTIMIZER):
+            groups.setdefault(group, []).append((raw.rpartition("/")[2], tuple(info.shape), info.dtype))
+    names = getattr(h.reader, "layer_names", {})
+    file_layers = [LayerEntries(g, names.get(g, ""), tuple(sorted(e, key=lambda x: (len(x[0]), x[0]))))
+                   for g, e in sorted(groups.items())]
+    model_layers = [LayerEntries(p, rec.name, entries) for p, (rec, entries) in sorted(model.items())]
+    h.drift = align_paths(file_layers, model_layers)
+    return [(m.file, model[m.model][0]) for m in h.drift.matches]
+
+
+def _shapes_only(rec: Saveable, walk: Any, file: FileEntries) -> Optional[str]:
+    """The one file group where a failed object finds exactly the entries it stores, only with
+    other shapes (its entries then line up as Keras would assign them, and ``on_shape_mismatch``
+    decides variable by variable); ``None`` when there is no such group, or several."""
+    groups = {file.get(p)[0] for p in walk.visits.get(id(rec.obj), ()) if set(file.get(p)[1]) == set(rec.keys)}
+    return groups.pop() if len(groups) == 1 and rec.keys else None
+
+
+def _verdict(walk: Any, file: FileEntries, keys: Dict[str, Any]) -> KerasVerdict:
+    """What ``load_weights`` does with the file, from its own walk (the optimizer included)."""
+    failures, dropped, partial = [], [], []
+    for rec, path, message in walk.failures:
+        failures.append((path, rec.name, message))
+        dropped.append(path)
+        assigned = rec.assigned_before(file.get(path)[1])
+        if assigned:
+            partial.append((path, assigned, len(rec.keys)))
+    warnings = [f"optimizer {quote_name(rec.name)} at {quote_name(path)}: {message}" for rec, path, message in walk.skipped]
+    warnings += [f"nested container {quote_name(path)} (no group in the file): its "
+                 f"{plural(len(recs), 'layer')} keep their values" for path, recs in walk.nested]
+    tried = {file.get(path)[0] for visits in walk.visits.values() for path in visits}
+    ignored = sorted(k for k in keys if layer_of(k) is not None and layer_of(k) not in tried)
+    loaded = len({id(rec.obj) for _, rec in walk.loads})
+    return KerasVerdict(tuple(failures), tuple(dropped), tuple(partial), tuple(warnings), tuple(ignored), loaded)
 
 
 def _unreached(file: FileEntries, keys: Dict[str, Any], names: Dict[str, str], superseded: Sequence[str],

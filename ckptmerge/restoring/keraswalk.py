@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import CkptMergeError
+from ..formats.kerasnames import layer_of
 
 __all__ = ["KerasTree", "Saveable", "FileEntries", "LoadWalk", "load_walk", "weights_file_keys",
-           "keras_saving", "layer_of"]
+           "keras_saving"]
 
 _log = logging.getLogger(__name__)
 
@@ -55,22 +56,6 @@ def keras_saving() -> Any:
 def join(path: str, child: str) -> str:
     """``path/child`` (``child`` at the root)."""
     return f"{path}/{child}" if path else child
-
-
-def layer_of(key: str) -> Optional[str]:
-    """The object path of a weights-file entry (``layers/dense`` of ``layers/dense/vars/0``,
-    ``""`` of the root's ``vars/0``), or ``None`` for a key that is not a Keras 3 entry.
-
-    Example:
-        >>> layer_of("layers/dense/vars/1"), layer_of("vars/0"), layer_of("dense/kernel")
-        ('layers/dense', '', None)
-    """
-    head, sep, index = key.rpartition("/vars/")
-    if sep and index.isdigit():
-        return head
-    if key.startswith("vars/") and key[5:].isdigit():
-        return ""
-    return None
 
 
 #: ``get_attr_skipset`` per (Keras function, object type): what the walk leaves out depends only on
@@ -141,6 +126,17 @@ class Saveable:
                         f"`variable.assign(value)` must match. variable.shape={want}, Received: "
                         f"value.shape={got}. Target variable: {what}"), True
         return None, False
+
+
+    def assigned_before(self, stored: Mapping[str, Tuple[int, ...]]) -> int:
+        """How many entries Keras assigns before a fatal :meth:`problem` stops it (it assigns in
+        order, so a layer whose second entry mismatches is left half loaded)."""
+        if self.expected is not None and len(stored) != len(self.expected):
+            return 0
+        for i, key in enumerate(self.keys):
+            if key not in stored or tuple(stored[key]) != self.shapes[key]:
+                return i
+        return len(self.keys)
 
 
 def _shape(value: Any) -> Tuple[int, ...]:

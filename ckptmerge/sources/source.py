@@ -340,6 +340,13 @@ class SourceHandle:
         path: the resolved checkpoint prefix (or ``"<memory>"``).
         note: how the path was resolved, for reports.
         all_variables: every tensor, optimizer state and bookkeeping included.
+        findings: structure findings (see :class:`~ckptmerge.planning.model.SourceView`), with
+            ``finding_targets`` and ``finding_names`` saying what settles each.
+        superseded: names left out because the format's own load overwrites them with others.
+        keras: what Keras's ``load_weights`` would do with this source (a Keras weights file
+            restored into a Keras model), else ``None``.
+        drift: for such a source with ``align="structure"``, which file layer fed which model
+            layer (a :class:`~ckptmerge.alignment.keraspaths.PathAlignment`), else ``None``.
     """
 
     source: Source
@@ -351,6 +358,8 @@ class SourceHandle:
     finding_targets: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     finding_names: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     superseded: Tuple[str, ...] = ()
+    keras: Any = None
+    drift: Any = None
 
     @property
     def label(self) -> str:
@@ -398,7 +407,8 @@ class SourceHandle:
                           variables=types.MappingProxyType(selectable),
                           rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
                           hidden=hidden, notes=self.notes, findings=tuple(self.findings),
-                          finding_targets=self.finding_targets, finding_names=self.finding_names)
+                          finding_targets=self.finding_targets, finding_names=self.finding_names,
+                          keras=self.keras, drift=self.drift)
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
