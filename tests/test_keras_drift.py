@@ -79,6 +79,8 @@ def test_a_renamed_attribute_restores_with_align_structure(keras, tmp_path):
         _built(New(), (1, 3)).load_weights(path)
     plain = cm.plan(new, [cm.Source(path, name="old")])
     assert not plain.ok and plain.missing == sorted(v.path for v in new.attention.weights)
+    assert ("Hint: 2 missing targets and unused entries of Keras weights file 'old' share shapes and dtypes, so "
+            "layers may have moved") in plain.report()
     plan = cm.plan(new, [cm.Source(path, name="old", align="structure")])
     assert plan.ok
     (match,) = plan.sources[0].drift.matches
@@ -182,6 +184,30 @@ def test_a_container_the_old_keras_walk_did_not_descend_into_restores_as_keras_r
         _same(a, c)
 
 
+def test_a_keras_2_13_file_keyed_by_layer_checkpoint_dependencies_restores_as_keras_reads_it(keras, tmp_path):
+    """tf.keras 2.13/2.14 wrote the new format with '_layer_checkpoint_dependencies' where Keras 3
+    writes 'layers'; Keras 3 reads such files by that name, and so does ckptmerge."""
+    import h5py
+
+    def build():
+        inputs = keras.Input((4,))
+        return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Dense(3)(inputs)))
+
+    old = build()
+    _randomize(old)
+    path = _save(old, tmp_path)
+    with h5py.File(path, "a") as f:
+        f.move("layers", "_layer_checkpoint_dependencies")
+    theirs, ours = build(), build()
+    theirs.load_weights(path)
+    plan = cm.plan(ours, [cm.Source(path)])
+    assert plan.ok and plan.assignments[ours.layers[1].kernel.path].key == "_layer_checkpoint_dependencies/dense/vars/0"
+    plan.restore()
+    for a, b, c in zip(ours.weights, theirs.weights, old.weights):
+        _same(a, b)
+        _same(a, c)
+
+
 def test_equal_layers_renamed_without_evidence_stay_unresolved(keras, tmp_path):
     def block(names):
         class Block(keras.layers.Layer):
@@ -238,7 +264,7 @@ def test_the_plan_report_says_what_load_weights_would_do(keras, tmp_path):
     assert "with skip_mismatch=True it would warn and leave 2 objects as they are: 'layers/dense_1', 'layers/dense_2'" in text
     assert plan.to_dict()["sources"][0]["keras"]["outcome"] == "fail"
     assert cm.plan(old, [cm.Source(old_path)]).sources[0].keras.lines() == [
-        "load_weights would load it: 3 objects restored from the file"]
+        "load_weights would load it: 2 objects restored from the file"]
     extra = cm.plan(old, [cm.Source(new_path)]).sources[0].keras
     assert extra.ignored == ("layers/dense_2/vars/0", "layers/dense_2/vars/1")
 

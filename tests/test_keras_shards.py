@@ -128,3 +128,5 @@ def test_a_weight_map_naming_a_file_outside_its_folder_is_refused(saved, tmp_pat
     garbage.write_text("{not json")
     with pytest.raises(cm.CheckpointFormatError, match="not valid JSON"):
         cm.list_variables(garbage)
+    listed = {os.path.basename(c.path): c.size for c in cm.checkpoints(tmp_path)}  # listed, refused when opened
+    assert listed["garbage.weights.json"] == os.path.getsize(garbage) and len(listed) == 3

@@ -45,6 +45,12 @@ def align_hint(plan: "Plan") -> str:
     n, labels = alignable(plan)
     if not n:
         return ""
+    keras = [s.label for s in plan.sources if s.label in labels and s.keras is not None and s.drift is None]
+    if keras:  # a Keras weights file walked by the model: its layers moved (path drift)
+        return (f"Hint: {plural(n, 'missing target')} and unused entries of Keras weights file "
+                f"{', '.join(quote_name(x) for x in keras)} share shapes and dtypes, so layers may have moved "
+                "(a renamed attribute, a swapped class, a sub-model): Source(..., align='structure') pairs "
+                "the file's layers with the model's where that is unambiguous, and the report says which fed which.")
     return (f"Hint: {plural(n, 'missing target')} and unused checkpoint variables of "
             f"{', '.join(quote_name(x) for x in labels)} share shapes and dtypes, so the names may differ "
             "wholesale: cm.suggest(target, sources) or `ckptmerge suggest SOURCE... --target PATH` "

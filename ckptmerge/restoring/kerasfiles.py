@@ -265,7 +265,13 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
     for raw in superseded:
         del names[raw]
     drift = {m.file: m.model for m in (h.drift.matches if h.drift is not None else ())}
-    h.rename(names, {n: _note(k, drift) for k, n in names.items()})
+    notes = {n: _note(k, drift) for k, n in names.items()}
+    # every other entry keeps its raw key (a .keras archive's names could meet a target by accident)
+    taken = set(names.values()) | {v.name for v in keys.values()}
+    for raw, info in keys.items():
+        if raw not in names and info.name != raw and layer_of(raw) is not None and raw not in taken:
+            names[raw] = raw
+    h.rename(names, notes)
     if zeros:
         specs = {t: targets.variables[t].info for t in zeros}
         h.supply({t: np.zeros(s.shape, numpy_dtype(s.dtype)) for t, s in specs.items()},
@@ -365,7 +371,7 @@ def _verdict(walk: Any, file: FileEntries, keys: Dict[str, Any]) -> KerasVerdict
                  f"{plural(len(recs), 'layer')} keep their values" for path, recs in walk.nested]
     tried = {file.get(path)[0] for visits in walk.visits.values() for path in visits}
     ignored = sorted(k for k in keys if layer_of(k) is not None and layer_of(k) not in tried)
-    loaded = len({id(rec.obj) for _, rec in walk.loads})
+    loaded = len({id(rec.obj) for _, rec in walk.loads if rec.keys})
     return KerasVerdict(tuple(failures), tuple(dropped), tuple(partial), tuple(warnings), tuple(ignored), loaded)
 
 

@@ -21,7 +21,9 @@ children in ``_walk_saveable``'s order) so that several files cost one walk of t
 
 The children are listed as ``_walk_saveable`` lists them, with Keras's own ``get_attr_skipset``
 and ``_name_key``; the skip set is computed once per object type and process (Keras recomputes
-it, building a reference ``Layer``, for every object it visits). Verified against Keras 3.15.1 (docs/names.md).
+it, building a reference ``Layer``, for every object it visits). Containers nested in containers
+are walked as the installed Keras walks them (descended into since Keras 3.15, skipped before).
+Verified against Keras 3.15.1, 3.12.4, 3.9.2 and 3.5.0 (docs/names.md, ``scripts/keras_parity.py``).
 
 This module imports Keras (lazily, through the target); the planner never sees it.
 """
@@ -36,7 +38,7 @@ from ..errors import CkptMergeError
 from ..formats.kerasnames import layer_of
 
 __all__ = ["KerasTree", "Saveable", "FileEntries", "LoadWalk", "load_walk", "weights_file_keys",
-           "keras_saving"]
+           "keras_saving", "unique_name"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,6 +64,22 @@ def join(path: str, child: str) -> str:
 #: Keras's own classes, so it is computed once per process (Keras itself recomputes it, building a
 #: reference ``Layer`` or ``Optimizer``, for every object it visits).
 _SKIPSETS: Dict[Tuple[int, str], frozenset] = {}
+
+
+def unique_name(name: str, used: Dict[str, int]) -> str:
+    """Keras's rule for the keys of a container's items: ``dense``, ``dense_1``, ``dense_2``, ...
+    (``saving_lib._get_unique_name``; older Keras releases wrote the same rule inline).
+
+    Example:
+        >>> used = {}
+        >>> [unique_name("dense", used) for _ in range(3)]
+        ['dense', 'dense_1', 'dense_2']
+    """
+    if name in used:
+        used[name] += 1
+        return f"{name}_{used[name]}"
+    used[name] = 0
+    return name
 
 
 class _Recorder(dict):
@@ -163,7 +181,9 @@ class KerasTree:
 
         self.saveable_type = KerasSaveable
         self.snake = naming.to_snake_case
-        self.unique_name = self._saving._get_unique_name  # Keras's rule: dense, dense_1, ...
+        self.unique_name = getattr(self._saving, "_get_unique_name", unique_name)  # dense, dense_1, ...
+        # Keras 3.15 descends into containers nested in containers (keras PR 22362); older ones skip them
+        self.nested = hasattr(self._saving, "_container_path_present")
         self._children: Dict[int, List[Tuple[str, Any]]] = {}
         self._records: Dict[int, Optional[Saveable]] = {}
         self._base_layer, self._base_optimizer = _base_classes()
@@ -229,8 +249,7 @@ class KerasTree:
             rec.resets = tuple(v for v in (getattr(obj, a, None) for a in _LORA_FACTORS) if hasattr(v, "assign"))
         return rec
 
-    @staticmethod
-    def _checks_count(cls: type) -> bool:
+    def _checks_count(self, cls: type) -> bool:
         """Whether the class's ``load_own_variables`` runs Keras's count check
         (``_check_load_own_variables``: ``Layer``, ``Dense``, ``EinsumDense``, ``Embedding``,
         convolutions, and every class whose override calls ``super()`` into one of them); a class
@@ -240,7 +259,7 @@ class KerasTree:
             if fn is None:
                 continue
             names = getattr(getattr(fn, "__code__", None), "co_names", ())
-            if "_check_load_own_variables" in names:
+            if "_check_load_own_variables" in names or c is self._base_layer:  # (older Keras: inline)
                 return True
             if "super" not in names:
                 return False
@@ -401,7 +420,7 @@ def load_walk(tree: KerasTree, file: FileEntries, *, skip: Iterable[Any] = (), s
         for item in (list(items.values()) if isinstance(items, dict) else items):
             if isinstance(item, saveable):
                 state(item, join(path, unique(tree.snake(type(item).__name__), used)), failed)
-            elif isinstance(item, (list, dict, tuple)):
+            elif isinstance(item, (list, dict, tuple)) and tree.nested:
                 nested = join(path, unique("container", used))
                 if not saving and not file.has_path(nested):  # Keras: tried leniently, warned, skipped
                     tracked: Dict[int, Tuple[Saveable, str, str]] = {}

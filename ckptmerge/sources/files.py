@@ -16,7 +16,7 @@ import re
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from ..errors import CheckpointNotFoundError, did_you_mean
+from ..errors import CheckpointNotFoundError, CkptMergeError, did_you_mean
 from ..formats.io.storage import is_url
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
@@ -229,8 +229,12 @@ def size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> in
             from ..formats.kerasshards import shard_files
 
             folder = os.path.dirname(prefix)
-            return os.path.getsize(prefix) + sum(os.path.getsize(os.path.join(folder, f))
-                                                 for f in shard_files(prefix)[1])
+            try:
+                shards = shard_files(prefix)[1]
+            except CkptMergeError:  # a damaged JSON: listed with its own size, refused when opened
+                shards = []
+            files = [os.path.join(folder, f) for f in shards]  # (a missing shard: refused when opened)
+            return os.path.getsize(prefix) + sum(os.path.getsize(f) for f in files if os.path.isfile(f))
         return os.path.getsize(prefix)
     if fmt == FORMAT_TF_V1:
         return sum(os.path.getsize(f) for f in v1_files(prefix))
