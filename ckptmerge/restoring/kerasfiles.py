@@ -97,9 +97,9 @@ def name_weights_files(model: Any, targets: Any, handles: Sequence[Any]) -> None
     """
     tree: Optional[KerasTree] = None
     for h in handles:
-        reader = getattr(h, "reader", None)
-        if getattr(reader, "format", None) != "keras-h5":
+        if h.format != "keras-h5":
             continue
+        reader = getattr(h, "reader", None)  # (a combination of Keras files has none of its own)
         if not getattr(model, "built", True):
             _Findings(h).add(_UNBUILT.format(name=getattr(model, "name", "?")))
             h.keras = KerasVerdict((("", str(getattr(model, "name", "model")), _KERAS_UNBUILT),))
@@ -272,7 +272,7 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
         if raw not in names and info.name != raw and layer_of(raw) is not None and raw not in taken:
             names[raw] = raw
     h.rename(names, notes)
-    if zeros:
+    if zeros and hasattr(h, "supply"):  # (elsewhere the factors stay missing: a finding, never wrong)
         specs = {t: targets.variables[t].info for t in zeros}
         h.supply({t: np.zeros(s.shape, numpy_dtype(s.dtype)) for t, s in specs.items()},
                  {t: _ZEROS_NOTE for t in zeros})
@@ -341,7 +341,7 @@ def _repair_paths(h: Any, walk: Any, file: FileEntries, keys: Dict[str, Any], ta
         group = layer_of(raw)
         if group is not None and group not in consumed and info.kind in (KIND_VARIABLE, KIND_OPTIMIZER):
             groups.setdefault(group, []).append((raw.rpartition("/")[2], tuple(info.shape), info.dtype))
-    names = getattr(h.reader, "layer_names", {})
+    names = getattr(getattr(h, "reader", None), "layer_names", {})
     file_layers = [LayerEntries(g, names.get(g, ""), tuple(sorted(e, key=lambda x: (len(x[0]), x[0]))))
                    for g, e in sorted(groups.items())]
     model_layers = [LayerEntries(p, rec.name, entries) for p, (rec, entries) in sorted(model.items())]

@@ -382,6 +382,10 @@ class SourceHandle:
         :meth:`CheckpointHandle.order`); evidence for structural alignment."""
         return None
 
+    def supersede(self, names: Sequence[str]) -> None:
+        """Leave out tensors that the format's own load overwrites with another (by name)."""
+        self.superseded = tuple(sorted(set(self.superseded) | set(names)))
+
     def selectable(self) -> Dict[str, VariableInfo]:
         """Variables the rules may use: all of them with ``optimizer=True``, else model variables;
         never the :attr:`superseded` ones (entries a later one overwrites in the format's own load)."""
@@ -495,10 +499,6 @@ class CheckpointHandle(SourceHandle):
                                                    nbytes=int(value.nbytes)))
         self.all_variables.sort(key=lambda v: v.name)
         self.notes.update(notes)
-
-    def supersede(self, names: Sequence[str]) -> None:
-        """Leave out tensors that the format's own load overwrites with another (by name)."""
-        self.superseded = tuple(sorted(set(self.superseded) | set(names)))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the named tensors with CRC checks; see ``CheckpointReader.read_many``."""
