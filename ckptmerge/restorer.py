@@ -12,6 +12,7 @@ restoring a snapshot is a buffer hand-over, not a copy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -365,7 +366,9 @@ class Restorer:
 
         sources = [new_source if s.label == label else s for s in self._sources]
         log.info("re-planning: %s", why)
-        plan = make(self._target, sources, **self._plan_options)
+        graph = self.binding.targets.graph  # graph mode: the graph planned for, whichever is the default now
+        with graph.as_default() if graph is not None else contextlib.nullcontext():
+            plan = make(self._target, sources, **self._plan_options)
         try:
             plan.check(strict=self.strict)
         except PlanError as e:

@@ -80,6 +80,26 @@ def test_follow_replans_when_the_layout_changes_and_says_why(tf, run):
     assert reports[1].to_dict()["replanned"].startswith("step 2 changed")
 
 
+def test_follow_into_a_tf1_graph_reuses_its_ops_and_rebuilds_them_on_a_new_plan(tf, run):
+    with tf.Graph().as_default() as g:
+        w = tf.compat.v1.get_variable("w", shape=(4,), initializer=tf.compat.v1.zeros_initializer())
+        b = tf.compat.v1.get_variable("b", shape=(2,), initializer=tf.compat.v1.zeros_initializer())
+        sess = tf.compat.v1.Session(graph=g)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        r = cm.Restorer(None, [cm.Source(run["template"])], session=sess, allow_missing=["b"])
+    bundle(run["dir"], 1)
+    bundle(run["dir"], 2)
+    bundle(run["dir"], 3, {"w": np.full(4, 3, np.float32), "b": np.full(2, 7, np.float32)})
+    got, ops = [], []
+    for rep in r.follow(run["dir"], timeout=0):  # outside the graph's context: the re-plan still uses it
+        got.append((rep.checkpoint.step, float(sess.run(w)[0]), rep.replanned is not None))
+        ops.append(len(g.get_operations()))
+    assert got == [(1, 1.0, False), (2, 2.0, False), (3, 3.0, True)]
+    assert ops[1] == ops[0]  # the same plan, the same ops: none added for step 2
+    np.testing.assert_array_equal(sess.run(b), np.full(2, 7, np.float32))
+    sess.close()
+
+
 def test_follow_a_keras_weights_series_restores_each_epoch(tf, tmp_path):
     import keras
 

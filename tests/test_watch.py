@@ -377,6 +377,18 @@ def test_keras_weights_series_and_safetensors_files_are_followed_by_step(tmp_pat
     assert steps(cm.watch(tmp_path, timeout=0)) == [1, 2, 30]
 
 
+def test_a_step_folder_written_under_a_temporary_name_is_followed_once_renamed(tmp_path):
+    from safetensors.numpy import save_file
+
+    run = tmp_path / "run"
+    for name in ("tmp-checkpoint-500", "700.orbax-checkpoint-tmp-1733"):  # Hugging Face's, Orbax's
+        (run / name).mkdir(parents=True)
+        save_file({"w": np.ones(2, np.float32)}, str(run / name / "model.safetensors"))
+    assert steps(cm.watch(run, timeout=0)) == []  # a timestamp is no step, a folder being written no checkpoint
+    (run / "tmp-checkpoint-500").rename(run / "checkpoint-500")
+    assert [(i.step, i.path) for i in cm.watch(run, timeout=0)] == [(500, str(run / "checkpoint-500"))]
+
+
 def test_a_lower_step_still_being_written_holds_back_a_complete_higher_one(tmp_path, monkeypatch):
     staging = tmp_path / "staging"
     prefix = bundle(staging, 5)
@@ -585,6 +597,34 @@ def test_pin_folders_of_processes_that_ended_are_removed(tmp_path):
 
 
 # -- notifications ---------------------------------------------------------------------------------------
+
+
+def test_looks_back_off_to_poll_when_nothing_happens_and_come_fast_after_a_change(tmp_path, monkeypatch):
+    from ckptmerge.formats.io.notify import Waker
+
+    waits = []
+    real = Waker.wait
+
+    def recorded(self, timeout):
+        waits.append(timeout)
+        return real(self, timeout)
+
+    monkeypatch.setattr(Waker, "wait", recorded)
+    poll = 0.08
+    loop = cm.watch(tmp_path, timeout=DEADLINE, poll=poll, notify=False)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(next(loop)))
+    reader.start()
+    wait_for(lambda: sum(w > poll / 2 for w in waits) >= 3, "the looks to back off to poll")
+    steady = len(waits)
+    bundle(tmp_path, 1)
+    reader.join(DEADLINE)
+    loop.close()
+    assert got[0].step == 1
+    # a wait is the interval less the look's own time: 20 ms, 40 ms, then poll, doubling while
+    # nothing happens, never longer than poll
+    assert all(0 < w <= cap + 1e-9 for w, cap in zip(waits, [0.02, 0.04] + [poll] * len(waits)))
+    assert pytest.approx(0.01) in waits[steady - 1:]  # the look that found step 1: the next comes fast
 
 
 def test_a_new_file_wakes_the_watcher_before_its_next_poll(tmp_path):

@@ -417,6 +417,7 @@ class _Watch:
             with self._cond:
                 self._started += 1
                 number = self._started
+            began = time.monotonic()
             changed = False
             try:
                 changed = self._look()
@@ -440,7 +441,9 @@ class _Watch:
                 self._done = number
                 self._cond.notify_all()
             interval = self.fast if changed else min(interval * 2, self.poll)
-            self._waker.wait(interval)
+            # looks start ``interval`` apart (the look's own time included), so a file that lands
+            # just after a look is seen within one interval, plus the time to check it
+            self._waker.wait(max(self.fast, interval - (time.monotonic() - began)))
 
     def _floor(self) -> Optional[int]:
         """(under the lock) Steps at or below this are of no interest any more."""

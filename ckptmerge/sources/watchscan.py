@@ -48,6 +48,9 @@ MAX_FOLDER_FILES = 100_000
 _SINGLE = (".weights.h5", ".h5", ".hdf5", ".keras", ".safetensors")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 _FOLDER_STEP = re.compile(r"(?:^|[-_])(\d+)$")
+# A folder a trainer writes into and renames when it is whole: Hugging Face's tmp-checkpoint-500,
+# Orbax's 100.orbax-checkpoint-tmp-1733, TF1's model.ckpt-100_temp_<uuid>.
+_TEMPORARY = re.compile(r"(?:^|[-_.])(?:tmp|temp)(?:[-_.]|$)", re.IGNORECASE)
 _ST_SHARD = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.safetensors$")
 
 
@@ -106,12 +109,18 @@ def file_step(name: str) -> Optional[int]:
 
 
 def folder_step(name: str) -> Optional[int]:
-    """The step of a step folder's name: ``checkpoint-500``, ``step_100``, ``100``.
+    """The step of a step folder's name: ``checkpoint-500``, ``step_100``, ``100``. Names with a
+    dot, and temporary folders a trainer renames when they are whole (``tmp-checkpoint-500``),
+    have none.
 
     Example:
         >>> folder_step("checkpoint-500"), folder_step("100"), folder_step("logs")
         (500, 100, None)
+        >>> folder_step("tmp-checkpoint-500"), folder_step("100.orbax-checkpoint-tmp-1733")
+        (None, None)
     """
+    if "." in name or _TEMPORARY.search(name):
+        return None
     m = _FOLDER_STEP.search(name)
     return int(m.group(1)) if m else None
 
