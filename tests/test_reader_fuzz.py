@@ -120,7 +120,7 @@ def _mutate(data: bytes, mutations) -> bytearray:
     return out
 
 
-@settings(max_examples=2000, deadline=None, derandomize=True, database=None,
+@settings(max_examples=600, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(which=st.sampled_from(["name-based", "object-based", "v1"]), mutations=st.lists(_MUTATION, min_size=1, max_size=4),
        fix_checksums=st.booleans(), verify=st.booleans())
@@ -138,7 +138,7 @@ def test_mutated_table_gives_only_format_errors(sources, tmp_path_factory, which
         _read_everything(str(work / "m"), verify)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(which=st.sampled_from(["name-based", "object-based"]), mutations=st.lists(_MUTATION, min_size=1, max_size=3))
 def test_mutated_data_file_gives_only_format_errors(sources, tmp_path_factory, which, mutations):

@@ -208,7 +208,7 @@ print(json.dumps({"n": len(variables), "duration": duration, "outcomes": outcome
 """
 
 
-@pytest.mark.parametrize("backend,n,rounds", [("tensorflow", 1500, 32), ("jax", 300, 16)])
+@pytest.mark.parametrize("backend,n,rounds", [("tensorflow", 500, 12), ("jax", 200, 8)])
 def test_a_real_sigint_anywhere_in_a_restore_leaves_all_old_or_all_new(tmp_path, backend, n, rounds):
     if backend == "jax":
         pytest.importorskip("jax")
