@@ -373,6 +373,31 @@ def test_a_memory_url_reads_as_the_local_folder(written, memory_copy, layout):
         assert np.concatenate(pieces).tobytes() == local.get("params/Conv_0/kernel").tobytes()
 
 
+def test_a_remote_read_that_outlasts_the_time_limit_is_a_clear_error(memory_copy, monkeypatch):
+    import threading
+
+    import ckptmerge.formats.orbax_store as orbax_store
+    from ckptmerge.formats.io import storage
+
+    url = f"{memory_copy}/zarr"
+    release, real = threading.Event(), storage.RemoteFile.readinto
+
+    def stalled(self, *args, **kwargs):  # a store that stops answering
+        release.wait(30)
+        return real(self, *args, **kwargs)
+
+    with open_checkpoint(url) as r:
+        monkeypatch.setattr(storage.RemoteFile, "readinto", stalled)
+        monkeypatch.setattr(orbax_store, "REMOTE_TIMEOUT", 0.5)
+        try:
+            with pytest.raises(CheckpointFormatError, match=r"Timed out after 0\.5 s while reading array "
+                                                            r".*\(CKPTMERGE_REMOTE_TIMEOUT sets the limit\)") as err:
+                r.get("params/Dense_0/kernel")
+        finally:
+            release.set()
+    assert url in str(err.value) and "127.0.0.1" not in str(err.value)
+
+
 def test_a_missing_remote_chunk_names_the_url_not_the_loopback_bridge(memory_copy):
     import fsspec
 
