@@ -16,8 +16,10 @@ cache warm (one warm-up round first), in turn:
 Times are medians of ``--rounds`` rounds, each contender timed from "open the checkpoint" to
 "all arrays in memory". Then ``python -m ckptmerge ls PATH`` runs ``--rounds`` times as a fresh
 subprocess (stdout to /dev/null), started by a small fresh interpreter: wall time around spawn +
-exit and the child's own peak RSS (``ru_maxrss`` from ``os.wait4``), medians; beside it the same
-for a TF checkpoint of the same arrays (ckptmerge's start-up without tensorstore).
+exit, the child's own peak RSS (``ru_maxrss`` from ``os.wait4``) and CPU time (user + system, which
+a loaded machine inflates far less than wall time), medians; beside it the same for a TF checkpoint
+of the same arrays (ckptmerge's start-up without tensorstore), and the CPU time of the start-up no
+Orbax reader avoids: Python with NumPy, then ml_dtypes and tensorstore (which imports ml_dtypes).
 
 Targets: ckptmerge <= 1.0x Orbax V1 load, <= 1.2x TensorStore alone; ``ckptmerge ls`` < 1 s wall
 and < 200 MB peak RSS.
@@ -123,24 +125,31 @@ with open(os.devnull, "wb") as null:
     _, status, usage = os.wait4(proc.pid, 0)
 wall = time.perf_counter() - t0
 err = proc.stderr.read().decode(errors="replace")
-print(os.waitstatus_to_exitcode(status), wall, usage.ru_maxrss / 1024.0, repr(err[-500:]))
+print(os.waitstatus_to_exitcode(status), wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime,
+      repr(err[-500:]))
 """
 
 
-def ls_rounds(path: str, rounds: int) -> Tuple[List[float], List[float]]:
+def spawn_rounds(args: List[str], rounds: int) -> Tuple[List[float], List[float], List[float]]:
+    """Wall seconds, peak RSS (MB) and CPU seconds (user + system) of ``python ARGS``, fresh each time."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    walls, rss = [], []
+    walls, rss, cpu = [], [], []
     for r in range(rounds + 1):  # the first writes the .pyc files
-        out = subprocess.run([sys.executable, "-c", _SPAWN, sys.executable, "-m", "ckptmerge", "ls", path],
-                             capture_output=True, text=True, env=env, cwd=str(REPO), check=True).stdout.split(" ", 3)
+        out = subprocess.run([sys.executable, "-c", _SPAWN, sys.executable, *args],
+                             capture_output=True, text=True, env=env, cwd=str(REPO), check=True).stdout.split(" ", 4)
         if out[0] != "0":
-            raise SystemExit(f"ckptmerge ls {path} failed: {out[3]}")
+            raise SystemExit(f"python {' '.join(args)} failed: {out[4]}")
         if r:
             walls.append(float(out[1]))
             rss.append(float(out[2]))  # KiB on Linux -> MiB
-    return walls, rss
+            cpu.append(float(out[3]))
+    return walls, rss, cpu
+
+
+def ls_rounds(path: str, rounds: int) -> Tuple[List[float], List[float], List[float]]:
+    return spawn_rounds(["-m", "ckptmerge", "ls", path], rounds)
 
 
 def tf_twin(path: Path) -> str:
@@ -171,14 +180,20 @@ def main() -> None:
           f"{'OK' if r_orbax <= ORBAX_TARGET else 'MISSED'}")
     print(f"  ckptmerge / TensorStore     = {r_ts:.2f}x (target <= {TS_TARGET}x) "
           f"{'OK' if r_ts <= TS_TARGET else 'MISSED'}")
-    walls, rss = ls_rounds(str(path), args.rounds)
-    tf_walls, tf_rss = ls_rounds(tf_twin(path), args.rounds)
+    walls, rss, cpu = ls_rounds(str(path), args.rounds)
+    tf_walls, tf_rss, tf_cpu = ls_rounds(tf_twin(path), args.rounds)
     wall, mb = statistics.median(walls), statistics.median(rss)
     print(f"ckptmerge ls, median of {args.rounds} fresh processes:")
     print(f"  Orbax checkpoint  {wall:5.2f} s wall (target < {LS_SECONDS} s) {'OK' if wall < LS_SECONDS else 'MISSED'}, "
-          f"{mb:4.0f} MB peak RSS (target < {LS_MB:.0f} MB) {'OK' if mb < LS_MB else 'MISSED'}")
-    print(f"  TF checkpoint     {statistics.median(tf_walls):5.2f} s wall, {statistics.median(tf_rss):4.0f} MB peak RSS "
-          "(the same arrays: what ckptmerge's start-up costs without tensorstore)")
+          f"{mb:4.0f} MB peak RSS (target < {LS_MB:.0f} MB) {'OK' if mb < LS_MB else 'MISSED'}, "
+          f"{statistics.median(cpu):5.2f} s CPU")
+    print(f"  TF checkpoint     {statistics.median(tf_walls):5.2f} s wall, {statistics.median(tf_rss):4.0f} MB peak RSS, "
+          f"{statistics.median(tf_cpu):5.2f} s CPU (the same arrays: ckptmerge's start-up without tensorstore)")
+    # What no reader of Orbax checkpoints avoids: Python, NumPy, and ml_dtypes, which tensorstore imports itself.
+    floor = {what: statistics.median(spawn_rounds(["-c", code], args.rounds)[2])
+             for what, code in (("python + numpy", "import numpy"), ("+ ml_dtypes", "import numpy, ml_dtypes"),
+                                ("+ tensorstore", "import numpy, tensorstore"))}
+    print("  start-up floor, CPU: " + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items()))
 
 
 if __name__ == "__main__":
