@@ -40,6 +40,15 @@ def test_every_pair_is_complete_never_wrong_and_reproduces_pytorch(restored):
     assert X.output_difference(name, model) <= 1e-4
 
 
+def test_every_pair_accounts_for_every_target_and_source_tensor(restored):
+    name, model, truth, plan, _ = restored
+    c = plan.coverage()
+    assert c["targets"]["assigned"] == len(truth) and c["targets"]["unresolved"] == 0
+    src = c["sources"][0]
+    assert src["used"] + src["unused"] == src["tensors"] and src["used"] > 0
+    assert "Coverage: " in plan.report() and plan.to_dict()["coverage"] == c
+
+
 def test_restored_tensors_equal_keras_hub_from_preset(restored):
     name, model, truth, plan, _ = restored
     if name == "resnet18":

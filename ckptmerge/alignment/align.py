@@ -45,12 +45,12 @@ import numpy as np
 
 from ..specs import VariableInfo
 from ..text import quote_name
-from .entries import Alignment, Columns, Entry, Match, Unresolved, scope_entries
+from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries
 from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
 from .tensorops import refines
 
 __all__ = ["Match", "Unresolved", "Alignment", "Entry", "align", "tokens", "natural_key", "scope_entries",
-           "ALIGN_MODES"]
+           "ALIGN_MODES", "CONFIDENCE_FLOOR", "below_floor"]
 
 #: Valid values of ``Source(align=...)``.
 ALIGN_MODES = ("structure",)
@@ -58,6 +58,11 @@ ALIGN_MODES = ("structure",)
 MARGIN = 1e-3
 #: Below this score a pair has no evidence beyond its shape: not proposed.
 MIN_SCORE = 0.25
+#: The confidence floor: ``Source(align="structure")`` applies only matches of at least this
+#: confidence; :func:`ckptmerge.suggest` still proposes those below it, each marked for review.
+#: (A confidence is the pair's score, 0..1, discounted when its best alternative is close; the
+#: weakest pair that alignment proposes at all scores :data:`MIN_SCORE`.)
+CONFIDENCE_FLOOR = 0.25
 #: A pair whose relative positions (0..1) on the two sides differ by more than this contradicts
 #: its own order evidence: not applied.
 ORDER_TOLERANCE = 0.5
@@ -98,8 +103,13 @@ def _by_series(tnames: List[str], snames: List[str], feats: Features) -> List[_B
     the target); else the group as it is. Keeps large models linear: 12 x 600 equal layers are
     600 small problems, not one of 7,200 x 7,200. Names are given sorted."""
     numbers = feats.numbers
-    if (not (feats.is_series(tnames) and feats.is_series(snames))
-            or len(set(map(numbers.__getitem__, tnames))) != len(set(map(numbers.__getitem__, snames)))):
+    t_numbers, s_numbers = set(map(numbers.__getitem__, tnames)), set(map(numbers.__getitem__, snames))
+    # (names without numbers are a position of their own, first: where both sides have them, or
+    # where they are the first of Keras's counted default names, ``dense`` before ``dense_1``; else
+    # the k-th position of one side would be the (k+1)-th of the other)
+    if (not (feats.is_series(tnames) and feats.is_series(snames)) or len(t_numbers) != len(s_numbers)
+            or ((() in t_numbers) != (() in s_numbers)
+                and not _counted_first(tnames if () in t_numbers else snames, feats))):
         return [(tnames, snames, "", None)]
     t_at, s_at = _at_positions(tnames, feats), _at_positions(snames, feats)
     n = len(t_at)
@@ -107,6 +117,19 @@ def _by_series(tnames: List[str], snames: List[str], feats: Features) -> List[_B
         return [(tnames, snames, "", None)]
     return [(tn, sn, f"series position {k + 1} of {n}", (tst, sst))
             for k, ((tst, tn), (sst, sn)) in enumerate(zip(t_at, s_at))]
+
+
+def _counted_first(names: List[str], feats: Features) -> bool:
+    """Whether every name without numbers among ``names`` is the first of a Keras counter, its
+    layer's name numbered ``_0`` the template of another of them (``dense/kernel`` beside
+    ``dense_1/kernel``)."""
+    templates = set(map(feats.template.__getitem__, names))
+    for n in names:
+        if not feats.numbers[n]:
+            cut = n.rfind("/")
+            if cut < 0 or f"{feats.template[n][:cut]}_0{feats.template[n][cut:]}" not in templates:
+                return False
+    return True
 
 
 def _at_positions(names: List[str], feats: Features) -> List[Tuple[Tuple[str, ...], List[str]]]:
@@ -443,8 +466,28 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     if target_inputs and any(u.reason == _TIED for u in unresolved):
         matches, unresolved = _settle(matches, unresolved, target_inputs, feats, hazards, t_order, s_order)
         matches, unresolved = _layers_as_units(matches, unresolved, feats)
+    unresolved += _left_over(groups, matches, unresolved)
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches.sorted_by_target(), unresolved)
+
+
+_LEFT = "left over once the rest of its shape group was decided: nothing but the shape pairs these"
+
+
+def _left_over(groups: Mapping[Any, Tuple[List[str], List[str], VariableInfo]], matches: Columns,
+               unresolved: List[Unresolved]) -> List[Unresolved]:
+    """Per shape group, the targets neither matched nor in an unresolved group while candidates of
+    their shape are left too, as one more unresolved group: every target with a candidate is
+    assigned or unresolved, never silently dropped."""
+    t_done = set(matches.target).union(*(u.targets for u in unresolved))
+    s_done = set(matches.name).union(*(u.names for u in unresolved))
+    out = []
+    for (shape, dtype), (ts, ss, _) in groups.items():
+        left_t = [t for t in ts if t not in t_done]
+        left_s = [n for n in ss if n not in s_done] if left_t else []
+        if left_t and left_s:
+            out.append(Unresolved(tuple(sorted(left_t)), tuple(sorted(left_s)), tuple(shape), dtype, _LEFT))
+    return out
 
 
 #: Per side (targets, checkpoint names): the pairs of scopes whose numbers do not compare (see
@@ -640,3 +683,27 @@ def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], feats: Fe
     return matches.without(drop), unresolved
 
 
+def below_floor(found: Alignment, floor: float = CONFIDENCE_FLOOR) -> Tuple[Alignment, List[Unresolved]]:
+    """The alignment with only its matches of at least ``floor`` confidence, and one
+    :class:`Unresolved` per match below it (naming its one candidate and its confidence).
+
+    Example:
+        >>> v = lambda n: VariableInfo(n, (4, 4), "float32")
+        >>> kept, weak = below_floor(align([v("enc/x/kernel"), v("a/b/kernel")], [v("enc/y/kernel"), v("p/my_kernel")]))
+        >>> kept.mapping, weak[0].reason
+        ({'enc/y/kernel': 'enc/x/kernel'}, 'confidence 0.23 is below the floor 0.25 that align="structure" applies')
+    """
+    low = {i for i, c in enumerate(match_columns(found.matches)[2]) if c < floor}
+    if not low:
+        return found, []
+    columns = found.matches if isinstance(found.matches, Columns) else _as_columns(found.matches)
+    weak = [Unresolved((m.target,), (m.name,), (), "",
+                       f'confidence {m.confidence:.2f} is below the floor {floor} that align="structure" applies')
+            for i, m in enumerate(columns) if i in low]
+    return Alignment(columns.without(low), list(found.unresolved)), weak
+
+
+def _as_columns(matches: Iterable[Match]) -> Columns:
+    out = Columns()
+    out.extend(matches)
+    return out

@@ -23,12 +23,12 @@ import functools
 import re
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Sequence, Tuple
 
 from ..errors import RuleError
 
 __all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
-           "digit_sensitive", "CONV1D_MODULES", "EMBEDDING_MODULES"]
+           "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES"]
 
 _ROLE = re.compile(r"^[a-z][a-z ]*[a-z]$|^[a-z]$")
 _LEAF = re.compile(r"^[a-z][a-z_]{0,63}$")
@@ -187,7 +187,7 @@ _DIGIT_RUN = re.compile(r"[0-9]+")
 
 
 @functools.lru_cache(maxsize=1)
-def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]"]:
+def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]", "re.Pattern[str]", "re.Pattern[str]"]:
     roles: Dict[str, str] = {}
     for row in conventions():
         for n in row.names:
@@ -196,8 +196,62 @@ def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]"]:
     # a whole segment (or run of segments) of a name, never part of one
     pattern = re.compile(r"(?<![^/\n])" + _trie(roles) + r"(?![^/\n])", re.IGNORECASE)
     # the names holding digits, as digit templates show them (``ln_1`` -> ``ln_0``)
-    digits = {_DIGIT_RUN.sub("0", n) for n in roles if any(c.isdigit() for c in n)} or {"\0"}
-    return pattern, roles, re.compile(r"(?<![^/\n])" + _trie(digits) + r"(?![^/\n])", re.IGNORECASE)
+    with_digits = [n for n in roles if any(c.isdigit() for c in n)]
+    digits = {_DIGIT_RUN.sub("0", n) for n in with_digits} or {"\0"}
+    # ... and as a family: any number in their place (``ln_[0-9]+``), longest first
+    family = "|".join(_DIGIT_RUN.sub("[0-9]+", re.escape(n)) for n in sorted(with_digits, key=len, reverse=True))
+    # the names without digits, followed by a counter as Keras numbers default names (``layer_norm_2``)
+    counted = _trie(n for n in roles if not any(c.isdigit() for c in n))
+    return (pattern, roles, re.compile(r"(?<![^/\n])" + _trie(digits) + r"(?![^/\n])", re.IGNORECASE),
+            re.compile(r"(?<![^/\n])(?:" + (family or "\0") + r")(?![^/\n])", re.IGNORECASE),
+            re.compile(r"(?<![^/\n])(" + counted + r")_[0-9]+(?![^/\n])", re.IGNORECASE))
+
+
+def _prefix(m: "re.Match[str]") -> str:
+    """The text of a match's name before the match, its digit runs as ``0``."""
+    return _DIGIT_RUN.sub("0", m.string[m.string.rfind("\n", 0, m.start()) + 1:m.start()])
+
+
+def positional(names: Iterable[str]) -> FrozenSet[Tuple[str, str]]:
+    """The convention names that, among ``names``, are members of a numbered family rather than
+    roles: ``(scope before it, as a digit template; the name, lower-case)``. :func:`rewrite_all`
+    leaves those as they are, so their numbers stay series positions.
+
+    Two kinds: a family of a convention name holding digits with a member the table does not list
+    (``norm0``, ``norm1``, ``norm2`` under one scope: ``norm1`` is no attention norm there, only
+    the second of three; ``fc1``, ``fc2``, ``fc3`` of a classifier), and a convention name beside
+    the same name with a counter, as Keras numbers the default names of one layer class
+    (``layer_norm``, ``layer_norm_1``, ``layer_norm_2``).
+
+    Example:
+        >>> sorted(positional(["b/0/norm0/g", "b/0/norm1/g", "h/0/ln_1/g", "h/0/ln_2/g"]))
+        [('b/0/', 'norm0'), ('b/0/', 'norm1')]
+        >>> sorted(positional(["layer_norm/gamma", "layer_norm_1/gamma"]))
+        [('', 'layer_norm'), ('', 'layer_norm_1')]
+    """
+    names = [n for n in names if "\n" not in n]
+    if not names:
+        return frozenset()
+    joined = "\n".join(names)
+    _, roles, _, family, counted = _compiled()
+    keep = set()
+    members: Dict[Tuple[str, str], set] = {}
+    for m in family.finditer(joined):
+        text = m.group(0).lower()
+        members.setdefault((_prefix(m), _DIGIT_RUN.sub("0", text)), set()).add(text)
+    for (prefix, _), found in members.items():
+        if not found <= roles.keys():
+            keep.update((prefix, t) for t in found)
+    bare: Dict[Tuple[str, str], List[str]] = {}
+    for m in counted.finditer(joined):
+        bare.setdefault((_prefix(m), m.group(1).lower()), []).append(m.group(0).lower())
+    if bare:
+        present = {(_prefix(m), m.group(0).lower()) for m in _compiled()[0].finditer(joined)}
+        for key, numbered in bare.items():
+            if key in present:
+                keep.add(key)
+                keep.update((key[0], t) for t in numbered)
+    return frozenset(keep)
 
 
 def rewrite(name: str) -> str:
@@ -211,18 +265,26 @@ def rewrite(name: str) -> str:
         >>> rewrite("wte/embeddings")
         'wte_tokemb/embeddings'
     """
-    pattern, roles, _ = _compiled()
+    pattern, roles = _compiled()[:2]
     return pattern.sub(lambda m: roles[m.group(0).lower()], name)
 
 
-def rewrite_all(names: Iterable[str]) -> List[str]:
-    """:func:`rewrite` of many names in one regex pass (names without newlines)."""
+def rewrite_all(names: Iterable[str], keep: FrozenSet[Tuple[str, str]] = frozenset()) -> List[str]:
+    """:func:`rewrite` of many names in one regex pass (names without newlines), leaving the
+    convention names ``keep`` holds as they are (see :func:`positional`)."""
     names = list(names)
     joined = "\n".join(names)
     if joined.count("\n") != max(len(names) - 1, 0):
         return [rewrite(n) for n in names]
-    pattern, roles, _ = _compiled()
-    out = pattern.sub(lambda m: roles[m.group(0).lower()], joined)
+    pattern, roles = _compiled()[:2]
+    if keep:
+        def role(m: "re.Match[str]") -> str:
+            text = m.group(0).lower()
+            return m.group(0) if (_prefix(m), text) in keep else roles[text]
+    else:
+        def role(m: "re.Match[str]") -> str:
+            return roles[m.group(0).lower()]
+    out = pattern.sub(role, joined)
     return out.split("\n") if names else []
 
 

@@ -173,6 +173,9 @@ class Entry(NamedTuple):
         confidence: the lowest confidence of the variables it covers.
         evidence: the evidence (for a scope: of its variables, summarised).
         count: how many variables it covers.
+        review: True when ``Source(align="structure")`` would not apply it (its confidence is
+            below :data:`~ckptmerge.alignment.align.CONFIDENCE_FLOOR`): proposed for a person to
+            check, never as certain (a suggestion's config leaves it out of the map).
     """
 
     name: str
@@ -180,6 +183,7 @@ class Entry(NamedTuple):
     confidence: float
     evidence: Tuple[str, ...]
     count: int = 1
+    review: bool = False
 
     @property
     def is_scope(self) -> bool:
@@ -189,13 +193,13 @@ class Entry(NamedTuple):
     def describe(self) -> str:
         """``"'a/' -> 'b/' (3 variables, 0.90: ...)"``."""
         what = f"{plural(self.count, 'variable')}, " if self.is_scope else ""
-        return (f"{quote_name(self.name)} -> {quote_name(self.target)} "
+        return (f"{'REVIEW ' if self.review else ''}{quote_name(self.name)} -> {quote_name(self.target)} "
                 f"({what}{self.confidence:.2f}: {'; '.join(self.evidence)})")
 
     def to_dict(self) -> dict:
-        """JSON-ready: name, target, confidence, evidence, count."""
+        """JSON-ready: name, target, confidence, evidence, count, review."""
         return {"name": self.name, "target": self.target, "confidence": self.confidence,
-                "evidence": list(self.evidence), "count": self.count}
+                "evidence": list(self.evidence), "count": self.count, "review": self.review}
 
 
 #: Build an Entry from a tuple of all its fields, in C.
@@ -231,7 +235,7 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
     per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
     whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
              if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}
-    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1) for n, t, c, e, p, sc
+    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1, False) for n, t, c, e, p, sc
                                              in zip(names, targets, confidence, evidence, position, scopes)
                                              if sc not in whole]))
     summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
@@ -269,6 +273,7 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         head = ("shapes of all " + plural(n, "variable"),)
         reasons = [head + (summaries.get(k) or summary(k)) + p
                    for k, p in zip(zip(*[list(map(evidence.__getitem__, c)) for c in columns]), positions)]
-        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), lowest, reasons, itertools.repeat(n)))
+        entries += map(_ENTRY, zip(names_of, map(whole.__getitem__, names_of), lowest, reasons, itertools.repeat(n),
+                                   itertools.repeat(False)))
     entries.sort(key=operator.itemgetter(1))  # by target
     return entries

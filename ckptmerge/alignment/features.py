@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from .conventions import digit_sensitive, rewrite, rewrite_all
+from .conventions import digit_sensitive, positional, rewrite, rewrite_all
 
 __all__ = ["tokens", "natural_key", "leaf_of", "SYNONYMS", "Features"]
 
@@ -103,6 +103,8 @@ class Features:
         # Names as the convention table reads them (``ln_1`` -> ``attnnorm``), before their
         # digits become series numbers: the numbers of a convention's names are not positions.
         joined = "\n".join(names)
+        # convention names that are members of a numbered family here (``norm0``, ``norm1``, ``norm2``)
+        keep = positional(names)
         if joined.count("\n") != len(names) - 1:  # a name holds a newline: one at a time
             for n, w in zip(names, rewrite_all(names)):
                 self.template[n] = _DIGITS.sub("0", w)
@@ -117,11 +119,11 @@ class Features:
         # digits (``ln_0``: ``ln_1`` or ``ln_2``) are rewritten name by name.
         distinct = list(dict.fromkeys(templates))
         sensitive = {t for t, odd in zip(distinct, digit_sensitive(distinct)) if odd}
-        written = dict(zip(distinct, rewrite_all(distinct)))
+        written = dict(zip(distinct, rewrite_all(distinct, keep)))
         as_written: Dict[str, str] = {}  # the names rewritten one by one
         if sensitive:
             odd = [n for n, t in zip(names, templates) if t in sensitive]
-            as_written = dict(zip(odd, rewrite_all(odd)))
+            as_written = dict(zip(odd, rewrite_all(odd, keep)))
             templates = [_DIGITS.sub("0", as_written[n]) if t in sensitive else written[t]
                          for n, t in zip(names, templates)]
         else:
@@ -190,7 +192,7 @@ class Features:
         """These features with each name's numbers cut to its series positions (see
         :func:`_side_positions`; ``hazards``: of the names' side, see :meth:`hazards`); ``self``
         when every scope number is one (the usual case)."""
-        cut = _side_positions(names, self, hazards) if hazards else None
+        cut = _side_positions(names, self, hazards)
         if cut is None:
             return self
         view = Features.__new__(Features)
@@ -203,6 +205,10 @@ class Features:
         template, numbers = self.template, self.numbers
         stems = [template[n] for n in names if numbers[n]]
         return len(set(stems)) < len(stems)
+
+
+#: A dimension in a layer class's name, as a template shows it (``conv0d``, ``pooling0d``).
+_DIMENSION = re.compile(r"[a-z]0d(?![a-z])")
 
 
 def _series_root(scope: str) -> str:
@@ -233,7 +239,12 @@ def _side_positions(names: Sequence[str], feats: Features, hazards: FrozenSet[Fr
         scope = t[:t.rfind("/") + 1]
         if "0" in scope:  # (templates hold each run of digits as one "0")
             scopes.add(scope)
-    if len(scopes) < 2 or not any(p <= scopes for p in hazards):
+    if len(scopes) < 2:
+        return None
+    # A Keras class name's dimension (``conv2d_0`` beside ``norm_2`` in one stage) is a number of
+    # one scope that the others lack: those scopes do not compare number by number either.
+    dims = any(map(_DIMENSION.search, scopes)) and len({sc.count("0") for sc in scopes}) > 1
+    if not dims and not any(p <= scopes for p in hazards):
         return None
     numbers = feats.numbers
     if len({_series_root(sc) for sc in scopes}) > 1:

@@ -40,8 +40,10 @@ import numpy as np
 
 from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
 from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
+from .features import tokens
 
-__all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "layout_of", "apply_entry"]
+__all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "layout_of", "apply_entry",
+           "likely_target"]
 
 #: The layouts ``Source(layout=...)`` accepts.
 LAYOUTS = ("torch", "flax")
@@ -87,9 +89,38 @@ class Layout:
     undecided: List[Tuple[str, str]] = field(default_factory=list)
     name: str = "torch"
 
-    def findings(self, label: str) -> List[str]:
-        """One line per undecided tensor, for the plan's findings."""
-        return [f"layout '{self.name}' of source '{label}': {name}: {why}" for name, why in self.undecided]
+    def findings(self, label: str, targets: Sequence[VariableInfo] = ()) -> List[str]:
+        """One line per undecided tensor, for the plan's findings; with ``targets``, each names the
+        target it most likely belongs to (see :func:`likely_target`) where one stands out."""
+        out = []
+        for name, why in self.undecided:
+            entry = self.entries.get(name)
+            found = likely_target(name, entry.info.shape, targets) if entry is not None and targets else None
+            out.append(f"layout '{self.name}' of source '{label}': {name}: "
+                       + (why.replace("'<target>'", repr(found)) if found else why))
+        return out
+
+
+def likely_target(name: str, shape: Sequence[int], targets: Sequence[VariableInfo]) -> Optional[str]:
+    """The target a 2-D tensor most likely belongs to: the one target of its shape (as stored or
+    transposed), or of those the one sharing the most name tokens with it; ``None`` when none
+    stands out.
+
+    Example:
+        >>> likely_target("proj_a/weight", (8, 4), [VariableInfo("enc/proj_a/kernel", (4, 8), "float32"),
+        ...                                         VariableInfo("head/kernel", (8, 8), "float32")])
+        'enc/proj_a/kernel'
+    """
+    shape = tuple(shape)
+    fits = [t.name for t in targets if tuple(t.shape) in (shape, shape[::-1])]
+    if len(fits) <= 1:
+        return fits[0] if fits else None
+    def scope(n: str) -> set:  # (the leaves, kernel ~ weight, say nothing here)
+        return set(tokens(n[:n.rfind("/") + 1]))
+
+    mine = scope(name)
+    scores = sorted(((len(mine & scope(t)) / max(len(mine | scope(t)), 1), t) for t in fits), reverse=True)
+    return scores[0][1] if scores[0][0] > 0 and scores[0][0] > scores[1][0] else None
 
 
 def _slash(name: str) -> str:

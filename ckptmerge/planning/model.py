@@ -107,6 +107,12 @@ class SourceView:
         drift: for such a file with ``align="structure"``, the layers path-drift repair paired
             (file path -> model path) and those it left unresolved
             (a :class:`~ckptmerge.alignment.keraspaths.PathAlignment`), else ``None``.
+        layout: the framework layout the source is read through (``"torch"``), or ``None``.
+        undecided: names (or scopes) of tensors the layout could not decide (a square 2-D weight
+            that may need transposing or not): structural alignment never pairs them.
+        unresolved: what structural alignment left unresolved for this source (its
+            :class:`~ckptmerge.alignment.entries.Unresolved` groups: ties, and matches below the
+            confidence floor), counted in the plan's :attr:`~Plan.coverage`.
         order: checkpoint names in the order the checkpoint saved them, where it records one
             (a TF2 object graph), else ``None``: evidence for structural alignment. Plans made by
             :func:`ckptmerge.plan` leave it ``None`` (walking a large object graph on every plan
@@ -137,6 +143,9 @@ class SourceView:
     order: Optional[Tuple[str, ...]] = None
     keras: Optional[KerasVerdict] = None
     drift: Optional[PathAlignment] = None
+    unresolved: Tuple[Any, ...] = ()
+    layout: Optional[str] = None
+    undecided: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
@@ -145,6 +154,8 @@ class SourceView:
         for name in ("finding_targets", "finding_names"):
             object.__setattr__(self, name, types.MappingProxyType(
                 {str(k): tuple(v) for k, v in getattr(self, name).items()}))
+        object.__setattr__(self, "unresolved", tuple(self.unresolved))
+        object.__setattr__(self, "undecided", tuple(self.undecided))
         if self.cast is not None and not isinstance(self.cast, bool):
             raise OptionError(f"source {quote_name(self.label)}: cast must be True, False or None (the plan's "
                               f"option); received {describe_value(self.cast)}.")
@@ -348,6 +359,47 @@ class Plan:
                         "map entries that match nothing block.")
         raise PlanError("\n".join([head, *body, *tail]), plan=self)
 
+    @property
+    def across_frameworks(self) -> bool:
+        """True when a source is read through a layout or aligned by structure: such a plan's
+        renderings end with its :meth:`coverage`."""
+        return any(s.layout or s.aligned or s.unresolved for s in self.sources)
+
+    def coverage(self) -> dict:
+        """Where every target and every source tensor ended up (JSON-ready).
+
+        Targets are assigned, unresolved (structural alignment found candidates of their shape
+        but could not tell which: see each source's ``unresolved``), missing (no candidate),
+        allowed missing, or skipped (a mismatch left alone); a source's tensors are used or unused.
+
+        Returns:
+            ``{"targets": {"total", "assigned", "unresolved", "missing", "allowed_missing",
+            "skipped"}, "sources": [{"label", "tensors", "used", "unused"}], "unresolved":
+            [{"source", "targets", "names", "shape", "dtype", "reason"}]}``.
+
+        Example:
+            >>> from ckptmerge.planning.planner import make_plan
+            >>> t = [VariableInfo("x", (2,), "float32"), VariableInfo("y", (3,), "float32")]
+            >>> make_plan(t, [SourceView("A", "<memory>", "", {"x": t[0]})]).coverage()["targets"]
+            {'total': 2, 'assigned': 1, 'unresolved': 0, 'missing': 1, 'allowed_missing': 0, 'skipped': 0}
+        """
+        missing = set(self.missing) | set(self.allowed_missing)
+        groups = [(s.label, u) for s in self.sources for u in s.unresolved
+                  if any(t in missing for t in u.targets)]
+        unresolved = {t for _, u in groups for t in u.targets if t in missing}
+        return {
+            "targets": {"total": len(self.targets), "assigned": len(self.assignments),
+                        "unresolved": len(unresolved),
+                        "missing": sum(1 for t in self.missing if t not in unresolved),
+                        "allowed_missing": sum(1 for t in self.allowed_missing if t not in unresolved),
+                        "skipped": len(self.skipped)},
+            "sources": [{"label": s.label, "tensors": len(s.variables),
+                         "used": len(s.variables) - len(self.unused.get(s.label, ())),
+                         "unused": len(self.unused.get(s.label, ()))} for s in self.sources],
+            "unresolved": [{"source": label, "targets": list(u.targets), "names": list(u.names),
+                            "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason} for label, u in groups],
+        }
+
     def report(self, *, limit: Optional[int] = 50) -> str:
         """Plain-text report for people (see :func:`ckptmerge.render.report.render_plan`)."""
         return late("ckptmerge.render.report", "render_plan")(self, limit=limit)
@@ -454,7 +506,7 @@ class Plan:
              "unused": {label: [str]}, "dropped": {label: [str]},
              "mismatched": [Mismatch.to_dict()], "conflicts": [Conflict.to_dict()],
              "ambiguous": [Ambiguity.to_dict()], "unmatched_rules": [UnmatchedRule.to_dict()],
-             "structure": [{"source", "message"}]}
+             "structure": [{"source", "message"}], "coverage": Plan.coverage()}
 
         Example:
             >>> from ckptmerge.planning.planner import make_plan
@@ -484,4 +536,5 @@ class Plan:
             "ambiguous": [a.to_dict() for a in self.ambiguous],
             "unmatched_rules": [u.to_dict() for u in self.unmatched_rules],
             "structure": [{"source": label, "message": text} for label, text in self.structure],
+            "coverage": self.coverage(),
         }

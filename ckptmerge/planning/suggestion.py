@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..alignment.align import Alignment, Entry, Unresolved, align, scope_entries
+from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
 from ..alignment.tensorops import Reshape, glob_escape
 from ..specs import VariableInfo
 from ..text import escape_name
@@ -36,7 +36,8 @@ class SourceSuggestion:
 
     Attributes:
         label, path: the source's label and resolved path.
-        entries: proposed map entries (scope-to-scope where a whole scope moves together).
+        entries: proposed map entries (scope-to-scope where a whole scope moves together); those
+            that ``align="structure"`` would not apply are marked ``review`` (see :class:`Entry`).
         unresolved: targets the evidence cannot pair with one of its names.
         kept: ``{checkpoint name: target}`` the plan already assigns from this source.
     """
@@ -49,11 +50,17 @@ class SourceSuggestion:
 
     @property
     def n_variables(self) -> int:
-        """Variables the proposed entries cover."""
-        return sum(e.count for e in self.entries)
+        """Variables the proposed entries cover (those for review left out)."""
+        return sum(e.count for e in self.entries if not e.review)
+
+    @property
+    def review(self) -> List[Entry]:
+        """The entries proposed for review only (see :class:`Entry`)."""
+        return [e for e in self.entries if e.review]
 
     def map(self) -> Dict[str, str]:
-        """The source's ``map`` for a config: what the plan kept, plus the proposed entries.
+        """The source's ``map`` for a config: what the plan kept, plus the proposed entries that
+        ``align="structure"`` would apply (an entry for review is left out: add it by hand once checked).
 
         Names the plan matched as they are stay so through a root entry ``{"/": "/"}``.
         """
@@ -64,7 +71,8 @@ class SourceSuggestion:
             if n != t:
                 out[n] = t
         for e in self.entries:
-            out[e.name] = e.target
+            if not e.review:
+                out[e.name] = e.target
         return out
 
     def to_dict(self) -> dict:
@@ -151,7 +159,8 @@ class Suggestion:
                  "# each map entry below was chosen from this evidence:"]
         for s in self.sources:
             for e in s.entries:
-                lines.append(f"#   {escape_name(s.label)}: {e.describe()}")
+                lines.append(f"#   {escape_name(s.label)}: {e.describe()}"
+                             + (" (not in the map below: add it once checked)" if e.review else ""))
             for u in s.unresolved:
                 lines.append(f"#   {escape_name(s.label)}: UNRESOLVED {u.describe()}")
         if self.missing:
@@ -189,12 +198,47 @@ def _left_out(rules: Any, name: str) -> bool:
 _NAME = operator.attrgetter("name")
 
 
+def _undecided(src: SourceView, name: str) -> bool:
+    return any(name == u or name.startswith(u + "/") for u in src.undecided)
+
+
+#: Why a tensor the layout could not decide stays unresolved.
+TWO_READINGS = ("the layout cannot tell whether it is stored transposed (a Linear's (out, in)) or as it is "
+                "(an Embedding): both readings fit; settle it with transforms=[cm.Transpose(target)] or a "
+                "map onto an 'embeddings' target")
+
+
+def undecided_groups(plan: Plan, src: SourceView, missing: Sequence[str]) -> List[Unresolved]:
+    """One :class:`Unresolved` per 2-D tensor of ``src`` its layout left undecided, naming the
+    missing targets it could fill as stored or transposed (both readings).
+
+    Example:
+        >>> from ckptmerge.planning.planner import make_plan
+        >>> undecided_groups(make_plan([], []), SourceView("A", "<memory>", "", {}), [])
+        []
+    """
+    want = set(missing)
+    out = []
+    for name in src.undecided:
+        info = src.variables.get(name)
+        if info is None or len(info.shape) != 2:
+            continue
+        shape = tuple(info.shape)
+        fits = sorted(t.name for t in plan.targets if t.name in want and t.dtype == info.dtype
+                      and tuple(t.shape) in (shape, shape[::-1]))
+        if fits:
+            out.append(Unresolved(tuple(fits), (name,), shape, info.dtype, TWO_READINGS))
+    return out
+
+
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_order: Optional[Sequence[str]],
                   source_order: Optional[Sequence[str]] = None,
                   target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Alignment:
     want = set(missing)
     variables, rules = src.variables, src.rules
     unused = plan.unused.get(src.label, [])
+    if src.undecided:  # a tensor the layout could not decide (transposed or not) is never paired
+        unused = [n for n in unused if not _undecided(src, n)]
     names = list(map(variables.get, unused))
     # The usual case in C-speed passes: every unused name a variable under its own name, no
     # filter rules; anything else name by name.
@@ -237,11 +281,17 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
     orders = source_orders or [None] * len(plan.sources)
     for src, order in zip(plan.sources, orders):
         found = _align_source(plan, src, missing, target_order, order, target_inputs)
-        taken = set(found.mapping.values())
+        certain, _ = below_floor(found)
+        taken = set(certain.mapping.values())
         missing = [t for t in missing if t not in taken]
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
-        out.append(SourceSuggestion(src.label, src.path, scope_entries(found.matches, src.variables, all_targets),
-                                    list(found.unresolved), kept))
+        # What align="structure" would apply, folded into scopes; the rest one entry per variable, for review.
+        entries = scope_entries(certain.matches, src.variables, all_targets)
+        entries += [e._replace(review=True) for e in scope_entries(
+            [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
+        entries.sort(key=operator.itemgetter(1))
+        unresolved = list(found.unresolved) + undecided_groups(plan, src, missing)
+        out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept))
     return Suggestion(plan, out, missing)
 
 
@@ -252,9 +302,11 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
     """The views again, the ``which`` ones with the plan's unambiguous structural matches added
     (``source_orders``, ``target_inputs``: as for :func:`make_suggestion`).
 
-    Each match becomes a ``(name -> target)`` pair the planner uses for a name its rules did not
-    put on a target (explicit ``map``/``regex`` entries win), with the note
-    ``"matched by structure: <evidence>"`` shown beside its assignment.
+    Each match of at least :data:`~ckptmerge.alignment.align.CONFIDENCE_FLOOR` confidence becomes a
+    ``(name -> target)`` pair the planner uses for a name its rules did not put on a target
+    (explicit ``map``/``regex`` entries win), with the note ``"matched by structure: <evidence>"``
+    shown beside its assignment. What stays unresolved (ties, and matches below the floor) is
+    kept in the view's ``unresolved``, for the plan's coverage.
 
     Example:
         >>> views = aligned_views(plan, views, [True])             # doctest: +SKIP
@@ -266,7 +318,7 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         if not on:
             out.append(src)
             continue
-        found = _align_source(plan, src, missing, target_order, order, target_inputs)
+        found, weak = below_floor(_align_source(plan, src, missing, target_order, order, target_inputs))
         taken = set(found.mapping.values())
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
@@ -275,7 +327,8 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
             notes[m.name] = f"{notes[m.name]}; {how}" if notes.get(m.name) else how
         reshapes = tuple(reshape_transforms(found, src, plan.targets))
         out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes,
-                                       transforms=src.transforms + reshapes))
+                                       transforms=src.transforms + reshapes,
+                                       unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing))))
     return out
 
 

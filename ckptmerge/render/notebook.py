@@ -66,6 +66,19 @@ def plan_html(plan: "Plan") -> str:
     if rows:
         parts += [_heading(f"Assignments ({len(rows)})"),
                   html_table(["target", "source", "checkpoint name", "dtype", "shape", "via"], rows)]
+    if plan.across_frameworks:
+        c = plan.coverage()
+        parts += [_heading("Coverage"),
+                  html_table(["targets", "assigned", "unresolved", "missing", "allowed missing", "skipped"],
+                             [[c["targets"][k] for k in ("total", "assigned", "unresolved", "missing",
+                                                          "allowed_missing", "skipped")]]),
+                  html_table(["source", "tensors", "used", "unused"],
+                             [[s["label"], s["tensors"], s["used"], s["unused"]] for s in c["sources"]])]
+        if c["unresolved"]:
+            parts += [_heading(f"Unresolved ({len(c['unresolved'])})"),
+                      html_table(["source", "targets", "candidates", "why"],
+                                 [[u["source"], ", ".join(u["targets"]), ", ".join(u["names"]), u["reason"]]
+                                  for u in c["unresolved"]])]
     unused = [[label, n] for label, names in plan.unused.items() for n in names]
     if unused:
         parts += [_heading(f"Unused ({len(unused)})"), html_table(["source", "checkpoint name"], unused)]
@@ -95,11 +108,12 @@ def suggestion_html(suggestion: "Suggestion") -> str:
     if unresolved:
         parts += [_heading(f"Unresolved ({len(unresolved)})"),
                   html_table(["source", "targets", "candidates", "why"], unresolved)]
-    rows = [[s.label, e.name, e.target, e.count, f"{e.confidence:.2f}", "; ".join(e.evidence)]
-            for s in suggestion.sources for e in s.entries]
+    rows = [[s.label, e.name, e.target, e.count, f"{e.confidence:.2f}", "review" if e.review else "",
+             "; ".join(e.evidence)] for s in suggestion.sources for e in s.entries]
     if rows:
         parts += [_heading(f"Proposed map ({len(rows)})"),
-                  html_table(["source", "checkpoint name", "target", "variables", "confidence", "evidence"], rows)]
+                  html_table(["source", "checkpoint name", "target", "variables", "confidence", "review",
+                              "evidence"], rows)]
     if suggestion.missing:
         parts += [_heading(f"Still missing ({len(suggestion.missing)})"),
                   html_table(["target"], [[t] for t in suggestion.missing])]

@@ -11,6 +11,7 @@ import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..alignment.align import CONFIDENCE_FLOOR
 from ..args import describe_value
 from ..errors import OptionError
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import Plan
     from ..planning.suggestion import Suggestion
 
-__all__ = ["render_plan", "align_hint", "Report", "RESTORE_MODES"]
+__all__ = ["render_plan", "align_hint", "coverage_line", "Report", "RESTORE_MODES"]
 
 _SOURCE = operator.attrgetter("source")
 
@@ -125,12 +126,40 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
                          render=lambda item: f"{item[0]}: {item[1]}" + (" (left out by rules)"
                                                                        if item[1] in dropped_by[item[0]] else ""))
     out += out_drift
+    if plan.across_frameworks:
+        findings += section("Unresolved", [f"{label}: {u.describe()}" for label, u in _unresolved(plan)], limit,
+                             "alignment found candidates but cannot tell which; map one to settle it")
     out += findings if findings else ["No findings."]
+    if plan.across_frameworks:
+        out.append(coverage_line(plan))
     hint = align_hint(plan)
     if hint:
         out.append(hint)
     out.append(verdict(plan))
     return join_lines(out)
+
+
+def _unresolved(plan: "Plan") -> List[Tuple[str, Any]]:
+    missing = set(plan.missing) | set(plan.allowed_missing)
+    return [(s.label, u) for s in plan.sources for u in s.unresolved if any(t in missing for t in u.targets)]
+
+
+def coverage_line(plan: "Plan") -> str:
+    """One line of :meth:`Plan.coverage <ckptmerge.Plan.coverage>`, as a report ends with it.
+
+    Example:
+        >>> from ckptmerge.planning.planner import make_plan
+        >>> coverage_line(make_plan([], []))
+        'Coverage: 0 targets: 0 assigned, 0 unresolved, 0 missing'
+    """
+    c = plan.coverage()
+    t = c["targets"]
+    parts = [f"{t['assigned']} assigned", f"{t['unresolved']} unresolved", f"{t['missing']} missing"]
+    parts += [f"{t[k]} {k.replace('_', ' ')}" for k in ("allowed_missing", "skipped") if t[k]]
+    line = f"Coverage: {plural(t['total'], 'target')}: {', '.join(parts)}"
+    for s in c["sources"]:
+        line += f"; source {quote_name(s['label'])}: {plural(s['tensors'], 'tensor')}, {s['used']} used, {s['unused']} unused"
+    return line
 
 
 @dataclass(frozen=True)
@@ -257,7 +286,11 @@ def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50) ->
         out.append(f"Source {escape_name(s.label)}: {escape_name(s.path)}")
         out += [f"  {line}" for line in section(
             "Unresolved", [u.describe() for u in s.unresolved], limit, "the evidence cannot separate these")]
-        out += [f"  {line}" for line in section("Proposed map", [e.describe() for e in s.entries], limit)]
+        out += [f"  {line}" for line in section("Proposed map", [e.describe() for e in s.entries if not e.review],
+                                                 limit)]
+        out += [f"  {line}" for line in section(
+            "For review", [e.describe() for e in s.review], limit,
+            f"confidence below {CONFIDENCE_FLOOR}: align='structure' would not apply these, and the map leaves them out")]
     out += section("Still missing", [escape_name(t) for t in suggestion.missing], limit)
     if suggestion.n_proposed:
         out.append("Review the map, then write it as a config (Suggestion.write('warm.yaml') or "

@@ -9,6 +9,7 @@ variables, keeping optimizer state and bookkeeping out unless ``optimizer=True``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import operator
@@ -590,7 +591,18 @@ class LayoutHandle(SourceHandle):
                          [*inner.findings, *layout.findings(inner.label)])
         self.inner = inner
         self.entries = layout.entries
+        self._layout = layout
         self._by_key = {v.raw_key: v.name for v in inner.all_variables}
+
+    def name_targets(self, targets: Sequence[VariableInfo]) -> None:
+        """Let the layout's findings name the target each undecided tensor most likely belongs to."""
+        if self._layout.undecided:
+            self.findings = [*self.inner.findings, *self._layout.findings(self.inner.label, targets)]
+
+    def view(self, rules: Rules) -> "SourceView":
+        """As :meth:`SourceHandle.view`, naming the layout and the tensors it could not decide."""
+        return dataclasses.replace(super().view(rules), layout=self.source.layout,
+                                   undecided=tuple(n for n, _ in self._layout.undecided))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the source tensors the named outputs need, then compute each output."""
