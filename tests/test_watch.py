@@ -377,6 +377,17 @@ def test_keras_weights_series_and_safetensors_files_are_followed_by_step(tmp_pat
     assert steps(cm.watch(tmp_path, timeout=0)) == [1, 2, 30]
 
 
+def test_orbax_step_folders_are_followed(tmp_path):
+    pytest.importorskip("tensorstore")
+    from ckptmerge.formats.orbax_writer import OrbaxWriter
+
+    for s in (100, 200):  # what Orbax's CheckpointManager leaves: run/100, run/200 (renamed when whole)
+        with OrbaxWriter(tmp_path / "run" / str(s), [("params/w", "float32", (4,))]) as w:
+            w.add("params/w", np.full(4, s, np.float32))
+    got = [(i.step, float(cm.load(i.read_path)["params/w"][0])) for i in cm.watch(tmp_path / "run", timeout=0)]
+    assert got == [(100, 100.0), (200, 200.0)]
+
+
 def test_a_step_folder_written_under_a_temporary_name_is_followed_once_renamed(tmp_path):
     from safetensors.numpy import save_file
 

@@ -71,6 +71,31 @@ def test_an_index_uploaded_before_its_data_is_waited_for(memory_dir, tmp_path):
     loop.close()
 
 
+def test_an_orbax_step_where_orbax_commits_by_marker_is_waited_for_until_its_marker(memory_dir, tmp_path,
+                                                                                      monkeypatch):
+    pytest.importorskip("tensorstore")
+    from ckptmerge.formats.orbax_writer import OrbaxWriter
+    from ckptmerge.sources import watchscan
+
+    fs, url = memory_dir
+    monkeypatch.setattr(watchscan, "ORBAX_COMMIT_SCHEMES", ("memory://",))  # memory:// stands in for gs://
+    marker = {}
+    for s in (100, 200):  # on GCS, Orbax writes a step in place and marks it finished last
+        local = tmp_path / str(s)
+        with OrbaxWriter(local, [("params/w", "float32", (4,))]) as w:
+            w.add("params/w", np.full(4, s, np.float32))
+        for f in sorted(p for p in local.rglob("*") if p.is_file()):
+            if f.name == "commit_success.txt":
+                marker[s] = f.read_bytes()
+            else:
+                fs.pipe(f"{url}/{s}/{f.relative_to(local).as_posix()}", f.read_bytes())
+    fs.pipe(f"{url}/100/commit_success.txt", marker[100])
+    assert [i.step for i in cm.watch(url, timeout=0)] == [100]  # 200 has all its files but no marker yet
+    fs.pipe(f"{url}/200/commit_success.txt", marker[200])
+    info = list(cm.watch(url, after=100, timeout=0))[0]
+    assert info.step == 200 and float(cm.load(info.read_path)["params/w"][0]) == 200.0
+
+
 def test_follow_over_a_url_restores_each_step(tf, memory_dir, tmp_path):
     fs, url = memory_dir
     template = tmp_path / "template"

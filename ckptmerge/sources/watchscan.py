@@ -10,7 +10,8 @@ modification time), so that a watcher re-checks a checkpoint only when one of it
 - a single file: Keras ``.weights.h5`` / ``.h5`` / ``.hdf5`` / ``.keras``, or ``.safetensors``
   (``ckpt-10.weights.h5``, ``model-300.safetensors``; shards ``-00001-of-00002`` are not steps);
 - a step folder: a directory named ``checkpoint-500``, ``step_100`` or ``100`` holding one
-  checkpoint (safetensors files, a TF bundle, a Keras file), every file below it included.
+  checkpoint (safetensors files, a TF bundle, a Keras file, an Orbax step), every file below it
+  included; an Orbax step on Google Cloud Storage only once its ``commit_success.txt`` is there.
 
 :func:`check` decides whether a candidate is complete: every file whole (footers and headers,
 :mod:`ckptmerge.formats.whole`) and the checkpoint opening with its own reader (the TF index
@@ -31,16 +32,21 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io import storage
+from ..formats.orbax import COMMIT_FILE
 from ..formats.tf.bundle import DATA_RE
 from ..formats.whole import safetensors_unfinished, table_unfinished, unfinished
 from ..text import escape_name, quote_name, quoted_command
 from .files import FORMAT_KERAS_H5, FORMAT_SAFETENSORS, FORMAT_TF_BUNDLE, INDEX, step_of
+from .orbax import FORMAT_ORBAX
 
 __all__ = ["Candidate", "scan", "check", "COMPLETE", "INCOMPLETE", "FAILING", "KIND_BUNDLE", "KIND_FILE",
-           "KIND_FOLDER", "MAX_FOLDER_FILES"]
+           "KIND_FOLDER", "MAX_FOLDER_FILES", "ORBAX_COMMIT_SCHEMES"]
 
 COMPLETE, INCOMPLETE, FAILING = "complete", "incomplete", "failing"
 KIND_BUNDLE, KIND_FILE, KIND_FOLDER = "bundle", "file", "folder"
+
+#: Where Orbax marks a finished step with ``commit_success.txt`` instead of renaming its folder.
+ORBAX_COMMIT_SCHEMES = ("gs://", "gcs://")
 
 #: Files looked at below one step folder (a bigger folder is not a checkpoint a watcher follows).
 MAX_FOLDER_FILES = 100_000
@@ -390,6 +396,9 @@ def _check_folder(c: Candidate) -> Tuple[str, Any]:
         why = _safetensors_set_unfinished(c)
         if why:
             return INCOMPLETE, why
+    elif resolved.format == FORMAT_ORBAX:
+        if c.path.lower().startswith(ORBAX_COMMIT_SCHEMES) and storage.join(c.path, COMMIT_FILE) not in c.files:
+            return INCOMPLETE, f"no {COMMIT_FILE} yet (Orbax writes it there when the step is finished)"
     else:
         why = unfinished(resolved.prefix)
         if why:
