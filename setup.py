@@ -39,7 +39,7 @@ setup(
         "remote": ["fsspec[http]>=2023.1", "s3fs>=2023.1", "gcsfs>=2023.1", "adlfs>=2023.1"],
         # Orbax (JAX) checkpoints, read and written without JAX (docs/formats.md).
         "orbax": ["tensorstore>=0.1.60", "msgpack>=1.0"],
-        "test": ["pytest>=7", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4",
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "hypothesis>=6", "tomli-w>=1.0", "safetensors>=0.4", "jax[cpu]>=0.4",
                  "fsspec>=2023.1", "s3fs>=2023.1", "moto[server]>=5.0", "gcsfs>=2023.1", "adlfs>=2024.12",
                  # The docs site, built with --strict by tests/test_docs.py (docs/architecture.md).
                  "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=2.0",
