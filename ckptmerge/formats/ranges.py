@@ -104,14 +104,15 @@ class Span:
         self.crc = 0
         self.check = ranges.expected is not None
 
-    def read(self, out: np.ndarray) -> np.ndarray:
+    def read(self, out: np.ndarray, raw: Optional[memoryview] = None) -> np.ndarray:
         """Fill ``out`` (flat, contiguous, of the tensor's dtype) with the span's next
         ``out.size`` elements and return it; the read that reaches the span's end folds its
-        checksum (and may raise the tensor's checksum error).
+        checksum (and may raise the tensor's checksum error). ``raw``, when given, is ``out``'s
+        bytes as a memoryview (callers reading many blocks make it once per buffer and slice it).
         """
-        view = memoryview(out.view(np.uint8))
+        view = memoryview(out.view(np.uint8)) if raw is None else raw
         pos = self.pos
-        if pos + len(view) > self.end or out.dtype != self.ranges.dtype:
+        if pos + len(view) > self.end or out.dtype != self.ranges.dtype or len(view) != out.nbytes:
             raise ValueError(f"a read of {out.size} {out.dtype} elements does not fit the span's "
                              f"{(self.end - pos) // self.ranges.dtype.itemsize} {self.ranges.dtype} elements left")
         self.ranges.fill(pos, view)

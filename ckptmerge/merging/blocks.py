@@ -146,29 +146,32 @@ def blocked_chunks(m: Method, p: TensorParams, stats: Any, ranges: List[TensorRa
     plain = out_dt in _PLAIN  # else cast_array rounds (bfloat16 and others through float32, as TF)
     scratch = threading.local()
 
-    def buffers() -> Tuple[List[np.ndarray], Optional[np.ndarray]]:
+    def buffers() -> Tuple[List[Tuple[np.ndarray, memoryview, int]], Optional[np.ndarray]]:
         got = getattr(scratch, "bufs", None)
-        if got is None:
-            by_dtype: Dict[np.dtype, np.ndarray] = {}
-            xs = [by_dtype.setdefault(r.dtype, aligned_empty(BLOCK, r.dtype)) for r in ranges]
-            got = scratch.bufs = (xs, aligned_empty(BLOCK, base.dtype) if base is not None else None)
+        if got is None:  # this thread's: a block of each input dtype (and its bytes), and of the base
+            by_dtype: Dict[np.dtype, Tuple[np.ndarray, memoryview, int]] = {}
+            for r in ranges:
+                if r.dtype not in by_dtype:
+                    buf = aligned_empty(BLOCK, r.dtype)
+                    by_dtype[r.dtype] = (buf, memoryview(buf.view(np.uint8)), r.dtype.itemsize)
+            got = scratch.bufs = ([by_dtype[r.dtype] for r in ranges],
+                                  aligned_empty(BLOCK, base.dtype) if base is not None else None)
         return got
 
     def piece(out: np.ndarray, first: int, lo: int, hi: int) -> None:
         xs, bbuf = buffers()
-        spans = [r.span(lo, hi) for r in ranges]
+        spans = [(r.span(lo, hi), *x) for r, x in zip(ranges, xs)]
         bspan = base.span(lo, hi) if base is not None else None
         for s in range(lo, hi, BLOCK):
             k = min(BLOCK, hi - s)
             b = bspan.read(bbuf[:k]) if bspan is not None and bbuf is not None else None
             acc = m.start(p, k)
-            for j, span in enumerate(spans):
-                m.add(acc, p, stats, j, span.read(xs[j][:k]), b, s)
-            res = m.finish(acc, p, stats, b)
+            for j, (span, buf, raw, itemsize) in enumerate(spans):
+                m.add(acc, p, stats, j, span.read(buf[:k], raw[:k * itemsize]), b, s)
             if plain:
-                np.copyto(out[s - first:s - first + k], res, casting="unsafe")
+                m.finish_into(acc, p, stats, b, out[s - first:s - first + k])
             else:
-                out[s - first:s - first + k] = cast_array(res, out_name)
+                out[s - first:s - first + k] = cast_array(m.finish(acc, p, stats, b), out_name)
 
     def start(first: int) -> Pieces:
         n = min(step, size - first)

@@ -123,6 +123,10 @@ class Method:
     def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
         return acc
 
+    def finish_into(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray], out: np.ndarray) -> None:
+        """:meth:`finish`, cast into ``out`` (float16, float32 or float64: NumPy's rounding)."""
+        np.copyto(out, self.finish(acc, p, stats, base), casting="unsafe")
+
     def describe(self, p: TensorParams) -> str:
         return ", ".join(f"{k}={v}" for k, v in sorted(p.params.items()))
 
@@ -188,6 +192,12 @@ class Mean(Linear):
         if len(set(p.weights)) == 1:
             acc /= len(p.weights)
         return acc
+
+    def finish_into(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray], out: np.ndarray) -> None:
+        if len(set(p.weights)) == 1:  # the float64 quotient, rounded once into out (one pass, not two)
+            np.divide(acc, len(p.weights), out=out, casting="unsafe")
+        else:
+            np.copyto(out, acc, casting="unsafe")
 
 
 class Ema(Mean):
