@@ -31,6 +31,7 @@ __all__ = [
     "OutputExistsError",
     "CheckpointWriteError",
     "UnknownTensorError",
+    "SettingError",
     "did_you_mean",
     "did_you_mean_text",
     "suggest",
@@ -261,6 +262,21 @@ class CheckpointWriteError(CkptMergeError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class SettingError(CkptMergeError, ValueError):
+    """An environment setting (``CKPTMERGE_*``) holds a value ckptmerge cannot use; raised when
+    the setting is used, never at import (see :mod:`ckptmerge.knobs`).
+
+    Attributes:
+        name: the environment variable.
+        value: what it holds.
+    """
+
+    def __init__(self, message: str, *, name: Optional[str] = None, value: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.value = value
 
 
 # --------------------------------------------------------------------------------------------

@@ -252,9 +252,7 @@ def test_transient_s3_faults_mid_read_are_retried(s3, mode):
 def test_persistent_s3_failure_is_a_clear_error_and_restores_nothing(s3, monkeypatch):
     import tensorflow as tf
 
-    import ckptmerge.formats.io.storage as storage
-
-    monkeypatch.setattr(storage, "RETRIES", 2)  # bounded either way; fewer waits in the test
+    monkeypatch.setenv("CKPTMERGE_REMOTE_RETRIES", "2")  # bounded either way; fewer waits in the test
 
     big = tf.Variable(np.full_like(BIG, 7.0))
     w = tf.Variable(np.full_like(W, 7.0))
@@ -618,9 +616,9 @@ def test_a_file_url_output_is_locked_with_an_exclusive_create(memory_run, tmp_pa
 def test_a_persistent_s3_failure_reading_safetensors_names_the_url_and_tensor(s3, format_files, monkeypatch):
     import fsspec
 
-    from ckptmerge.formats import open_checkpoint, storage
+    from ckptmerge.formats import open_checkpoint
 
-    monkeypatch.setattr(storage, "RETRIES", 2)
+    monkeypatch.setenv("CKPTMERGE_REMOTE_RETRIES", "2")
     fsspec.filesystem("s3").put_file(str(format_files / "model.safetensors"), "ckpts/stfail/model.safetensors")
     url = "s3://ckpts/stfail/model.safetensors"
     reader = open_checkpoint(url)  # the header is read here

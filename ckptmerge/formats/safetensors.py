@@ -387,7 +387,7 @@ class SafetensorsReader(CheckpointReader):
             name, e, start, view = unit
             self._fill(name, e, self._data_start[e.shard] + e.begin + start, view)
 
-        workers = max_workers or (storage.REMOTE_CONCURRENCY if storage.is_url(self.files[0])
+        workers = max_workers or (storage.REMOTE_CONCURRENCY.get() if storage.is_url(self.files[0])
                                   else min(8, 2 * (os.cpu_count() or 1)))
         if workers <= 1 or len(units) <= 1:
             for u in units:

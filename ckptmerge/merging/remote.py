@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -45,9 +46,10 @@ from ..formats.io.storage import (
     remote_exists,
     remote_listdir,
 )
+from ..knobs import FlagSetting
 from ..sources.files import DATA_RE, INDEX
 from ..sources.state import state_file_text
-from ..text import quote_name
+from ..text import escape_name, quote_name
 
 __all__ = ["merge_to_url"]
 
@@ -66,6 +68,30 @@ def _remote_checkpoint_objects(url: str) -> List[str]:
             if n == base + INDEX or (n.startswith(base) and DATA_RE.fullmatch(n[len(base):]))]
 
 
+#: Whether remote merges take the lock object (``CKPTMERGE_REMOTE_LOCK=0``: keep writers apart yourself).
+LOCK = FlagSetting("CKPTMERGE_REMOTE_LOCK", True, "whether a remote merge takes its output's lock object")
+
+
+def _field(value: Any) -> str:
+    """A lock object's field for the message: anyone can write the object, so any JSON may be
+    there (a list, a 10 MB string, control characters): quoted, escaped and cut short."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return quote_name(text) if isinstance(value, str) else escape_name(text)
+
+
+def _lock_age(started: Any) -> str:
+    """``", started 2024-05-01 12:00:00 UTC (3 min ago)"``; empty for a time that is not one (a
+    string, a bool, NaN, 1e300, before 1970 or in the future)."""
+    if isinstance(started, bool) or not isinstance(started, (int, float)):
+        return ""
+    now = time.time()
+    if not (isinstance(started, int) or math.isfinite(started)) or not 0 <= started <= now + 86400:
+        return ""
+    return (f", started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))} "
+            f"({max(0.0, now - started) / 60:.0f} min ago)")
+
+
 class _RemoteLock:
     """``<url>.lock``, created atomically on entry and deleted on exit (see the module docstring)."""
 
@@ -76,7 +102,7 @@ class _RemoteLock:
         self.held = False
 
     def __enter__(self) -> "_RemoteLock":
-        if os.environ.get("CKPTMERGE_REMOTE_LOCK", "1") == "0":
+        if not LOCK.get():
             return self
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                            "token": self.token, "output": self.output}).encode()
@@ -97,16 +123,10 @@ class _RemoteLock:
         return holder if isinstance(holder, dict) else {}
 
     def _locked_error(self, h: dict) -> OutputLockedError:
-        started = h.get("started")
-        if isinstance(started, (int, float)):
-            age = f", started {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(started))} " \
-                  f"({max(0, time.time() - started) / 60:.0f} min ago)"
-        else:
-            age = ""
-        who = f"process {h.get('pid')!r} on host {str(h.get('host'))!r}" if h else "an unknown writer"
+        who = f"process {_field(h.get('pid'))} on host {_field(h.get('host'))}" if h else "an unknown writer"
         return OutputLockedError(
             f"Another merge to {quote_name(self.output)} is running: the lock {quote_name(self.url)} is held by "
-            f"{who}{age}. Wait for it to finish, or choose another output. If that merge is no longer running "
+            f"{who}{_lock_age(h.get('started'))}. Wait for it to finish, or choose another output. If that merge is no longer running "
             f"(killed without cleaning up), delete the object {quote_name(self.url)} and merge again.",
             path=self.url)
 

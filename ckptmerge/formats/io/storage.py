@@ -34,6 +34,7 @@ from ckptmerge.errors import (
     CheckpointNotFoundError,
     CkptMergeError,
 )
+from ckptmerge.knobs import IntSetting
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
@@ -47,15 +48,18 @@ _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 #: Which pip extra brings the filesystem package of each scheme.
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure",
            "abfss": "azure", "adl": "azure", "http": "remote", "https": "remote", "hdfs": "remote"}
+# The settings are read when a URL is used (``.get()``), never at import: a malformed value is a
+# clear SettingError for the command that needs it, and local commands never look at them.
 #: Attempts of one remote request before giving up (transient errors only).
-RETRIES = int(os.environ.get("CKPTMERGE_REMOTE_RETRIES", "4"))
-#: Ranged reads in flight at once per reader (``CKPTMERGE_REMOTE_CONCURRENCY``, default 16).
-REMOTE_CONCURRENCY = max(1, int(os.environ.get("CKPTMERGE_REMOTE_CONCURRENCY", "16")))
+RETRIES = IntSetting("CKPTMERGE_REMOTE_RETRIES", 4, 1, 100, "the attempts of one remote request (1: no retries)")
+#: Ranged reads in flight at once per reader (default 16).
+REMOTE_CONCURRENCY = IntSetting("CKPTMERGE_REMOTE_CONCURRENCY", 16, 1, 1024,
+                                "the ranged reads in flight at once per remote reader")
 #: Largest small file (index, state file, JSON) fetched whole.
 MAX_SMALL = 1 << 31
-#: Block size of the cached remote file objects that h5py and zipfile read through
-#: (``CKPTMERGE_REMOTE_BLOCK``, bytes, default 4 MiB).
-REMOTE_BLOCK = max(1 << 16, int(os.environ.get("CKPTMERGE_REMOTE_BLOCK", str(4 << 20))))
+#: Block size of the cached remote file objects that h5py and zipfile read through (bytes, default 4 MiB).
+REMOTE_BLOCK = IntSetting("CKPTMERGE_REMOTE_BLOCK", 4 << 20, 1 << 16, 1 << 30,
+                          "the block size in bytes of remote .h5/.keras/.npz reads")
 
 T = TypeVar("T")
 
@@ -139,7 +143,8 @@ def _transient(e: BaseException) -> bool:
 
 def _with_retries(what: str, url: str, fn: Callable[[], T], *, key: Optional[str] = None) -> T:
     delay = 0.05
-    for attempt in range(1, RETRIES + 1):
+    attempts = RETRIES.get()
+    for attempt in range(1, attempts + 1):
         try:
             return fn()
         except FileNotFoundError:
@@ -151,12 +156,12 @@ def _with_retries(what: str, url: str, fn: Callable[[], T], *, key: Optional[str
         except CkptMergeError:
             raise
         except Exception as e:  # noqa: BLE001 - every library raises its own types
-            if not _transient(e) or attempt == RETRIES:
+            if not _transient(e) or attempt == attempts:
                 tail = f" after {attempt} attempts" if attempt > 1 else ""
                 raise CheckpointFormatError(f"Remote error while {what} from {quote_name(url)}{tail}: "
                                             f"{type(e).__name__}: {escape_name(e)}", path=url, key=key) from None
             logger.info("retrying %s from %s after %s: %s (attempt %d of %d)", what, url, type(e).__name__,
-                        e, attempt, RETRIES)
+                        e, attempt, attempts)
             time.sleep(delay)
             delay *= 4
     raise AssertionError("unreachable")  # pragma: no cover
@@ -358,7 +363,7 @@ def abspath(path: str) -> str:
 SNIFF_BLOCK = 1 << 16
 
 
-def open_binary(path: str, block_size: int = REMOTE_BLOCK) -> Any:
+def open_binary(path: str, block_size: Optional[int] = None) -> Any:
     """A readable, seekable binary file object: ``open(path, "rb")`` for a local path; for a URL
     an fsspec file that reads by ranges, keeping up to 32 blocks of ``block_size`` bytes
     (h5py and zipfile seek around: metadata, then the data they want; sniffing a format needs
@@ -370,6 +375,7 @@ def open_binary(path: str, block_size: int = REMOTE_BLOCK) -> Any:
     if not is_url(path):
         return open(path, "rb")
     fs, fpath = filesystem(path)
+    block_size = block_size or REMOTE_BLOCK.get()
     try:
         return _with_retries("opening", path, lambda: fs.open(fpath, "rb", block_size=block_size,
                                                               cache_type="blockcache",
@@ -398,7 +404,7 @@ class _OwningZip(zipfile.ZipFile):
             self._owned.close()
 
 
-def open_zip(path: str, block_size: int = REMOTE_BLOCK) -> zipfile.ZipFile:
+def open_zip(path: str, block_size: Optional[int] = None) -> zipfile.ZipFile:
     """``zipfile.ZipFile(path)`` for a local or remote archive (remote: over :func:`open_binary`).
 
     Raises:

@@ -748,7 +748,7 @@ class BundleReader(CheckpointReader):
             else:  # one segment of a big tensor
                 crcs[j] = [self._read_crc(e0.shard_id, unit.offset, unit.views[0], e0.key, verify)]
 
-        workers = max_workers or (REMOTE_CONCURRENCY if self.remote else min(8, 2 * (os.cpu_count() or 1)))
+        workers = max_workers or (REMOTE_CONCURRENCY.get() if self.remote else min(8, 2 * (os.cpu_count() or 1)))
         if workers <= 1 or len(units) <= 1:
             for j in range(len(units)):
                 run(j)
