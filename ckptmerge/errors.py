@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from .redact import redact
 from .text import quote_name
 
 __all__ = [
@@ -42,13 +43,20 @@ __all__ = [
 class CkptMergeError(Exception):
     """Base class of every error ckptmerge raises on purpose.
 
+    The message is redacted when the error is made (:func:`ckptmerge.redact.redact`): a URL's
+    userinfo and signed query values in it read ``***``, however the message was built.
+    Attributes such as ``e.path`` keep the exact values.
+
     Example:
         >>> try:
-        ...     raise CkptMergeError("boom")
+        ...     raise CkptMergeError("boom at https://me:pw@host/m")
         ... except CkptMergeError as e:
         ...     str(e)
-        'boom'
+        'boom at https://***@host/m'
     """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class CheckpointNotFoundError(CkptMergeError, FileNotFoundError):

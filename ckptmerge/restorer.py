@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TypeVar
 
@@ -24,6 +23,7 @@ import numpy as np
 from .api import Binding, SourcesArg
 from .args import check_bool, check_callable, check_options, check_step, check_str
 from .errors import CkptMergeError, PlanError, RestoreError
+from .redact import get_logger
 from .restoring.backends.tensors import join_parts, read_variable
 from .sources.opening import as_sources
 from .sources.resolved import CheckpointInfo
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Restorer", "snapshot"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 

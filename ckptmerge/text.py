@@ -3,13 +3,16 @@
 Kept apart from :mod:`ckptmerge.render.report` so the CLI's inspection commands can use them without
 loading the planning engine. :func:`escape_name` is the one place names from files become safe
 text: tensor names, keys and paths come from untrusted files, and a name holding ESC, a newline
-or a bidi override must not forge a table row or drive the terminal.
+or a bidi override must not forge a table row or drive the terminal; a path holding a URL's
+credentials must not show them.
 """
 
 from __future__ import annotations
 
 import shlex
 from typing import Any, Iterable, Optional, Sequence
+
+from .redact import redact
 
 __all__ = ["escape_name", "escape_text", "quote_name", "command_hint", "quoted_command", "join_lines", "plural", "human_bytes", "and_list"]
 
@@ -35,8 +38,10 @@ def escape_name(name: str) -> str:
     U+202A-U+202E and U+2066-U+2069, zero-width characters), line and paragraph separators,
     non-ASCII spaces, lone surrogates and unassigned code points. Printable text, including
     non-ASCII letters, is kept as it is, and so is ``\`` (not doubled): escaping is idempotent,
-    so text built from already escaped names can be escaped again safely. Text output (tables,
-    trees, reports, error messages) uses this; ``--json`` and the library's data keep exact names.
+    so text built from already escaped names can be escaped again safely. URL credentials
+    (userinfo, signed query values) become ``***`` (:func:`ckptmerge.redact.redact`). Text output
+    (tables, trees, reports, error messages) uses this; ``--json`` and the library's data keep
+    exact names.
 
     Example:
         >>> print(escape_name("x\x1b]0;t\x07\nhidden  float32"))
@@ -45,6 +50,8 @@ def escape_name(name: str) -> str:
         ('dense/kernel', 'admin\\u202egnp.exe')
     """
     name = str(name)
+    if "=" in name or "@" in name:  # maybe a URL's credentials (checked at C speed first)
+        name = redact(name)
     if name.isprintable():  # the common case, at C speed
         return name
     return "".join(map(_escape_char, name))

@@ -288,7 +288,7 @@ def test_a_config_without_target_or_output_is_named_escaped(red_dir, command, ke
 
 def test_an_unknown_tensor_names_the_typed_path_escaped_in_the_hint(red_dir):
     r = run("show", red_dir / "model", "w")
-    assert_one_line_error(r, "Variable 'w' not found in checkpoint '", "Run 'ckptmerge ls '",
+    assert_one_line_error(r, "Variable 'w' not found in checkpoint '", "Run \"ckptmerge ls '",
                           "runs\\x1b[31m\\nError: forged/model'")
     no_forged_line(r.stderr)
 

@@ -31,7 +31,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ("planning",),
     ("alignment",),
     ("formats",),
-    ("errors", "specs", "text", "args", "gcpause", "jsonout", "compat", "knobs"),
+    ("errors", "specs", "text", "args", "gcpause", "jsonout", "compat", "knobs", "redact"),
 ]
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 

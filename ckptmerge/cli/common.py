@@ -26,7 +26,8 @@ import click
 from .. import __version__
 from ..errors import CkptMergeError, PlanError
 from ..jsonout import json_pieces
-from ..text import command_hint, escape_name, escape_text, human_bytes
+from ..redact import get_logger
+from ..text import escape_name, escape_text, human_bytes, quoted_command
 
 #: Exit code for findings (plan) or differences (diff).
 EXIT_FINDINGS = 1
@@ -36,7 +37,7 @@ EXIT_ERROR = 2
 #: would read as "findings" or "different".
 EXIT_INTERRUPTED = 130
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Elements per piece read by ls --stats and diff --values: their memory stays bounded whatever
 # the size of the tensors.
@@ -225,7 +226,8 @@ class Opened:
         return escape_name(f"Checkpoint: {self.prefix} ({self.note})")
 
     def ls_command(self) -> str:
-        return command_hint("ls", self.given, *(("--step", self.step) if self.step is not None else ()))
+        """The ``ckptmerge ls`` hint for this checkpoint, set off in the quotes it needs."""
+        return quoted_command("ls", self.given, *(("--step", self.step) if self.step is not None else ()))
 
 
 def open_checkpoint_arg(path: str, step: Optional[int], *, verify: bool = True) -> Opened:
@@ -283,7 +285,7 @@ def cli(ctx: click.Context, verbose: bool) -> None:
     # Logging is process-wide state: set it up only when running as the program (main()), not
     # when a host (a test, a notebook) invokes the command group in-process.
     if isinstance(ctx.obj, dict) and ctx.obj.get("configure_logging"):
-        lib_logger = logging.getLogger("ckptmerge")
+        lib_logger = get_logger("ckptmerge")
         if not any(isinstance(h, _EchoHandler) for h in lib_logger.handlers):
             handler = _EchoHandler()
             handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))

@@ -29,6 +29,7 @@ from ..jsonout import Records
 from ..formats.kerasnames import layer_of
 from ..planning.kerascompat import KerasVerdict, compare_legacy_files, compare_weights_files
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
+from ..redact import redact
 from ..specs import KIND_VARIABLE, VariableInfo, model_variables, normalize_name
 from ..text import escape_name, human_bytes, plural, quote_name
 from .common import (
@@ -353,7 +354,7 @@ def _unknown_name(opened: Opened, name: str) -> CliError:
     return CliError(
         f"Variable {quote_name(name)} not found in checkpoint {quote_name(opened.given)} "
         f"({escape_name(opened.prefix)})."
-        f"{did_you_mean(name, candidates)} Run '{opened.ls_command()}' to list its "
+        f"{did_you_mean(name, candidates)} Run {opened.ls_command()} to list its "
         f"{plural(n_vars, 'variable')}.")
 
 
@@ -547,7 +548,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
 
     if as_json:
         echo_json({
-            "a": oa.prefix, "b": ob.prefix, "equal": equal, "only_in_a": Records(map(_NAME, only_a)),
+            "a": redact(oa.prefix), "b": redact(ob.prefix), "equal": equal, "only_in_a": Records(map(_NAME, only_a)),
             "only_in_b": Records(map(_NAME, only_b)),
             "mismatched": [{"name": x.name, "a": {"dtype": x.dtype, "shape": list(x.shape)},
                             "b": {"dtype": y.dtype, "shape": list(y.shape)}} for x, y in mismatched],
@@ -700,7 +701,7 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
             return p
 
     if as_json:
-        echo_json([{"name": rel(c.path), "path": c.path, "step": c.step, "time": c.time,
+        echo_json([{"name": redact(rel(c.path)), "path": redact(c.path), "step": c.step, "time": c.time,
                      "time_iso": _local_iso(c.time), "size": c.size, "latest": c.latest} for c in infos],
                    expand=1)
         return

@@ -319,11 +319,14 @@ def _as_list(globs: Any) -> List[str]:
               help="Template names no source needs to provide (repeatable; added to the config's "
                    "allow_missing). With --layout torch: template tensors alignment leaves unresolved "
                    "that may be written from the template's own values.")
+@click.option("--record-paths/--no-record-paths", "record_paths", default=None,
+              help="Whether a .safetensors output's metadata records where each source was read from "
+                   "(default: the config's 'record_paths', else yes; URL credentials are always redacted).")
 @JSON_OPTION
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
                   out_format: Optional[str], layout: Optional[str], allow_missing: Tuple[str, ...],
-                  as_json: bool) -> None:
+                  record_paths: Optional[bool], as_json: bool) -> None:
     """Write a new checkpoint assembled from the sources of CONFIG, without model code.
 
     Without a template the output holds every name the sources give after their rules; with
@@ -360,7 +363,8 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
                        on_shape_mismatch=options.get("on_shape_mismatch", "error"),
                        cast=options.get("cast", False), strict=cfg.strict, overwrite=force, dry_run=dry_run,
                        update_state=update_state, progress=progress, verify=options.get("verify", True),
-                       durable=durable, format=out_format, layout=layout)
+                       durable=durable, format=out_format, layout=layout,
+                       record_paths=cfg.record_paths if record_paths is None else record_paths)
     except PlanError as e:
         if dry_run and e.plan is not None:  # a dry run is for reading the findings: show them all
             if as_json:

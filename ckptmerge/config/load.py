@@ -24,7 +24,6 @@ and path resolution), ``model`` (:class:`Config`, :class:`SourceConfig`),
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
@@ -41,6 +40,7 @@ from .schema import (
     build,
     report_duplicates,
 )
+from ..redact import get_logger
 
 __all__ = [
     "Config",
@@ -54,7 +54,7 @@ __all__ = [
     "MAX_NESTING",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], Config], *,

@@ -201,6 +201,8 @@ class Config:
         output: the output prefix of an offline merge (absolute path).
         combine: the ``combine:`` section (a source made of many checkpoints, first in
             priority), or ``None``.
+        record_paths: whether a safetensors merge output records its sources' paths in its
+            metadata (``ckptmerge.merge(..., record_paths=...)``; default ``True``).
 
     Example:
         >>> from ckptmerge.config import load_config
@@ -216,6 +218,7 @@ class Config:
     target: Optional[str] = None
     output: Optional[str] = None
     combine: Optional[CombineConfig] = None
+    record_paths: bool = True
 
     def source_kwargs(self) -> List[Dict[str, Any]]:
         """Per source, the keyword arguments of ``ckptmerge.Source(**kwargs)``.
@@ -265,4 +268,6 @@ class Config:
             out["target"] = escape_dollars(self.target)
         if self.output is not None:
             out["output"] = escape_dollars(self.output)
+        if not self.record_paths:
+            out["record_paths"] = False
         return out

@@ -32,7 +32,7 @@ from .problems import KeyPath, Problems, show
 
 #: Keys of the top-level mapping.
 TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
-                  "strict", "target", "output")
+                  "strict", "target", "output", "record_paths")
 #: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
 COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
                 "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
@@ -641,10 +641,11 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
     strict = _get_bool(data, "strict", (), ctx, True)
     target = _get_path(data, "target", (), ctx, kind="checkpoint")
     output = _get_path(data, "output", (), ctx, kind="output")
+    record_paths = _get_bool(data, "record_paths", (), ctx, True)
     if ctx.problems:
         return None
     return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
-                  strict=strict, target=target, output=output, combine=combined)
+                  strict=strict, target=target, output=output, combine=combined, record_paths=record_paths)
 
 
 def report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: Context) -> None:

@@ -28,7 +28,6 @@ import dataclasses
 import io
 import itertools
 import json
-import logging
 import math
 import os
 import shutil
@@ -53,13 +52,14 @@ from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.kerasnames import archive_names
 from ckptmerge.formats.zipmembers import MAX_EXPANSION, check_member, member_errors, open_member
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo, normalize_name
 from ckptmerge.text import escape_name, human_bytes, plural
 
 __all__ = ["H5Reader", "HDF5_SIGNATURE", "MAX_EXPANSION", "LegacyLayout", "is_hdf5", "is_keras_archive",
            "list_attr"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The 8 bytes every HDF5 superblock starts with.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

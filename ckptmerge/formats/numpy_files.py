@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import math
 import os
 import struct
@@ -32,12 +31,13 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
 from ckptmerge.formats.zipmembers import check_member, member_errors, open_member
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
 __all__ = ["NumpyReader", "is_npz", "holds_npy", "NPY_MAGIC"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The 6 bytes every ``.npy`` file starts with.
 NPY_MAGIC = b"\x93NUMPY"

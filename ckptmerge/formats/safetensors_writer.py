@@ -14,7 +14,6 @@ either.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -34,11 +33,12 @@ from ckptmerge.formats.io.output_prefix import remove_quietly
 from ckptmerge.formats.io.publish import SingleFileWriter, publish_file, temp_path
 from ckptmerge.formats.safetensors import SAFETENSORS_DTYPES, safetensors_dtype
 from ckptmerge.formats.tf.bundle import mask_crc
+from ckptmerge.redact import get_logger
 from ckptmerge.text import quote_name
 
 __all__ = ["SafetensorsWriter", "unsupported_dtypes"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # The JSON header is padded with spaces (as the format allows) so the data starts on a page
 # boundary: every tensor's bytes then begin page-aligned or element-aligned in the page cache.

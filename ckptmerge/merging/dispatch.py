@@ -39,6 +39,7 @@ def merge(
     durable: bool = False,
     format: Optional[str] = None,
     layout: Optional[str] = None,
+    record_paths: bool = True,
 ) -> Report:
     """Write a new checkpoint assembled from ``sources``, without TensorFlow.
 
@@ -93,6 +94,10 @@ def merge(
             the merge (``allow_missing`` lets named ones through: a template file's own values
             fill them, a template of specs leaves them out); ``num_batches_tracked`` comes from
             the template file (0 for specs). See docs/names.md.
+        record_paths: whether a safetensors output's metadata records where each source was
+            read from (its path, URL credentials redacted, and how it was resolved). ``False``
+            keeps only each source's ``name`` (``source 1``, ... for unnamed ones): nothing about
+            the machine or the storage the merge ran on. The other formats record neither.
 
     Returns:
         A :class:`MergeReport` (a :class:`~ckptmerge.render.report.Report` with ``mode="offline"``):
@@ -125,7 +130,7 @@ def merge(
     options = dict(template=template, allow_missing=allow_missing, on_conflict=on_conflict,
                    on_shape_mismatch=on_shape_mismatch, cast=cast, strict=strict, overwrite=overwrite,
                    dry_run=dry_run, update_state=update_state, progress=progress, verify=verify,
-                   durable=durable, format=format, layout=layout)
+                   durable=durable, format=format, layout=layout, record_paths=record_paths)
     if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
         if format == "orbax":
             raise ArgumentError(f"format='orbax' writes to a local folder; {os.fspath(out_prefix)!r} is a URL. Merge "

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import operator
 import os
 import time
@@ -74,6 +73,7 @@ from ..planning.transforms import (
     chain_output_shape,
     select,
 )
+from ..redact import get_logger, redact, redact_optional
 from ..render.report import Report, section
 from ..sources.files import STATE_FILE, same_checkpoint_path
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
@@ -100,7 +100,7 @@ from .jobs import (
 
 __all__ = ["merge_local", "MergeReport", "Progress", "TemplateArg"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: A progress callback: ``progress(done_bytes, total_bytes)`` (bytes read from the sources).
 Progress = Callable[[int, int], None]
@@ -178,9 +178,9 @@ class MergeReport(Report):
         """JSON-ready: :meth:`Report.to_dict` plus ``output``, ``dry_run``, ``bytes_written``,
         ``from_template`` (``[{"name", "reason"}]``) and ``state_file``."""
         d = super().to_dict(lazy=lazy)
-        d.update({"output": self.output, "dry_run": self.dry_run, "bytes_written": int(self.bytes_written),
+        d.update({"output": redact(self.output), "dry_run": self.dry_run, "bytes_written": int(self.bytes_written),
                   "from_template": [{"name": n, "reason": r} for n, r in self.from_template],
-                  "state_file": self.state_file})
+                  "state_file": redact_optional(self.state_file)})
         return d
 
 
@@ -411,8 +411,28 @@ def _check_format(format: Any, given: str) -> str:
     return format
 
 
+def recorded_sources(handles: Sequence[SourceHandle], plan: Plan, *,
+                     record_paths: bool) -> Tuple[List[Dict[str, str]], Dict[str, str]]:
+    """What a safetensors or Orbax output records about its inputs: the sources (each one's
+    label, path and how it was resolved: ``ckptmerge.sources``) and the plan (``{target:
+    "label:name"}``: ``ckptmerge.plan``). URL credentials are redacted; with
+    ``record_paths=False`` no path is kept at all (a local absolute path says who made the file,
+    and where): each source is its ``name``, or ``source N`` (in order) when it has none.
+
+    Example:
+        >>> recorded_sources([], make_plan([], []), record_paths=False)
+        ([], {})
+    """
+    shown = {h.label: redact(h.label) if record_paths or h.source.name else f"source {i}"
+             for i, h in enumerate(handles, 1)}
+    sources = [{"label": shown[h.label], "path": redact(h.path), "note": redact(h.note)} if record_paths
+               else {"label": shown[h.label]} for h in handles]
+    assigned = {t: f"{shown.get(a.source, a.source)}:{a.name}" for t, a in sorted(plan.assignments.items())}
+    return sources, assigned
+
+
 def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[SourceHandle], plan: Plan, *,
-                 overwrite: bool, durable: bool) -> Any:
+                 overwrite: bool, durable: bool, record_paths: bool) -> Any:
     """The writer for the output format; both take the jobs' tensors the same way."""
     if fmt == FORMAT_TF:
         return BundleWriter(given, overwrite=overwrite, durable=durable)
@@ -438,8 +458,7 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
         what = "An Orbax checkpoint" if fmt == FORMAT_ORBAX else "safetensors"
         raise ArgumentError(f"{what} cannot store {plural(len(bad), 'tensor')} of this merge: {names}. "
                             "Exclude them (Source(..., exclude=[...])), or write a TF checkpoint.")
-    sources = [{"label": h.label, "path": h.path, "note": h.note} for h in handles]
-    assigned = {t: f"{a.source}:{a.name}" for t, a in sorted(plan.assignments.items())}
+    sources, assigned = recorded_sources(handles, plan, record_paths=record_paths)
     if fmt == FORMAT_ORBAX:
         return OrbaxWriter(given, specs, metadata={"ckptmerge": {"sources": sources, "plan": assigned}},
                            overwrite=overwrite, durable=durable)
@@ -483,6 +502,7 @@ def merge_local(
     durable: bool = False,
     format: Optional[str] = None,
     layout: Optional[str] = None,
+    record_paths: bool = True,
 ) -> Report:
     """:func:`ckptmerge.merge` to a local prefix (the arguments are its own; see
     :mod:`ckptmerge.merging.dispatch`).
@@ -498,7 +518,8 @@ def merge_local(
                             f"prefix); a {fmt} output has none. Received: out_prefix={given!r}, "
                             "update_state=True")
     for flag, value in (("strict", strict), ("overwrite", overwrite), ("dry_run", dry_run),
-                        ("update_state", update_state), ("verify", verify), ("cast", cast)):
+                        ("update_state", update_state), ("verify", verify), ("cast", cast),
+                        ("record_paths", record_paths)):
         _check_flag(flag, value)
     if progress is not None and not callable(progress):
         raise ArgumentTypeError(f"progress must be a callable progress(done_bytes, total_bytes) or None. "
@@ -595,7 +616,8 @@ def merge_local(
             writer = None
             buf = memoryview(bytearray(PIECE))
             try:
-                writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable)
+                writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable,
+                                      record_paths=record_paths)
                 done = 0
                 if progress is not None:
                     progress(0, total)

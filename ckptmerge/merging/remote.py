@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import math
 import os
 import shutil
@@ -47,13 +46,14 @@ from ..formats.io.storage import (
     remote_listdir,
 )
 from ..knobs import FlagSetting
+from ..redact import get_logger
 from ..sources.files import DATA_RE, INDEX
 from ..sources.state import state_file_text
 from ..text import escape_name, quote_name
 
 __all__ = ["merge_to_url"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
-import logging
 import operator
 import types
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ..alignment.keraspaths import PathAlignment
 from ..args import describe_value
 from ..errors import OptionError, PlanError
 from ..jsonout import Entries, Records
+from ..redact import get_logger, redact
 from ..specs import VariableInfo
 from ..text import escape_name, quote_name
 from .findings import Assignment, Conflict, Mismatch
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["OptionError", "SourceView", "Plan", "CHECK_LIMIT"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 #: action -> (what strict=False lets you do, the warning's verb)
 _ACTIONS = {"restore": ("restore what can be restored", "restoring"),
             "write": ("write what can be written", "merging")}
@@ -209,10 +209,11 @@ class SourceView:
 
     def to_dict(self) -> dict:
         """JSON-ready summary: label, path, note, rules (options dict), n_variables, findings,
-        transforms, and ``keras`` (:meth:`KerasVerdict.to_dict`) where there is one."""
-        return {"label": self.label, "path": self.path, "note": self.note,
+        transforms, and ``keras`` (:meth:`KerasVerdict.to_dict`) where there is one (a URL's
+        credentials redacted, as everywhere the path is shown)."""
+        return {"label": redact(self.label), "path": redact(self.path), "note": redact(self.note),
                 "rules": self.rules.to_dict(), "n_variables": len(self.variables),
-                "findings": list(self.findings),
+                "findings": list(map(redact, self.findings)),
                 **({"keras": self.keras.to_dict()} if self.keras is not None else {}),
                 **({"paths": [{"file": m.file, "model": m.model, "confidence": m.confidence,
                                "evidence": list(m.evidence)} for m in self.drift.matches],

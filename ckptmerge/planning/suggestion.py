@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
 from ..alignment.tensorops import Reshape, glob_escape
+from ..redact import redact
 from ..specs import VariableInfo
 from ..text import escape_name
 from .model import late
@@ -77,7 +78,7 @@ class SourceSuggestion:
 
     def to_dict(self) -> dict:
         """JSON-ready: label, path, map, entries, unresolved."""
-        return {"label": self.label, "path": self.path, "map": self.map(),
+        return {"label": redact(self.label), "path": redact(self.path), "map": self.map(),
                 "entries": [e.to_dict() for e in self.entries],
                 "unresolved": [{"targets": list(u.targets), "names": list(u.names),
                                 "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason}
@@ -136,7 +137,7 @@ class Suggestion:
         for s in self.sources:
             if s.path == "<memory>":
                 continue
-            entry: Dict[str, Any] = {"name": s.label, "path": s.path}
+            entry: Dict[str, Any] = {"name": redact(s.label), "path": redact(s.path)}
             if s.label in self.layouts:  # the proposed names are the layout's: keep reading through it
                 entry["layout"] = self.layouts[s.label]
             mapping = s.map()

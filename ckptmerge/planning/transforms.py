@@ -32,7 +32,6 @@ The protocol every transform follows (the planner and backends rely on nothing e
 from __future__ import annotations
 
 import fnmatch
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
@@ -41,6 +40,7 @@ import numpy as np
 
 from ..errors import TransformError, did_you_mean
 from ..formats.io.localfile import NotARegularFileError, read_regular_file
+from ..redact import get_logger
 from ..text import quote_name
 from .casts import cast_array, cast_problem, dtype_name, numpy_dtype
 
@@ -62,7 +62,7 @@ __all__ = [
     "dtype_name",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Initialisers (by name) of the rows of new tokens and OOV buckets: zeros, ones, or the target's
 #: current value. A callable ``init(shape, dtype)`` works too, as ``VocabInfo``'s

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..alignment.align import CONFIDENCE_FLOOR
 from ..args import describe_value
 from ..errors import OptionError
+from ..redact import redact
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
 from .verdicts import align_hint, verdict
 
@@ -27,6 +28,8 @@ _SOURCE = operator.attrgetter("source")
 
 #: Valid values of :attr:`Report.mode`.
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
+#: Fields of a report's per-source records that may hold a path (redacted: see ckptmerge.redact).
+_SHOWN_PATHS = ("label", "path", "note")
 
 
 def section(title: str, lines: Sequence[Any], limit: Optional[int], hint: str = "",
@@ -204,7 +207,9 @@ class Report:
                               f"received {self.mode!r}.")
         object.__setattr__(self, "restored", sorted(self.restored))
         object.__setattr__(self, "skipped", sorted((str(t), str(r)) for t, r in self.skipped))
-        object.__setattr__(self, "sources", [dict(s) for s in self.sources])
+        # (the per-source records are output only: shown and written with credentials redacted)
+        object.__setattr__(self, "sources", [{k: redact(v) if k in _SHOWN_PATHS and isinstance(v, str) else v
+                                              for k, v in s.items()} for s in self.sources])
 
     @property
     def n_sources_used(self) -> int:

@@ -30,17 +30,17 @@ This module imports Keras (lazily, through the target); the planner never sees i
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..errors import CkptMergeError
 from ..formats.kerasnames import layer_of
+from ..redact import get_logger
 
 __all__ = ["KerasTree", "Saveable", "FileEntries", "LoadWalk", "load_walk", "weights_file_keys",
            "keras_saving", "unique_name"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 
 
 def keras_saving() -> Any:

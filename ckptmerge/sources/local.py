@@ -9,7 +9,6 @@ is :mod:`ckptmerge.sources.state`. Nothing here reads tensors or imports TensorF
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -21,6 +20,7 @@ from ..errors import (
     format_list,
 )
 from ..formats.kerasshards import shard_set_of
+from ..redact import get_logger
 from ..text import escape_name, quote_name, quoted_command
 from .files import (
     DATA_RE,
@@ -57,7 +57,7 @@ from .state import CheckpointState, read_state
 
 __all__ = ["checkpoints_local", "resolve_local"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ chooses between the local path (:mod:`ckptmerge.sources.local`) and the remote o
 
 from __future__ import annotations
 
-import logging
 from typing import Any, List, Optional, Tuple
 
 from ..args import check_path, check_step
@@ -39,6 +38,7 @@ from .local import checkpoints_local, resolve_local
 from .orbax import FORMAT_ORBAX
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .state import CheckpointState, read_state_file
+from ..redact import get_logger
 
 __all__ = [
     "open_resolved",
@@ -58,7 +58,7 @@ __all__ = [
     "FORMAT_ORBAX",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import operator
 import os
 import sys
@@ -35,6 +34,7 @@ import numpy as np
 from ..args import check_bool, check_path, check_step, check_str
 from ..errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from ..planning.rules import Rules, map_pairs
+from ..redact import get_logger, redact
 from ..specs import VariableInfo, by_name, model_variables, normalize_name
 from ..text import quote_name
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Source", "SourceHandle"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -245,10 +245,11 @@ class Source:
     # -- description -------------------------------------------------------------------------
     @property
     def label(self) -> str:
-        """The name used in reports: ``name`` if given, else the path as given."""
+        """The name used in reports: ``name`` if given, else the path as given (a URL's
+        credentials redacted: the label is shown and written everywhere)."""
         if self.name:
             return self.name
-        return self.path if self.path is not None else "memory"
+        return redact(self.path) if self.path is not None else "memory"
 
     @property
     def in_memory(self) -> bool:

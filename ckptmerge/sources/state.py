@@ -8,7 +8,6 @@ into a :class:`CheckpointState` whose paths are resolved as TensorFlow resolves 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import re
 import time
@@ -17,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..args import check_path
 from ..errors import CheckpointFormatError
+from ..redact import get_logger
 from ..text import quote_name
 from .files import (
     STATE_FILE,
@@ -27,7 +27,7 @@ from .files import (
     same_checkpoint_path,
 )
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)

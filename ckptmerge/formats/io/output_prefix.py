@@ -9,7 +9,6 @@ are named, and the messages for I/O errors while writing.
 from __future__ import annotations
 
 import errno
-import logging
 import os
 from typing import Any, List, Optional
 
@@ -18,9 +17,10 @@ import crc32c as _crc32c
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.errors import CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.tf.bundle import DATA_RE
+from ckptmerge.redact import get_logger
 from ckptmerge.text import quote_name
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 TMP_MARK = ".ckptmerge-tmp-"
 _LOCK_MARK = ".ckptmerge-lock"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import inspect
-import logging
 import os
 import re
 import threading
@@ -35,6 +34,7 @@ from ckptmerge.errors import (
     CkptMergeError,
 )
 from ckptmerge.knobs import IntSetting
+from ckptmerge.redact import get_logger
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
@@ -42,7 +42,7 @@ __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", 
            "REMOTE_CONCURRENCY", "isfile", "isdir", "exists", "getsize", "listdir", "walk_files", "abspath",
            "open_binary", "open_zip", "REMOTE_BLOCK", "SNIFF_BLOCK"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 #: Which pip extra brings the filesystem package of each scheme.

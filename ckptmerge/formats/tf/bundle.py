@@ -21,7 +21,6 @@ its slices tile it exactly (see :mod:`ckptmerge.formats.tf.regions`).
 from __future__ import annotations
 
 import bisect
-import logging
 import os
 import re
 import struct
@@ -97,6 +96,7 @@ from ckptmerge.formats.tf.table import (
     unmask_crc,
 )
 from ckptmerge.gcpause import paused_gc
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import VariableInfo, trusted_info
 
 __all__ = [
@@ -115,7 +115,7 @@ __all__ = [
     "is_leveldb_table",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _U32 = struct.Struct("<I")
 _SUPPORTED_MIN_CONSUMER = 1  # TF's kTensorBundleVersion

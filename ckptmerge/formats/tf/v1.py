@@ -18,7 +18,6 @@ and the tensor; nothing is allocated before the data it describes has been read 
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
@@ -52,12 +51,13 @@ from ckptmerge.formats.tf.tfproto import (
     parse_shape,
     parse_slice,
 )
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import VariableInfo
 from ckptmerge.text import escape_name
 
 __all__ = ["V1Reader", "V1_SHARD_RE", "V1_PATTERN_RE", "v1_pattern", "v1_shard_files"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: A shard of a sharded V1 checkpoint: ``<prefix>-00000-of-00002``.
 V1_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})$")

@@ -45,7 +45,6 @@ checksumming tensor bytes is :mod:`ckptmerge.formats.io.bytecopy`.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from typing import (
@@ -98,6 +97,7 @@ from ckptmerge.formats.tf.protowire import (
     field_varint,
 )
 from ckptmerge.formats.tf.table_writer import TF_BLOCK_SIZE, U32, TableWriter
+from ckptmerge.redact import get_logger
 from ckptmerge.text import quote_name
 
 __all__ = [
@@ -107,7 +107,7 @@ __all__ = [
     "TF_BLOCK_SIZE",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 _TF_BUNDLE_VERSION = 1
 
 ShapeArg = Sequence[int]

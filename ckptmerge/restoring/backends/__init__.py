@@ -15,15 +15,15 @@ bottom modules. TensorFlow and Keras only inside functions.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 from ...errors import CkptMergeError
 from .common import Progress
+from ...redact import get_logger
 
 __all__ = ["run_plan", "Progress"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 def run_plan(plan: Any, session: Any = None, *, strict: bool = True, progress: Optional[Progress] = None) -> Any:
     """Restore the variables of ``plan`` and return a :class:`ckptmerge.render.report.Report`.

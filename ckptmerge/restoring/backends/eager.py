@@ -12,19 +12,19 @@ this costs nothing) to put everything back if an assignment fails half-way or Ct
 
 from __future__ import annotations
 
-import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...errors import CkptMergeError, RestoreError
+from ...redact import get_logger
 from ...text import quote_name
 from .common import Progress, assign_all, make_report
 from .tensors import part_value, read_variable, to_numpy, to_tensor
 
 __all__ = ["restore_eager", "read_sources", "prepare_values"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _by_source(plan: Any) -> Dict[str, List[Any]]:

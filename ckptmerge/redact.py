@@ -1,0 +1,152 @@
+"""Credentials out of everything ckptmerge shows or writes: the one redaction function.
+
+A URL can carry secrets: userinfo (``https://user:password@host/...``, ``s3://KEY:SECRET@bucket``)
+and signed query or fragment values (S3 presigned URLs' ``X-Amz-Signature``/``X-Amz-Credential``/
+``X-Amz-Security-Token``, GCS signed URLs' ``X-Goog-Signature``/``X-Goog-Credential`` and V2
+``GoogleAccessId``/``Signature``, Azure SAS ``sig``, CloudFront ``Policy``/``Key-Pair-Id``, and any
+``token``, ``key``, ``secret``, ``password``, ``auth``... parameter). :func:`redact` replaces each of
+those values with ``***`` wherever it appears in a text, and leaves everything else as it is: the
+scheme, host, path and the other parameters still say which object was meant.
+
+It sits at the bottom so every layer uses the same function: :func:`ckptmerge.text.escape_name`
+(every name and path in text output and error messages) calls it, :class:`ckptmerge.errors.CkptMergeError`
+redacts its message when it is made (so ``str(e)`` never holds a secret, however the message was
+built), JSON output and merge metadata redact their paths and labels, and the package's loggers
+(:func:`get_logger`) redact each record, its formatted arguments and traceback included, before
+any handler sees it. Data kept for the caller (``Source.path``, ``e.path``) is not redacted: it is
+what the program needs to open the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+import re
+from typing import Any, Mapping, Optional
+
+__all__ = ["redact", "redact_optional", "is_secret_parameter", "get_logger", "RedactingFilter", "MASK"]
+
+#: What a secret is replaced with.
+MASK = "***"
+
+# scheme://userinfo@ : userinfo holds no '/', '?', '#' or '@' (RFC 3986; a raw one would end it)
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s]+)@")
+# ?name=value, &name=value, ;name=value, #name=value: the value ends at the next separator,
+# whitespace or a quote (messages quote paths)
+_PARAMETER = re.compile(r"([?&;#])([^=&;#?\s'\"]{1,100})=([^&;#\s'\"]*)")
+#: parameter names (lowercase, split at '-', '_', '.' and case changes) any word of which is secret
+_SECRET_WORDS = frozenset({
+    "sig", "signature", "token", "secret", "password", "passwd", "pwd", "pass", "passphrase", "key",
+    "apikey", "credential", "credentials", "auth", "authorization", "policy", "session", "jwt", "bearer",
+    "sas", "cookie", "private", "code",
+})
+#: whole names that hold a secret without a secret word in them
+_SECRET_NAMES = frozenset({"googleaccessid", "accesskeyid", "awsaccesskeyid", "sessionid", "apikey", "accesskey",
+                           "secretkey", "privatekey", "clientsecret", "accesstoken", "idtoken", "refreshtoken",
+                           "sastoken", "sv_sig"})
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+
+
+def is_secret_parameter(name: str) -> bool:
+    """Whether a query parameter of this name holds a secret (case-insensitive).
+
+    Example:
+        >>> [is_secret_parameter(n) for n in ("X-Amz-Signature", "sig", "AWSAccessKeyId", "download", "X-Amz-Date")]
+        [True, True, True, False, False]
+    """
+    flat = re.sub(r"[-_.]", "", name).lower()
+    if flat in _SECRET_NAMES:
+        return True
+    words = [w.lower() for part in re.split(r"[-_.]+", name) for w in _WORD.findall(part)]
+    return any(w in _SECRET_WORDS for w in words)
+
+
+def _parameter(m: "re.Match[str]") -> str:
+    sep, name, value = m.groups()
+    if not value or value == MASK or not is_secret_parameter(name):
+        return m.group(0)
+    return f"{sep}{name}={MASK}"
+
+
+def redact(text: Any) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``.
+
+    Userinfo becomes ``***@``; the value of a secret query or fragment parameter becomes ``***``.
+    Idempotent, and the identity for text holding no URL credentials (checked at C speed first).
+
+    Example:
+        >>> redact("https://me:hunter2@host/m.safetensors?X-Amz-Signature=abc&download=1")
+        'https://***@host/m.safetensors?X-Amz-Signature=***&download=1'
+        >>> redact("Checkpoint 'az://c/m?sv=2022&sig=k%2Fz' does not exist")
+        "Checkpoint 'az://c/m?sv=2022&sig=***' does not exist"
+    """
+    text = str(text)
+    if "@" in text and "://" in text:
+        text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
+    if "=" in text:
+        text = _PARAMETER.sub(_parameter, text)
+    return text
+
+
+def redact_optional(text: Optional[str]) -> Optional[str]:
+    """:func:`redact`, with ``None`` kept as ``None`` (for optional fields of JSON records)."""
+    return None if text is None else redact(text)
+
+
+class _Shown:
+    """A log argument that is neither text nor a number (an exception, an object), shown redacted
+    by ``%s`` and ``%r`` alike."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return redact(str(self.value))
+
+    def __repr__(self) -> str:
+        return redact(repr(self.value))
+
+
+def _argument(arg: Any) -> Any:
+    if arg is None or isinstance(arg, numbers.Number):
+        return arg  # (%d, %f and friends still get their number)
+    if isinstance(arg, (str, os.PathLike)):
+        return redact(os.fspath(arg))
+    return _Shown(arg)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a log record in place: its message (however it was built: an f-string holding a
+    URL is as safe as a ``%s`` argument), each argument, and its traceback. Arguments stay
+    arguments, so a handler can still escape them one by one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(map(_argument, record.args))
+        elif isinstance(record.args, Mapping):
+            record.args = {k: _argument(v) for k, v in record.args.items()}
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+_FILTER = RedactingFilter()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)`` with :class:`RedactingFilter` attached (once): what the
+    package's modules log never holds a credential, whatever handler the application uses.
+
+    Example:
+        >>> get_logger("ckptmerge.example").filters[0].__class__.__name__
+        'RedactingFilter'
+    """
+    logger = logging.getLogger(name)
+    if _FILTER not in logger.filters:
+        logger.addFilter(_FILTER)
+    return logger
