@@ -23,9 +23,10 @@ import logging
 import numbers
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["redact", "redact_optional", "is_secret_parameter", "get_logger", "RedactingFilter", "MASK"]
+__all__ = ["redact", "redact_optional", "is_secret_parameter", "mask_value", "get_logger", "RedactingFilter",
+           "MASK", "MIN_MASKED"]
 
 #: What a secret is replaced with.
 MASK = "***"
@@ -69,11 +70,34 @@ def _parameter(m: "re.Match[str]") -> str:
     return f"{sep}{name}={MASK}"
 
 
+#: ``{value: shown}``: values of environment variables the user allowed into URLs, shown as the
+#: variable (``${HF_TOKEN}``) wherever a text holding a URL holds them (see :func:`mask_value`).
+_MASKED: Dict[str, str] = {}
+#: Shorter values are not masked (they would mangle every text, and hide nothing).
+MIN_MASKED = 4
+
+
+def mask_value(value: str, shown: str) -> None:
+    """From now on, show ``value`` as ``shown`` in every redacted text that holds a URL.
+
+    A config expands an allowed environment variable into a URL (``https://host/${TOKEN}/m``):
+    the URL as sent holds its value, and messages show it as written instead.
+
+    Example:
+        >>> mask_value("tok-12345", "${HF_TOKEN}")
+        >>> redact("cannot read https://host/tok-12345/model")
+        'cannot read https://host/${HF_TOKEN}/model'
+    """
+    if len(value) >= MIN_MASKED and value != shown:
+        _MASKED[value] = shown
+
+
 def redact(text: Any) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``.
 
-    Userinfo becomes ``***@``; the value of a secret query or fragment parameter becomes ``***``.
-    Idempotent, and the identity for text holding no URL credentials (checked at C speed first).
+    Userinfo becomes ``***@``; the value of a secret query or fragment parameter becomes ``***``;
+    a value registered with :func:`mask_value` becomes its variable. Idempotent, and the
+    identity for text holding no URL credentials (checked at C speed first).
 
     Example:
         >>> redact("https://me:hunter2@host/m.safetensors?X-Amz-Signature=abc&download=1")
@@ -82,6 +106,10 @@ def redact(text: Any) -> str:
         "Checkpoint 'az://c/m?sv=2022&sig=***' does not exist"
     """
     text = str(text)
+    if _MASKED and "://" in text:
+        for value in sorted(_MASKED, key=len, reverse=True):  # (a longer value may hold a shorter one)
+            if value in text:
+                text = text.replace(value, _MASKED[value])
     if "@" in text and "://" in text:
         text = _USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
     if "=" in text:

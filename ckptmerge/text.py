@@ -50,7 +50,7 @@ def escape_name(name: str) -> str:
         ('dense/kernel', 'admin\\u202egnp.exe')
     """
     name = str(name)
-    if "=" in name or "@" in name:  # maybe a URL's credentials (checked at C speed first)
+    if "=" in name or "://" in name:  # maybe a URL's credentials (checked at C speed first)
         name = redact(name)
     if name.isprintable():  # the common case, at C speed
         return name

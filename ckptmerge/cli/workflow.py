@@ -14,11 +14,13 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Sequence,
 )
 
 import click
 
 from ..errors import CkptMergeError, PlanError, did_you_mean
+from ..redact import redact
 from ..specs import VariableInfo
 from ..text import escape_name, plural, quote_name
 from .common import (
@@ -80,22 +82,42 @@ def demo_command(workdir: Optional[str]) -> None:
 # ============================================================================================
 
 
-def _load_config(path: str) -> Any:
+def _load_config(path: str, allow_env: Sequence[str] = ()) -> Any:
     from ..config.load import load_config
 
-    return load_config(path)
+    return load_config(path, allow_env=list(allow_env))
 
 
-@cli.command("check", short_help="Validate a config file.")
+ALLOW_ENV_OPTION = click.option(
+    "--allow-env", "allow_env", multiple=True, metavar="NAME",
+    help="Let the config expand the environment variable NAME into a URL (repeatable; also "
+         "CKPTMERGE_ALLOW_ENV=NAME,...). Without it, a URL built from a variable is refused: its host "
+         "would receive the value.")
+
+
+@cli.command("check", short_help="Validate a config file; list the hosts it contacts.")
 @click.argument("config", metavar="CONFIG")
-def check_command(config: str) -> None:
+@ALLOW_ENV_OPTION
+@JSON_OPTION
+def check_command(config: str, allow_env: Sequence[str], as_json: bool) -> None:
     """Validate the config file CONFIG (YAML, TOML or JSON) without opening any checkpoint.
 
-    Prints 'OK: N sources' (exit 0), or every problem, one per line as FILE:LINE KEYPATH:
-    message (exit 2).
+    Prints 'OK: N sources' and every host and URL that plan and merge would contact, as written
+    in the config (exit 0), or every problem, one per line as FILE:LINE KEYPATH: message
+    (exit 2). --json prints {"ok", "sources", "hosts", "urls": [{"key", "url", "host"}]}.
     """
-    cfg = _load_config(config)
+    cfg = _load_config(config, allow_env)
+    if as_json:
+        echo_json({"ok": True, "sources": len(cfg.sources), "hosts": [redact(h) for h in cfg.hosts],
+                   "urls": [{"key": u.key, "url": redact(u.written), "host": redact(u.host)} for u in cfg.urls]})
+        return
     click.echo(f"OK: {plural(len(cfg.sources), 'source')}")
+    if not cfg.urls:
+        click.echo("Contacts no remote host: every path is local.")
+        return
+    click.echo(f"Contacts {plural(len(cfg.hosts), 'host')}: {', '.join(map(escape_name, cfg.hosts))}")
+    for u in cfg.urls:
+        click.echo(f"  {escape_name(u.key)}: {escape_name(u.written)}")
 
 
 def _import_function(spec: str) -> Callable[[], Any]:
@@ -239,9 +261,10 @@ def _blocking(plan: Any, strict: bool) -> List[str]:
               help="A function that builds the target model (imports TensorFlow); MODULE may be "
                    "a path/to/file.py.")
 @click.option("--all", "show_all", is_flag=True, help="Show every line of each section (no '... and N more').")
+@ALLOW_ENV_OPTION
 @JSON_OPTION
 def plan_command(config: str, target_path: Optional[str], target_step: Optional[int], model_spec: Optional[str],
-                 show_all: bool, as_json: bool) -> None:
+                 show_all: bool, allow_env: Sequence[str], as_json: bool) -> None:
     """Dry run: show what the config CONFIG would restore into a target, and every finding.
 
     The target is --target PATH (a checkpoint), --model MODULE:FUNCTION, or the config's
@@ -256,7 +279,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         raise CliError("pass either --target PATH or --model MODULE:FUNCTION, not both.")
     if target_step is not None and target_path is None:
         raise CliError("--target-step needs --target PATH.")
-    cfg = _load_config(config)
+    cfg = _load_config(config, allow_env)
     sources = cfg.make_sources()
     if model_spec is not None:
         target = model_target(model_spec)
@@ -322,11 +345,12 @@ def _as_list(globs: Any) -> List[str]:
 @click.option("--record-paths/--no-record-paths", "record_paths", default=None,
               help="Whether a .safetensors output's metadata records where each source was read from "
                    "(default: the config's 'record_paths', else yes; URL credentials are always redacted).")
+@ALLOW_ENV_OPTION
 @JSON_OPTION
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
                   out_format: Optional[str], layout: Optional[str], allow_missing: Tuple[str, ...],
-                  record_paths: Optional[bool], as_json: bool) -> None:
+                  record_paths: Optional[bool], allow_env: Sequence[str], as_json: bool) -> None:
     """Write a new checkpoint assembled from the sources of CONFIG, without model code.
 
     Without a template the output holds every name the sources give after their rules; with
@@ -344,7 +368,7 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
         raise CliError("pass either --template PATH or --model MODULE:FUNCTION, not both.")
     from ..merging.dispatch import merge
 
-    cfg = _load_config(config)
+    cfg = _load_config(config, allow_env)
     out = out_prefix if out_prefix is not None else cfg.output
     if out is None:
         raise CliError(f"no output: pass -o OUT_PREFIX, or set 'output: PREFIX' in {quote_name(config)}.")

@@ -22,9 +22,10 @@ from .load import (
     TOP_LEVEL_KEYS,
     VOCAB_KEYS,
     Config,
+    RemoteURL,
     SourceConfig,
     load_config,
 )
 
-__all__ = ["Config", "SourceConfig", "load_config", "TOP_LEVEL_KEYS", "SOURCE_KEYS", "VOCAB_KEYS",
+__all__ = ["Config", "SourceConfig", "RemoteURL", "load_config", "TOP_LEVEL_KEYS", "SOURCE_KEYS", "VOCAB_KEYS",
            "SLICE_KEYS", "MAX_CONFIG_BYTES", "MAX_NESTING"]

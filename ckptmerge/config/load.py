@@ -25,11 +25,12 @@ and path resolution), ``model`` (:class:`Config`, :class:`SourceConfig`),
 from __future__ import annotations
 
 import os
-from typing import Any, List, Mapping, Optional, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ..errors import ConfigError
+from .env import allowed_variables
 from .files import MAX_CONFIG_BYTES, MAX_NESTING, parse_config_file
-from .model import Config, SourceConfig
+from .model import Config, RemoteURL, SourceConfig
 from .problems import KeyPath, Locator, Problems, fail, no_lines, show
 from .schema import (
     SLICE_KEYS,
@@ -45,6 +46,7 @@ from ..redact import get_logger
 __all__ = [
     "Config",
     "SourceConfig",
+    "RemoteURL",
     "load_config",
     "TOP_LEVEL_KEYS",
     "SOURCE_KEYS",
@@ -59,26 +61,33 @@ logger = get_logger(__name__)
 
 def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], Config], *,
                 base_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
-                env: Optional[Mapping[str, str]] = None) -> Config:
+                env: Optional[Mapping[str, str]] = None,
+                allow_env: Union[None, str, Iterable[str]] = None) -> Config:
     """Read and validate a warm-start config (YAML, TOML, JSON file, or a dict).
 
     Everything is checked before any checkpoint is opened, and every problem is reported at
     once. Environment variables (``$VAR``, ``${VAR}``; ``$$`` for a literal ``$``) are expanded
     in checkpoint paths, vocabulary file paths, ``target`` and ``output``; relative paths are
     resolved from the config file's folder (for a dict: ``base_dir``, else the current
-    directory; ``base_dir`` also overrides the file's folder when given).
+    directory; ``base_dir`` also overrides the file's folder when given). A path that is a URL
+    (or becomes one) may use only the variables ``allow_env`` names: its host would receive
+    their values, and a config may come from anyone. Messages show paths as written.
 
     Args:
         path_or_dict: a ``.yaml``/``.yml``, ``.toml`` or ``.json`` file, a parsed dict, or a
             :class:`Config` (returned as it is).
         base_dir: the folder relative paths are resolved from.
         env: the environment for variable expansion (default ``os.environ``).
+        allow_env: the variables that may be expanded into a URL (a name or a list of names),
+            besides those the environment's ``CKPTMERGE_ALLOW_ENV`` lists (comma-separated).
 
     Returns:
         The validated :class:`Config`.
 
     Raises:
         ConfigError: listing every problem as ``FILE:LINE KEYPATH: message`` in ``e.problems``.
+        ArgumentError: ``allow_env`` holds something that is not a variable name.
+        SettingError: ``CKPTMERGE_ALLOW_ENV`` does.
 
     Example:
         >>> cfg = load_config({"sources": [{"path": "${HOME}", "name": "home"}]},
@@ -89,6 +98,7 @@ def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], 
     if isinstance(path_or_dict, Config):
         return path_or_dict
     env = os.environ if env is None else env
+    allowed = allowed_variables(allow_env, env)
     if isinstance(path_or_dict, Mapping):
         file: Optional[str] = None
         label: Optional[str] = None
@@ -110,7 +120,7 @@ def load_config(path_or_dict: Union[str, "os.PathLike[str]", Mapping[str, Any], 
     else:
         raise ConfigError("load_config expects a path to a .yaml, .yml, .toml or .json file, or a dict; "
                           f"received {show(path_or_dict)}.")
-    ctx = Context(Problems(label, locate), base, base_label, env)
+    ctx = Context(Problems(label, locate), base, base_label, env, allowed)
     report_duplicates(dups, ctx)
     cfg = build(data, file, ctx)
     ctx.problems.raise_if_any(file)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 from ..planning.transforms import Slice, VocabRemap
 from .env import escape_dollars
@@ -187,6 +188,32 @@ class CombineConfig:
 
 
 @dataclass(frozen=True)
+class RemoteURL:
+    """A URL a config makes ckptmerge contact (``ckptmerge check`` lists them).
+
+    Attributes:
+        key: where it is in the config (``"sources[0].path"``, ``"output"``).
+        written: as written in the config (``${VAR}`` kept).
+        url: as contacted, environment variables expanded.
+
+    Example:
+        >>> RemoteURL("output", "s3://${BUCKET}/m", "s3://models/m").host
+        's3://models'
+    """
+
+    key: str
+    written: str
+    url: str = field(repr=False)  # (it may hold an allowed variable's value)
+
+    @property
+    def host(self) -> str:
+        """``scheme://host[:port]`` of :attr:`url` (never its userinfo)."""
+        parts = urlsplit(self.url)
+        netloc = parts.netloc.rpartition("@")[2]
+        return f"{parts.scheme}://{netloc}" if netloc else f"{parts.scheme}://"
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated warm-start config.
 
@@ -203,6 +230,7 @@ class Config:
             priority), or ``None``.
         record_paths: whether a safetensors merge output records its sources' paths in its
             metadata (``ckptmerge.merge(..., record_paths=...)``; default ``True``).
+        urls: every URL the config names (:class:`RemoteURL`), in file order. Not compared.
 
     Example:
         >>> from ckptmerge.config import load_config
@@ -219,6 +247,17 @@ class Config:
     output: Optional[str] = None
     combine: Optional[CombineConfig] = None
     record_paths: bool = True
+    urls: Tuple[RemoteURL, ...] = field(default=(), compare=False)
+
+    @property
+    def hosts(self) -> List[str]:
+        """The hosts the config makes ckptmerge contact (``scheme://host``), sorted, once each.
+
+        Example:
+            >>> Config(urls=(RemoteURL("output", "s3://b/m", "s3://b/m"),)).hosts
+            ['s3://b']
+        """
+        return sorted({u.host for u in self.urls})
 
     def source_kwargs(self) -> List[Dict[str, Any]]:
         """Per source, the keyword arguments of ``ckptmerge.Source(**kwargs)``.

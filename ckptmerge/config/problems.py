@@ -19,7 +19,7 @@ KeyPath = Tuple[Union[str, int], ...]
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _keypath(path: KeyPath) -> str:
+def keypath(path: KeyPath) -> str:
     """``("sources", 1, "regex", 0)`` -> ``"sources[1].regex[0]"``."""
     out = ""
     for p in path:
@@ -65,7 +65,7 @@ class Problems:
             line: Optional[int] = None) -> None:
         if line is None and self.label is not None:
             line = self.locate(at if at is not None else path, key)
-        kp = _keypath(path)
+        kp = keypath(path)
         if message.endswith(".") and not message.endswith(".."):
             message = message[:-1]  # problem lines read like compiler diagnostics: no final period
         if self.label is None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import RuleError, did_you_mean
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
@@ -25,10 +25,11 @@ from ..planning.transforms import (
     VocabRemap,
     read_vocab,
 )
+from ..redact import mask_value
 from ..text import quote_name
-from .env import expand, is_remote, resolve_path
-from .model import CombineConfig, Config, SourceConfig
-from .problems import KeyPath, Problems, show
+from .env import ALLOW_ENV, expand_names, is_remote, resolve_path
+from .model import CombineConfig, Config, RemoteURL, SourceConfig
+from .problems import KeyPath, Problems, keypath, show
 
 #: Keys of the top-level mapping.
 TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
@@ -78,6 +79,10 @@ class Context:
     base: str
     base_label: str
     env: Mapping[str, str]
+    #: the variables the user allows into URLs (see ckptmerge.config.env.allowed_variables)
+    allowed: FrozenSet[str] = frozenset()
+    #: every URL the config names, in the order met
+    urls: List[RemoteURL] = field(default_factory=list)
 
     def add(self, path: KeyPath, message: str, **kw: Any) -> None:
         self.problems.add(path, message, **kw)
@@ -187,27 +192,51 @@ def _get_path(d: Mapping, key: str, path: KeyPath, ctx: Context, *, kind: str,
     return _check_path(v, p, ctx, kind)
 
 
+def _check_url(v: str, url: str, names: List[str], p: KeyPath, ctx: Context) -> Optional[str]:
+    """A URL: only the variables the user allowed may be in it (its host would receive them)."""
+    refused = [n for n in names if n not in ctx.allowed]
+    if refused:
+        shown = " and ".join(quote_name(n) for n in refused)
+        flags = " ".join(f"--allow-env {n}" for n in refused)
+        ctx.add(p, f"{quote_name(v)} is a URL built from the environment variable{'s' if len(refused) > 1 else ''} "
+                   f"{shown}: its host would receive {'their values' if len(refused) > 1 else 'its value'}, so it is "
+                   f"not expanded. If this config is yours and {'they are' if len(refused) > 1 else 'it is'} meant "
+                   f"for that host, allow {'them' if len(refused) > 1 else 'it'}: {flags} (load_config(..., "
+                   f"allow_env={refused!r}), or {ALLOW_ENV}={','.join(refused)}).")
+        return None
+    for n in names:  # shown as written wherever the URL is shown
+        mask_value(ctx.env[n], "${" + n + "}")
+    ctx.urls.append(RemoteURL(keypath(p), v, url))
+    return url
+
+
 def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
-    expanded, problem = expand(v, ctx.env)
+    expanded, problem, names = expand_names(v, ctx.env)
     if problem or expanded is None:
         ctx.add(p, problem or "")
         return None
     resolved = resolve_path(expanded, ctx.base)
-    if is_remote(resolved) or kind == "output":
+    if is_remote(resolved):
+        return _check_url(v, resolved, names, p, ctx)
+    if kind == "output":
         return resolved
     note = "" if os.path.isabs(os.path.expanduser(expanded)) else f" (relative to {ctx.base_label})"
+    if names:  # messages show the path as written, never what the environment put into it
+        resolved_shown = v
+    else:
+        resolved_shown = resolved
     if kind == "checkpoint":
         if not (os.path.exists(resolved) or os.path.exists(resolved + ".index")):
-            first = "it" if v == resolved else quote_name(resolved)
-            ctx.add(p, f"checkpoint {quote_name(v)} not found: neither {first} nor {quote_name(resolved + '.index')} "
-                       f"exists{note}.")
+            first = "it" if v == resolved_shown else quote_name(resolved_shown)
+            ctx.add(p, f"checkpoint {quote_name(v)} not found: neither {first} nor "
+                       f"{quote_name(resolved_shown + '.index')} exists{note}.")
             return None
     else:
         if not os.path.exists(resolved):
-            if v == resolved:
-                ctx.add(p, f"vocab file {quote_name(v)} does not exist.")
+            if v == resolved_shown:
+                ctx.add(p, f"vocab file {quote_name(v)} does not exist{note if names else ''}.")
             else:
-                ctx.add(p, f"vocab file {quote_name(v)} not found: {quote_name(resolved)} does not exist{note}.")
+                ctx.add(p, f"vocab file {quote_name(v)} not found: {quote_name(resolved_shown)} does not exist{note}.")
             return None
         if os.path.isdir(resolved):
             ctx.add(p, f"vocab file {quote_name(v)} is a directory; expected a text file with one token per line.")
@@ -645,7 +674,8 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
     if ctx.problems:
         return None
     return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
-                  strict=strict, target=target, output=output, combine=combined, record_paths=record_paths)
+                  strict=strict, target=target, output=output, combine=combined, record_paths=record_paths,
+                  urls=tuple(ctx.urls))
 
 
 def report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: Context) -> None:
