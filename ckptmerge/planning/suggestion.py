@@ -137,7 +137,8 @@ class Suggestion:
         for s in self.sources:
             if s.path == "<memory>":
                 continue
-            entry: Dict[str, Any] = {"name": redact(s.label), "path": redact(s.path)}
+            # a config expands '$' in paths: a literal one is written '$$', so it reloads as it is
+            entry: Dict[str, Any] = {"name": redact(s.label), "path": redact(s.path).replace("$", "$$")}
             if s.label in self.layouts:  # the proposed names are the layout's: keep reading through it
                 entry["layout"] = self.layouts[s.label]
             mapping = s.map()
@@ -153,22 +154,31 @@ class Suggestion:
         return cfg
 
     def to_yaml(self) -> str:
-        """:meth:`to_config` as YAML, with the evidence and unresolved names as comments."""
+        """:meth:`to_config` as YAML, with the evidence and unresolved names as comments.
+
+        Everything in it may come from a checkpoint (names, dtypes, labels, paths): values are
+        written by the YAML emitter, quoted where they need it, and each comment line is
+        escaped whole (:func:`~ckptmerge.text.escape_name`), so no string can end a comment and
+        start a key of its own (``"X\\nallow_missing: ['*']"`` as a dtype stays in its comment).
+        """
         import yaml
 
-        lines = ["# Proposed by ckptmerge suggest (structural alignment). Review before use:",
-                 "# each map entry below was chosen from this evidence:"]
+        lines = ["Proposed by ckptmerge suggest (structural alignment). Review before use:",
+                 "each map entry below was chosen from this evidence:"]
         for s in self.sources:
             for e in s.entries:
-                lines.append(f"#   {escape_name(s.label)}: {e.describe()}"
+                lines.append(f"  {s.label}: {e.describe()}"
                              + (" (not in the map below: add it once checked)" if e.review else ""))
             for u in s.unresolved:
-                lines.append(f"#   {escape_name(s.label)}: UNRESOLVED {u.describe()}")
+                lines.append(f"  {s.label}: UNRESOLVED {u.describe()}")
         if self.missing:
-            lines.append(f"# still missing: {', '.join(map(escape_name, self.missing[:10]))}"
+            lines.append(f"still missing: {', '.join(self.missing[:10])}"
                          + (f" ... and {len(self.missing) - 10} more" if len(self.missing) > 10 else ""))
+        if any(redact(s.path) != s.path for s in self.sources):
+            lines.append("credentials in a source URL are left out (***): give them through an environment "
+                         "variable you allow (ckptmerge plan --allow-env NAME), never in the file")
         body = yaml.safe_dump(self.to_config(), sort_keys=False, default_flow_style=False, width=1000)
-        return "\n".join(lines) + "\n" + body
+        return "".join(f"# {escape_name(line)}\n" for line in lines) + body
 
     def write(self, path: "os.PathLike[str] | str") -> str:
         """Write :meth:`to_yaml` to ``path``; returns the path.
