@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 from typing import Any, Callable, Collection, List, Mapping, Optional, Sequence, Set
 
 from .errors import ArgumentError, ArgumentTypeError, did_you_mean
 
 _NAME, _DTYPE, _SHAPE = operator.attrgetter("name"), operator.attrgetter("dtype"), operator.attrgetter("shape")
 
-__all__ = ["received", "check_path", "check_step", "check_bool", "check_names", "check_callable",
+__all__ = ["received", "check_path", "local_path", "check_step", "check_bool", "check_names", "check_callable",
            "check_str", "check_spec", "check_specs", "check_options"]
 
 
@@ -47,8 +48,30 @@ def describe_value(value: Any) -> str:
     return f"{text} (type {type(value).__name__})"
 
 
+_FILE_URL = re.compile(r"^(?:file|local)://(?:localhost(?=/))?", re.IGNORECASE)
+
+
+def local_path(path: str) -> str:
+    """The local path a ``file://`` (or ``local://``) URL names; any other path as it is.
+
+    A ``file://`` URL is a local path written another way: it gets the local rules (no
+    symbolic link out of a folder, no FIFO or device, every size check) and the local fast path,
+    not the object-storage one. As fsspec reads them, the rest of the URL is the path, not
+    percent-decoded (``file:///data/run`` -> ``/data/run``); ``file://localhost/x`` is ``/x``.
+
+    Example:
+        >>> local_path("file:///data/run/ckpt-1"), local_path("s3://b/run"), local_path("runs/A")
+        ('/data/run/ckpt-1', 's3://b/run', 'runs/A')
+    """
+    m = _FILE_URL.match(path)
+    if m is None:
+        return path
+    return path[m.end():] or "."
+
+
 def check_path(value: Any, what: str = "path") -> str:
-    """A path argument (str, bytes or os.PathLike, not empty) as a str.
+    """A path argument (str, bytes or os.PathLike, not empty) as a str (a ``file://`` URL as
+    the local path it names: :func:`local_path`).
 
     Raises:
         ArgumentTypeError: another type. ArgumentError: an empty path.
@@ -66,7 +89,7 @@ def check_path(value: Any, what: str = "path") -> str:
         p = os.fsdecode(p)
     if not p:
         raise ArgumentError(f"{what} is empty. {received(what, value)}")
-    return p
+    return local_path(p)
 
 
 def check_step(value: Any, what: str = "step") -> Optional[int]:

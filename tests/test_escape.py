@@ -319,7 +319,8 @@ def test_a_warning_names_a_hostile_file_on_one_escaped_line(tmp_path):
     folder = tmp_path / "weights"
     folder.mkdir()
     np.save(folder / "w.npy", np.ones(2, np.float32))
-    (folder / f"{RED}.npy").symlink_to(folder / "w.npy")  # skipped, with a warning naming it
+    np.save(tmp_path / "outside.npy", np.ones(2, np.float32))
+    (folder / f"{RED}.npy").symlink_to(tmp_path / "outside.npy")  # out of the folder: skipped, with a warning
     r = run_subprocess(["ls", folder], tmp_path)
     assert r["code"] == 0, r["stderr"]
     warning = [line for line in r["stderr"].splitlines() if line.startswith("WARNING:")]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from typing import List
 
+from ckptmerge.args import local_path
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
@@ -86,7 +87,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
         ...     [v.name for v in r.variables()][:2]
         ['dense/bias', 'dense/kernel']
     """
-    path = os.fspath(path)
+    path = local_path(os.fspath(path))  # a file:// URL is a local path: the local rules apply
     # A URL (object storage) takes the same steps through storage's helpers: ranged reads.
     if storage.isfile(path + ".index"):
         return BundleReader(path, verify=verify)

@@ -30,6 +30,7 @@ from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_c
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
+from ckptmerge.formats.io.localfile import link_problem
 from ckptmerge.formats.zipmembers import check_member, member_errors, open_member
 from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
@@ -204,8 +205,12 @@ class NumpyReader(CheckpointReader):
                 for entry in sorted(it, key=lambda e: e.name):
                     name = f"{rel}/{entry.name}" if rel else entry.name
                     if entry.is_symlink():
-                        logger.warning("%s: skipping symbolic link %s (ckptmerge reads only files inside "
-                                       "the directory)", root, name)
+                        problem = link_problem(root, entry.path) if entry.name.endswith(".npy") else "is a link"
+                        if problem is None:  # a link to a file inside the directory
+                            self._add_npy(name[:-4], entry.path)
+                        else:
+                            logger.warning("%s: skipping symbolic link %s (ckptmerge reads only files inside "
+                                           "the directory)", root, name)
                     elif entry.is_dir(follow_symlinks=False):
                         stack.append((name, entry.path))
                     elif entry.name.endswith(".npy") and entry.is_file(follow_symlinks=False):

@@ -31,12 +31,16 @@ from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_c
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
+from ckptmerge.formats.io.localfile import link_problem
 from ckptmerge.formats.ranges import TensorRanges
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX", "read_json_file",
            "MAX_HEADER", "PACKED_DTYPES", "safetensors_dtype"]
+
+logger = get_logger(__name__)
 
 #: The suffix of a sharded set's index file (``model.safetensors.index.json``).
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -185,6 +189,9 @@ class SafetensorsReader(CheckpointReader):
                 shards.append(file)
         paths = [storage.join(base, f) for f in sorted(shards)]
         for p in paths:
+            problem = None if storage.is_url(p) else link_problem(base, p)  # the folder scan's rules
+            if problem:
+                raise self._error(f"shard {escape_name(os.path.basename(p))} named by its index {problem}", p)
             if not storage.isfile(p):
                 raise CheckpointNotFoundError(
                     f"Shard {os.path.basename(p)!r} named by {os.path.basename(index)} does not exist "
@@ -194,6 +201,8 @@ class SafetensorsReader(CheckpointReader):
 
     def _shards_in_dir(self, directory: str) -> List[str]:
         names = sorted(storage.listdir(directory))
+        if not storage.is_url(directory):  # object stores have no links; a listing names objects only
+            names = [n for n in names if not _skipped(directory, n)]
         indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
         if len(indexes) == 1:
             self.path = storage.join(directory, indexes[0])
@@ -202,12 +211,10 @@ class SafetensorsReader(CheckpointReader):
             raise CheckpointFormatError(
                 f"Directory {directory!r} holds several safetensors index files ({', '.join(indexes)}); "
                 "pass the one you mean.", path=directory)
-        if storage.is_url(directory):  # object stores have no links; a listing names objects only
+        if storage.is_url(directory):
             files = [storage.join(directory, n) for n in names if n.endswith(".safetensors")]
         else:
-            files = [os.path.join(os.path.abspath(directory), n) for n in names
-                     if n.endswith(".safetensors") and os.path.isfile(os.path.join(directory, n))
-                     and not os.path.islink(os.path.join(directory, n))]
+            files = [os.path.join(os.path.abspath(directory), n) for n in names if n.endswith(".safetensors")]
         if not files:
             raise CheckpointNotFoundError(f"No .safetensors file in directory {directory!r}.", path=directory)
         return files
@@ -439,6 +446,18 @@ def _is_text(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _skipped(directory: str, name: str) -> bool:
+    """Whether a folder scan leaves ``name`` out: a safetensors file or index that is not a
+    regular file inside the folder (:func:`~ckptmerge.formats.io.localfile.link_problem`), with a
+    warning naming it."""
+    if not name.endswith((".safetensors", INDEX_SUFFIX)):
+        return False
+    problem = link_problem(directory, os.path.join(directory, name))
+    if problem:
+        logger.warning("%s: skipping %s, which %s", directory, name, problem)
+    return problem is not None
 
 
 def read_json_file(path: str, error: Any) -> Any:

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Dict, Hashable, Optional, Union
 
+from ckptmerge.formats.io.localfile import open_regular
 from ckptmerge.formats.io.storage import RemoteFile, is_url
 
 #: What :class:`Descriptors` hands out: an OS file descriptor, or a remote object read by ranges.
@@ -84,8 +85,7 @@ class Descriptors:
             with self._lock:
                 fd = self._fds.get(key)
                 if fd is None:
-                    fd = self._fds[key] = RemoteFile(path) if is_url(path) else \
-                        os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+                    fd = self._fds[key] = RemoteFile(path) if is_url(path) else open_regular(path)
         return fd
 
     def close(self) -> None:

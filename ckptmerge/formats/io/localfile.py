@@ -15,7 +15,7 @@ from typing import Optional, Union
 from ...errors import CkptMergeError
 from ...text import human_bytes, quote_name
 
-__all__ = ["NotARegularFileError", "read_regular_file", "describe_kind"]
+__all__ = ["NotARegularFileError", "read_regular_file", "describe_kind", "open_regular", "link_problem"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -58,6 +58,11 @@ def describe_kind(mode: int) -> str:
         if test(mode):
             return kind
     return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+#: Read-only, and never waiting: O_NONBLOCK makes the open of a FIFO return at once (to be
+#: refused by fstat) instead of waiting for a writer; it changes nothing for regular files.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 def _require_regular(path: str, st: os.stat_result) -> None:
@@ -115,11 +120,9 @@ def read_regular_file(path: Union[str, "os.PathLike[str]"], *, limit: Optional[i
     _require_regular(path, st)
     if limit is not None and st.st_size > limit:
         raise _too_large(path, f"{st.st_size:,} bytes", limit)
-    # O_NONBLOCK: if the path was swapped for a FIFO since the stat above, open must not wait for
-    # a writer (fstat below then refuses it). It changes nothing for regular files.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    # (if the path was swapped for a FIFO since the stat above, the open must not wait: _READ_FLAGS)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _READ_FLAGS)
     except OSError as e:
         raise NotARegularFileError(path, f"cannot be read: {e.strerror or e}") from None
     try:
@@ -138,3 +141,80 @@ def read_regular_file(path: Union[str, "os.PathLike[str]"], *, limit: Optional[i
     if limit is not None and got > limit:  # the file grew after the stat
         raise _too_large(path, f"more than {limit:,} bytes", limit)
     return b"".join(chunks)
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file ``path``: a FIFO (which would block the open
+    until a writer comes), a device (``/dev/zero`` never ends) or a socket is refused, whatever
+    led to the path (a prefix, an index, a folder, a ``file://`` URL).
+
+    Raises:
+        NotARegularFileError: (an ``OSError``) the path is not a regular file.
+        OSError: it cannot be opened.
+    """
+    fd = os.open(path, _READ_FLAGS)  # (O_NONBLOCK: a FIFO's open returns at once, to be refused below)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(path, f"is {describe_kind(mode)}, not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _within(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _hub_blobs(folder: str) -> Optional[str]:
+    """The ``blobs`` folder of a Hugging Face hub cache snapshot (``<repo>/snapshots/<rev>``),
+    where its files' symbolic links point; ``None`` for any other folder."""
+    parent = os.path.dirname(folder)
+    if os.path.basename(parent) != "snapshots":
+        return None
+    blobs = os.path.join(os.path.dirname(parent), "blobs")
+    return blobs if os.path.isdir(blobs) else None
+
+
+def link_problem(folder: str, path: str) -> Optional[str]:
+    """Why ``path``, a file that a folder or an index in ``folder`` leads to (not one the user
+    named), may not be read: ``None`` when it may.
+
+    It must be a regular file, and a symbolic link must stay inside ``folder``: a link out of it
+    (``model-00001.safetensors -> /home/me/.ssh/id_rsa``) would read what nobody named. The one
+    exception is the layout of the Hugging Face hub cache, whose snapshot files link into the
+    same cached repository's ``blobs`` folder.
+
+    Returns:
+        The reason, completing ``"<path> <reason>"`` (``"is a symbolic link to '/etc/passwd',
+        outside the folder '/data/run'"``, ``"is a FIFO (named pipe), not a regular file"``), or
+        ``None``; also ``None`` when nothing is at ``path`` (the caller says it is missing).
+
+    Example:
+        >>> import tempfile, os
+        >>> d = tempfile.mkdtemp(); os.symlink("/etc/hostname", os.path.join(d, "x"))
+        >>> link_problem(d, os.path.join(d, "x"))[:40]
+        "is a symbolic link to '/etc/hostname', o"
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        real_folder, target = os.path.realpath(folder), os.path.realpath(path)
+        blobs = _hub_blobs(real_folder)
+        if not (_within(target, real_folder) or (blobs is not None and _within(target, os.path.realpath(blobs)))):
+            return (f"is a symbolic link to {quote_name(target)}, outside the folder {quote_name(folder)} "
+                    "(ckptmerge reads only files inside the folder it is given)")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return f"is a symbolic link to {quote_name(os.readlink(path))}, which does not exist"
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {describe_kind(st.st_mode)}, not a regular file"
+    return None

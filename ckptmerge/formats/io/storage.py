@@ -33,6 +33,7 @@ from ckptmerge.errors import (
     CheckpointNotFoundError,
     CkptMergeError,
 )
+from ckptmerge.formats.io.localfile import open_regular
 from ckptmerge.knobs import IntSetting
 from ckptmerge.redact import get_logger
 from ckptmerge.text import escape_name, quote_name
@@ -373,7 +374,7 @@ def open_binary(path: str, block_size: Optional[int] = None) -> Any:
         FileNotFoundError, OSError: as ``open`` does (readers turn them into their errors).
     """
     if not is_url(path):
-        return open(path, "rb")
+        return os.fdopen(open_regular(path), "rb")  # (never a FIFO or a device)
     fs, fpath = filesystem(path)
     block_size = block_size or REMOTE_BLOCK.get()
     try:
