@@ -19,13 +19,14 @@ what the program needs to open the file.
 
 from __future__ import annotations
 
+import functools
 import logging
 import numbers
 import os
 import re
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["redact", "redact_optional", "is_secret_parameter", "mask_value", "get_logger", "RedactingFilter",
+__all__ = ["redact", "redact_cached", "redact_optional", "is_secret_parameter", "mask_value", "get_logger", "RedactingFilter",
            "MASK", "MIN_MASKED"]
 
 #: What a secret is replaced with.
@@ -90,6 +91,7 @@ def mask_value(value: str, shown: str) -> None:
     """
     if len(value) >= MIN_MASKED and value != shown:
         _MASKED[value] = shown
+        redact_cached.cache_clear()
 
 
 def redact(text: Any) -> str:
@@ -115,6 +117,10 @@ def redact(text: Any) -> str:
     if "=" in text:
         text = _PARAMETER.sub(_parameter, text)
     return text
+
+
+#: :func:`redact` with a cache, for the few texts asked for again and again (a source's label).
+redact_cached = functools.lru_cache(maxsize=1024)(redact)
 
 
 def redact_optional(text: Optional[str]) -> Optional[str]:

@@ -34,7 +34,7 @@ import numpy as np
 from ..args import check_bool, check_path, check_step, check_str
 from ..errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from ..planning.rules import Rules, map_pairs
-from ..redact import get_logger, redact
+from ..redact import get_logger, redact_cached
 from ..specs import VariableInfo, by_name, model_variables, normalize_name
 from ..text import quote_name
 
@@ -249,7 +249,8 @@ class Source:
         credentials redacted: the label is shown and written everywhere)."""
         if self.name:
             return self.name
-        return redact(self.path) if self.path is not None else "memory"
+        # (cached: plans and reports ask for a label once per assignment)
+        return redact_cached(self.path) if self.path is not None else "memory"
 
     @property
     def in_memory(self) -> bool:
