@@ -20,7 +20,7 @@ from _cli_util import REPO, assert_one_line_error, run
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 REMOTE_SETTINGS = ["CKPTMERGE_REMOTE_RETRIES", "CKPTMERGE_REMOTE_CONCURRENCY", "CKPTMERGE_REMOTE_BLOCK",
-                   "CKPTMERGE_REMOTE_LOCK"]
+                   "CKPTMERGE_REMOTE_LOCK", "CKPTMERGE_REMOTE_TIMEOUT"]
 
 
 # -- the setting classes ------------------------------------------------------------------------
@@ -111,6 +111,47 @@ def test_a_remote_block_size_below_64_kib_is_refused_where_an_archive_is_opened(
         storage.open_binary("memory://knobs-nothing/x.npz")
 
 
+@pytest.mark.parametrize("raw", ["soon", "0", "nan", "1e300"])
+def test_a_bad_orbax_timeout_is_a_clear_error_when_a_url_is_waited_for(monkeypatch, raw):
+    from concurrent.futures import Future
+
+    from ckptmerge.formats.orbax_store import Location, wait
+
+    done = Future()
+    done.set_result(7)
+    assert wait(done, "reading", Location("memory://knobs-orbax/state")) == 7
+    monkeypatch.setenv("CKPTMERGE_REMOTE_TIMEOUT", raw)
+    assert wait(done, "reading", Location("/tmp")) == 7  # a local read has no time bound: never read
+    with pytest.raises(SettingError, match="CKPTMERGE_REMOTE_TIMEOUT=.*from 0.001 to 604800"):
+        wait(done, "reading", Location("memory://knobs-orbax/state"))
+
+
+def test_every_ckptmerge_setting_is_a_checked_knob_and_documented():
+    """No module reads the environment itself (a malformed value would crash it at import or
+    give a traceback): each CKPTMERGE_* setting is a ckptmerge.knobs setting, checked when it is
+    used, and docs/ say what it accepts."""
+    import ast
+
+    knob_kinds = {"IntSetting", "FloatSetting", "FlagSetting"}
+    # modules that may touch os.environ: the knobs themselves, config expansion ($VAR in paths),
+    # and what only sets or passes it on (TF's log level, a child process's environment, a host name)
+    allowed = {"knobs.py", "config/load.py", "cli/workflow.py", "cli/follow.py", "formats/io/output_prefix.py"}
+    raw, settings = [], set()
+    for path in sorted((REPO / "ckptmerge").rglob("*.py")):
+        rel = path.relative_to(REPO / "ckptmerge").as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in knob_kinds \
+                    and node.args and isinstance(node.args[0], ast.Constant):
+                settings.add(node.args[0].value)
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "os" and rel not in allowed:
+                raw.append(f"ckptmerge/{rel}:{node.lineno}")
+    assert not raw, f"read the setting through ckptmerge.knobs (IntSetting, FloatSetting, FlagSetting) instead: {raw}"
+    assert set(REMOTE_SETTINGS) <= settings
+    docs = "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))
+    assert not [n for n in settings if n not in docs], "document each setting (docs/remote.md, Settings)"
+
+
 def test_one_attempt_is_no_retry_and_still_a_clear_error(monkeypatch):
     from ckptmerge.formats.io import storage
 
@@ -131,10 +172,25 @@ def test_one_attempt_is_no_retry_and_still_a_clear_error(monkeypatch):
     assert len(calls) == 3
 
 
-def test_the_cli_reports_a_bad_remote_setting_in_one_line(memory_ckpt, monkeypatch):
-    monkeypatch.setenv("CKPTMERGE_REMOTE_RETRIES", "0")
-    assert_one_line_error(run("ls", memory_ckpt), "CKPTMERGE_REMOTE_RETRIES='0' is not valid",
-                          "an integer from 1 to 100")
+@pytest.mark.parametrize("name, raw, accepted, command", [
+    ("CKPTMERGE_REMOTE_RETRIES", "0", "an integer from 1 to 100", ["ls"]),
+    ("CKPTMERGE_REMOTE_RETRIES", "many", "an integer from 1 to 100", ["ls", "--stats"]),
+    ("CKPTMERGE_REMOTE_BLOCK", "1k", "an integer from 65,536 to 1,073,741,824", ["ls", "{npz}"])])
+def test_the_cli_reports_a_bad_remote_setting_in_one_line(memory_ckpt, monkeypatch, name, raw, accepted, command):
+    monkeypatch.setenv(name, raw)
+    npz = memory_ckpt.replace(".safetensors", ".npz")
+    if "{npz}" in command:
+        import io
+
+        import fsspec
+
+        buffer = io.BytesIO()
+        np.savez(buffer, w=W)
+        fsspec.filesystem("memory").pipe(npz, buffer.getvalue())
+    argv = [a.format(npz=npz) for a in command]
+    if not any("{" in a for a in command):
+        argv.append(memory_ckpt)
+    assert_one_line_error(run(*argv), f"{name}='{raw}' is not valid", accepted)
 
 
 def test_local_commands_never_read_the_remote_settings(tmp_path, monkeypatch):
@@ -162,7 +218,7 @@ def _config(tmp_path, path):
 def test_import_and_help_work_whatever_the_settings_hold(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), **{n: "garbage" for n in REMOTE_SETTINGS})
     done = subprocess.run([sys.executable, "-c", "import ckptmerge, ckptmerge.formats.io.storage, "
-                           "ckptmerge.merging.dispatch; print('ok')"], env=env, capture_output=True, text=True,
+                           "ckptmerge.merging.dispatch, ckptmerge.formats.orbax_store; print('ok')"], env=env, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     done = subprocess.run([sys.executable, "-m", "ckptmerge", "--help"], env=env, capture_output=True, text=True,

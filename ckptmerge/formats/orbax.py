@@ -35,7 +35,6 @@ reads one stored chunk row at a time.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -51,13 +50,14 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.orbax_msgpack import numpy_dtype_named, parse_aggregate
 from ckptmerge.formats.orbax_bridge import safe_key
 from ckptmerge.formats.orbax_store import Location, join_key, load_tensorstore, wait
+from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["OrbaxReader", "is_orbax", "orbax_steps", "OrbaxStep", "is_keras_state", "keras_name", "KERAS_COLLECTIONS", "METADATA_FILE", "CHECKPOINT_METADATA_FILE",
            "TMP_SUFFIX", "COMMIT_FILE", "MAX_EXPANSION", "kind_of_path", "item_folders"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Per-item tree metadata (JSON).
 METADATA_FILE = "_METADATA"

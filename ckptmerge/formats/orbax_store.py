@@ -20,7 +20,6 @@ waited for with a time bound for URLs (:data:`REMOTE_TIMEOUT`).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import posixpath
 import urllib.parse
@@ -29,11 +28,13 @@ from typing import Any, Dict, List, Optional
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.orbax_bridge import bridge
+from ckptmerge.knobs import FloatSetting
+from ckptmerge.redact import get_logger
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["load_tensorstore", "Location", "wait", "join_key", "REMOTE_TIMEOUT", "MAX_JSON", "INSTALL_HINT"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: How to install what reading Orbax checkpoints needs.
 INSTALL_HINT = 'pip install "ckptmerge[orbax]"'
@@ -41,8 +42,9 @@ INSTALL_HINT = 'pip install "ckptmerge[orbax]"'
 #: the metadata of millions of arrays.
 MAX_JSON = 512 << 20
 #: Seconds one TensorStore read over a URL may take before it is given up
-#: (``CKPTMERGE_REMOTE_TIMEOUT``, default 300).
-REMOTE_TIMEOUT = float(os.environ.get("CKPTMERGE_REMOTE_TIMEOUT", "300") or "300")
+#: (``CKPTMERGE_REMOTE_TIMEOUT``, default 300), read and checked when a URL is read.
+REMOTE_TIMEOUT = FloatSetting("CKPTMERGE_REMOTE_TIMEOUT", 300.0, 0.001, 7 * 86400.0,
+                              "the seconds one read of an Orbax checkpoint by URL may take")
 
 _TS: Any = None
 
@@ -75,12 +77,13 @@ def wait(future: Any, what: str, where: "Location", *, key: Optional[str] = None
     Raises:
         CheckpointFormatError: TensorStore failed or the time ran out (naming ``what``).
     """
+    limit = REMOTE_TIMEOUT.get() if where.is_url else None
     try:
-        return future.result(timeout=REMOTE_TIMEOUT if where.is_url else None)
+        return future.result(timeout=limit)
     except TimeoutError:
         future.cancel()
         raise CheckpointFormatError(
-            f"Timed out after {REMOTE_TIMEOUT:g} s while {what} from {quote_name(where.display)} "
+            f"Timed out after {limit:g} s while {what} from {quote_name(where.display)} "
             "(CKPTMERGE_REMOTE_TIMEOUT sets the limit).", path=where.root, key=key) from None
     except Exception as e:  # noqa: BLE001 - TensorStore raises ValueError, OSError, ...
         raise where.error_from(e, what, key=key) from None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import errno
 import itertools
-import logging
 import os
 import shutil
 import socket
@@ -37,11 +36,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import CheckpointNotFoundError
+from ..redact import get_logger
 from ..text import quote_name
 
 __all__ = ["Pin", "PinFolders", "FileSig", "file_sig", "pin_of", "PIN_PREFIX", "LinksImpossible", "FilesChanged"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Name prefix of the private pin folders (hidden; watchers never list them).
 PIN_PREFIX = ".ckptmerge-pins-"

@@ -32,7 +32,6 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
@@ -50,6 +49,7 @@ from ..errors import (
 )
 from ..formats.io import storage
 from ..formats.io.notify import Waker
+from ..redact import get_logger
 from ..text import quote_name, quoted_command
 from .pins import FilesChanged, LinksImpossible, Pin, PinFolders, pin_of
 from .resolved import CheckpointInfo
@@ -58,7 +58,7 @@ from .watchscan import COMPLETE, FAILING, INCOMPLETE, KIND_FOLDER, Candidate, ch
 __all__ = ["watch", "watch_checked", "check_watch_options", "intact", "BACKLOGS", "HOLD_BACK", "SETTLE",
            "WATCH_OPTIONS"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The values of ``backlog``.
 BACKLOGS = ("all", "latest")

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 import select
 import sys
 import threading
 from typing import Any, Optional, Tuple
 
+from ckptmerge.redact import get_logger
+
 __all__ = ["Waker"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x008, 0x080, 0x100
 _IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
