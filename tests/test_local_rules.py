@@ -124,6 +124,25 @@ def test_a_file_url_directory_lists_its_checkpoints_as_the_folder_does(tmp_path,
         "m/w/.ATTRIBUTES/VARIABLE_VALUE"], W)
 
 
+def test_a_file_url_in_a_config_is_a_local_path(tmp_path, monkeypatch):
+    """A config's ``file://`` path gets the local rules too: its variables expand without being
+    allowed (nothing is sent anywhere), it must exist, and check contacts no host for it."""
+    f = _write(tmp_path / "data" / "m.safetensors", {"w": W})
+    monkeypatch.setenv("DATA_DIR", str(f.parent))
+    monkeypatch.delenv("CKPTMERGE_ALLOW_ENV", raising=False)
+    cfg = tmp_path / "warm.yaml"
+    cfg.write_text("sources:\n  - path: file://${DATA_DIR}/m.safetensors\n    name: a\n"
+                   "  - path: 'file://localhost%s'\n    name: b\n" % f, encoding="utf-8")
+    loaded = cm.load_config(str(cfg))
+    assert [s.path for s in loaded.sources] == [str(f), str(f)] and loaded.urls == () and loaded.hosts == []
+    r = run("check", cfg)
+    assert r.exit_code == 0 and "Contacts no remote host: every path is local." in r.stdout, r.output
+    cfg.write_text("sources:\n  - path: file://${DATA_DIR}/gone.safetensors\n", encoding="utf-8")
+    r = run("check", cfg)
+    assert r.exit_code == 2 and "checkpoint 'file://${DATA_DIR}/gone.safetensors' not found" in r.stderr, r.output
+    assert str(f.parent) not in r.stderr  # as written: not the variable's value
+
+
 # -- a safetensors index follows the folder's rules ---------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """Environment variables and paths in a config: ``$VAR`` / ``${VAR}`` expansion and resolution.
 
 ``$$`` is a literal ``$``; :func:`escape_dollars` is the inverse used when a config is written back.
-Remote URLs (``gs://``, ``s3://``) are neither checked nor resolved. A config file may come from
+Remote URLs (``gs://``, ``s3://``) are neither checked nor resolved; a ``file://`` URL is the local
+path it names, checked and resolved like any other. A config file may come from
 anyone, and a URL sends what it holds to its host: a variable is expanded into a URL only when
 the user allows it (:func:`allowed_variables`), never because the config asks.
 """
@@ -12,6 +13,7 @@ import os
 import re
 from typing import FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
 
+from ..args import local_path
 from ..errors import ArgumentError, SettingError
 from ..text import quote_name
 from .problems import IDENT
@@ -112,6 +114,14 @@ def is_remote(path: str) -> bool:
 
 
 def resolve_path(path: str, base: str) -> str:
+    """``path`` absolute (``~`` expanded, a relative path taken from ``base``); a ``file://`` URL
+    is the local path it names (:func:`ckptmerge.args.local_path`), any other URL is kept as it is.
+
+    Example:
+        >>> resolve_path("runs/A", "/cfg"), resolve_path("file:///data/A", "/cfg"), resolve_path("s3://b/A", "/cfg")
+        ('/cfg/runs/A', '/data/A', 's3://b/A')
+    """
+    path = local_path(path)
     if is_remote(path):
         return path
     path = os.path.expanduser(path)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..args import local_path
 from ..errors import RuleError, did_you_mean
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
 from ..planning.rules import MapRule
@@ -220,7 +221,7 @@ def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
         return _check_url(v, resolved, names, p, ctx)
     if kind == "output":
         return resolved
-    note = "" if os.path.isabs(os.path.expanduser(expanded)) else f" (relative to {ctx.base_label})"
+    note = "" if os.path.isabs(os.path.expanduser(local_path(expanded))) else f" (relative to {ctx.base_label})"
     if names:  # messages show the path as written, never what the environment put into it
         resolved_shown = v
     else:
