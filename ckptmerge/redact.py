@@ -19,6 +19,7 @@ what the program needs to open the file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import numbers
@@ -26,8 +27,8 @@ import os
 import re
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["redact", "redact_cached", "redact_optional", "is_secret_parameter", "mask_value", "get_logger", "RedactingFilter",
-           "MASK", "MIN_MASKED"]
+__all__ = ["redact", "redact_cached", "redact_optional", "redacted_repr", "is_secret_parameter", "mask_value", "get_logger",
+           "RedactingFilter", "MASK", "MIN_MASKED"]
 
 #: What a secret is replaced with.
 MASK = "***"
@@ -126,6 +127,23 @@ redact_cached = functools.lru_cache(maxsize=1024)(redact)
 def redact_optional(text: Optional[str]) -> Optional[str]:
     """:func:`redact`, with ``None`` kept as ``None`` (for optional fields of JSON records)."""
     return None if text is None else redact(text)
+
+
+def redacted_repr(obj: Any) -> str:
+    """A dataclass's usual repr (each field with ``repr=True``), credentials redacted: set as
+    ``__repr__ = redacted_repr`` on the result types that hold paths (plans, reports, configs),
+    so a REPL, a notebook or a log line that shows one shows no secret.
+
+    Example:
+        >>> @dataclasses.dataclass
+        ... class Where:
+        ...     path: str
+        ...     __repr__ = redacted_repr
+        >>> Where("s3://KEY:SECRET@bucket/m")
+        Where(path='s3://***@bucket/m')
+    """
+    fields = ", ".join(f"{f.name}={getattr(obj, f.name)!r}" for f in dataclasses.fields(obj) if f.repr)
+    return redact(f"{type(obj).__qualname__}({fields})")
 
 
 class _Shown:

@@ -302,6 +302,24 @@ def test_a_remote_merge_output_with_credentials_is_reported_redacted(secret_urls
     _no_secret(str(info.value))
 
 
+def test_the_reprs_of_sources_plans_reports_configs_and_checkpoints_show_no_credential(secret_urls, tmp_path):
+    """What a REPL, a notebook cell or a log line shows of the library's objects (their repr)."""
+    from ckptmerge.config.model import RemoteURL
+    from ckptmerge.sources.resolved import CheckpointInfo
+
+    source = cm.Source(secret_urls["a"])
+    target = {"w": cm.list_variables(secret_urls["a"])[0]}
+    plan = cm.plan(list(target.values()), [source])
+    suggestion = cm.suggest(list(target.values()), [source])
+    merged = cm.merge([source], str(tmp_path / "out.safetensors"), allow_missing="*")
+    config = cm.load_config({"sources": [{"path": secret_urls["b"]}]})
+    shown = [repr(source), repr(plan), repr(suggestion), repr(merged), repr(config), repr(config.urls),
+             repr(CheckpointInfo(secret_urls["a"], 1, 0.0, 1, True)), repr(RemoteURL("output", secret_urls["b"], "x"))]
+    _no_secret(*shown)
+    assert all("***" in text for text in shown)
+    assert source.path == secret_urls["a"] and config.sources[0].path == secret_urls["b"]  # the data stays exact
+
+
 # -- record_paths: no path in the output's metadata ---------------------------------------------
 
 
@@ -323,6 +341,23 @@ def test_record_paths_false_leaves_every_path_out_of_the_metadata(local_sources,
     meta = _metadata(out)
     assert json.loads(meta["ckptmerge.sources"]) == [{"label": "base"}, {"label": "source 2"}]
     assert json.loads(meta["ckptmerge.plan"]) == {"v": "source 2:v", "w": "base:w"}
+
+
+@pytest.mark.parametrize("record_paths", [True, False])
+def test_an_orbax_output_records_its_sources_redacted_or_by_name_only(secret_urls, local_sources, tmp_path, record_paths):
+    pytest.importorskip("tensorstore")
+    a, _ = local_sources
+    out = tmp_path / "orbax-out"
+    cm.merge([cm.Source(str(a), name="base"), cm.Source(secret_urls["b"], exclude=["w"])], str(out), format="orbax",
+             record_paths=record_paths, allow_missing="*")
+    meta = json.loads((out / "_CHECKPOINT_METADATA").read_text())["custom_metadata"]["ckptmerge"]
+    written = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
+    _no_secret(written.decode("latin-1"))
+    assert (b"private-alice" in written) is record_paths
+    if record_paths:
+        assert meta["sources"][1]["path"].startswith("memory://***@")
+    else:
+        assert meta["sources"] == [{"label": "base"}, {"label": "source 2"}]
 
 
 def test_record_paths_default_records_them(local_sources, tmp_path):

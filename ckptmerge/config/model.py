@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from ..planning.transforms import Slice, VocabRemap
+from ..redact import redacted_repr
 from .env import escape_dollars
 
 
@@ -26,6 +27,8 @@ class SourceConfig:
         >>> SourceConfig(path="/runs/A", map={"a1": "c/x1"}).source_kwargs()["map"]
         {'a1': 'c/x1'}
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     path: str
     name: Optional[str] = None
@@ -131,6 +134,8 @@ class CombineConfig:
         5
     """
 
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
+
     method: str = "mean"
     models: List[Tuple[SourceConfig, Any]] = field(default_factory=list)
     run: Optional[str] = None
@@ -201,6 +206,8 @@ class RemoteURL:
         's3://models'
     """
 
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
+
     key: str
     written: str
     url: str = field(repr=False)  # (it may hold an allowed variable's value)
@@ -238,6 +245,8 @@ class Config:
         >>> cfg.plan_options["on_conflict"], cfg.strict
         ('first', True)
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     path: Optional[str] = field(default=None, compare=False)
     sources: List[SourceConfig] = field(default_factory=list)

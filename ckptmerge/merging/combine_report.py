@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..render.notebook import html_table
+from ..redact import redacted_repr
 from ..render.report import section
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
 
@@ -45,6 +46,8 @@ class CombineReport:
         >>> r.summary()
         'mean of 1 input: 2 tensors'
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     method: str
     inputs: List[Dict[str, Any]]

@@ -73,7 +73,7 @@ from ..planning.transforms import (
     chain_output_shape,
     select,
 )
-from ..redact import get_logger, redact, redact_optional
+from ..redact import get_logger, redact, redact_optional, redacted_repr
 from ..render.report import Report, section
 from ..sources.files import STATE_FILE, same_checkpoint_path
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
@@ -135,6 +135,8 @@ class MergeReport(Report):
         >>> MergeReport(make_plan([], []), "offline", [], [], 0.5, 0, [], output="out/m").summary()
         "wrote 0 variables from 0 sources to 'out/m' in 0.50 s"
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     output: str = ""
     dry_run: bool = False

@@ -33,7 +33,7 @@ from ..alignment.keraspaths import PathAlignment
 from ..args import describe_value
 from ..errors import OptionError, PlanError
 from ..jsonout import Entries, Records
-from ..redact import get_logger, redact
+from ..redact import get_logger, redact, redacted_repr
 from ..specs import VariableInfo
 from ..text import escape_name, quote_name
 from .findings import Assignment, Conflict, Mismatch
@@ -126,6 +126,8 @@ class SourceView:
         >>> list(s.variables)
         ['x']
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     label: str
     path: str
@@ -258,6 +260,8 @@ class Plan:
         >>> plan.ok, list(plan.assignments)
         (True, ['x'])
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     targets: List[VariableInfo]
     sources: List[SourceView]

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
 from ..alignment.tensorops import Reshape, glob_escape
-from ..redact import redact
+from ..redact import redact, redacted_repr
 from ..specs import VariableInfo
 from ..text import escape_name
 from .model import late
@@ -42,6 +42,8 @@ class SourceSuggestion:
         unresolved: targets the evidence cannot pair with one of its names.
         kept: ``{checkpoint name: target}`` the plan already assigns from this source.
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     label: str
     path: str
@@ -98,6 +100,8 @@ class Suggestion:
         >>> s = cm.suggest(model, [cm.Source("runs/tf1_dnn")])     # doctest: +SKIP
         >>> print(s.report()); s.write("warm.yaml")                  # doctest: +SKIP
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     plan: Plan
     sources: List[SourceSuggestion]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..alignment.align import CONFIDENCE_FLOOR
 from ..args import describe_value
 from ..errors import OptionError
-from ..redact import redact
+from ..redact import redact, redacted_repr
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
 from .verdicts import align_hint, verdict
 
@@ -190,6 +190,8 @@ class Report:
         >>> Report(make_plan([], []), "eager", [], [], 0.5, 0, []).summary()
         'restored 0 variables from 0 sources in 0.50 s; 0 allowed missing; 0 skipped'
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     plan: "Plan"
     mode: str

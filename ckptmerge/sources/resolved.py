@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..redact import redacted_repr
+
 __all__ = ["CheckpointInfo", "ResolvedCheckpoint"]
 
 
@@ -29,6 +31,8 @@ class CheckpointInfo:
         >>> [(c.step, c.latest) for c in cm.checkpoints("runs/A")]  # doctest: +SKIP
         [(1, True), (9, False), (10, False)]
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     path: str
     step: Optional[int]
@@ -65,6 +69,8 @@ class ResolvedCheckpoint:
         >>> resolve_checkpoint("runs/A").note  # doctest: +SKIP
         'latest checkpoint per runs/A/checkpoint (step 10)'
     """
+
+    __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
 
     prefix: str
     format: str

@@ -288,7 +288,7 @@ class Source:
         return Rules.from_options(map=mapping, regex=self.regex, include=self.include, exclude=self.exclude)
 
     def __repr__(self) -> str:
-        parts = [repr(self.path) if self.path is not None else "<memory>"]
+        parts = [repr(redact_cached(self.path)) if self.path is not None else "<memory>"]
         for attr in ("step", "map", "regex", "include", "exclude", "name", "layout", "align"):
             val = getattr(self, attr)
             if val is not None:
