@@ -388,7 +388,7 @@ def test_a_remote_read_that_outlasts_the_time_limit_is_a_clear_error(memory_copy
 
     with open_checkpoint(url) as r:
         monkeypatch.setattr(storage.RemoteFile, "readinto", stalled)
-        monkeypatch.setattr(orbax_store, "REMOTE_TIMEOUT", 0.5)
+        monkeypatch.setenv(orbax_store.REMOTE_TIMEOUT.name, "0.5")
         try:
             with pytest.raises(CheckpointFormatError, match=r"Timed out after 0\.5 s while reading array "
                                                             r".*\(CKPTMERGE_REMOTE_TIMEOUT sets the limit\)") as err:
