@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -66,12 +66,15 @@ class Binding:
     #: label -> the transforms of the plan's view of that source, where alignment added some
     #: (the reshapes it inferred) to the source's own.
     view_transforms: Optional[Dict[str, Tuple[Any, ...]]] = None
+    _indexes: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
     def _transforms(self, assignment: Any) -> List[Any]:
-        from .planning.transforms import select
+        from .planning.transforms import TransformIndex, select
 
         if self.view_transforms and assignment.source in self.view_transforms:
-            return select(self.view_transforms[assignment.source], assignment.target)
+            if self._indexes is None:
+                self._indexes = {label: TransformIndex(ts) for label, ts in self.view_transforms.items()}
+            return self._indexes[assignment.source].select(assignment.target)
         for h in self.handles:
             if h.label == assignment.source:
                 return select(h.source.transforms, assignment.target)

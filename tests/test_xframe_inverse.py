@@ -230,3 +230,30 @@ def test_a_fused_tensor_needs_all_its_parts():
                                                               for v in mapping.values()})
     assert recipes == {}
     assert dict(missing)["attn.c_attn.weight"] == "no Keras tensor was aligned with it (as attn/c_attn/value/kernel)"
+
+
+# -- the speed pieces the layout and the planner rest on --------------------------------------------
+
+def test_tiled_transposes_equal_numpy_for_any_shape():
+    from ckptmerge.alignment.layouts import transpose_into
+
+    rng = np.random.default_rng(1)
+    for shape in ((300, 130), (64, 64), (5, 7), (1, 4096)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(transpose_into(x, (1, 0)), x.T)
+    x = rng.standard_normal((4, 3, 2, 2)).astype(np.float32)
+    out = np.empty((2, 2, 3, 4), np.float32)
+    assert transpose_into(x, (2, 3, 1, 0), out) is out
+    np.testing.assert_array_equal(out, np.transpose(x, (2, 3, 1, 0)))
+
+
+def test_the_transform_index_selects_what_select_does():
+    from ckptmerge.alignment.tensorops import Reshape, glob_escape
+    from ckptmerge.planning.transforms import Slice, TransformIndex, literal_glob, select
+
+    ts = [Reshape(glob_escape("a[0]/k*"), (2, 2)), Slice("head/*", 0), Reshape("enc/q"), Slice("enc/q", 1),
+          Reshape("x[ab]")]
+    index = TransformIndex(ts)
+    for name in ("a[0]/k*", "a0/kx", "head/b", "enc/q", "xa", "xb", "x[ab]", "other"):
+        assert index.select(name) == select(ts, name), name
+    assert literal_glob("x[ab]") is None and literal_glob("a[[]0]") == "a[0]"

@@ -51,8 +51,10 @@ class TorchInverseHandle(SourceHandle):
     def __init__(self, label: str, recipes: Dict[str, Recipe], bookkeeping: Dict[str, VariableInfo],
                  unresolved: Dict[str, str], keras_plan: Plan, handles: Sequence[SourceHandle],
                  template: Any = None) -> None:
-        infos = [VariableInfo(n, r.info.shape, _keras_dtype(r, keras_plan), n, KIND_VARIABLE) for n, r in recipes.items()]
-        infos += [VariableInfo(n, v.shape, v.dtype, n, KIND_VARIABLE) for n, v in bookkeeping.items()]
+        infos = [VariableInfo(n, r.info.shape, _keras_dtype(r, keras_plan), n, KIND_VARIABLE,
+                              sum(keras_plan.assignments[p.name].spec.nbytes for p in r.pieces))
+                 for n, r in recipes.items()]
+        infos += [VariableInfo(n, v.shape, v.dtype, n, KIND_VARIABLE, v.nbytes) for n, v in bookkeeping.items()]
         notes = {n: f"from {r.note}" for n, r in recipes.items()}
         for n in bookkeeping:
             notes[n] = ("bookkeeping: the template's own value" if template is not None

@@ -56,7 +56,7 @@ from .rules import (
     scopes_of,
     suggest,
 )
-from .transforms import TransformError, cast_problem, chain_output_shape
+from .transforms import TransformError, TransformIndex, cast_problem, chain_output_shape
 
 __all__ = [
     "OptionError",
@@ -425,6 +425,7 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
     variables = {s.label: s.variables for s in sources}
     order = {s.label: i for i, s in enumerate(sources)}
     untaken: List[Union[_Candidate, Assignment]] = []  # candidates that restore nothing
+    indexes: Dict[str, TransformIndex] = {}  # per source label, made when a misfit needs one
 
     def unprovided(tname: str) -> None:
         (allowed if any(g.matches(tname) for g in allow) else missing).append(tname)
@@ -467,7 +468,10 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         dtype_differs = spec.dtype != tspec.dtype
         problem = cast_problem(spec.dtype, tspec.dtype) if dtype_differs else None
         dtype_bad = dtype_differs and (not (cast if src.cast is None else src.cast) or problem is not None)
-        ts = [t for t in src.transforms if t.applies_to(tname)]
+        index = indexes.get(src.label)
+        if index is None:
+            index = indexes[src.label] = TransformIndex(src.transforms)
+        ts = index.select(tname)
         out_shape, detail = src_shape, problem or ""
         if ts:
             try:

@@ -15,6 +15,7 @@ import operator
 import os
 import sys
 import types
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -573,6 +574,10 @@ class MemoryHandle(SourceHandle):
         return out
 
 
+#: Bytes of layout outputs computed per batch while the next batch is read (see LayoutHandle.read).
+_LAYOUT_BATCH = 64 << 20
+
+
 class LayoutHandle(SourceHandle):
     """A source seen through a framework layout (``Source(..., layout="torch")``): renamed, with
     kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.alignment.layouts`)."""
@@ -611,17 +616,39 @@ class LayoutHandle(SourceHandle):
         from ..alignment.layouts import apply_entry
         from ..formats.base import aligned_empty
 
-        entries = [self.entries[n] for n in names]
-        needed = sorted({self._by_key.get(k, k) for e in entries for k in e.sources})
-        raw = self.inner.read(needed)
-        out = {}
-        for n, e in zip(names, entries):
-            value = apply_entry(e, [np.asarray(raw[self._by_key.get(k, k)]) for k in e.sources])
-            if e.op != "copy":  # fresh arrays: give them the aligned buffers restores take without a copy
-                aligned = aligned_empty(value.shape, value.dtype)
-                aligned[...] = value
-                value = aligned
-            out[n] = value
+        batches: List[List[Tuple[str, Any]]] = [[]]
+        size = 0
+        for n in names:  # about _LAYOUT_BATCH bytes each, so reading and transposing overlap
+            e = self.entries[n]
+            if size >= _LAYOUT_BATCH:
+                batches.append([])
+                size = 0
+            batches[-1].append((n, e))
+            size += e.info.nbytes
+        out: Dict[str, Any] = {}
+
+        def compute(batch: List[Tuple[str, Any]], raw: Mapping[str, Any]) -> None:
+            for n, e in batch:
+                values = [np.asarray(raw[self._by_key.get(k, k)]) for k in e.sources]
+                # fresh arrays go straight into the aligned buffers restores take without a copy
+                buffer = None if e.op == "copy" else aligned_empty(e.info.shape, np.result_type(*values))
+                out[n] = apply_entry(e, values, buffer)
+
+        def read(batch: List[Tuple[str, Any]]) -> Mapping[str, Any]:
+            return self.inner.read(sorted({self._by_key.get(k, k) for _, e in batch for k in e.sources}))
+
+        if len(batches) == 1:
+            compute(batches[0], read(batches[0]))
+            return out
+        # The next batch is read (by the reader's own threads) while this one is transposed.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptmerge-layout") as pool:
+            pending = None
+            for batch in batches:
+                raw = read(batch)
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(compute, batch, raw)
+            pending.result()
         return out
 
     def close(self) -> None:
