@@ -72,9 +72,7 @@ def test_a_persistent_s3_failure_names_the_url_and_never_the_loopback_bridge(orb
     import fsspec
     import s3fs
 
-    import ckptmerge.formats.io.storage as storage
-
-    monkeypatch.setattr(storage, "RETRIES", 2)
+    monkeypatch.setenv("CKPTMERGE_REMOTE_RETRIES", "2")
     # (s3fs's and botocore's own retries sleep seconds each: leave the retrying to ckptmerge's)
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
     monkeypatch.setitem(fsspec.config.conf["s3"], "config_kwargs", {"retries": {"max_attempts": 1}})
