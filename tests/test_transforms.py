@@ -345,7 +345,7 @@ def test_slice_describe_texts():
     assert Slice("k", axis=1, init="zeros").describe((64, 10), (64, 12)) == (
         "slice axis 1: 10 of 12 columns copied, 2 zeros")
     assert Slice("k", axis=0).describe((13, 4), (12, 4)) == (
-        "slice axis 0: 12 of 12 rows copied, 1 checkpoint row dropped")
+        "slice axis 0: 12 of 12 rows copied (checkpoint rows 0..11 of 13), 1 checkpoint row dropped")
     assert Slice("b", axis=0).describe((10,), (1_000,)) == (
         "slice axis 0: 10 of 1,000 entries copied, 990 keep the target's current value")
     assert Slice("k", axis=1).describe() == (

@@ -188,3 +188,123 @@ def test_the_transposed_or_not_trap_stays_unresolved_with_both_readings():
     assert lay.findings("w", targets)[0].endswith(
         "Pass transforms=[cm.Transpose('enc/dense/kernel')] for a Linear, or map it to an 'embeddings' target")
     assert likely_target("proj_a/weight", (8, 8), targets + [f32("head/kernel", 8, 8)]) is None  # two fit alike
+
+
+# -- conventions through the config ----------------------------------------------------------------------
+
+def test_a_config_extends_the_convention_table():
+    from ckptmerge.alignment.conventions import conventions, rewrite
+    from ckptmerge.config import load_config
+
+    cfg = load_config({"sources": [{"path": "."}],
+                       "conventions": [{"names": ["pre_ffw_rmsnorm_x"], "role": "mlpnorm", "replace": True},
+                                       {"names": "attn_in_rmsnorm_x", "role": "attnnorm", "why": "mine"}]})
+    assert [c.role for c in cfg.conventions] == ["mlpnorm", "attnnorm"]
+    assert load_config(cfg.to_dict()) == cfg
+    cfg.make_sources()
+    cfg.make_sources()  # (twice: each row added once)
+    assert sum(c.names == ("pre_ffw_rmsnorm_x",) for c in conventions()) == 1
+    assert rewrite("blocks/3/pre_ffw_rmsnorm_x/scale") == "blocks/3/mlpnorm/scale"
+    assert rewrite("blocks/3/attn_in_rmsnorm_x/scale") == "blocks/3/attn_in_rmsnorm_x_attnnorm/scale"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"role": "mlpnorm"}, "missing required key 'names'"),
+    ({"names": ["x"], "role": "Bad-Role"}, "lower-case words"),
+    ({"names": ["x"], "role": "r", "meaning": "r"}, "unknown key 'meaning'. Use 'role'"),
+    ({"names": [3], "role": "r"}, "expected a list of name segments"),
+])
+def test_a_bad_convention_entry_is_a_config_error_naming_it(entry, message):
+    from ckptmerge.config import load_config
+    from ckptmerge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="conventions") as e:
+        load_config({"sources": [{"path": "."}], "conventions": [entry]})
+    assert message in str(e.value)
+
+
+# -- maps in PyTorch's names -----------------------------------------------------------------------------
+
+def test_a_map_of_a_torch_layout_source_accepts_pytorch_dotted_names(tmp_path):
+    import ckptmerge as cm
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path / "model.safetensors")
+    save_file({"model.embed_tokens.weight": np.arange(12, dtype=np.float32).reshape(6, 2),
+               "model.layers.0.mlp.up_proj.weight": np.ones((4, 2), np.float32),
+               "model.layers.0.mlp.up_proj.bias": np.zeros(4, np.float32)}, path)
+    targets = [f32("tok/embeddings", 6, 2), f32("block/up/kernel", 2, 4), f32("block/up/bias", 4)]
+    plan = cm.plan(targets, [cm.Source(path, layout="torch", map={"model.embed_tokens.weight": "tok/embeddings",
+                                                                  "model.layers.0.mlp.up_proj.": "block/up/"})])
+    assert plan.ok, plan.report()
+    assert plan.assignments["tok/embeddings"].name == "model/embed_tokens/embeddings"
+    assert plan.assignments["block/up/kernel"].key == "model.layers.0.mlp.up_proj.weight"
+    assert plan.assignments["block/up/kernel"].spec.shape == (2, 4)  # transposed by the layout
+
+
+# -- tensor operations as config keys --------------------------------------------------------------------
+
+def test_a_config_source_takes_reshape_split_transpose_and_an_offset_slice():
+    from ckptmerge.alignment.tensorops import Reshape, Split
+    from ckptmerge.config import load_config
+    from ckptmerge.planning.transforms import Slice, Transpose
+
+    cfg = load_config({"sources": [{"path": ".", "reshape": [{"name": "q/kernel", "shape": [16, 4, 4]}],
+                                    "split": [{"name": "k/kernel", "axis": 1, "index": 1, "parts": 3}],
+                                    "transpose": [{"name": "p/kernel", "perm": [2, 0, 1]}],
+                                    "slice": [{"name": "pos/embeddings", "axis": 0, "start": 2}]}]})
+    assert cfg.sources[0].transforms == [Slice("pos/embeddings", 0, start=2), Reshape("q/kernel", (16, 4, 4)),
+                                         Split("k/kernel", 1, 1, 3), Transpose("p/kernel", (2, 0, 1))]
+    assert load_config(cfg.to_dict()) == cfg
+    assert list(cfg.make_sources()[0].transforms) == cfg.sources[0].transforms
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"split": [{"name": "k", "axis": 1}]}, "missing required keys 'index', 'parts'"),
+    ({"split": [{"name": "k", "axis": 0, "index": 3, "parts": 3}]}, "index must be in 0..2"),
+    ({"transpose": [{"name": "k", "perm": [0, 0]}]}, "perm must be a permutation"),
+    ({"reshape": [{"name": "k", "new_shape": [2]}]}, "unknown key 'new_shape'. Use 'shape'"),
+    ({"slice": [{"name": "k", "axis": 0, "start": -1}]}, "a start entry"),
+])
+def test_a_bad_tensor_operation_is_a_config_error_naming_it(entry, message):
+    from ckptmerge.config import load_config
+    from ckptmerge.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config({"sources": [{"path": ".", **entry}]})
+    assert message in str(e.value)
+
+
+def test_an_offset_slice_copies_rows_from_its_start_and_names_them():
+    from ckptmerge.planning.transforms import Slice
+
+    table = np.arange(66 * 2, dtype=np.float32).reshape(66, 2)
+    s = Slice("pos/embeddings", axis=0, start=2)
+    np.testing.assert_array_equal(s.apply(table, np.zeros((64, 2), np.float32)), table[2:66])
+    assert s.describe((66, 2), (64, 2)) == ("slice axis 0: 64 of 64 rows copied (checkpoint rows 2..65 of 66), "
+                                            "2 checkpoint rows dropped")
+    with pytest.raises(Exception, match="start 66 is past"):
+        Slice("p", axis=0, start=66).output_shape((66, 2), (64, 2))
+
+
+def test_grouped_query_attention_heads_are_a_reshape_the_planner_infers():
+    from ckptmerge.alignment.tensorops import refines
+
+    # Llama's k_proj (kv_heads * head_dim, hidden) = (8, 16), transposed by the layout to (16, 8),
+    # is KerasHub's key kernel (hidden, kv_heads, head_dim) = (16, 2, 4)
+    assert refines((16, 8), (16, 2, 4)) and refines((8,), (2, 4))
+    found = align([f32("t_0/self_attention/key/kernel", 16, 2, 4), f32("t_0/self_attention/query/kernel", 16, 4, 4)],
+                  [f32("layers/0/self_attn/k_proj/kernel", 16, 8), f32("layers/0/self_attn/q_proj/kernel", 16, 16)])
+    assert found.mapping == {"layers/0/self_attn/k_proj/kernel": "t_0/self_attention/key/kernel",
+                             "layers/0/self_attn/q_proj/kernel": "t_0/self_attention/query/kernel"}
+
+
+def test_suggest_proposes_an_offset_slice_for_review_naming_both_readings():
+    targets = [f32("embeddings/position_embedding/embeddings", 64, 8), f32("embeddings/token_embedding/embeddings", 50, 8)]
+    names = [f32("roberta/embeddings/position_embeddings", 66, 8), f32("roberta/embeddings/word_embeddings", 50, 8)]
+    s = make_suggestion(make_plan(targets, [view("A", names)]))
+    (slice_entry,) = [e for e in s.sources[0].entries if e.review]
+    assert slice_entry.name == "roberta/embeddings/position_embeddings"
+    assert "start=2) copies rows 2..65 of 66, start=0 rows 0..63" in slice_entry.describe()
+    assert "roberta/embeddings/position_embeddings" not in s.sources[0].map()  # for review: never certain
+    assert s.missing == ["embeddings/position_embedding/embeddings"]

@@ -21,7 +21,8 @@ class SourceConfig:
     """One validated entry of ``sources``: the arguments of one ``ckptmerge.Source``.
 
     Paths are absolute (environment variables expanded, relative paths resolved). ``cast=None``
-    means "as the plan's ``cast``". ``vocab`` and ``slice`` hold ready transform objects.
+    means "as the plan's ``cast``". ``vocab``, ``slice`` and ``ops`` (the ``reshape``, ``split``
+    and ``transpose`` entries, in that order) hold ready transform objects.
 
     Example:
         >>> SourceConfig(path="/runs/A", map={"a1": "c/x1"}).source_kwargs()["map"]
@@ -43,11 +44,13 @@ class SourceConfig:
     slice: Tuple[Slice, ...] = ()
     align: Optional[str] = None
     layout: Optional[str] = None
+    ops: Tuple[Any, ...] = ()
 
     @property
-    def transforms(self) -> List[Union[VocabRemap, Slice]]:
-        """The value transforms, in the order they apply: vocab remaps, then slices."""
-        return [*self.vocab, *self.slice]
+    def transforms(self) -> List[Any]:
+        """The value transforms, in the order they apply: vocab remaps, slices, then the tensor
+        operations (``reshape``, ``split``, ``transpose`` entries: :attr:`ops`)."""
+        return [*self.vocab, *self.slice, *self.ops]
 
     def source_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments for ``ckptmerge.Source(**kwargs)`` (``path`` included).
@@ -99,7 +102,12 @@ class SourceConfig:
         if self.vocab:
             out["vocab"] = [_vocab_to_dict(v) for v in self.vocab]
         if self.slice:
-            out["slice"] = [{"name": s.target, "axis": s.axis, "init": s.init} for s in self.slice]
+            out["slice"] = [{"name": s.target, "axis": s.axis, "init": s.init, **({"start": s.start} if s.start else {})}
+                            for s in self.slice]
+        for op in self.ops:
+            data = {k: v for k, v in op.to_dict().items() if v is not None}
+            kind = data.pop("kind")
+            out.setdefault(kind, []).append({"name": data.pop("target"), **data})
         return out
 
 
@@ -238,6 +246,10 @@ class Config:
         record_paths: whether a safetensors merge output records its sources' paths in its
             metadata (``ckptmerge.merge(..., record_paths=...)``; default ``True``).
         urls: every URL the config names (:class:`RemoteURL`), in file order. Not compared.
+        conventions: rows for the naming-convention table of structural alignment
+            (:class:`~ckptmerge.alignment.conventions.Convention`), added to it by
+            :meth:`make_sources` (for every later alignment in the process, as
+            :func:`ckptmerge.add_convention` does).
 
     Example:
         >>> from ckptmerge.config import load_config
@@ -257,6 +269,7 @@ class Config:
     combine: Optional[CombineConfig] = None
     record_paths: bool = True
     urls: Tuple[RemoteURL, ...] = field(default=(), compare=False)
+    conventions: Tuple[Any, ...] = ()
 
     @property
     def hosts(self) -> List[str]:
@@ -288,6 +301,13 @@ class Config:
         """
         from ..sources.source import Source
 
+        if self.conventions:
+            from ..alignment.conventions import add_convention, conventions
+
+            known = set(conventions())
+            for row in self.conventions:
+                if row not in known:  # (a config loaded twice adds its rows once)
+                    add_convention(row.names, row.role, row.why, replace=row.replace, leaf=row.leaf)
         combined = [self.combine.make_source()] if self.combine is not None else []
         return combined + [Source(**kw) for kw in self.source_kwargs()]
 
@@ -318,4 +338,8 @@ class Config:
             out["output"] = escape_dollars(self.output)
         if not self.record_paths:
             out["record_paths"] = False
+        if self.conventions:
+            out["conventions"] = [{"names": list(c.names), "role": c.role, **({"why": c.why} if c.why else {}),
+                                   **({"replace": True} if c.replace else {}), **({"leaf": c.leaf} if c.leaf else {})}
+                                  for c in self.conventions]
         return out

@@ -34,18 +34,26 @@ from .problems import KeyPath, Problems, keypath, show
 
 #: Keys of the top-level mapping.
 TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
-                  "strict", "target", "output", "record_paths")
+                  "strict", "target", "output", "record_paths", "conventions")
+#: Keys of one entry of ``conventions`` (:class:`ckptmerge.alignment.conventions.Convention`).
+CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf")
 #: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
 COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
                 "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
-               "align", "layout", "vocab", "slice")
+               "align", "layout", "vocab", "slice", "reshape", "split", "transpose")
+#: Keys of one entry of a source's ``reshape``, ``split`` and ``transpose`` lists (the tensor
+#: operations :class:`ckptmerge.Reshape`, :class:`ckptmerge.Split`, :class:`ckptmerge.Transpose`).
+OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts"), "transpose": ("name", "perm")}
+_OP_EXAMPLES = {"reshape": "[{name: enc/query/kernel, shape: [64, 4, 16]}]",
+                "split": "[{name: attn/key/kernel, axis: 1, index: 1, parts: 3}]",
+                "transpose": "[{name: enc/proj/kernel, perm: [1, 0]}]"}
 #: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.planning.transforms.VocabRemap`).
 VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
               "num_oov_buckets")
 #: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.planning.transforms.Slice`).
-SLICE_KEYS = ("name", "axis", "init")
+SLICE_KEYS = ("name", "axis", "init", "start")
 
 ON_CONFLICT = ("error", "first", "last")
 ON_SHAPE_MISMATCH = ("error", "skip")
@@ -60,6 +68,10 @@ _ALIASES = {
               "previous_vocab_size": "old_vocab_size", "current_vocab_size": "new_vocab_size",
               "current_oov_buckets": "num_oov_buckets"},
     "slice": {"target": "name", "variable": "name"},
+    "reshape": {"target": "name", "variable": "name", "new_shape": "shape"},
+    "split": {"target": "name", "variable": "name", "chunks": "parts", "part": "index", "dim": "axis"},
+    "transpose": {"target": "name", "variable": "name", "axes": "perm", "permutation": "perm"},
+    "convention": {"name": "names", "segments": "names", "meaning": "role", "description": "why"},
     "combine": {"merge_method": "method", "base_model": "base", "checkpoints": "models", "inputs": "models",
                 "params": "parameters", "directory": "run", "dir": "run"},
     "top": {"merge": "combine", "average": "combine"},
@@ -436,11 +448,75 @@ def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
         else:
             axis = _get_int(item, "axis", q, ctx, None, "an axis (an integer >= 0)")
         init = _get_enum(item, "init", q, ctx, SLICE_INITS, "keep")
-        if name is None or axis is None:
+        start = _get_int(item, "start", q, ctx, 0, "a start entry (an integer >= 0)")
+        if name is None or axis is None or start is None:
             continue
         try:
-            out.append(Slice(name, axis, init=init))
+            out.append(Slice(name, axis, init=init, start=start))
         except TransformError as e:  # pragma: no cover - every field was checked above
+            ctx.add(q, str(e).rstrip("."))
+    return tuple(out)
+
+
+def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
+    """The ``reshape``, ``split`` and ``transpose`` lists of a source, as transform objects."""
+    from ..alignment.tensorops import Reshape, Split  # (loaded only for a config that has some)
+    from ..planning.transforms import Transpose
+
+    kinds = {"reshape": Reshape, "split": Split, "transpose": Transpose}
+    out = []
+    for kind, cls in kinds.items():
+        for q, item in _get_list_of_mappings(d, kind, path, ctx, _OP_EXAMPLES[kind]):
+            suggested = _check_keys(item, OP_KEYS[kind], q, ctx, kind)
+            name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+            args = {k: item[k] for k in OP_KEYS[kind][1:] if item.get(k) is not None}
+            need = [k for k in OP_KEYS[kind][1:] if kind == "split" and k not in args and k not in suggested]
+            if need:
+                ctx.add(q, f"missing required key{'s' if len(need) > 1 else ''} "
+                           f"{', '.join(repr(k) for k in need)} (e.g. {_OP_EXAMPLES[kind]}).")
+            for key in ("shape", "perm"):
+                if key in args and isinstance(args[key], list):
+                    args[key] = tuple(args[key])
+            if name is None or need:
+                continue
+            try:
+                out.append(cls(name, **args))
+            except (TransformError, TypeError) as e:
+                ctx.add(q, str(e).rstrip("."))
+    return tuple(out)
+
+
+def _get_conventions(d: Mapping, ctx: Context) -> Tuple[Any, ...]:
+    """The ``conventions:`` list: rows added to the naming-convention table for alignment."""
+    from ..alignment.conventions import Convention  # (loaded only for a config that has some)
+
+    out = []
+    for q, item in _get_list_of_mappings(d, "conventions", (), ctx, "[{names: [pre_mlp_rmsnorm], role: mlpnorm}]"):
+        suggested = _check_keys(item, CONVENTION_KEYS, q, ctx, "convention")
+        names = item.get("names")
+        if isinstance(names, str):
+            names = [names]
+        if names is None:
+            if "names" not in suggested:
+                ctx.add(q, "missing required key 'names' (the name segments, e.g. [pre_mlp_rmsnorm]).")
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            ctx.add(q + ("names",), f"expected a list of name segments (strings), received {show(names)}.")
+            continue
+        role = _get_name(item, "role", q, ctx, "role" not in suggested, "a role (lower-case words, e.g. mlpnorm)")
+        why = item.get("why", "")
+        leaf = item.get("leaf", "")
+        replace = _get_bool(item, "replace", q, ctx, False)
+        if role is None:
+            continue
+        for key, value in (("why", why), ("leaf", leaf)):
+            if not isinstance(value, str):
+                ctx.add(q + (key,), f"expected a string, received {show(value)}.")
+        if not isinstance(why, str) or not isinstance(leaf, str):
+            continue
+        try:
+            out.append(Convention(tuple(names), role, why, bool(replace), leaf))
+        except RuleError as e:
             ctx.add(q, str(e).rstrip("."))
     return tuple(out)
 
@@ -471,6 +547,7 @@ def _get_source(entry: Any, path: KeyPath, ctx: Context, extra: Tuple[str, ...] 
         layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, _layouts(), None),
         vocab=_get_vocab(entry, path, ctx),
         slice=_get_slices(entry, path, ctx),
+        ops=_get_ops(entry, path, ctx),
     )
 
 
@@ -669,6 +746,7 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         "verify": _get_bool(data, "verify", (), ctx, True),
     }
     strict = _get_bool(data, "strict", (), ctx, True)
+    conventions = _get_conventions(data, ctx)
     target = _get_path(data, "target", (), ctx, kind="checkpoint")
     output = _get_path(data, "output", (), ctx, kind="output")
     record_paths = _get_bool(data, "record_paths", (), ctx, True)
@@ -676,7 +754,7 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         return None
     return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
                   strict=strict, target=target, output=output, combine=combined, record_paths=record_paths,
-                  urls=tuple(ctx.urls))
+                  urls=tuple(ctx.urls), conventions=conventions)
 
 
 def report_duplicates(dups: List[Tuple[KeyPath, str, int, int]], ctx: Context) -> None:

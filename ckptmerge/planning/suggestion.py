@@ -18,9 +18,10 @@ import dataclasses
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
+from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape
 from ..redact import redact, redacted_repr
 from ..specs import VariableInfo
@@ -28,7 +29,7 @@ from ..text import escape_name
 from .model import late
 from .planner import Plan, SourceView
 
-__all__ = ["SourceSuggestion", "Suggestion", "make_suggestion", "aligned_views", "alignable"]
+__all__ = ["SourceSuggestion", "Suggestion", "make_suggestion", "aligned_views", "alignable", "slice_proposals"]
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,54 @@ def undecided_groups(plan: Plan, src: SourceView, missing: Sequence[str]) -> Lis
     return out
 
 
+def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: Iterable[str] = ()) -> List[Entry]:
+    """Entries for review: a missing target and an unused tensor of ``src`` whose shapes differ
+    along one axis only (the tensor longer: a position table with padding rows, a head with more
+    classes) and whose names share their words. Which rows belong in the target (the first ones, or
+    the last ones after an offset such as RoBERTa's 2) no shape tells, so each is proposed for
+    review only, with the ``cm.Slice`` of either reading; never applied by ``align="structure"``.
+
+    Example:
+        >>> from ckptmerge.planning.planner import make_plan
+        >>> t = VariableInfo("embeddings/position_embedding/embeddings", (64, 8), "float32")
+        >>> s = VariableInfo("roberta/embeddings/position_embeddings", (66, 8), "float32")
+        >>> src = SourceView("A", "<memory>", "", {s.name: s})
+        >>> e = slice_proposals(make_plan([t], [src]), src, [t.name])[0]
+        >>> e.review, e.evidence[1]
+        (True, "cm.Slice('embeddings/position_embedding/embeddings', axis=0, start=2) copies rows 2..65 of 66, start=0 rows 0..63")
+    """
+    want = set(missing)
+    targets = [t for t in plan.targets if t.name in want]
+    if not targets:
+        return []
+    taken = set(used)
+    free = [v for n, v in src.variables.items() if n not in taken and n in set(plan.unused.get(src.label, ()))]
+    out = []
+    for t in targets:
+        fits = []
+        for v in free:
+            if v.dtype != t.dtype or len(v.shape) != len(t.shape) or not t.shape:
+                continue
+            axes = [a for a, (x, y) in enumerate(zip(v.shape, t.shape)) if x != y]
+            if len(axes) != 1 or v.shape[axes[0]] <= t.shape[axes[0]]:
+                continue
+            mine, theirs = set(tokens(t.name)), set(tokens(v.name))
+            if mine and len(mine & theirs) / len(mine | theirs) >= 0.5:
+                fits.append((v, axes[0]))
+        if len(fits) != 1:
+            continue
+        v, axis = fits[0]
+        n_src, n_tgt = int(v.shape[axis]), int(t.shape[axis])
+        unit = "rows" if axis == 0 else ("columns" if axis == 1 and len(t.shape) == 2 else f"axis-{axis} entries")
+        offset = n_src - n_tgt
+        out.append(Entry(v.name, t.name, 0.0, (
+            f"shape {tuple(v.shape)} -> {tuple(t.shape)}: longer along axis {axis} only; names "
+            f"{', '.join(map(repr, sorted(set(tokens(t.name)) & set(tokens(v.name)))))}",
+            f"cm.Slice({t.name!r}, axis={axis}, start={offset}) copies {unit} {offset}..{n_src - 1} of {n_src}, "
+            f"start=0 {unit} 0..{n_tgt - 1}"), 1, True))
+    return out
+
+
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_order: Optional[Sequence[str]],
                   source_order: Optional[Sequence[str]] = None,
                   target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Alignment:
@@ -304,6 +353,8 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         entries = scope_entries(certain.matches, src.variables, all_targets)
         entries += [e._replace(review=True) for e in scope_entries(
             [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
+        used = set(found.mapping) | {n for u in found.unresolved for n in u.names}
+        entries += slice_proposals(plan, src, missing, used)
         entries.sort(key=operator.itemgetter(1))
         unresolved = list(found.unresolved) + undecided_groups(plan, src, missing)
         out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept))

@@ -471,31 +471,41 @@ class Slice:
     """Copy the overlap of a tensor that differs from its target along one axis.
 
     When the checkpoint tensor and the target differ in size along ``axis`` only (e.g. a head
-    with more classes), the first ``min(source, target)`` entries along ``axis`` are copied and
-    the rest of the target keeps its current value (``init="keep"``) or becomes zeros. Every
-    other axis must match exactly.
+    with more classes), ``min(source - start, target)`` entries along ``axis`` are copied, from
+    entry ``start`` of the checkpoint's on, and the rest of the target keeps its current value
+    (``init="keep"``) or becomes zeros. Every other axis must match exactly. ``start`` skips
+    leading checkpoint entries: a RoBERTa-style position table ``(66, 64)`` whose real rows are
+    2..65 goes into a ``(64, 64)`` target with ``start=2``.
 
     Args:
         target: the target variable name (or a glob) this transform applies to.
         axis: the one axis along which the sizes may differ.
         init: ``"keep"`` (default) or ``"zeros"``, for the part the checkpoint does not cover.
+        start: the first checkpoint entry along ``axis`` to copy (default 0).
 
     Example:
         >>> import numpy as np
         >>> s = Slice("head/kernel", axis=1, init="zeros")
         >>> s.apply(np.ones((2, 2)), None, target_shape=(2, 3)).tolist()
         [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+        >>> Slice("pos/embeddings", axis=0, start=2).describe((66, 64), (64, 64))
+        'slice axis 0: 64 of 64 rows copied (checkpoint rows 2..65 of 66), 2 checkpoint rows dropped'
     """
 
     target: str
     axis: int
     init: str = "keep"
+    start: int = 0
 
     def __post_init__(self) -> None:
         _check_target("slice", self.target)
         _check_axis("slice", self.target, self.axis)
         _check_init("slice", self.target, self.init, SLICE_INITS)
         object.__setattr__(self, "axis", int(self.axis))
+        if isinstance(self.start, bool) or not isinstance(self.start, (int, np.integer)) or self.start < 0:
+            raise TransformError(f"slice of {quote_name(self.target)}: start must be an integer >= 0. "
+                                 f"Received: start={self.start!r}", target=self.target)
+        object.__setattr__(self, "start", int(self.start))
 
     @property
     def needs_current(self) -> bool:
@@ -528,6 +538,10 @@ class Slice:
         if self.axis >= len(src):
             raise TransformError(f"slice of {quote_name(self.target)}: axis {self.axis} is out of range for shape "
                                  f"{src}.", target=self.target)
+        if self.start and self.start >= src[self.axis]:
+            raise TransformError(f"slice of {quote_name(self.target)}: start {self.start} is past the "
+                                 f"{src[self.axis]} entries of axis {self.axis} of the checkpoint tensor {src}.",
+                                 target=self.target)
         other = [d for d in range(len(src)) if d != self.axis and src[d] != tgt[d]]
         if other:
             axes = " and ".join(str(d) for d in other)
@@ -554,10 +568,12 @@ class Slice:
             target_shape = np.shape(current)
         out_shape = self.output_shape(value.shape, target_shape)
         out = _start(value, current, out_shape, self.init == "keep", "slice", self.target)
-        n = min(value.shape[self.axis], out_shape[self.axis])
+        n = min(value.shape[self.axis] - self.start, out_shape[self.axis])
         index: list = [slice(None)] * value.ndim
         index[self.axis] = slice(0, n)
-        out[tuple(index)] = value[tuple(index)]
+        taken = list(index)
+        taken[self.axis] = slice(self.start, self.start + n)
+        out[tuple(index)] = value[tuple(taken)]
         return out
 
     def describe(self, source_shape: Optional[Sequence[int]] = None,
@@ -576,8 +592,10 @@ class Slice:
             return f"slice axis {self.axis}: overlap copied, the rest zeros"
         n_src, n_tgt = int(source_shape[self.axis]), int(target_shape[self.axis])
         ndim = len(target_shape)
-        n = min(n_src, n_tgt)
+        n = max(min(n_src - self.start, n_tgt), 0)
         text = f"slice axis {self.axis}: {n:,} of {n_tgt:,} {_unit(self.axis, ndim, n_tgt)} copied"
+        if n_src > n:  # (which of the checkpoint's: the report names them)
+            text += f" (checkpoint {_unit(self.axis, ndim, n)} {self.start}..{self.start + n - 1} of {n_src:,})"
         if n_tgt > n:
             text += f", {n_tgt - n:,} {rest}"
         if n_src > n:
@@ -585,8 +603,11 @@ class Slice:
         return text
 
     def to_dict(self) -> dict:
-        """JSON-ready data: kind, target, axis, init."""
-        return {"kind": "slice", "target": self.target, "axis": self.axis, "init": self.init}
+        """JSON-ready data: kind, target, axis, init (and start, when not 0)."""
+        out = {"kind": "slice", "target": self.target, "axis": self.axis, "init": self.init}
+        if self.start:
+            out["start"] = self.start
+        return out
 
 
 @dataclass(frozen=True)

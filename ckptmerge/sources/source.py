@@ -34,7 +34,7 @@ import numpy as np
 
 from ..args import check_bool, check_path, check_step, check_str
 from ..errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
-from ..planning.rules import Rules, map_pairs
+from ..planning.rules import MapRule, Rules, map_pairs
 from ..redact import get_logger, redact_cached
 from ..specs import VariableInfo, by_name, model_variables, normalize_name
 from ..text import quote_name
@@ -607,9 +607,32 @@ class LayoutHandle(SourceHandle):
             self.findings = [*self.inner.findings, *self._layout.findings(self.inner.label, targets)]
 
     def view(self, rules: Rules) -> "SourceView":
-        """As :meth:`SourceHandle.view`, naming the layout and the tensors it could not decide."""
-        return dataclasses.replace(super().view(rules), layout=self.source.layout,
+        """As :meth:`SourceHandle.view`, naming the layout and the tensors it could not decide.
+
+        ``map`` keys may be PyTorch's own names: a raw key that the layout turns into one tensor
+        (``model.embed_tokens.weight`` -> ``model/embed_tokens/embeddings``) stands for it, and a
+        dotted scope (``model.layers.0.``) for the ``/`` scope the layout writes."""
+        return dataclasses.replace(super().view(self._torch_names(rules)), layout=self.source.layout,
                                    undecided=tuple(n for n, _ in self._layout.undecided))
+
+    def _torch_names(self, rules: Rules) -> Rules:
+        if not rules.maps or not any("." in m.source for m in rules.maps):
+            return rules
+        outputs: Dict[str, List[str]] = {}
+        for name, e in self.entries.items():
+            for k in e.sources:
+                outputs.setdefault(k, []).append(name)
+        raw = set(self._by_key)
+        maps = []
+        for m in rules.maps:
+            source = m.source
+            if source not in self.entries:
+                if len(outputs.get(source, ())) == 1:
+                    source = outputs[source][0]
+                elif source.endswith(".") and any(k.startswith(source) for k in raw):
+                    source = source.replace(".", "/")
+            maps.append(m if source == m.source else MapRule(source, m.target))
+        return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """Read the source tensors the named outputs need, then compute each output."""
@@ -659,7 +682,8 @@ class LayoutHandle(SourceHandle):
 def _settled(source: Source, name: str) -> bool:
     """Whether the user decided an undecided layout tensor: its map target has a Transpose, or is
     an Embedding's ``embeddings``."""
-    target = (source.map or {}).get(name)
+    mapping = dict(source._map_items())
+    target = mapping.get(name, mapping.get(name.replace("/", ".")))  # (its own name, or PyTorch's)
     if not isinstance(target, str):
         return False
     if target.rsplit("/", 1)[-1] == "embeddings":
