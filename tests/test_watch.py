@@ -365,6 +365,17 @@ def test_safetensors_step_folders_wait_for_every_shard(tmp_path):
     writer.join()
 
 
+def test_an_empty_step_folder_is_waited_for_not_an_error(tmp_path):
+    # A trainer makes checkpoint-500/ first and copies its shards in afterwards: a look between
+    # the two finds the folder with no file in it (this raised StopIteration from the pinning).
+    (tmp_path / "checkpoint-500").mkdir()
+    assert steps(cm.watch(tmp_path, timeout=0)) == []
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.zeros(2, np.float32)}, str(tmp_path / "checkpoint-500" / "model.safetensors"))
+    assert steps(cm.watch(tmp_path, timeout=0)) == [500]
+
+
 def test_keras_weights_series_and_safetensors_files_are_followed_by_step(tmp_path):
     import keras
     from safetensors.numpy import save_file

@@ -207,6 +207,8 @@ class PinFolders:
                 be pinned).
             FilesChanged: a file is no longer the one listed (written to, or replaced, since).
         """
+        if not files:
+            raise ValueError(f"nothing to pin for {path!r}: it lists no files")
         first = next(iter(files))
         dev = files[first][0]
         root = self._root_for(dev, base)
