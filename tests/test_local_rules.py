@@ -187,6 +187,28 @@ class _nothing:
         return False
 
 
+@pytest.mark.parametrize("kind", ["outside", "fifo"])
+def test_a_keras_weights_json_naming_a_shard_that_links_out_or_is_no_file_is_refused(tmp_path, kind):
+    """A Keras 3 sharded set (``model.weights.json``) leads to its shards as an index does."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shard = folder / "model_00000.weights.h5"
+    if kind == "outside":
+        secret = tmp_path / "private" / "secret.h5"
+        secret.parent.mkdir()
+        secret.write_bytes(b"not for you")
+        shard.symlink_to(secret)
+    else:
+        os.mkfifo(shard)
+    index = folder / "model.weights.json"
+    index.write_text(json.dumps({"weight_map": {"layers/dense": "model_00000.weights.h5"}}), encoding="utf-8")
+    with _Unblocker(shard), pytest.raises(CheckpointFormatError, match="the shard model_00000.weights.h5 it names") as e:
+        cm.list_variables(str(index))
+    assert ("outside the folder" if kind == "outside" else "is a FIFO (named pipe)") in str(e.value)
+    r = run("ls", index)
+    assert r.exit_code == 2 and "Traceback" not in r.output and "model_00000.weights.h5" in r.stderr, r.output
+
+
 def test_an_index_shard_linking_inside_its_folder_is_read(tmp_path):
     folder = tmp_path / "model"
     _write(folder / "real" / "shard-a.safetensors", {"a": W})

@@ -26,6 +26,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader
 from ckptmerge.formats.h5 import H5Reader
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.localfile import link_problem
 from ckptmerge.formats.safetensors import read_json_file
 from ckptmerge.specs import VariableInfo
 from ckptmerge.text import escape_name
@@ -128,6 +129,11 @@ class KerasShardsReader(CheckpointReader):
         folder = storage.dirname(storage.abspath(path))
         self.files = [storage.join(folder, f) for f in order]
         for f in self.files:
+            problem = None if storage.is_url(f) else link_problem(folder, f)  # a folder's rules
+            if problem:
+                raise CheckpointFormatError(
+                    f"Cannot read Keras sharded weights {escape_name(os.path.basename(path))}: the shard "
+                    f"{escape_name(os.path.basename(f))} it names {problem}.", path=f)
             if not storage.isfile(f):
                 raise CheckpointNotFoundError(
                     f"Shard {os.path.basename(f)!r} named by {os.path.basename(path)} does not exist in "
