@@ -275,6 +275,59 @@ def test_a_layer_reached_through_a_property_restores_as_load_weights_does(keras,
     _assert_same(ours, normal)
 
 
+def _task(keras):
+    """saving_api_test's task model: a backbone (a Functional subclass) owns a 'decoder' layer that
+    is not in its graph; the task calls it. The decoder is reached as 'backbone/decoder' only."""
+
+    class Backbone(keras.Model):
+        def __init__(self):
+            decoder = keras.layers.Dense(2, name="decoder")
+            inputs = keras.Input((3,))
+            super().__init__(inputs, keras.layers.Dense(4, name="encoder")(inputs))
+            self.decoder = decoder
+
+    class Task(keras.Model):
+        def __init__(self, backbone):
+            super().__init__(backbone.input, backbone.decoder(backbone(backbone.input)))
+            self.backbone = backbone
+
+    model = Task(Backbone())
+    model(np.ones((1, 3)))
+    return model
+
+
+def test_a_layer_owned_by_a_sub_model_outside_its_graph_restores_as_load_weights_does(keras, folder):
+    saved, ours, report = parity(folder, "task", lambda: _task(keras))
+    _assert_same(ours, saved)
+    decoder = ours.backbone.decoder
+    assert report.plan.assignments[decoder.kernel.path].key == "layers/backbone/decoder/vars/0"
+    # load_weights(objects_to_skip=the backbone's layers): the entries named by their variables'
+    # paths excluded, the variables allowed missing
+    theirs, skipping = _task(keras), _task(keras)
+    for v, w in zip(skipping.weights, theirs.weights):
+        v.assign(w.numpy())
+    theirs.load_weights(str(folder / "task.weights.h5"), objects_to_skip=list(theirs.backbone._flatten_layers()))
+    backbone = [v.path for v in skipping.backbone.weights]
+    cm.restore(skipping, [cm.Source(str(folder / "task.weights.h5"), exclude=backbone)], allow_missing=backbone)
+    _assert_same(skipping, theirs)
+
+
+def test_an_unzipped_model_folder_restores_as_load_model_reads_it(keras, folder):
+    """saving_api_test's save_unzipped: config.json and model.weights.h5 in a folder; the folder is the source."""
+
+    def build():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(5), keras.layers.Softmax()])
+
+    saved = build()
+    _randomize(saved)
+    path = folder / "unzipped_model"
+    keras.saving.save_model(saved, str(path), zipped=False)
+    ours = build()
+    report = cm.restore(ours, [cm.Source(str(path))])
+    assert len(report.restored) == 2
+    _assert_same(ours, keras.saving.load_model(str(path)))
+
+
 # -- layers of every kind ------------------------------------------------------------------------
 
 def _convolutions(keras):
