@@ -20,7 +20,7 @@ from _cli_util import REPO, assert_one_line_error, run
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 REMOTE_SETTINGS = ["CKPTMERGE_REMOTE_RETRIES", "CKPTMERGE_REMOTE_CONCURRENCY", "CKPTMERGE_REMOTE_BLOCK",
-                   "CKPTMERGE_REMOTE_LOCK", "CKPTMERGE_REMOTE_TIMEOUT"]
+                   "CKPTMERGE_REMOTE_LOCK", "CKPTMERGE_REMOTE_TIMEOUT", "CKPTMERGE_REMOTE_DEADLINE"]
 
 
 # -- the setting classes ------------------------------------------------------------------------
@@ -120,9 +120,9 @@ def test_a_bad_orbax_timeout_is_a_clear_error_when_a_url_is_waited_for(monkeypat
     done = Future()
     done.set_result(7)
     assert wait(done, "reading", Location("memory://knobs-orbax/state")) == 7
-    monkeypatch.setenv("CKPTMERGE_REMOTE_TIMEOUT", raw)
+    monkeypatch.setenv("CKPTMERGE_REMOTE_DEADLINE", raw)  # a TensorStore read is one read: its deadline
     assert wait(done, "reading", Location("/tmp")) == 7  # a local read has no time bound: never read
-    with pytest.raises(SettingError, match="CKPTMERGE_REMOTE_TIMEOUT=.*from 0.001 to 604800"):
+    with pytest.raises(SettingError, match="CKPTMERGE_REMOTE_DEADLINE=.*from 0.001 to 604800"):
         wait(done, "reading", Location("memory://knobs-orbax/state"))
 
 
@@ -157,7 +157,7 @@ def test_one_attempt_is_no_retry_and_still_a_clear_error(monkeypatch):
 
     calls = []
 
-    def flaky():
+    def flaky(seconds_left=None):  # (the time left before the deadline)
         calls.append(1)
         raise ConnectionError("reset by peer")
 

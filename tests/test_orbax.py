@@ -391,7 +391,7 @@ def test_a_remote_read_that_outlasts_the_time_limit_is_a_clear_error(memory_copy
         monkeypatch.setenv(orbax_store.REMOTE_TIMEOUT.name, "0.5")
         try:
             with pytest.raises(CheckpointFormatError, match=r"Timed out after 0\.5 s while reading array "
-                                                            r".*\(CKPTMERGE_REMOTE_TIMEOUT sets the limit\)") as err:
+                                                            r".*\(CKPTMERGE_REMOTE_DEADLINE sets the limit\)") as err:
                 r.get("params/Dense_0/kernel")
         finally:
             release.set()

@@ -1,57 +1,41 @@
 """Checkpoints in object storage: a real S3 API on localhost (moto's server), and memory://.
 
-The S3 tests start ``moto.server.ThreadedMotoServer`` on a free loopback port and point s3fs at
-it (``AWS_ENDPOINT_URL`` for child processes, fsspec's config in this one): the same HTTP API a
-bucket speaks, no mocks of ckptmerge. A small HTTP proxy in front of it injects faults (HTTP 500
-and dropped connections on ranged reads) for the retry and atomicity tests.
+The S3 tests run moto's server on a free loopback port behind a small proxy that injects faults
+(HTTP 500 and dropped connections on ranged reads) for the retry and atomicity tests
+(tests/_remote_util.py): the same HTTP API a bucket speaks, no mocks of ckptmerge.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _remote_util import start_s3, write_run
 
 import ckptmerge as cm
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, RestoreError
+from ckptmerge.errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    RestoreError,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 W = np.arange(12, dtype=np.float32).reshape(3, 4)
 BIG = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_run(directory: Path) -> None:
-    """A CheckpointManager directory: steps 100 and 200 (w doubled), a big tensor, a state file."""
-    import tensorflow as tf
-
-    m = tf.Module()
-    m.w = tf.Variable(W, name="w")
-    m.big = tf.Variable(BIG, name="big")
-    mgr = tf.train.CheckpointManager(tf.train.Checkpoint(model=m), str(directory), max_to_keep=5)
-    mgr.save(100)
-    m.w.assign(W * 2)
-    mgr.save(200)
 
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
-    _write_run(d)
+    write_run(d, W, BIG)
     return d
 
 
@@ -113,92 +97,10 @@ def test_restore_from_memory_url_and_merge_to_local(tmp_path, memory_run):
 # -- S3 on localhost --------------------------------------------------------------------------
 
 
-class _FaultyProxy:
-    """Forwards HTTP to the S3 server; ``fail_ranged`` ranged GETs answer 500 or drop the connection."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = upstream_port
-        self.fail_ranged = 0
-        self.mode = "500"
-        self.ranged_gets = 0
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):  # quiet
-                pass
-
-            def _forward(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                if self.command == "GET" and "Range" in self.headers:
-                    proxy.ranged_gets += 1
-                    if proxy.fail_ranged > 0:
-                        proxy.fail_ranged -= 1
-                        if proxy.mode == "drop":
-                            self.close_connection = True
-                            self.connection.shutdown(socket.SHUT_RDWR)
-                            return
-                        msg = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
-                        self.send_response(500)
-                        self.send_header("Content-Length", str(len(msg)))
-                        self.end_headers()
-                        self.wfile.write(msg)
-                        return
-                conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream, timeout=30)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                head = self.command == "HEAD"  # keep the upstream's Content-Length: the object's size
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection") and (head or k.lower() != "content-length"):
-                        self.send_header(k, v)
-                if not head:
-                    self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-
-
 @pytest.fixture(scope="module")
 def s3(local_run):
     """A moto S3 server on localhost (behind a fault-injecting proxy) holding bucket 'ckpts'."""
-    import fsspec
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    proxy = _FaultyProxy(port)
-    endpoint = f"http://127.0.0.1:{proxy.port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    fsspec.config.conf["s3"] = {"client_kwargs": {"endpoint_url": endpoint}, "skip_instance_cache": True}
-    fs = fsspec.filesystem("s3")
-    fs.mkdir("ckpts")
-    _upload(fs, local_run, "s3://ckpts/run")
-    yield {"proxy": proxy, "env": env, "url": "s3://ckpts/run"}
-    fsspec.config.conf.pop("s3", None)
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    proxy.close()
-    server.stop()
+    yield from start_s3(local_run)
 
 
 def _cli(s3, *args):
@@ -600,17 +502,36 @@ def test_a_keras_model_restores_from_a_remote_keras_archive(memory_formats):
     np.testing.assert_array_equal(fresh.layers[0].kernel.numpy(), np.arange(12, dtype=np.float32).reshape(4, 3))
 
 
-def test_a_file_url_output_is_locked_with_an_exclusive_create(memory_run, tmp_path):
-    from ckptmerge.errors import OutputLockedError
-
-    out = f"file://{tmp_path}/merged"
-    (tmp_path / "merged.lock").write_text("{}")  # held by an unknown writer
-    with pytest.raises(OutputLockedError, match="an unknown writer"):
+def test_a_file_url_output_is_a_local_merge_into_folders_it_creates(memory_run, tmp_path):
+    # file:// is a local path: the folders are created, the publish is the local atomic one
+    # (its flock, no lock object), and a local source is refused as the output however it is named
+    out = f"file://{tmp_path}/new/deeper/merged"
+    report = cm.merge([cm.Source(memory_run, step=100)], out)
+    assert report.output == out
+    assert sorted(p.name for p in (tmp_path / "new" / "deeper").iterdir()) == [
+        "merged.data-00000-of-00001", "merged.index"]
+    np.testing.assert_array_equal(cm.load(str(tmp_path / "new" / "deeper" / "merged"), ["w"])["w"], W)
+    with pytest.raises(cm.CkptMergeError, match="already exists"):
         cm.merge([cm.Source(memory_run, step=100)], out)
-    (tmp_path / "merged.lock").unlink()
-    cm.merge([cm.Source(memory_run, step=100)], out)
-    assert not (tmp_path / "merged.lock").exists()
-    np.testing.assert_array_equal(cm.load(str(tmp_path / "merged"), ["w"])["w"], W)
+    local = str(tmp_path / "new" / "deeper" / "merged")
+    for source, output in ((local, out), (out, local), (out, f"file://{tmp_path}/new/../new/deeper/merged")):
+        with pytest.raises(cm.ArgumentError, match="is the checkpoint of"):
+            cm.merge([cm.Source(source)], output, overwrite=True)
+    np.testing.assert_array_equal(cm.load(local, ["w"])["w"], W)
+
+
+def test_cli_merge_to_a_file_url_in_a_missing_folder(memory_run, tmp_path):
+    import fsspec
+    from _cli_util import run, write_config
+
+    local = tmp_path / "src"
+    local.mkdir()
+    for name in fsspec.filesystem("memory").ls(memory_run, detail=False):
+        (local / name.rsplit("/", 1)[-1]).write_bytes(fsspec.filesystem("memory").cat_file(name))
+    config = write_config(tmp_path / "m.yaml", f"sources:\n  - path: {local}\n    step: 100\n")
+    r = run("merge", config, "-o", f"file://{tmp_path}/out/sub/merged", "-q")
+    assert r.exit_code == 0, r.output
+    np.testing.assert_array_equal(cm.load(str(tmp_path / "out" / "sub" / "merged"), ["w"])["w"], W)
 
 
 def test_a_persistent_s3_failure_reading_safetensors_names_the_url_and_tensor(s3, format_files, monkeypatch):

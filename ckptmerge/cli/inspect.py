@@ -8,7 +8,6 @@ import fnmatch
 import functools
 import math
 import operator
-import os
 from typing import (
     Any,
     Callable,
@@ -24,6 +23,7 @@ from typing import (
 import click
 
 from ..errors import UnreadableTensorError, did_you_mean
+from ..formats.io.urlpath import relative_to
 from ..gcpause import paused_gc
 from ..jsonout import Records
 from ..formats.kerasnames import layer_of
@@ -692,13 +692,9 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
     from ..sources.resolve import checkpoints
 
     infos = checkpoints(directory)
-    base = os.path.abspath(directory)
 
     def rel(p: str) -> str:
-        try:
-            return os.path.relpath(p, base)
-        except ValueError:  # pragma: no cover - other drive on Windows
-            return p
+        return relative_to(p, directory)
 
     if as_json:
         echo_json([{"name": redact(rel(c.path)), "path": redact(c.path), "step": c.step, "time": c.time,

@@ -34,6 +34,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
 from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.urlpath import add_suffix, path_part, strip_suffix
 from ckptmerge.formats.kerasshards import KerasShardsReader, is_keras_shards
 from ckptmerge.formats.numpy_files import NumpyReader, holds_npy, is_npz
 from ckptmerge.formats.orbax import OrbaxReader, is_orbax
@@ -89,26 +90,27 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     """
     path = local_path(os.fspath(path))  # a file:// URL is a local path: the local rules apply
     # A URL (object storage) takes the same steps through storage's helpers: ranged reads.
-    if storage.isfile(path + ".index"):
+    name = path_part(path)  # a URL's name tests look at its path, not its query
+    if storage.isfile(add_suffix(path, ".index")):
         return BundleReader(path, verify=verify)
     if V1_PATTERN_RE.search(path) and not storage.exists(path):
         return V1Reader(path, verify=verify)
     if storage.isfile(path):
         if is_keras_shards(path):
             return KerasShardsReader(path, verify=verify)
-        if is_hdf5(path) or (path.lower().endswith(".keras") and is_keras_archive(path)):
+        if is_hdf5(path) or (name.lower().endswith(".keras") and is_keras_archive(path)):
             return H5Reader(path, verify=verify)
-        if path.endswith(INDEX_SUFFIX) or path.lower().endswith(".safetensors") or is_safetensors(path):
+        if name.endswith(INDEX_SUFFIX) or name.lower().endswith(".safetensors") or is_safetensors(path):
             return SafetensorsReader(path, verify=verify)  # (a damaged one: its error says what is wrong)
         if is_npz(path):
             return NumpyReader(path, verify=verify)
-        if path.endswith(".index"):
+        if name.endswith(".index"):
             raise CheckpointFormatError(
                 f"{path!r} is an index file; pass the checkpoint prefix without '.index': "
-                f"{path[:-len('.index')]!r}.", path=path)
+                f"{strip_suffix(path, '.index')!r}.", path=path)
         if is_leveldb_table(path):
             return V1Reader(path, verify=verify)
-        if path.lower().endswith(_H5_SUFFIXES):
+        if name.lower().endswith(_H5_SUFFIXES):
             raise CheckpointFormatError(
                 f"{path!r} is not an HDF5 file (no HDF5 signature); it is corrupt or was saved in "
                 "another format. Re-copy it, or re-save the weights with Keras "

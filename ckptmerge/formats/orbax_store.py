@@ -14,7 +14,7 @@ redaction are those of :mod:`ckptmerge.formats.io.storage`: a small HTTP server 
 interface (one per process, started on first use) serves TensorStore's
 ``http`` driver the byte ranges it asks for, each fetched with fsspec, only for keys inside
 the checkpoint, under a random secret path per open checkpoint (:mod:`~ckptmerge.formats.orbax_bridge`). Every TensorStore future is
-waited for with a time bound for URLs (:data:`REMOTE_TIMEOUT`).
+waited for with a time bound for URLs (:data:`REMOTE_TIMEOUT`, ``CKPTMERGE_REMOTE_DEADLINE``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Dict, List, Optional
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.remote_policy import DEADLINE
 from ckptmerge.formats.orbax_bridge import bridge
-from ckptmerge.knobs import FloatSetting
 from ckptmerge.redact import get_logger
 from ckptmerge.text import escape_name, quote_name
 
@@ -41,10 +41,9 @@ INSTALL_HINT = 'pip install "ckptmerge[orbax]"'
 #: Largest JSON file (``_METADATA``, ``_strings.json``, zarr metadata) read: 512 MiB holds
 #: the metadata of millions of arrays.
 MAX_JSON = 512 << 20
-#: Seconds one TensorStore read over a URL may take before it is given up
-#: (``CKPTMERGE_REMOTE_TIMEOUT``, default 300), read and checked when a URL is read.
-REMOTE_TIMEOUT = FloatSetting("CKPTMERGE_REMOTE_TIMEOUT", 300.0, 0.001, 7 * 86400.0,
-                              "the seconds one read of an Orbax checkpoint by URL may take")
+#: Seconds one TensorStore read over a URL may take before it is given up: one remote read's
+#: deadline (``CKPTMERGE_REMOTE_DEADLINE``, default 300), read and checked when a URL is read.
+REMOTE_TIMEOUT = DEADLINE
 
 _TS: Any = None
 
@@ -84,7 +83,7 @@ def wait(future: Any, what: str, where: "Location", *, key: Optional[str] = None
         future.cancel()
         raise CheckpointFormatError(
             f"Timed out after {limit:g} s while {what} from {quote_name(where.display)} "
-            "(CKPTMERGE_REMOTE_TIMEOUT sets the limit).", path=where.root, key=key) from None
+            "(CKPTMERGE_REMOTE_DEADLINE sets the limit).", path=where.root, key=key) from None
     except Exception as e:  # noqa: BLE001 - TensorStore raises ValueError, OSError, ...
         raise where.error_from(e, what, key=key) from None
 

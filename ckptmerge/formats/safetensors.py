@@ -32,6 +32,7 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.formats.io.localfile import link_problem
+from ckptmerge.formats.io.urlpath import has_suffix
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
@@ -148,7 +149,7 @@ class SafetensorsReader(CheckpointReader):
         self._lock = threading.Lock()
         self._fds = Descriptors()
         self.metadata: Dict[str, str] = {}
-        if path.endswith(INDEX_SUFFIX):
+        if has_suffix(path, INDEX_SUFFIX):  # a URL's name is its path, not its query
             self.files = self._shards_from_index(path)
         elif storage.isdir(path):
             self.files = self._shards_in_dir(path)

@@ -1,18 +1,20 @@
 """The one entry point of merges: :func:`merge` chooses the local or the remote path by the output.
 
 A local prefix is written by :func:`ckptmerge.merging.local.merge_local` (per-tensor jobs, an
-atomic publish). A URL is merged into a local temporary prefix the same way, then uploaded by
-:func:`ckptmerge.merging.remote.merge_to_url` (data first, the index last). Neither path imports
-the other.
+atomic publish); so is a ``file://`` URL, which is a local path (created folders, the local lock,
+the atomic publish). Any other URL is merged into a local temporary prefix the same way, then
+uploaded by :func:`ckptmerge.merging.remote.merge_to_url` (data first, the index last, the old
+checkpoint readable until the new one is complete). Neither path imports the other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional, Sequence, Union
 
 from ..errors import ArgumentError
-from ..formats.io.storage import is_url
+from ..formats.io.storage import filesystem, is_url
 from ..render.report import Report
 from ..sources.opening import SourcesArg
 from .local import MergeReport, Progress, TemplateArg, merge_local
@@ -131,10 +133,14 @@ def merge(
                    on_shape_mismatch=on_shape_mismatch, cast=cast, strict=strict, overwrite=overwrite,
                    dry_run=dry_run, update_state=update_state, progress=progress, verify=verify,
                    durable=durable, format=format, layout=layout, record_paths=record_paths)
-    if is_url(out_prefix):  # object storage: merge locally, then upload (data first, index last)
+    if is_url(out_prefix):
+        url = os.fspath(out_prefix)
+        fs, path = filesystem(url)
+        if type(fs).__name__ == "LocalFileSystem":  # file://: a local path, with every local rule
+            return dataclasses.replace(merge_local(sources, path, **options), output=url)
         if format == "orbax":
-            raise ArgumentError(f"format='orbax' writes to a local folder; {os.fspath(out_prefix)!r} is a URL. Merge "
+            raise ArgumentError(f"format='orbax' writes to a local folder; {url!r} is a URL. Merge "
                                 "to a local folder, then copy it up (gsutil -m cp -r, aws s3 cp --recursive), the "
                                 "commit_success.txt files last.")
-        return merge_to_url(merge_local, sources, os.fspath(out_prefix), **options)
+        return merge_to_url(merge_local, sources, url, **options)  # merge locally, then upload
     return merge_local(sources, out_prefix, **options)

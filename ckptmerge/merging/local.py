@@ -505,9 +505,14 @@ def merge_local(
     format: Optional[str] = None,
     layout: Optional[str] = None,
     record_paths: bool = True,
+    claim_output: Optional[Callable[[List[Tuple[str, str]]], None]] = None,
 ) -> Report:
     """:func:`ckptmerge.merge` to a local prefix (the arguments are its own; see
     :mod:`ckptmerge.merging.dispatch`).
+
+    ``claim_output`` (for :func:`~ckptmerge.merging.remote.merge_to_url`, whose local prefix is
+    a temporary one) is called with the resolved inputs, ``[(label, prefix)]``, once they are known
+    and before any checkpoint is opened: it checks the real output against them and locks it.
 
     Example:
         >>> merge_local([Source("runs/A")], "runs/C/merged")   # doctest: +SKIP
@@ -545,6 +550,8 @@ def merge_local(
         template_prefix = resolve_checkpoint(tvalue).prefix
         inputs.append((f"the template {quote_name(tvalue)}", template_prefix))
     _check_not_an_input(out_abs, given, inputs)
+    if claim_output is not None:
+        claim_output(inputs)
     if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock
         if fmt == FORMAT_TF:
             check_no_output(out_abs, given, _REPLACE_HINT)

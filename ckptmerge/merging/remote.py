@@ -3,21 +3,37 @@
 The merge itself runs exactly as for a local output, into a private temporary folder (so every
 check, the plan, streaming and checksums are the same code). The files are then uploaded through
 fsspec (``s3fs`` and friends upload large files as multipart uploads, streamed from disk, in
-bounded memory) in the order a reader needs: **data objects first, the index last**, so no reader
-ever sees an index whose data is incomplete. Object stores have no atomic rename, so replacing an
-existing checkpoint (``overwrite=True``) first deletes its index: during the upload the prefix
-reads as "no checkpoint", never as a mix of old and new. An upload that fails or is interrupted
-removes the objects it wrote (an unfinished multipart upload is aborted by the filesystem
-library) and leaves no index. With ``update_state`` the directory's ``checkpoint`` state file is
-written last, after the index (earlier entries kept, as for a local output).
+bounded memory, which the store shows only once complete).
+
+**The prefix always reads as one whole checkpoint, the old one or the new one.** A TF
+checkpoint's index names no data object: the prefix and the shard count in its header do. So the
+new data objects take names no object at the prefix has (the natural shard count, else one more
+with an empty trailing shard: ``merged.data-00000-of-00002`` beside an old
+``merged.data-00000-of-00001``), they are uploaded while the old index still reads the old data,
+then one PUT of the index switches readers from old to new, and only then are the old data
+objects removed. A failure or Ctrl-C before that PUT removes the objects this merge uploaded (the
+old checkpoint is untouched); a PUT whose answer was lost is read back to tell whether it landed.
+Nothing is deleted before the new checkpoint is complete. A single-file output (``.safetensors``,
+``.weights.h5``) is one object, replaced by one upload. With ``update_state`` the directory's
+``checkpoint`` state file is written last, after the index (earlier entries kept, as for a local
+output). Ctrl-C is held back while a single request is in flight (an upload, the index PUT, the
+lock), so no request lands after the merge has cleaned up: it takes effect between requests.
+
+A merge that is killed outright (SIGKILL, a lost machine) leaves at most data objects that no
+index names, and its lock: the next merge with ``overwrite`` removes such objects (without it,
+it refuses and names them, as for a local prefix).
 
 Two merges to one output are kept apart by a lock object, ``<prefix>.lock``, created with the
-store's atomic create-if-absent (S3: a conditional PUT, ``If-None-Match: *``) before anything is
-checked or written and deleted when the merge ends, however it ends. A second merge finds it and
-fails at once, naming the holder (host, process, start time). A merge killed without a chance to
-clean up (SIGKILL, a lost machine) leaves its lock behind: the error shows its age; delete the
-object when that merge is known to be gone. Locks are never broken automatically: object stores
-have no compare-and-delete, so two merges that both judged a lock stale could both proceed.
+store's atomic create-if-absent (S3: a conditional PUT, ``If-None-Match: *``) once the inputs are
+resolved and checked, before anything is read or written, and deleted when the merge ends,
+however it ends. A second merge finds it and fails at once, naming the holder (host, process,
+start time). A lock whose holder provably no longer runs (recorded on this machine, in this
+process-id namespace, by a process that is gone) is removed by the next merge, which says so;
+any other lock is never broken automatically (object stores have no compare-and-delete, so two
+merges on different machines that both judged a lock stale could both proceed): the error shows
+its age, and the user deletes it once that merge is known to be gone.
+
+A ``file://`` output never comes here: it is a local path (:mod:`ckptmerge.merging.dispatch`).
 Nothing here imports TensorFlow.
 """
 
@@ -32,22 +48,37 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
-from ..errors import CheckpointWriteError, OutputExistsError, OutputLockedError
+from ..errors import (
+    ArgumentError,
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    OutputExistsError,
+    OutputLockedError,
+)
+from ..formats.io.interrupts import HeldInterrupts
+from ..formats.io.output_prefix import (
+    existing_output_error,
+    machine_tag,
+    process_gone,
+    shard_count,
+)
 from ..formats.io.storage import (
-    basename,
     create_exclusive,
-    dirname,
-    filesystem,
-    join,
+    forget_listings,
     read_small,
     remote_exists,
     remote_listdir,
+    remove_object,
+    upload_file,
+    write_object,
 )
+from ..formats.io.urlpath import add_suffix, basename, dirname, join
+from ..formats.tf.writer import pad_shards
 from ..knobs import FlagSetting
 from ..redact import get_logger
-from ..sources.files import DATA_RE, INDEX
+from ..sources.files import DATA_RE, INDEX, same_checkpoint_path
 from ..sources.state import state_file_text
 from ..text import escape_name, quote_name
 
@@ -55,17 +86,19 @@ __all__ = ["merge_to_url"]
 
 logger = get_logger(__name__)
 
+_TEMP_PREFIX = "ckptmerge-upload-"
+_REPLACE_HINT = "pass overwrite=True (ckptmerge merge --force)"
 
 
 def _remote_checkpoint_objects(url: str) -> List[str]:
-    """The index and data objects of a checkpoint at ``url`` (a prefix) that exist."""
+    """The index and data objects of a checkpoint at ``url`` (a prefix) that exist, index first."""
     parent, base = dirname(url), basename(url)
     try:
-        names = [e["name"] for e in remote_listdir(parent)]
-    except Exception:  # noqa: BLE001 - no such "directory": nothing there
-        return []
-    return [join(parent, n) for n in names
-            if n == base + INDEX or (n.startswith(base) and DATA_RE.fullmatch(n[len(base):]))]
+        names = sorted(e["name"] for e in remote_listdir(parent))
+    except CheckpointNotFoundError:  # no such "directory": nothing there (any other failure stops the merge:
+        return []                    # data names chosen without knowing what is there could be the live ones)
+    index = [join(parent, n) for n in names if n == base + INDEX]
+    return index + [join(parent, n) for n in names if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])]
 
 
 #: Whether remote merges take the lock object (``CKPTMERGE_REMOTE_LOCK=0``: keep writers apart yourself).
@@ -105,17 +138,55 @@ class _RemoteLock:
         if not LOCK.get():
             return self
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                           "token": self.token, "output": self.output}).encode()
-        if create_exclusive(self.url, body):
-            self.held = True
-            return self
-        holder = self._holder()
-        if holder.get("token") == self.token:  # our create landed but its answer was lost, then retried
-            self.held = True
-            return self
+                           "token": self.token, "output": self.output, "machine": machine_tag()}).encode()
+        try:
+            with HeldInterrupts():
+                if create_exclusive(self.url, body):
+                    self.held = True
+                    return self
+                holder = self._holder()
+                if holder.get("token") == self.token:  # our create landed, its answer was lost, then retried
+                    self.held = True
+                    return self
+                if self._gone(holder) and self._break(holder, body):
+                    self.held = True
+                    return self
+        except BaseException:
+            if not self.held and self._holder().get("token") == self.token:
+                self.held = True  # a create that landed though it reported an error: ours to remove
+            self.__exit__()
+            raise
         raise self._locked_error(holder)
 
+    @staticmethod
+    def _gone(holder: dict) -> bool:
+        """Whether the holder is a process of this machine and process namespace that has ended."""
+        mine = machine_tag()
+        pid = holder.get("pid")
+        return mine is not None and holder.get("machine") == mine and isinstance(pid, int) and \
+            not isinstance(pid, bool) and process_gone(pid)
+
+    def _break(self, holder: dict, body: bytes) -> bool:
+        """Replace the lock of a holder that is gone with ours. Breakers on this machine take
+        turns (a ``flock``), and each looks again under it, so two never both win; a merge on
+        another machine never breaks it, and can only win the create in between."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: machine_tag() is None there anyway
+            return False
+        with open(os.path.join(tempfile.gettempdir(), "ckptmerge-lock-break"), "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            if self._holder().get("token") != holder.get("token"):
+                return False
+            remove_object(self.url)
+            if not create_exclusive(self.url, body):
+                return False
+        logger.warning("removed the lock %s of process %s on this machine, which is no longer running (killed "
+                       "without cleaning up)", escape_name(self.url), holder.get("pid"))
+        return True
+
     def _holder(self) -> dict:
+        forget_listings(self.url)  # another process made it since this one last looked
         try:
             holder = json.loads(read_small(self.url, 1 << 16).decode("utf-8"))
         except Exception:  # noqa: BLE001 - gone, unreadable or not ours: still no holder to name
@@ -135,21 +206,61 @@ class _RemoteLock:
             return
         self.held = False
         try:
-            fs, path = filesystem(self.url)
-            fs.rm_file(path)
+            with HeldInterrupts():
+                remove_object(self.url)
         except Exception:  # noqa: BLE001 - the merge's own outcome matters more; say what is left
             logger.warning("could not remove the lock %s; delete it before the next merge to %s",
-                           self.url, self.output)
+                           escape_name(self.url), escape_name(self.output))
+
+
+def _check_not_an_input(url: str, inputs: Sequence[Tuple[str, str]]) -> None:
+    """Refuse an output URL that is the checkpoint of a source or the template (however spelt)."""
+    for label, prefix in inputs:
+        if same_checkpoint_path(url, prefix):
+            raise ArgumentError(
+                f"The output {quote_name(url)} is the checkpoint of {label} ({escape_name(prefix)}): merging into "
+                "a checkpoint that is being read would destroy it, even with overwrite=True. Write to another "
+                "prefix, then copy the result if you want to replace the input.")
+
+
+def _sweep_stale_temps() -> None:
+    """Remove the temporary folders of remote merges on this machine whose process is gone (killed)."""
+    tag = machine_tag()
+    if tag is None:
+        return
+    mark = f"{_TEMP_PREFIX}{tag.rsplit('/', 1)[-1]}-"
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(mark):].split("-", 1)[0] if name.startswith(mark) else ""
+        if pid.isdigit() and process_gone(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _temp_folder() -> str:
+    tag = machine_tag()
+    ns = f"{tag.rsplit('/', 1)[-1]}-" if tag else ""
+    return tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{ns}{os.getpid()}-")
 
 
 def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: Any) -> Any:
     """Run ``merge(sources, <local temp prefix>, **options)``, then upload the result to ``url``.
 
+    ``merge`` (:func:`~ckptmerge.merging.local.merge_local`) calls back once the inputs are
+    resolved: the URL is checked against each of them, then the lock is taken and the output
+    checked, before any checkpoint is read.
+
     Raises:
+        ArgumentError: ``url`` is the checkpoint of a source or of the template.
         OutputLockedError: another merge to ``url`` holds its lock object.
-        OutputExistsError: a checkpoint exists at ``url`` and ``overwrite`` is false.
-        CheckpointWriteError: an upload failed; the objects it wrote are removed (or, after the
-            index, the state file could not be written: the checkpoint itself is complete).
+        OutputExistsError: a checkpoint (or data left by a killed merge) is at ``url`` and
+            ``overwrite`` is false.
+        CheckpointWriteError: an upload failed; the prefix reads as its old checkpoint (or, once
+            the index is published, the old data objects or the state file could not be
+            updated: the new checkpoint itself is complete).
 
     Example:
         >>> merge_to_url(merge, [Source("runs/A")], "s3://bucket/release/model")  # doctest: +SKIP
@@ -160,28 +271,137 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
                                     "safetensors" if url.endswith(".safetensors") else "tf")
     update_state = bool(options.get("update_state")) and fmt == "tf"
     dry_run = options.get("dry_run")
-    tmp = tempfile.mkdtemp(prefix="ckptmerge-upload-")
-    try:
-        with (contextlib.nullcontext() if dry_run else _RemoteLock(url)):
-            existing = ([url] if remote_exists(url) else []) if fmt != "tf" else \
-                _remote_checkpoint_objects(url)
-            if existing and not options.get("overwrite"):
-                raise OutputExistsError(f"A checkpoint already exists at {quote_name(url)} ({quote_name(existing[0])}). "
-                                        "Choose another output, or pass overwrite=True (ckptmerge merge --force) to "
-                                        "replace it.", path=existing[0])
-            state = read_state_url(dirname(url)) if update_state else None  # a broken one fails first
-            local = os.path.join(tmp, basename(url))
-            # update_state goes through too, so its checks are the local merge's; the state file it
-            # writes in the temporary folder is not uploaded (the remote one is written below)
-            report = merge(sources, local, **{**options, "overwrite": True})
-            state_file: Optional[str] = None
+    found: List[str] = []
+    state: Any = None
+    _sweep_stale_temps()
+    with contextlib.ExitStack() as stack:
+        tmp = _temp_folder()
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+
+        def claim(inputs: Sequence[Tuple[str, str]]) -> None:
+            nonlocal found, state
+            _check_not_an_input(url, inputs)
             if not dry_run:
-                _upload(local, url, fmt, existing)
-                if update_state:
-                    state_file = _publish_state(url, state)
-        return dataclasses.replace(report, output=url, state_file=state_file)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+                stack.enter_context(_RemoteLock(url))
+            forget_listings(url)  # what other processes wrote since this one last listed the folder counts
+            found = ([url] if remote_exists(url) else []) if fmt != "tf" else _remote_checkpoint_objects(url)
+            if found and not options.get("overwrite"):
+                if fmt != "tf":
+                    raise OutputExistsError(f"A file already exists at {quote_name(url)}. Choose another output, or "
+                                            f"{_REPLACE_HINT} to replace it.", path=url)
+                raise existing_output_error(found, url, _REPLACE_HINT, kind="object")
+            if update_state:
+                state = read_state_url(dirname(url))  # a broken state file fails before anything is written
+
+        local = os.path.join(tmp, basename(url))
+        # update_state goes through too, so its checks are the local merge's; the state file it
+        # writes in the temporary folder is not uploaded (the remote one is written below)
+        report = merge(sources, local, **{**options, "overwrite": True}, claim_output=claim)
+        state_file: Optional[str] = None
+        if not dry_run:
+            if fmt != "tf":  # one file (.safetensors, .weights.h5): one object
+                _upload_object(local, url)
+            else:
+                _upload_checkpoint(local, url, [u for u in found if DATA_RE.search(u)])
+            if update_state:
+                state_file = _publish_state(url, state)
+    return dataclasses.replace(report, output=url, state_file=state_file)
+
+
+def _write_error(url: str, e: BaseException, what: str) -> CheckpointWriteError:
+    return CheckpointWriteError(f"Uploading the merge to {quote_name(url)} failed ({type(e).__name__}: "
+                                f"{escape_name(e)}); {what}", path=url)
+
+
+def _upload_object(local: str, url: str) -> None:
+    """One object (a .safetensors or .weights.h5 output): one upload replaces it whole, or leaves it as it was."""
+    try:
+        with HeldInterrupts():
+            upload_file(local, url)
+    except Exception as e:  # noqa: BLE001 - every store raises its own types
+        raise _write_error(url, e, "the object there, if any, is whole: the old one, unless the upload landed "
+                                   "before the error.") from e
+    logger.info("uploaded %s", url)
+
+
+def _upload_checkpoint(local: str, url: str, old_data: List[str]) -> None:
+    """Upload the TF checkpoint at the local prefix ``local`` to ``url`` next to ``old_data``
+    (the data objects there now), publish its index, then remove ``old_data``."""
+    folder, base = os.path.split(local)
+    natural = sorted(n for n in os.listdir(folder) if n.startswith(base) and DATA_RE.fullmatch(n[len(base):]))
+    count = shard_count(natural[0])
+    used = {shard_count(u) for u in old_data}
+    num = count
+    while num in used:  # the new data objects must not take a name an existing object has
+        num += 1
+    files = pad_shards(local, num) if num != count else [os.path.join(folder, n) for n in natural]
+    uploaded: List[str] = []
+    index = add_suffix(url, INDEX)
+    published: Optional[bool] = False
+    try:
+        for path in files:
+            dest = add_suffix(url, path[len(local):])
+            uploaded.append(dest)  # before the upload: one that lands despite an interrupt is removed too
+            with HeldInterrupts():
+                upload_file(path, dest)
+            logger.info("uploaded %s", dest)
+        with HeldInterrupts():  # the switch, and knowing that it happened, are one step
+            published = _publish_index(local + INDEX, index)
+    except BaseException as e:
+        if published:  # Ctrl-C during the switch, which happened: finish it, then stop
+            _remove(old_data, "of the replaced checkpoint")
+            raise
+        _remove(uploaded, "after a failed upload")
+        if isinstance(e, Exception):
+            raise _write_error(url, e, "the objects it wrote were removed, and the checkpoint there, if any, is "
+                                       "as it was.") from e
+        raise
+    if published is None:  # the index PUT failed, and reading it back did not tell whether it landed
+        raise CheckpointWriteError(
+            f"Uploading the index {quote_name(index)} failed, and reading it back did not tell whether it landed. "
+            f"The prefix {quote_name(url)} reads as the old checkpoint or as the complete new one; its data "
+            "objects were left in place. Merge again with overwrite=True (ckptmerge merge --force) to finish.",
+            path=index)
+    logger.info("published %s", index)
+    _remove(old_data, "of the replaced checkpoint")  # no index names them any more
+
+
+def _publish_index(local_index: str, index: str) -> Optional[bool]:
+    """PUT the index (the switch from the old checkpoint to the new one). A failed PUT may still
+    have landed (its answer lost): the object is read back. Returns True if the new index is in
+    place, None if that cannot be told; raises if it is certainly not in place."""
+    with open(local_index, "rb") as f:
+        data = f.read()
+    try:
+        upload_file(local_index, index)
+        return True
+    except Exception as e:  # noqa: BLE001 - every store raises its own types
+        try:
+            forget_listings(index)
+            landed = read_small(index, len(data) + 1) == data
+        except CheckpointNotFoundError:  # no index there (there was none before): certainly not ours
+            landed = False
+        except Exception:  # noqa: BLE001 - the store does not answer: we cannot tell
+            logger.warning("uploading %s failed (%s), and it could not be read back", escape_name(index), e)
+            return None
+        if landed:
+            logger.info("uploading %s reported %s, but the new index is in place", escape_name(index), e)
+            return True
+        raise
+
+
+def _remove(urls: List[str], why: str) -> None:
+    """Delete objects, best effort (held from Ctrl-C until all are done); say which are left."""
+    left = []
+    with HeldInterrupts():  # all of them: a Ctrl-C in between would leave the rest behind
+        for u in reversed(urls):
+            try:
+                remove_object(u)
+            except Exception:  # noqa: BLE001 - best effort; they are named below
+                left.append(u)
+    if left:
+        logger.warning("could not remove %d object(s) %s: %s; no index names them (merge again with --force to "
+                       "remove them, or delete them)", len(left), why, ", ".join(escape_name(u) for u in left))
 
 
 def _publish_state(url: str, state: Any) -> str:
@@ -189,48 +409,12 @@ def _publish_state(url: str, state: Any) -> str:
     target = join(dirname(url), "checkpoint")
     text = state_file_text(url, state)
     try:
-        fs, path = filesystem(target)
-        fs.pipe_file(path, text.encode("utf-8", "surrogateescape"))
+        with HeldInterrupts():
+            write_object(target, text.encode("utf-8", "surrogateescape"))
     except Exception as e:  # noqa: BLE001 - every store raises its own types
         raise CheckpointWriteError(
             f"The checkpoint {quote_name(url)} was uploaded, but its directory's state file {quote_name(target)} "
-            f"could not be updated ({type(e).__name__}: {e}). Check that you may write there; the checkpoint "
-            "itself is complete and can be used by its prefix.", path=target) from e
+            f"could not be updated ({type(e).__name__}: {escape_name(e)}). Check that you may write there; the "
+            "checkpoint itself is complete and can be used by its prefix.", path=target) from e
     logger.info("updated %s", target)
     return target
-
-
-def _upload(local: str, url: str, fmt: str, existing: List[str]) -> None:
-    fs, _ = filesystem(url)
-    folder, base = os.path.dirname(local), os.path.basename(local)
-    files = sorted(n for n in os.listdir(folder) if n == base or n.startswith(base + "."))
-    index = [n for n in files if n.endswith(".index")]
-    order = [n for n in files if n not in index] + index  # data first, the index last
-    uploaded: List[str] = []
-    target_dir = dirname(url)
-    old_index = [u for u in existing if u.endswith(".index")]
-    try:
-        for u in old_index:  # from here until the new index lands, the prefix reads as "nothing"
-            fs.rm_file(filesystem(u)[1])
-        for name in order:
-            dest = join(target_dir, name)
-            fs.put_file(os.path.join(folder, name), filesystem(dest)[1])
-            uploaded.append(dest)
-            logger.info("uploaded %s", dest)
-    except BaseException as e:
-        for dest in reversed(uploaded):
-            try:
-                fs.rm_file(filesystem(dest)[1])
-            except Exception:  # noqa: BLE001 - best effort; the index (uploaded last) is what counts
-                logger.warning("could not remove %s after a failed upload", dest)
-        if isinstance(e, Exception):
-            raise CheckpointWriteError(f"Uploading the merge to {quote_name(url)} failed ({type(e).__name__}: {e}); "
-                                       "the objects it wrote were removed, so no index points at incomplete data.",
-                                       path=url) from e
-        raise
-    stale = [u for u in existing if not u.endswith(".index") and basename(u) not in order]
-    for u in stale:  # data shards of the replaced checkpoint that the new one does not have
-        try:
-            fs.rm_file(filesystem(u)[1])
-        except Exception:  # noqa: BLE001
-            logger.warning("could not remove stale object %s", u)

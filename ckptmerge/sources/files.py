@@ -17,7 +17,8 @@ import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from ..errors import CheckpointNotFoundError, CkptMergeError, did_you_mean
-from ..formats.io.storage import is_url
+from ..formats.io.storage import filesystem, is_url
+from ..formats.io.urlpath import canonical_url, scheme_of
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
 )
@@ -343,12 +344,23 @@ def not_found_error(given: str) -> CheckpointNotFoundError:
 
 def same_checkpoint_path(a: str, b: str) -> bool:
     """Whether two checkpoint paths name the same checkpoint: by real path on disk (links
-    followed, case folded where the file system folds it), as written for URLs.
+    followed, case folded where the file system folds it; a ``file://`` URL is its local path),
+    by one spelling for other URLs (:func:`~ckptmerge.formats.io.urlpath.canonical_url`).
 
     Example:
         >>> same_checkpoint_path("runs/A/ckpt-1", "runs/A/../A/ckpt-1")
         True
+        >>> same_checkpoint_path("s3a://b//run/ckpt-1", "s3://b/run/ckpt-1/")
+        True
     """
-    if is_url(a) or is_url(b):  # object storage: no links, no case folding
-        return a.rstrip("/") == b.rstrip("/")
+    a, b = _local_if_file_url(a), _local_if_file_url(b)
+    if is_url(a) or is_url(b):  # object storage: no links, no case folding; one spelling per object
+        return is_url(a) and is_url(b) and canonical_url(a) == canonical_url(b)
     return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def _local_if_file_url(path: str) -> str:
+    """A ``file://`` URL as the local path fsspec reads for it; anything else unchanged."""
+    if scheme_of(path) in ("file", "local"):
+        return filesystem(path)[1]
+    return path

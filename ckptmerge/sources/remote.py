@@ -16,15 +16,12 @@ from typing import Dict, List, Optional
 
 from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io.storage import (
-    basename,
-    dirname,
-    is_url,
-    join,
     read_small,
     remote_exists,
     remote_isdir,
     remote_listdir,
 )
+from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, is_url, join, path_part, strip_suffix
 from ..formats.kerasshards import shard_set_of
 from ..text import quote_name, quoted_command
 from .files import (
@@ -105,10 +102,11 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         's3://bucket/run/ckpt-200'
     """
     url = given.rstrip("/")
-    if url.endswith(INDEX):
-        url = url[: -len(INDEX)]
-    elif DATA_RE.search(url):
-        url = url[: DATA_RE.search(url).start()]
+    data = DATA_RE.search(path_part(url))
+    if has_suffix(url, INDEX):
+        url = strip_suffix(url, INDEX)
+    elif data:
+        url = strip_suffix(url, data.group(0))
     single = _resolve_single(given, url)
     if single is not None:
         if step is not None and single.step != step:
@@ -118,7 +116,8 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         return single
     if not remote_isdir(url):
         raise CheckpointNotFoundError(
-            f"Checkpoint {quote_name(given)} does not exist: no object {quote_name(url + INDEX)} and no directory "
+            f"Checkpoint {quote_name(given)} does not exist: no object {quote_name(add_suffix(url, INDEX))} and no "
+            "directory "
             f"there. Check the URL, or run {quoted_command('checkpoints', dirname(url))} to list the "
             "checkpoints of its parent.",
             path=given)
@@ -188,7 +187,7 @@ def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
     """``url`` as one checkpoint: a TF prefix, a file, or a sharded V1 set's pattern; else None."""
     from ..formats.tf.v1 import V1_PATTERN_RE, v1_shard_files
 
-    if remote_exists(url + INDEX):
+    if remote_exists(add_suffix(url, INDEX)):
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
     if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
         return _resolve_file(given, url)
@@ -204,8 +203,8 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     from ..formats.safetensors import INDEX_SUFFIX, is_safetensors
     from ..formats.tf.table import is_leveldb_table
 
-    lower = url.lower()
-    if url.endswith(KERAS_SHARDS):
+    lower = path_part(url).lower()
+    if has_suffix(url, KERAS_SHARDS):
         return ResolvedCheckpoint(url, FORMAT_KERAS_H5, step_of(url), f"Keras sharded weights {given}")
     shards = shard_set_of(url) if is_h5_name(url) else None
     if shards is not None:  # one shard means its whole set, as for a local path

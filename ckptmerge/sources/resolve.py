@@ -26,19 +26,22 @@ from ..errors import (
     ArgumentTypeError,
 )
 from ..formats.io.storage import is_url
+from ..formats.io.urlpath import basename, dirname
 from .files import (
     FORMAT_KERAS_H5,
     FORMAT_NUMPY,
     FORMAT_SAFETENSORS,
     FORMAT_TF_BUNDLE,
     FORMAT_TF_V1,
+    STATE_FILE,
     PathArg,
 )
 from .local import checkpoints_local, resolve_local
 from .orbax import FORMAT_ORBAX
 from .resolved import CheckpointInfo, ResolvedCheckpoint
-from .state import CheckpointState, read_state_file
 from ..redact import get_logger
+from .state import CheckpointState
+from .state import read_state_file as read_local_state_file
 
 __all__ = [
     "open_resolved",
@@ -90,6 +93,33 @@ def checkpoints(directory: PathArg) -> List[CheckpointInfo]:
 
         return checkpoints_url(given)
     return checkpoints_local(given)
+
+
+def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
+    """Parse a directory's ``checkpoint`` state file, on disk or by URL, without TensorFlow.
+
+    Args:
+        directory: the checkpoint directory, or the state file itself (a path or a URL).
+
+    Returns:
+        The :class:`CheckpointState` (a URL's paths are URLs), or ``None`` when there is no state file.
+
+    Raises:
+        CheckpointNotFoundError: a local ``directory`` does not exist.
+        CheckpointFormatError: the state file cannot be read or parsed.
+
+    Example:
+        >>> read_state_file("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
+        's3://bucket/run/ckpt-200'
+    """
+    given = check_path(directory, "directory")
+    if not is_url(given):
+        return read_local_state_file(given)
+    from .remote import read_state_url
+
+    if basename(given) == STATE_FILE and not given.endswith("/"):  # the state file itself
+        return read_state_url(dirname(given))
+    return read_state_url(given)
 
 
 def resolve_checkpoint(path: PathArg, *, step: Optional[int] = None) -> ResolvedCheckpoint:

@@ -37,6 +37,48 @@ def _host_name() -> str:
 HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
 
 
+def process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs here any more (a zombie, killed but not yet reaped, is gone).
+
+    Only meaningful for a pid recorded on this machine, in this process-id namespace (see
+    :func:`machine_tag`); a pid that exists, even someone else's, is never judged gone.
+
+    Example:
+        >>> process_gone(os.getpid())
+        False
+    """
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, but is not ours to signal
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def machine_tag() -> Optional[str]:
+    """This boot of this machine and this process-id namespace, or ``None`` where that is unknown
+    (not Linux): two processes see each other's pids only when their tags are equal, so a pid
+    recorded with another tag (another machine, another container) is never judged.
+
+    Example:
+        >>> machine_tag() == machine_tag()
+        True
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip().decode("ascii", "replace")
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return None
+
+
 def io_message(e: OSError, path: str, action: str, prefix: str) -> str:
     reason = e.strerror or str(e)
     if e.errno == errno.ENOSPC:
@@ -99,16 +141,27 @@ def refuse_existing(abs_prefix: str, prefix: str, how_to_replace: str) -> None:
     if not found:
         return
     shown = [os.path.join(os.path.dirname(prefix), os.path.basename(p)) for p in found]
-    more = f" and {len(found) - 1} more file(s)" if len(found) > 1 else ""
+    raise existing_output_error(shown, prefix, how_to_replace)
+
+
+def existing_output_error(found: List[str], prefix: str, how_to_replace: str, *, kind: str = "file") -> OutputExistsError:
+    """The error for the files (or objects: ``kind="object"``) of a checkpoint found at an output
+    prefix, index first if there is one: a checkpoint exists, or data without an index is left over.
+
+    Example:
+        >>> print(existing_output_error(["m.data-00000-of-00001"], "m", "pass overwrite=True"))  # doctest: +ELLIPSIS
+        The output prefix 'm' has data files but no index ('m.data-00000-of-00001'): they are not ...
+    """
+    more = f" and {len(found) - 1} more {kind}(s)" if len(found) > 1 else ""
     if found[0].endswith(".index"):
-        raise OutputExistsError(
-            f"A checkpoint already exists at {quote_name(prefix)} ({quote_name(shown[0])}{more}). Choose "
-            f"another output prefix, or {how_to_replace} to replace it.", path=shown[0])
-    listed = ", ".join(map(quote_name, shown[:3])) + (f" and {len(shown) - 3} more" if len(shown) > 3 else "")
-    raise OutputExistsError(
-        f"The output prefix {quote_name(prefix)} has data files but no index ({listed}): they are not a readable "
-        "checkpoint, most likely the leftover of a write that was killed. Delete them, choose another "
-        f"output prefix, or {how_to_replace} to replace them.", path=shown[0])
+        return OutputExistsError(
+            f"A checkpoint already exists at {quote_name(prefix)} ({quote_name(found[0])}{more}). Choose "
+            f"another output prefix, or {how_to_replace} to replace it.", path=found[0])
+    listed = ", ".join(map(quote_name, found[:3])) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return OutputExistsError(
+        f"The output prefix {quote_name(prefix)} has data {kind}s but no index ({listed}): they are not a "
+        "readable checkpoint, most likely the leftover of a write that was killed. Delete them, choose another "
+        f"output prefix, or {how_to_replace} to replace them.", path=found[0])
 
 
 def shard_count(path: str) -> int:

@@ -54,6 +54,7 @@ from ckptmerge.formats.io.storage import (
     read_small,
     remote_size,
 )
+from ckptmerge.formats.io.urlpath import add_suffix
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.formats.tf.bundleindex import (
     OFFSET,
@@ -138,7 +139,7 @@ def data_file_name(prefix: str, shard: int, num_shards: int) -> str:
         >>> data_file_name("model.ckpt", 1, 2)
         'model.ckpt.data-00001-of-00002'
     """
-    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+    return add_suffix(prefix, f".data-{shard:05d}-of-{num_shards:05d}")  # before a URL's query
 
 
 class _Part(NamedTuple):
@@ -178,7 +179,7 @@ class BundleReader(CheckpointReader):
     def __init__(self, prefix: str, *, verify: bool = True) -> None:
         super().__init__(prefix)
         self.verify = verify
-        self.index_path = self.path + ".index"
+        self.index_path = add_suffix(self.path, ".index")
         self._fds = Descriptors()
         self._index_name = os.path.basename(self.index_path)
         #: True when the checkpoint is a URL (object storage through fsspec): ranged reads.

@@ -84,6 +84,7 @@ from ckptmerge.formats.io.output_prefix import (
     check_no_output,
     existing_checkpoint_files,
     io_message,
+    process_gone,
     refuse_existing,
     remove_quietly,
     shard_count,
@@ -96,6 +97,7 @@ from ckptmerge.formats.tf.protowire import (
     field_fixed32,
     field_varint,
 )
+from ckptmerge.formats.tf.table import read_table
 from ckptmerge.formats.tf.table_writer import TF_BLOCK_SIZE, U32, TableWriter
 from ckptmerge.redact import get_logger
 from ckptmerge.text import quote_name
@@ -105,6 +107,7 @@ __all__ = [
     "OutputExistsError",
     "CheckpointWriteError",
     "TF_BLOCK_SIZE",
+    "pad_shards",
 ]
 
 logger = get_logger(__name__)
@@ -140,6 +143,46 @@ def _header_proto(num_shards: int) -> bytes:
     # endianness LITTLE (0) is the default and omitted; version {producer: 1}.
     out = field_varint(1, num_shards) if num_shards else b""
     return out + field_bytes(3, field_varint(1, _TF_BUNDLE_VERSION))
+
+
+def pad_shards(prefix: str, num_shards: int) -> List[str]:
+    """Give the finished local checkpoint at ``prefix`` ``num_shards`` data shards (more than it
+    has): its shards are renamed to ``-of-<num_shards>`` names, empty trailing shards are added and
+    the index is rewritten with the new count (its entries, shards and offsets unchanged), so its
+    data files take names another checkpoint at the same prefix does not use. Returns the data
+    files, in order. The files must be private to the caller (a temporary folder): this is not an
+    atomic publish.
+
+    Raises:
+        OSError: a file cannot be read, renamed or written.
+
+    Example:
+        >>> pad_shards("/tmp/upload/merged", 2)  # doctest: +SKIP
+        ['/tmp/upload/merged.data-00000-of-00002', '/tmp/upload/merged.data-00001-of-00002']
+    """
+    index = prefix + ".index"
+    with open(index, "rb") as f:
+        items = read_table(f.read())
+    folder, base = os.path.split(prefix)
+    counts = sorted({shard_count(n) for n in os.listdir(folder or ".")
+                     if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])})
+    if len(counts) != 1 or counts[0] > num_shards:
+        raise ValueError(f"{prefix!r} has data files of {counts} shards; cannot pad it to {num_shards}")
+    natural = counts[0]
+    files = [data_file_name(prefix, i, num_shards) for i in range(num_shards)]
+    for i in range(num_shards):
+        if i < natural:
+            os.replace(data_file_name(prefix, i, natural), files[i])
+        else:
+            open(files[i], "xb").close()
+    tmp = index + ".padded"
+    with open(tmp, "wb") as f:
+        table = TableWriter(f, TF_BLOCK_SIZE)
+        for key, value in items:
+            table.add(key, _header_proto(num_shards) if key == b"" else value)
+        table.finish()
+    os.replace(tmp, index)
+    return files
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,16 +328,8 @@ class BundleWriter:
             # Only judge writers of this host: on a shared filesystem a pid means nothing elsewhere.
             if len(parts) < 3 or not parts[0].isdigit() or parts[1] != HOST_TAG:
                 continue
-            pid_text = parts[0]
-            if int(pid_text) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid_text), 0)
-                continue  # still running (or not ours to judge)
-            except ProcessLookupError:
-                pass
-            except OSError:
-                continue
+            if not process_gone(int(parts[0])):
+                continue  # still running (or ourselves, or not ours to judge)
             try:
                 os.remove(os.path.join(self._dir, name))
                 logger.info("removed stale temporary file %s", name)
