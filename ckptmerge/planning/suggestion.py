@@ -268,7 +268,8 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
     if not targets:
         return []
     taken = set(used)
-    free = [v for n, v in src.variables.items() if n not in taken and n in set(plan.unused.get(src.label, ()))]
+    unused = set(plan.unused.get(src.label, ()))
+    free = [v for n, v in src.variables.items() if n not in taken and n in unused]
     out = []
     for t in targets:
         fits = []
