@@ -203,6 +203,10 @@ for r in range(rounds):
             timer.join()
     except KeyboardInterrupt:
         interrupted = True
+    except RuntimeError as e:  # CPython: a SIGINT inside Thread.start() of a reader thread can
+        if "lock" not in str(e):  # surface as "release unlocked lock"; the model must still be whole
+            raise
+        interrupted = True
     outcomes.append([interrupted, count_new()])
 print(json.dumps({"n": len(variables), "duration": duration, "outcomes": outcomes}))
 """
