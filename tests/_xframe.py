@@ -14,7 +14,6 @@ Nothing here imports torch. Importing keras_hub imports Keras (and TF through th
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 import _xframe as X

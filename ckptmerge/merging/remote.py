@@ -48,7 +48,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..errors import (
     ArgumentError,

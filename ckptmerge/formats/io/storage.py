@@ -246,20 +246,6 @@ def remote_listdir(url: str) -> List[Dict[str, Any]]:
     return out
 
 
-def forget_listings(url: str) -> None:
-    """Drop the filesystem's cached listings of ``url`` and below, so the next listing asks the
-    store (fsspec caches directory listings; a watcher polling a prefix must see new objects).
-
-    Example:
-        >>> forget_listings("memory://run")  # doctest: +SKIP
-    """
-    fs, path = filesystem(url)
-    try:
-        fs.invalidate_cache(path)
-    except (AttributeError, NotImplementedError):  # pragma: no cover - a filesystem without a cache
-        pass
-
-
 # Filesystems whose pipe_file takes ``mode="create"`` through ``**kwargs`` and honours it from a
 # version on: adlfs (an Azure conditional upload) since 2024.12.0 (fsspec/adlfs#491).
 _CREATE_BY_KWARGS = {"adlfs": (2024, 12, 0)}
@@ -351,7 +337,12 @@ def write_object(url: str, data: bytes) -> None:
 def forget_listings(url: str) -> None:
     """Drop what this process's filesystem keeps about ``url`` and the folders above it (s3fs,
     gcsfs and adlfs keep listings, and answer lookups from them, for as long as the process
-    lives), so the next look is the store's answer now, with what other processes wrote since."""
+    lives), so the next look is the store's answer now, with what other processes wrote since
+    (a watcher polling a prefix must see new objects).
+
+    Example:
+        >>> forget_listings("memory://run")  # doctest: +SKIP
+    """
     fs, path = filesystem(url)
     try:
         fs.invalidate_cache(path)
