@@ -529,6 +529,8 @@ class _Watch:
         """``(verdict, detail, ready)`` for ``c``. Local checkpoints are pinned first and checked
         through their pin: the same files, so what was found complete is what is held, and a
         cleanup can take a checkpoint away only before the look that sees it."""
+        if not c.files:  # a step folder made, its first file not yet: nothing to pin or check
+            return INCOMPLETE, "the folder is empty", None
         if self._pins is None:  # object storage: the pin is the bytes a restore reads
             verdict, detail = check(c)
             return verdict, detail, _Ready(c, detail, Pin(c.path, c.path, "none")) if verdict == COMPLETE else None
