@@ -340,11 +340,6 @@ def test_a_keras_weights_file_written_in_place_is_yielded_only_when_whole(tmp_pa
     writer.join()
 
 
-def test_an_empty_step_folder_is_waited_for_not_an_error(tmp_path):
-    (tmp_path / "checkpoint-5").mkdir()  # made by the trainer, its first file not there yet
-    assert steps(cm.watch(tmp_path, timeout=0)) == []
-
-
 def test_safetensors_step_folders_wait_for_every_shard(tmp_path):
     from safetensors.numpy import save_file
 

@@ -534,8 +534,6 @@ class _Watch:
         if self._pins is None:  # object storage: the pin is the bytes a restore reads
             verdict, detail = check(c)
             return verdict, detail, _Ready(c, detail, Pin(c.path, c.path, "none")) if verdict == COMPLETE else None
-        if not c.files:  # a step folder made before any of its files: nothing to pin or check yet
-            return INCOMPLETE, "the folder is empty", None
         try:
             pin = self._pins.link(c.path, c.files, self.directory)  # type: ignore[arg-type]
         except FilesChanged:
