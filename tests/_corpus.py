@@ -22,7 +22,9 @@ MISSING = "real-world corpus not found: set CKPTMERGE_CORPUS"
 _ENV = os.environ.get("CKPTMERGE_CORPUS")
 
 #: Where the corpus should be (it may not exist: tests use :func:`corpus`).
-CORPUS_PATH = Path(os.path.abspath(_ENV)) if _ENV else Path(__file__).resolve().parents[2] / "shared" / "corpus"
+# Resolved: resolution reports a checkpoint by its real path, so a corpus reached through a
+# symbolic link (a ``shared`` folder linked beside the checkout) compares equal.
+CORPUS_PATH = (Path(os.path.abspath(_ENV)) if _ENV else Path(__file__).resolve().parents[2] / "shared" / "corpus").resolve()
 
 
 def corpus() -> Path:
