@@ -93,7 +93,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     name = path_part(path)  # a URL's name tests look at its path, not its query
     if storage.isfile(add_suffix(path, ".index")):
         return BundleReader(path, verify=verify)
-    if V1_PATTERN_RE.search(path) and not storage.exists(path):
+    if V1_PATTERN_RE.search(name) and not storage.exists(path):
         return V1Reader(path, verify=verify)
     if storage.isfile(path):
         if is_keras_shards(path):
@@ -130,12 +130,12 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
             return NumpyReader(path, verify=verify)
         raise CheckpointNotFoundError(
             f"{path!r} is a directory; open_checkpoint expects a checkpoint prefix such as "
-            f"'{os.path.join(path, 'model.ckpt-1000')}' (with a '.index' file) or a .weights.h5 "
+            f"'{storage.join(path, 'model.ckpt-1000')}' (with a '.index' file) or a .weights.h5 "
             "file.", path=path)
-    if path.lower().endswith(_H5_SUFFIXES + (".keras",)):
+    if name.lower().endswith(_H5_SUFFIXES + (".keras",)):
         raise CheckpointNotFoundError(f"Keras weights file {path!r} does not exist.", path=path)
     raise CheckpointNotFoundError(
-        f"Checkpoint not found: neither {path + '.index'!r} nor {path!r} exists.", path=path)
+        f"Checkpoint not found: neither {add_suffix(path, '.index')!r} nor {path!r} exists.", path=path)
 
 
 def list_variables(path: str) -> List[VariableInfo]:

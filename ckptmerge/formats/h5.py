@@ -454,7 +454,7 @@ class H5Reader(CheckpointReader):
 
     def _error(self, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
         return CheckpointFormatError(
-            f"Cannot read Keras weights file {escape_name(os.path.basename(self.path))}: {problem}. The file "
+            f"Cannot read Keras weights file {escape_name(storage.basename(self.path))}: {problem}. The file "
             f"is corrupt or not an HDF5 weights file; re-copy it. (File: {escape_name(self.path)})",
             path=self.path, key=key)
 

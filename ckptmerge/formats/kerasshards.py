@@ -16,7 +16,6 @@ Works by path and by URL (each shard through :mod:`ckptmerge.formats.io.storage`
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -27,6 +26,7 @@ from ckptmerge.formats.base import CheckpointReader
 from ckptmerge.formats.h5 import H5Reader
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.localfile import link_problem
+from ckptmerge.formats.io.urlpath import has_suffix, is_plain_name
 from ckptmerge.formats.safetensors import read_json_file
 from ckptmerge.specs import VariableInfo
 from ckptmerge.text import escape_name
@@ -45,7 +45,7 @@ def is_keras_shards(path: str) -> bool:
         >>> is_keras_shards("run/model.weights.json"), is_keras_shards("run/model.weights.h5")
         (True, False)
     """
-    return str(path).endswith(SHARDS_SUFFIX)
+    return has_suffix(str(path), SHARDS_SUFFIX)
 
 
 def shard_set_of(shard: str) -> Optional[str]:
@@ -65,7 +65,7 @@ def shard_set_of(shard: str) -> Optional[str]:
 
 def _error(problem: str, path: str) -> CheckpointFormatError:
     return CheckpointFormatError(
-        f"Cannot read Keras sharded weights {escape_name(os.path.basename(path))}: {problem}. The file is "
+        f"Cannot read Keras sharded weights {escape_name(storage.basename(path))}: {problem}. The file is "
         "corrupt or not a Keras '.weights.json' (save_weights(..., max_shard_size=...) writes one); re-copy "
         f"it. (File: {escape_name(path)})", path=path)
 
@@ -89,7 +89,7 @@ def shard_files(index: str) -> Tuple[Dict[str, List[str]], List[str]]:
         if not isinstance(group, str) or not listed:
             raise _error(f"weight_map[{group!r}] names no file", index)
         for file in listed:
-            if not isinstance(file, str) or not file or os.path.basename(file) != file or file in (".", ".."):
+            if not is_plain_name(file, index):
                 raise _error(f"weight_map[{group!r}] names {file!r}, not a file name in the JSON's own "
                              "folder (ckptmerge reads nothing outside the named files)", index)
             if file not in order:
@@ -132,11 +132,11 @@ class KerasShardsReader(CheckpointReader):
             problem = None if storage.is_url(f) else link_problem(folder, f)  # a folder's rules
             if problem:
                 raise CheckpointFormatError(
-                    f"Cannot read Keras sharded weights {escape_name(os.path.basename(path))}: the shard "
-                    f"{escape_name(os.path.basename(f))} it names {problem}.", path=f)
+                    f"Cannot read Keras sharded weights {escape_name(storage.basename(path))}: the shard "
+                    f"{escape_name(storage.basename(f))} it names {problem}.", path=f)
             if not storage.isfile(f):
                 raise CheckpointNotFoundError(
-                    f"Shard {os.path.basename(f)!r} named by {os.path.basename(path)} does not exist in "
+                    f"Shard {storage.basename(f)!r} named by {storage.basename(path)} does not exist in "
                     f"{folder}; the set is incomplete. Copy every shard the JSON names.", path=f)
         self._shards: Dict[str, H5Reader] = {}
         try:

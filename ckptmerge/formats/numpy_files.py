@@ -31,6 +31,7 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
 from ckptmerge.formats.io.localfile import link_problem
+from ckptmerge.formats.io.urlpath import path_part
 from ckptmerge.formats.zipmembers import check_member, member_errors, open_member
 from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
@@ -60,7 +61,7 @@ def is_npz(path: str) -> bool:
             names = z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
-    return path.lower().endswith(".npz") or any(n.endswith(".npy") for n in names)
+    return path_part(path).lower().endswith(".npz") or any(n.endswith(".npy") for n in names)
 
 
 def holds_npy(directory: str, limit: int = 100_000) -> bool:
@@ -188,7 +189,7 @@ class NumpyReader(CheckpointReader):
 
     def _error(self, problem: str, file: Optional[str] = None) -> CheckpointFormatError:
         file = file or self.path
-        return CheckpointFormatError(f"Cannot read NumPy data {os.path.basename(file)!r}: {problem}. "
+        return CheckpointFormatError(f"Cannot read NumPy data {storage.basename(file)!r}: {problem}. "
                                      f"(File: {escape_name(file)})", path=file)
 
     # -- listing ---------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class NumpyReader(CheckpointReader):
         size = storage.getsize(file)
         with storage.open_binary(file) as f:
             dtype, shape, fortran, header = _parse_npy_header(
-                f, repr(os.path.basename(file)), lambda p: self._error(p, file))
+                f, repr(storage.basename(file)), lambda p: self._error(p, file))
         need = len(header) + math.prod(shape) * dtype.itemsize
         if size < need:
             raise self._error(f"shape {shape} of {dtype} needs {need} bytes but the file has {size} "
@@ -343,7 +344,7 @@ class NumpyReader(CheckpointReader):
 
     @staticmethod
     def _where(info: VariableInfo, a: _Array) -> str:
-        return f"{info.name!r} in {os.path.basename(a.file)}"
+        return f"{info.name!r} in {storage.basename(a.file)}"
 
     def _pread(self, a: _Array, offset: int, view: memoryview, where: str, key: str) -> None:
         """Read the array's bytes from ``offset`` (from its first byte) into ``view``, in place."""

@@ -76,7 +76,7 @@ class Bridge:
     def register(self, root: str) -> str:
         token = secrets.token_urlsafe(16)
         with self.lock:
-            self.roots[token] = root.rstrip("/")
+            self.roots[token] = storage.strip_slash(root)
             self.sizes[token] = {}
         return token
 

@@ -103,7 +103,7 @@ class Location:
 
     def __init__(self, root: str) -> None:
         self.is_url = storage.is_url(root)
-        self.root = root.rstrip("/") if self.is_url else os.path.realpath(root)
+        self.root = storage.strip_slash(root) if self.is_url else os.path.realpath(root)
         self.display = root
         self._token: Optional[str] = None
         self._listings: Dict[str, Optional[Dict[str, Dict[str, Any]]]] = {}

@@ -32,7 +32,7 @@ from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.formats.io.localfile import link_problem
-from ckptmerge.formats.io.urlpath import has_suffix
+from ckptmerge.formats.io.urlpath import has_suffix, is_plain_name
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.redact import get_logger
 from ckptmerge.specs import KIND_VARIABLE, VariableInfo
@@ -162,8 +162,8 @@ class SafetensorsReader(CheckpointReader):
             for name, e in self._parse_header(shard, file).items():
                 if name in self._entries:
                     raise self._error(f"tensor {name!r} is stored twice (in "
-                                      f"{os.path.basename(self.files[self._entries[name].shard])} and "
-                                      f"{os.path.basename(file)})", file)
+                                      f"{storage.basename(self.files[self._entries[name].shard])} and "
+                                      f"{storage.basename(file)})", file)
                 self._entries[name] = e
                 infos.append(VariableInfo(name, e.shape, dtype_name(e.dtype), name, KIND_VARIABLE, e.end - e.begin))
         self._set_infos(infos)
@@ -172,7 +172,7 @@ class SafetensorsReader(CheckpointReader):
     def _error(self, problem: str, file: Optional[str] = None, key: Optional[str] = None) -> CheckpointFormatError:
         file = file or self.path
         return CheckpointFormatError(
-            f"Cannot read safetensors file {escape_name(os.path.basename(file))}: {problem}. The file is corrupt, "
+            f"Cannot read safetensors file {escape_name(storage.basename(file))}: {problem}. The file is corrupt, "
             f"truncated or not a safetensors file; re-copy it. (File: {escape_name(file)})", path=file, key=key)
 
     def _shards_from_index(self, index: str) -> List[str]:
@@ -183,7 +183,7 @@ class SafetensorsReader(CheckpointReader):
         base = storage.dirname(storage.abspath(index))
         shards: List[str] = []
         for name, file in weight_map.items():
-            if not isinstance(file, str) or not file or os.path.basename(file) != file or file in (".", ".."):
+            if not is_plain_name(file, index):
                 raise self._error(f"weight_map[{name!r}] = {file!r} is not a file name in the index's "
                                   "own directory (ckptmerge reads nothing outside the named files)", index)
             if file not in shards:
@@ -192,10 +192,10 @@ class SafetensorsReader(CheckpointReader):
         for p in paths:
             problem = None if storage.is_url(p) else link_problem(base, p)  # the folder scan's rules
             if problem:
-                raise self._error(f"shard {escape_name(os.path.basename(p))} named by its index {problem}", p)
+                raise self._error(f"shard {escape_name(storage.basename(p))} named by its index {problem}", p)
             if not storage.isfile(p):
                 raise CheckpointNotFoundError(
-                    f"Shard {os.path.basename(p)!r} named by {os.path.basename(index)} does not exist "
+                    f"Shard {storage.basename(p)!r} named by {storage.basename(index)} does not exist "
                     f"in {base}; the set is incomplete. Download every shard the index names.", path=p)
         self._weight_map = weight_map
         return paths
@@ -266,7 +266,7 @@ class SafetensorsReader(CheckpointReader):
         self._check_coverage(file, out, data_len)
         weight_map = getattr(self, "_weight_map", None)
         if weight_map is not None:
-            base = os.path.basename(file)
+            base = storage.basename(file)
             listed = {k for k, v in weight_map.items() if v == base}
             extra = sorted(set(out) - listed)
             if extra:
@@ -410,7 +410,7 @@ class SafetensorsReader(CheckpointReader):
         """A sub-byte tensor, one element per byte (see :data:`PACKED_DTYPES`)."""
         if e.bits != 4:
             raise UnreadableTensorError(
-                f"Tensor {info.name!r} of {escape_name(os.path.basename(self.files[e.shard]))} has safetensors dtype "
+                f"Tensor {info.name!r} of {escape_name(storage.basename(self.files[e.shard]))} has safetensors dtype "
                 f"{e.code}: 6-bit values packed in an order neither the format nor the safetensors library "
                 "defines (the library reads none of them either), so ckptmerge does not guess it. Exclude it, "
                 "or unpack it with the code that wrote it.", path=self.files[e.shard], key=info.raw_key)

@@ -74,7 +74,7 @@ from ..formats.io.storage import (
     upload_file,
     write_object,
 )
-from ..formats.io.urlpath import add_suffix, basename, dirname, join
+from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, sibling
 from ..formats.tf.writer import pad_shards
 from ..knobs import FlagSetting
 from ..redact import get_logger
@@ -97,8 +97,8 @@ def _remote_checkpoint_objects(url: str) -> List[str]:
         names = sorted(e["name"] for e in remote_listdir(parent))
     except CheckpointNotFoundError:  # no such "directory": nothing there (any other failure stops the merge:
         return []                    # data names chosen without knowing what is there could be the live ones)
-    index = [join(parent, n) for n in names if n == base + INDEX]
-    return index + [join(parent, n) for n in names if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])]
+    index = [sibling(url, n) for n in names if n == base + INDEX]
+    return index + [sibling(url, n) for n in names if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])]
 
 
 #: Whether remote merges take the lock object (``CKPTMERGE_REMOTE_LOCK=0``: keep writers apart yourself).
@@ -129,7 +129,7 @@ class _RemoteLock:
     """``<url>.lock``, created atomically on entry and deleted on exit (see the module docstring)."""
 
     def __init__(self, url: str) -> None:
-        self.url = url + ".lock"
+        self.url = add_suffix(url, ".lock")
         self.output = url
         self.token = os.urandom(8).hex()
         self.held = False
@@ -267,8 +267,8 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
     """
     from ..sources.remote import read_state_url
 
-    fmt = options.get("format") or ("keras-h5" if url.endswith(".weights.h5") else
-                                    "safetensors" if url.endswith(".safetensors") else "tf")
+    fmt = options.get("format") or ("keras-h5" if has_suffix(url, ".weights.h5") else
+                                    "safetensors" if has_suffix(url, ".safetensors") else "tf")
     update_state = bool(options.get("update_state")) and fmt == "tf"
     dry_run = options.get("dry_run")
     found: List[str] = []
@@ -406,7 +406,7 @@ def _remove(urls: List[str], why: str) -> None:
 
 def _publish_state(url: str, state: Any) -> str:
     """Write the output directory's ``checkpoint`` state file (one PUT: readers see the old or the new)."""
-    target = join(dirname(url), "checkpoint")
+    target = sibling(url, "checkpoint")
     text = state_file_text(url, state)
     try:
         with HeldInterrupts():

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from ..errors import CheckpointNotFoundError, CkptMergeError, did_you_mean
 from ..formats.io.storage import filesystem, is_url
-from ..formats.io.urlpath import canonical_url, scheme_of
+from ..formats.io.urlpath import basename, canonical_url, path_part, scheme_of
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
 )
@@ -50,7 +50,7 @@ _TABLE_FOOTER_LEN = 48
 
 def step_of(prefix: str) -> Optional[int]:
     """The trailing ``-N`` of a prefix's base name (``.h5`` suffixes stripped), else None."""
-    base = os.path.basename(prefix.rstrip(os.sep))
+    base = basename(prefix) if is_url(prefix) else os.path.basename(prefix.rstrip(os.sep))  # (a URL: its path)
     base = _V1_SET_RE.sub("", base)  # model.ckpt-10-?????-of-00002 is step 10
     for suffix in (KERAS_SHARDS,) + _H5_SUFFIXES:
         if base.endswith(suffix):
@@ -62,7 +62,7 @@ def step_of(prefix: str) -> Optional[int]:
 
 def is_h5_name(path: str) -> bool:
     """True if ``path`` ends like a Keras HDF5 file (``.h5``, ``.hdf5``, ``.keras``, ...)."""
-    return path.endswith(_H5_SUFFIXES)
+    return path_part(path).endswith(_H5_SUFFIXES)
 
 
 #: The JSON of a Keras 3 sharded set (``save_weights("m.weights.json", max_shard_size=...)``).

@@ -74,7 +74,7 @@ def orbax_folder(given: str, step: Optional[int]) -> Optional[Tuple[str, Optiona
             f"step={step} was given, but Orbax checkpoint {quote_name(given)} {has}. Pass its "
             f"CheckpointManager folder with the step (Source({quote_name(storage.dirname(given))}, step={step})), "
             "or drop the step.")
-    return _abs(given.rstrip("/")), own, f"Orbax checkpoint {given}"
+    return _abs(storage.strip_slash(given) if storage.is_url(given) else given.rstrip("/")), own, f"Orbax checkpoint {given}"
 
 
 def orbax_root(given: str, step: Optional[int]) -> Optional[Tuple[str, Optional[int], str]]:

@@ -21,7 +21,19 @@ from ..formats.io.storage import (
     remote_isdir,
     remote_listdir,
 )
-from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, is_url, join, path_part, strip_suffix
+from ..formats.io.urlpath import (
+    add_suffix,
+    basename,
+    dirname,
+    has_suffix,
+    is_url,
+    join,
+    path_part,
+    search_path,
+    sibling,
+    strip_slash,
+    strip_suffix,
+)
 from ..formats.kerasshards import shard_set_of
 from ..text import quote_name, quoted_command
 from .files import (
@@ -74,7 +86,7 @@ def read_state_url(directory: str) -> Optional[CheckpointState]:
         >>> read_state_url("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
-    directory = directory.rstrip("/")
+    directory = strip_slash(directory)
     return _read_state_at(directory) if remote_exists(join(directory, STATE_FILE)) else None
 
 
@@ -90,7 +102,7 @@ def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
     """The base name the directory's state file names as latest, if there is a state file."""
     if STATE_FILE not in names:
         return None
-    latest = _read_state_at(directory.rstrip("/")).model_checkpoint_path
+    latest = _read_state_at(strip_slash(directory)).model_checkpoint_path
     return basename(latest) if latest else None
 
 
@@ -101,7 +113,7 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         >>> resolve_url("s3://bucket/run", 200).prefix  # doctest: +SKIP
         's3://bucket/run/ckpt-200'
     """
-    url = given.rstrip("/")
+    url = strip_slash(given)
     data = DATA_RE.search(path_part(url))
     if has_suffix(url, INDEX):
         url = strip_suffix(url, INDEX)
@@ -148,16 +160,16 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     if latest is not None:
         other = _resolve_single(given, join(url, latest)) if latest not in prefixes else None
         if other is not None:  # the state file names a V1 checkpoint (a file, or a set's pattern)
-            return dataclasses.replace(other, note=f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)}")
+            return dataclasses.replace(other, note=f"latest checkpoint per {join(given, STATE_FILE)}")
         if latest not in prefixes:
             raise CheckpointNotFoundError(
                 f"{quote_name(join(url, STATE_FILE))} names {quote_name(latest)} as the latest checkpoint, but "
-                f"{quote_name(join(url, latest) + INDEX)} "
+                f"{quote_name(add_suffix(join(url, latest), INDEX))} "
                 f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
                 path=given)
         s = step_of(latest)
         return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
-                                  f"latest checkpoint per {join(given.rstrip('/'), STATE_FILE)} "
+                                  f"latest checkpoint per {join(given, STATE_FILE)} "
                                   f"({'step ' + str(s) if s is not None else latest})")
     pool = bundles or h5  # TF checkpoints before stray Keras files, as in a local directory
     if len(pool) == 1:
@@ -191,7 +203,7 @@ def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
     if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
         return _resolve_file(given, url)
-    if V1_PATTERN_RE.search(url) and remote_exists(v1_shard_files(url)[0]):
+    if search_path(V1_PATTERN_RE, url) and remote_exists(v1_shard_files(url)[0]):
         return ResolvedCheckpoint(url, FORMAT_TF_V1, step_of(url), f"V1 checkpoint {given}")
     return None
 
@@ -209,7 +221,7 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     shards = shard_set_of(url) if is_h5_name(url) else None
     if shards is not None:  # one shard means its whole set, as for a local path
         return ResolvedCheckpoint(shards, FORMAT_KERAS_H5, step_of(shards),
-                                  f"all shards of Keras sharded weights {join(dirname(given), basename(shards))}")
+                                  f"all shards of Keras sharded weights {sibling(given, basename(shards))}")
     if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
         return ResolvedCheckpoint(url, FORMAT_SAFETENSORS, None, f"safetensors file {given}")
     if lower.endswith(".npz") or (not lower.endswith(_KERAS_NAMES) and is_npz(url)):
@@ -219,7 +231,7 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     if lower.endswith(".keras") and is_keras_archive(url):
         return ResolvedCheckpoint(url, FORMAT_KERAS_H5, step_of(url), f"Keras model archive {given}")
     if is_leveldb_table(url):
-        if V1_SHARD_RE.search(url):  # one shard means its whole set, as for a local path
+        if search_path(V1_SHARD_RE, url):  # one shard means its whole set, as for a local path
             pattern = v1_pattern_of(url)
             return ResolvedCheckpoint(pattern, FORMAT_TF_V1, step_of(pattern), f"all shards of V1 checkpoint {given}")
         return ResolvedCheckpoint(url, FORMAT_TF_V1, step_of(url), f"V1 checkpoint {given}")
@@ -246,7 +258,7 @@ def checkpoints_url(directory: str) -> List[CheckpointInfo]:
         >>> [c.step for c in checkpoints_url("s3://bucket/run")]  # doctest: +SKIP
         [100, 200]
     """
-    url = directory.rstrip("/")
+    url = strip_slash(directory)
     if not remote_isdir(url):
         raise CheckpointNotFoundError(f"{quote_name(directory)} is not a directory (no objects below it).",
                                       path=directory)

@@ -26,7 +26,7 @@ from ..errors import (
     ArgumentTypeError,
 )
 from ..formats.io.storage import is_url
-from ..formats.io.urlpath import basename, dirname
+from ..formats.io.urlpath import basename, dirname, path_part
 from .files import (
     FORMAT_KERAS_H5,
     FORMAT_NUMPY,
@@ -117,7 +117,7 @@ def read_state_file(directory: PathArg) -> Optional[CheckpointState]:
         return read_local_state_file(given)
     from .remote import read_state_url
 
-    if basename(given) == STATE_FILE and not given.endswith("/"):  # the state file itself
+    if basename(given) == STATE_FILE and not path_part(given).endswith("/"):  # the state file itself
         return read_state_url(dirname(given))
     return read_state_url(given)
 

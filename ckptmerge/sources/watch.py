@@ -121,7 +121,7 @@ def check_watch_options(directory: Any, *, after: Any = None, backlog: str = "al
         raise ArgumentTypeError(f"notify must be True or False. Received: notify={notify!r:.60}")
     if storage.is_url(given):
         storage.filesystem(given)  # a missing filesystem package is an error now, not at the first look
-        where = given.rstrip("/")
+        where = storage.strip_slash(given)
     else:
         where = os.path.abspath(given)
         if os.path.isfile(given + ".index") and not os.path.isdir(given):
@@ -387,7 +387,7 @@ class _Watch:
         except (CkptMergeError, OSError):
             return False
         latest = state.model_checkpoint_path if state is not None else None
-        return bool(latest) and latest.rstrip("/") == path.rstrip("/")
+        return bool(latest) and storage.strip_slash(latest) == storage.strip_slash(path)
 
     def _report(self, info: CheckpointInfo, err: BaseException) -> None:
         if self.on_skip is not None:

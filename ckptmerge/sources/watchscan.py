@@ -93,7 +93,7 @@ class Candidate:
     def main_file(self) -> str:
         """The file whose time is the checkpoint's: the index, the file, the newest file."""
         if self.kind == KIND_BUNDLE:
-            return self.path + INDEX
+            return storage.add_suffix(self.path, INDEX)
         return self.path
 
 
@@ -262,7 +262,7 @@ def _local_folder(folder: str, step: int) -> Candidate:
 
 def _scan_url(url: str, floor: Optional[int]) -> Listing:
     out = Listing()
-    url = url.rstrip("/")
+    url = storage.strip_slash(url)
     storage.forget_listings(url)
     try:
         entries = storage.remote_listdir(url)
@@ -286,7 +286,7 @@ def _scan_url(url: str, floor: Optional[int]) -> Listing:
         kind, step = found
         path = storage.join(url, name)
         if kind == KIND_BUNDLE:
-            c = Candidate(path[: -len(INDEX)], step, kind)
+            c = Candidate(storage.join(url, name[: -len(INDEX)]), step, kind)
             for f in [name, *data.get(name[: -len(INDEX)], [])]:
                 c.files[storage.join(url, f)] = _remote_sig(by_name[f])
                 c.newest = max(c.newest, by_name[f]["mtime"] or 0.0)
@@ -365,16 +365,17 @@ def _open(path: str) -> None:
 def _check_bundle(prefix: str) -> Tuple[str, Any]:
     from ..formats.tf.bundle import BundleReader, ShortShardError
 
-    why = table_unfinished(prefix + INDEX)
+    index = storage.add_suffix(prefix, INDEX)
+    why = table_unfinished(index)
     if why:
-        return INCOMPLETE, f"{storage.basename(prefix + INDEX)}: {why}"
+        return INCOMPLETE, f"{storage.basename(index)}: {why}"
     try:
         with BundleReader(prefix, verify=True):
             pass
     except ShortShardError as e:  # a data shard still being written (or uploaded) in place
         return INCOMPLETE, f"data shard {storage.basename(str(e.path))} is shorter than its index needs"
     except CheckpointFormatError as e:
-        shard = e.path if isinstance(e.path, str) and DATA_RE.search(e.path) else None
+        shard = e.path if isinstance(e.path, str) and DATA_RE.search(storage.path_part(e.path)) else None
         if shard is not None and not storage.exists(shard):  # a data shard not written (or uploaded) yet
             return INCOMPLETE, f"data shard {storage.basename(shard)} is not there yet"
         return FAILING, e
@@ -421,7 +422,7 @@ def _safetensors_set_unfinished(c: Candidate) -> Optional[str]:
             return f"{name}: {why}"
         m = _ST_SHARD.match(name)
         if m:
-            shards.setdefault((os.path.join(storage.dirname(f), m.group(1)), int(m.group(3))), set()).add(
+            shards.setdefault((storage.sibling(f, m.group(1)), int(m.group(3))), set()).add(
                 int(m.group(2)))
     for (stem, total), have in shards.items():
         if len(have) < total:

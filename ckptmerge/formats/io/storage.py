@@ -50,13 +50,25 @@ from ckptmerge.formats.io.remote_policy import (
     storage_options,
     timeout_seconds,
 )
-from ckptmerge.formats.io.urlpath import basename, dirname, is_url, join, scheme_of
+from ckptmerge.formats.io.urlpath import (
+    add_suffix,
+    basename,
+    dirname,
+    has_suffix,
+    is_url,
+    join,
+    path_part,
+    scheme_of,
+    sibling,
+    strip_slash,
+)
 from ckptmerge.knobs import IntSetting
 from ckptmerge.redact import get_logger
 from ckptmerge.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
-           "remote_listdir", "remote_size", "join", "basename", "dirname", "create_exclusive", "RETRIES",
+           "remote_listdir", "remote_size", "join", "basename", "dirname", "sibling", "strip_slash", "add_suffix",
+           "has_suffix", "path_part", "create_exclusive", "RETRIES",
            "REMOTE_CONCURRENCY", "isfile", "isdir", "exists", "getsize", "listdir", "walk_files", "abspath",
            "open_binary", "open_zip", "REMOTE_BLOCK", "SNIFF_BLOCK", "upload_file", "write_object",
            "remove_object", "forget_listings"]
@@ -237,7 +249,8 @@ def remote_listdir(url: str) -> List[Dict[str, Any]]:
     entries = _with_retries("listing", url, lambda t: _call(fs, "ls", path, detail=True, timeout=t))
     out = []
     for e in entries:
-        name = str(e.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
+        name = str(e.get("name", ""))
+        name = basename(name) if is_url(name) else name.rstrip("/").rsplit("/", 1)[-1]  # (http: full URLs)
         mtime = e.get("mtime") or e.get("LastModified") or e.get("created")
         if hasattr(mtime, "timestamp"):
             mtime = mtime.timestamp()

@@ -5,7 +5,10 @@ A checkpoint's files are found by name arithmetic: ``<prefix>.index`` beside a p
 the URL's *path*: ``https://host/w/model.safetensors?download=true`` has the path
 ``https://host/w/model.safetensors`` and the tail ``?download=true``, so its index is
 ``https://host/w/model.safetensors.index?download=true``, never ``...?download=true.index``
-(a server that ignores the query would serve the file itself as the "index"). Only ``http`` and
+(a server that ignores the query would serve the file itself as the "index"), and the shards an
+index names beside it are ``https://host/w/<shard>?download=true``: every operation here works on
+the path and carries the tail along (:func:`dirname`, :func:`join`, :func:`sibling`), except
+:func:`basename`, which is a name. Only ``http`` and
 ``https`` have queries and fragments: in an object store (``s3://``, ``gs://``, ...) a ``?`` is
 part of the object's key. The ``-?????-of-NNNNN`` of a sharded V1 checkpoint's pattern is a
 name, not a query. Local paths are returned exactly as ``os.path`` would.
@@ -13,18 +16,18 @@ name, not a query. Local paths are returned exactly as ``os.path`` would.
 Example:
     >>> add_suffix("https://h/run/ckpt-1?download=true", ".index")
     'https://h/run/ckpt-1.index?download=true'
-    >>> basename("https://h/run/model.safetensors?x=1"), dirname("https://h/run/model.safetensors?x=1")
-    ('model.safetensors', 'https://h/run')
+    >>> basename("https://h/run/model.safetensors?x=1"), sibling("https://h/run/model.safetensors?x=1", "a.bin")
+    ('model.safetensors', 'https://h/run/a.bin?x=1')
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Tuple
+from typing import Optional, Tuple
 
 __all__ = ["is_url", "split_tail", "path_part", "add_suffix", "has_suffix", "strip_suffix", "basename",
-           "dirname", "join", "canonical_url", "relative_to"]
+           "dirname", "join", "sibling", "strip_slash", "search_path", "is_plain_name", "canonical_url", "relative_to"]
 
 _URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]+)://")
 #: The question marks of a V1 set's pattern (``m.ckpt-?????-of-00002``): part of the name.
@@ -104,26 +107,82 @@ def basename(path: str) -> str:
 
 
 def dirname(path: str) -> str:
-    """The parent of a URL (its query dropped: it belongs to the file) or of a local path.
+    """The parent of a URL (an http(s) query kept: the files beside it are asked for with it) or
+    of a local path.
 
     Example:
         >>> dirname("s3://b/run/ckpt-1"), dirname("https://h/run/m.npz?dl=1")
-        ('s3://b/run', 'https://h/run')
+        ('s3://b/run', 'https://h/run?dl=1')
     """
     if is_url(path):
-        head, _, _ = path_part(path).rstrip("/").rpartition("/")
-        return head if "://" in head else path_part(path)
+        head, tail = split_tail(path)
+        parent = head.rstrip("/").rpartition("/")[0]
+        return (parent if "://" in parent else head) + tail
     return os.path.dirname(path)
 
 
 def join(base: str, name: str) -> str:
-    """``base/name`` for URLs and local paths alike.
+    """``base/name`` for URLs and local paths alike (an http(s) query of ``base`` kept at the end).
 
     Example:
-        >>> join("s3://b/run", "checkpoint")
-        's3://b/run/checkpoint'
+        >>> join("s3://b/run", "checkpoint"), join("https://h/run?dl=1", "checkpoint")
+        ('s3://b/run/checkpoint', 'https://h/run/checkpoint?dl=1')
     """
-    return path_part(base).rstrip("/") + "/" + name if is_url(base) else os.path.join(base, name)
+    if is_url(base):
+        head, tail = split_tail(base)
+        return head.rstrip("/") + "/" + name + tail
+    return os.path.join(base, name)
+
+
+def sibling(path: str, name: str) -> str:
+    """The file ``name`` beside ``path`` (in its folder), with ``path``'s http(s) query: the shards
+    of a safetensors index or of a Keras ``.weights.json``, the ``checkpoint`` state file beside a
+    prefix.
+
+    Example:
+        >>> sibling("https://h/w/model.safetensors.index.json?download=true", "model-1.safetensors")
+        'https://h/w/model-1.safetensors?download=true'
+        >>> sibling("s3://b/run/ckpt-1", "checkpoint"), sibling("run/ckpt-1", "checkpoint")
+        ('s3://b/run/checkpoint', 'run/checkpoint')
+    """
+    return join(dirname(path), name)
+
+
+def is_plain_name(name: object, beside: str) -> bool:
+    """Whether ``name`` (a shard an index names) is a plain file name in the folder of ``beside``:
+    no folder, not ``.`` or ``..``; beside a URL also no ``%``, ``?``, ``#`` or ``\\``, which a
+    server would decode or cut into another path (``..%2Fsecret``).
+
+    Example:
+        >>> is_plain_name("m-1.safetensors", "https://h/w/i.json"), is_plain_name("..%2Fx", "https://h/w/i.json")
+        (True, False)
+        >>> is_plain_name("a%b.safetensors", "run/i.json"), is_plain_name("../x", "run/i.json")
+        (True, False)
+    """
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\x00" in name:
+        return False
+    return not (is_url(beside) and any(c in name for c in "%?#\\"))
+
+
+def strip_slash(path: str) -> str:
+    """``path`` without trailing slashes on its path part (``https://h/run/?t=1`` -> ``https://h/run?t=1``).
+
+    Example:
+        >>> strip_slash("https://h/run/?t=1"), strip_slash("s3://b/run/")
+        ('https://h/run?t=1', 's3://b/run')
+    """
+    head, tail = split_tail(path)
+    return head.rstrip("/") + tail
+
+
+def search_path(pattern: "re.Pattern[str]", path: str) -> "Optional[re.Match[str]]":
+    """``pattern.search`` on the path part (a ``$``-anchored name pattern still matches a URL with a query).
+
+    Example:
+        >>> bool(search_path(re.compile(r"\\.index$"), "https://h/ckpt-1.index?t=1"))
+        True
+    """
+    return pattern.search(path_part(path))
 
 
 def relative_to(path: str, directory: str) -> str:
@@ -134,8 +193,8 @@ def relative_to(path: str, directory: str) -> str:
         'ckpt-1'
     """
     if is_url(path) or is_url(directory):
-        base = path_part(directory).rstrip("/") + "/"
-        return path[len(base):] if is_url(path) and path.startswith(base) else path
+        base, name = path_part(directory).rstrip("/") + "/", path_part(path)
+        return name[len(base):] if is_url(path) and name.startswith(base) else path
     try:
         return os.path.relpath(path, os.path.abspath(directory))
     except ValueError:  # pragma: no cover - another drive on Windows
@@ -145,7 +204,9 @@ def relative_to(path: str, directory: str) -> str:
 def canonical_url(url: str) -> str:
     """One spelling of a URL for comparisons: the scheme lower-cased and aliases folded
     (``s3a`` -> ``s3``, ``gcs`` -> ``gs``, ``az``/``abfss`` -> ``abfs``), repeated and trailing
-    slashes dropped, the bucket (or http host) lower-cased, an http(s) default port dropped.
+    slashes dropped, the bucket (or http host) lower-cased, an http(s) default port dropped, and an
+    http(s) query and fragment left out (many servers ignore them: ``m.safetensors?download=true``
+    is ``m.safetensors``).
 
     Two URLs with one canonical form name the same object; different forms may still do (the
     store decides), so use it to refuse, never to allow.
@@ -155,7 +216,7 @@ def canonical_url(url: str) -> str:
         True
     """
     scheme = scheme_of(url)
-    head, tail = split_tail(url)
+    head = path_part(url)
     rest = head[len(scheme) + 3:]
     parts = [p for p in rest.split("/") if p]
     if parts:
@@ -165,4 +226,4 @@ def canonical_url(url: str) -> str:
             parts[0] = host[: -len(default)] if host.endswith(default) else host
         elif scheme != "memory":  # a bucket or container: lower case in every store
             parts[0] = parts[0].lower()
-    return f"{_ALIASES.get(scheme, scheme)}://{'/'.join(parts)}{tail}"
+    return f"{_ALIASES.get(scheme, scheme)}://{'/'.join(parts)}"

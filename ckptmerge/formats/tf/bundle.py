@@ -54,7 +54,7 @@ from ckptmerge.formats.io.storage import (
     read_small,
     remote_size,
 )
-from ckptmerge.formats.io.urlpath import add_suffix
+from ckptmerge.formats.io.urlpath import add_suffix, basename
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.formats.tf.bundleindex import (
     OFFSET,
@@ -181,7 +181,7 @@ class BundleReader(CheckpointReader):
         self.verify = verify
         self.index_path = add_suffix(self.path, ".index")
         self._fds = Descriptors()
-        self._index_name = os.path.basename(self.index_path)
+        self._index_name = basename(self.index_path)
         #: True when the checkpoint is a URL (object storage through fsspec): ranged reads.
         self.remote = is_url(self.path)
         try:
@@ -314,9 +314,9 @@ class BundleReader(CheckpointReader):
             except (FileNotFoundError, CheckpointNotFoundError):
                 key = cols.keys[int(with_data[at])]
                 err = CheckpointFormatError(
-                    f"Checkpoint data file {os.path.basename(path)} (shard {shard + 1} "
+                    f"Checkpoint data file {basename(path)} (shard {shard + 1} "
                     f"of {self.num_shards}) is missing; it holds tensor {key!r}. Copy all "
-                    f"'{os.path.basename(self.path)}.data-*' files along with the .index. "
+                    f"'{basename(self.path)}.data-*' files along with the .index. "
                     f"(File: {path})", path=path, key=key)
                 problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
             except OSError as e:
@@ -330,7 +330,7 @@ class BundleReader(CheckpointReader):
             e = cols.entry(int(with_data[short[0]]))
             path = self._shard_path(e.shard_id)
             raise ShortShardError(
-                f"Checkpoint data file {os.path.basename(path)} is too short: tensor "
+                f"Checkpoint data file {basename(path)} is too short: tensor "
                 f"{e.key!r} needs bytes {e.offset}..{e.offset + e.size} but the file has "
                 f"{int(size_of[short[0]])}. The file is truncated or does not belong to this index; re-copy "
                 f"it. (File: {path})", path=path, key=e.key)
@@ -352,7 +352,7 @@ class BundleReader(CheckpointReader):
             return parse_object_graph(raw)
         except DecodeError as e:
             raise CheckpointFormatError(
-                f"Corrupt object graph ({OBJECT_GRAPH_KEY}) in checkpoint {os.path.basename(self.path)}: "
+                f"Corrupt object graph ({OBJECT_GRAPH_KEY}) in checkpoint {basename(self.path)}: "
                 f"{e}. (File: {self._shard_path(entry.shard_id)})",
                 path=self._shard_path(entry.shard_id), key=OBJECT_GRAPH_KEY) from None
 
@@ -441,7 +441,7 @@ class BundleReader(CheckpointReader):
         if done < n:
             path = self._shard_path(shard)
             raise CheckpointFormatError(
-                f"Checkpoint data file {os.path.basename(path)} ended early while reading tensor "
+                f"Checkpoint data file {basename(path)} ended early while reading tensor "
                 f"{shown!r} ({done} of {n} bytes at offset {offset}); the file was truncated after "
                 f"the checkpoint was opened. (File: {path})", path=path, key=key)
 
@@ -454,7 +454,7 @@ class BundleReader(CheckpointReader):
     def _crc_error(self, e: BundleEntry, actual: int, label: Optional[str] = None) -> CheckpointFormatError:
         path = self._shard_path(e.shard_id)
         return CheckpointFormatError(
-            f"checksum mismatch for tensor {self._label(e, label)} in {os.path.basename(path)} "
+            f"checksum mismatch for tensor {self._label(e, label)} in {basename(path)} "
             f"(expected 0x{unmask_crc(e.crc32c):08x}, got 0x{actual:08x}); the file is corrupt "
             f"or was modified; re-copy it, or read it anyway with verify=False ('ckptmerge show/ls/diff "
             f"--no-verify' on the command line). (File: {path})",
@@ -463,7 +463,7 @@ class BundleReader(CheckpointReader):
     def _data_error(self, e: BundleEntry, problem: str, label: Optional[str] = None) -> CheckpointFormatError:
         path = self._shard_path(e.shard_id)
         return CheckpointFormatError(
-            f"Corrupt tensor {self._label(e, label)} in {os.path.basename(path)}: {problem}. (File: {path})",
+            f"Corrupt tensor {self._label(e, label)} in {basename(path)}: {problem}. (File: {path})",
             path=path, key=e.key)
 
     def _unreadable(self, e: BundleEntry) -> CheckpointFormatError:
@@ -590,7 +590,7 @@ class BundleReader(CheckpointReader):
                 path = self._shard_path(shard)
                 raise self._index_error(
                     f"the slices of tensor {e.key!r} claim {nbytes} bytes of data file "
-                    f"{os.path.basename(path)}, which has {self._shard_sizes[shard]}", e.key)
+                    f"{basename(path)}, which has {self._shard_sizes[shard]}", e.key)
         return parts
 
     def _read_sliced(self, e: BundleEntry) -> np.ndarray:

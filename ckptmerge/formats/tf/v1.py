@@ -29,6 +29,7 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, too_large_for_numpy, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.urlpath import split_tail
 from ckptmerge.formats.tf.objectgraph import name_based_kind
 from ckptmerge.formats.tf.protowire import (
     WIRE_BYTES,
@@ -73,8 +74,9 @@ def v1_pattern(shard_path: str) -> Optional[str]:
         >>> v1_pattern("runs/model.ckpt-10-00001-of-00002")
         'runs/model.ckpt-10-?????-of-00002'
     """
-    m = V1_SHARD_RE.search(shard_path)
-    return None if m is None else f"{shard_path[:m.start()]}-?????-of-{m.group(2)}"
+    head, tail = split_tail(shard_path)  # a URL's query stays after the name
+    m = V1_SHARD_RE.search(head)
+    return None if m is None else f"{head[:m.start()]}-?????-of-{m.group(2)}{tail}"
 
 
 def v1_shard_files(pattern: str) -> List[str]:
@@ -84,11 +86,12 @@ def v1_shard_files(pattern: str) -> List[str]:
         >>> v1_shard_files("m-?????-of-00002")
         ['m-00000-of-00002', 'm-00001-of-00002']
     """
-    m = V1_PATTERN_RE.search(pattern)
+    head, tail = split_tail(pattern)  # a URL's query stays after each name
+    m = V1_PATTERN_RE.search(head)
     if m is None:
         return [pattern]
     n = int(m.group(1))
-    return [f"{pattern[:m.start()]}-{i:05d}-of-{n:05d}" for i in range(n)]
+    return [f"{head[:m.start()]}-{i:05d}-of-{n:05d}{tail}" for i in range(n)]
 
 
 class _Meta:
@@ -191,7 +194,7 @@ class _File:
             data = self._pread(offset, size)
         if len(data) != size:
             raise CheckpointFormatError(
-                f"Checkpoint file {escape_name(os.path.basename(self.path))} ended early ({len(data)} of {size} "
+                f"Checkpoint file {escape_name(storage.basename(self.path))} ended early ({len(data)} of {size} "
                 f"bytes at offset {offset}); it was truncated after it was opened. (File: {escape_name(self.path)})",
                 path=self.path)
         return data
@@ -261,11 +264,11 @@ class V1Reader(CheckpointReader):
         if len(missing) == len(self.files):  # also a pattern of 0 shards
             raise CheckpointNotFoundError(
                 f"V1 checkpoint {self.path!r} does not exist"
-                + (f" (no file {os.path.basename(missing[0])!r})." if missing else "."), path=self.path)
+                + (f" (no file {storage.basename(missing[0])!r})." if missing else "."), path=self.path)
         if missing:
             raise CheckpointFormatError(
-                f"V1 checkpoint {os.path.basename(self.path)} is incomplete: shard "
-                f"{os.path.basename(missing[0])} is missing ({len(missing)} of {len(self.files)} "
+                f"V1 checkpoint {storage.basename(self.path)} is incomplete: shard "
+                f"{storage.basename(missing[0])} is missing ({len(missing)} of {len(self.files)} "
                 f"shards missing). Copy every shard of the set. (File: {missing[0]})", path=missing[0])
         self._files: List[_File] = []
         self._tables: List[Table] = []
@@ -285,7 +288,7 @@ class V1Reader(CheckpointReader):
     # -- opening ---------------------------------------------------------------------------
     def _error(self, file_path: str, problem: str, key: Optional[str] = None) -> CheckpointFormatError:
         return CheckpointFormatError(
-            f"Corrupt V1 checkpoint {escape_name(os.path.basename(file_path))}: {problem}. The file is damaged "
+            f"Corrupt V1 checkpoint {escape_name(storage.basename(file_path))}: {problem}. The file is damaged "
             f"or not a TensorFlow checkpoint; re-copy it. (File: {escape_name(file_path)})", path=file_path, key=key)
 
     def _load(self, number: int, f: _File) -> None:
@@ -303,7 +306,7 @@ class V1Reader(CheckpointReader):
             raise self._error(f.path, f"bad metadata: {e}") from None
         if min_consumer > _CHECKPOINT_VERSION or _CHECKPOINT_VERSION in bad:
             raise CheckpointFormatError(
-                f"V1 checkpoint {os.path.basename(f.path)} needs a reader of checkpoint version "
+                f"V1 checkpoint {storage.basename(f.path)} needs a reader of checkpoint version "
                 f">= {min_consumer} (or other than {bad}); ckptmerge reads version "
                 f"{_CHECKPOINT_VERSION}. Read it with the TensorFlow that wrote it.", path=f.path)
         seen = set()
