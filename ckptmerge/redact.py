@@ -27,7 +27,8 @@ import os
 import re
 from typing import Any, Dict, Mapping, Optional
 
-__all__ = ["redact", "redact_cached", "redact_optional", "redacted_repr", "is_secret_parameter", "mask_value", "get_logger",
+__all__ = ["redact", "redact_cached", "redact_optional", "redacted_repr", "is_secret_parameter", "mask_value",
+           "show_path_as", "get_logger",
            "RedactingFilter", "MASK", "MIN_MASKED"]
 
 #: What a secret is replaced with.
@@ -95,6 +96,39 @@ def mask_value(value: str, shown: str) -> None:
         redact_cached.cache_clear()
 
 
+#: ``{expanded folder: as written}``: local paths a config built from the environment or ``~``,
+#: shown as written in every redacted text (see :func:`show_path_as`).
+_WRITTEN: Dict[str, str] = {}
+_WRITTEN_RE: Optional["re.Pattern[str]"] = None
+#: A path character: a registered folder matches only where no such character touches it.
+_PATH_CHAR = r"[\w.~+@%-]"
+
+
+def show_path_as(expanded: str, written: str) -> None:
+    """From now on, show the local folder ``expanded`` as ``written`` in every redacted text.
+
+    A config's ``path: ${DATA}/ckpt`` (or ``~/ckpt``) becomes ``/data/ckpt`` before anything is
+    read; an error found later (a damaged file, a missing shard, a lock) names the path the
+    reader opened. Registering the folder that the environment put there makes every message,
+    report and log line name it as the config wrote it (``${DATA}/ckpt.index``), and never show
+    the variable's value. Only whole path components match (``/data`` is not touched in
+    ``/database``); folders shorter than :data:`MIN_MASKED` characters are not registered.
+
+    Example:
+        >>> show_path_as("/mnt/runs-7", "${DATA}")
+        >>> redact("Checkpoint data file /mnt/runs-7/ckpt.data-00000-of-00001 is truncated; /mnt/runs-70 is not")
+        'Checkpoint data file ${DATA}/ckpt.data-00000-of-00001 is truncated; /mnt/runs-70 is not'
+    """
+    global _WRITTEN_RE
+    expanded = expanded.rstrip("/") or expanded
+    if len(expanded) < MIN_MASKED or expanded == written or _WRITTEN.get(expanded) == written:
+        return
+    _WRITTEN[expanded] = written
+    alternatives = "|".join(re.escape(e) for e in sorted(_WRITTEN, key=len, reverse=True))
+    _WRITTEN_RE = re.compile(f"(?<!{_PATH_CHAR})(?<!/)(?:{alternatives})(?!{_PATH_CHAR})")
+    redact_cached.cache_clear()
+
+
 def redact(text: Any) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``.
 
@@ -109,6 +143,8 @@ def redact(text: Any) -> str:
         "Checkpoint 'az://c/m?sv=2022&sig=***' does not exist"
     """
     text = str(text)
+    if _WRITTEN_RE is not None:
+        text = _WRITTEN_RE.sub(lambda m: _WRITTEN[m.group(0)], text)
     if _MASKED and "://" in text:
         for value in sorted(_MASKED, key=len, reverse=True):  # (a longer value may hold a shorter one)
             if value in text:

@@ -26,7 +26,7 @@ from ..planning.transforms import (
     VocabRemap,
     read_vocab,
 )
-from ..redact import mask_value
+from ..redact import mask_value, show_path_as
 from ..text import quote_name
 from .env import ALLOW_ENV, expand_names, is_remote, resolve_path
 from .model import CombineConfig, Config, RemoteURL, SourceConfig
@@ -223,6 +223,19 @@ def _check_url(v: str, url: str, names: List[str], p: KeyPath, ctx: Context) -> 
     return url
 
 
+def _show_as_written(written: str, resolved: str) -> None:
+    """Show the folder the environment (or ``~``) made of ``written`` as written, in every message
+    from now on (:func:`ckptmerge.redact.show_path_as`): ``${DATA}/run/ckpt`` resolved to
+    ``/mnt/d/run/ckpt`` shows ``/mnt/d`` as ``${DATA}``, so a later error about
+    ``/mnt/d/run/ckpt.index`` reads ``${DATA}/run/ckpt.index``."""
+    w = written[len("file://"):] if written.startswith("file://") else written
+    wparts, rparts = w.rstrip("/").split("/"), resolved.rstrip("/").split("/")
+    while len(wparts) > 1 and len(rparts) > 1 and wparts[-1] == rparts[-1] and "$" not in wparts[-1]:
+        wparts.pop()
+        rparts.pop()
+    show_path_as("/".join(rparts), "/".join(wparts))
+
+
 def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
     expanded, problem, names = expand_names(v, ctx.env)
     if problem or expanded is None:
@@ -231,6 +244,8 @@ def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
     resolved = resolve_path(expanded, ctx.base)
     if is_remote(resolved):
         return _check_url(v, resolved, names, p, ctx)
+    if names or v.startswith("~") or v.startswith("file://~"):
+        _show_as_written(v, resolved)
     if kind == "output":
         return resolved
     note = "" if os.path.isabs(os.path.expanduser(local_path(expanded))) else f" (relative to {ctx.base_label})"
