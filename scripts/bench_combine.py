@@ -43,12 +43,15 @@ _MEASURE = textwrap.dedent("""
             if line.startswith(key):
                 return int(line.split()[1])
     {imports}
-    rss0 = status('VmRSS:')
-    t0 = time.perf_counter()
-    {body}
-    dt = time.perf_counter() - t0
     import resource
-    print(json.dumps({{"time": dt, "hwm_kib": status('VmHWM:'), "rss0_kib": rss0,
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    rss0 = status('VmRSS:')
+    t0, c0 = time.perf_counter(), cpu()
+    {body}
+    dt, dc = time.perf_counter() - t0, cpu() - c0
+    print(json.dumps({{"time": dt, "cpu": dc, "hwm_kib": status('VmHWM:'), "rss0_kib": rss0,
                       "children_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}}))
 """)
 
@@ -111,10 +114,55 @@ def write_safetensors(root: Path, size_mib: int) -> list:
 
 
 def cat_time(files: list) -> float:
+    return cat_times(files)[0]
+
+
+def cat_times(files: list) -> tuple:
+    """``cat`` of the files to /dev/null, page cache warm: (wall time, CPU time)."""
+    import resource
+
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return dt, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+
+
+# What any averager of these files must do, without ckptmerge, one thread: read each input's
+# bytes once into a 128 KiB buffer (the copy cat makes), check their CRC32C (TF bundles keep one),
+# add them into a float64 block and round the mean into float32. The files are read a block of
+# each in turn, as the merge reads them.
+_FLOOR = """
+import os, numpy as np, crc32c
+fds = [os.open(f, os.O_RDONLY) for f in {files!r}]
+size = min(os.path.getsize(f) for f in {files!r})
+BLOCK = 1 << 15
+buf = np.empty(BLOCK, np.float32)
+view = memoryview(buf.view(np.uint8))
+acc = np.empty(BLOCK, np.float64)
+out = np.empty(BLOCK, np.float32)
+crcs = [0] * len(fds)
+for pos in range(0, size - view.nbytes + 1, view.nbytes):
+    for j, fd in enumerate(fds):
+        os.preadv(fd, [view], pos)
+        if {crc}:
+            crcs[j] = crc32c.crc32c(view, crcs[j])
+        if {add}:
+            if j:
+                np.add(acc, buf, out=acc)
+            else:
+                np.copyto(acc, buf)
+    if {add}:
+        np.divide(acc, len(fds), out=out, casting="unsafe")
+"""
+
+
+def floors(files: list) -> dict:
+    """The floor's parts, each a fresh process: read; read + CRC32C; read + CRC32C + add."""
+    return {what: measure("import numpy as np", _FLOOR.format(files=files, crc=crc, add=add))
+            for what, crc, add in (("read", False, False), ("read_crc", True, False), ("read_crc_add", True, True))}
 
 
 def data_files(prefixes: list) -> list:
@@ -132,13 +180,24 @@ def mib(kib: int) -> float:
 def bench_average(root: Path, n: int, size_mib: int) -> dict:
     prefixes = write_run(root, n, size_mib)
     files = data_files(prefixes)
-    cat = min(cat_time(files) for _ in range(2))
+    cat, cat_cpu = min(cat_times(files) for _ in range(2))
     out = root / "avg"
     imports = ("import ckptmerge as cm, ckptmerge.merging.combine, ckptmerge.merging.dispatch, "
                "ckptmerge.formats.tf.writer, ckptmerge.formats.safetensors_writer, ckptmerge.planning.planner")
+    load0 = os.getloadavg()[0]
     ours = measure(imports, f"cm.merge(cm.combine({str(root / 'run')!r}, last={n}), {str(out)!r}, overwrite=True)")
+    # the same combination, its chunks made but not written: the write's share of the time
+    unwritten = measure(imports, f"""
+    h = cm.combine({str(root / 'run')!r}, last={n}).open()
+    for v in h.all_variables:
+        for _ in h.iter_chunks(v.name):
+            pass
+    h.close()
+    """)
+    floor = floors(files)
+    load1 = os.getloadavg()[0]
     two = measure(imports, f"cm.merge(cm.combine({str(root / 'run')!r}, last=2), {str(root / 'avg2')!r}, overwrite=True)")
-    base = measure("import numpy as np, ckptmerge as cm", f"""
+    base = measure("import numpy as np, ckptmerge as cm, ckptmerge.api, ckptmerge.formats.tf.bundle", f"""
     arrays = [cm.load(p) for p in {prefixes!r}]
     mean = {{k: np.mean(np.stack([a[k] for a in arrays]), axis=0, dtype=np.float64).astype(np.float32) for k in arrays[0]}}
     """)
@@ -149,8 +208,8 @@ def bench_average(root: Path, n: int, size_mib: int) -> dict:
     want = np.mean([cm.load(p, ["layer_0/kernel"])["layer_0/kernel"].astype(np.float64) for p in prefixes], axis=0)
     assert np.array_equal(got, want.astype(np.float32)), "the average differs from NumPy's"
     chunk_mib = CHUNK_ELEMENTS * 8 / (1 << 20)
-    return {"n": n, "size_mib": size_mib, "cat_s": cat, "ours": ours, "ours_n2": two, "numpy": base,
-            "chunk_mib": chunk_mib}
+    return {"n": n, "size_mib": size_mib, "cat_s": cat, "cat_cpu_s": cat_cpu, "ours": ours, "ours_n2": two,
+            "numpy": base, "unwritten": unwritten, "floor": floor, "chunk_mib": chunk_mib, "load": [load0, load1]}
 
 
 def mergekit_config(method: str, paths: list, density: float) -> str:
@@ -236,14 +295,29 @@ def main() -> None:
     target = 64 + 4 * avg["chunk_mib"]
     print(f"Averaging {avg['n']} checkpoints of {avg['size_mib']} MiB (TF bundles, float32; chunk = "
           f"{CHUNK_ELEMENTS:,} elements = {avg['chunk_mib']:.0f} MiB of float64 accumulator)")
-    print(f"  {'':34}{'time':>9}{'peak RSS':>12}{'RSS after imports':>19}")
-    print(f"  {'cat every input > /dev/null':34}{avg['cat_s']:8.2f}s{'':>12}")
-    print(f"  {'numpy: load all, then mean':34}{b['time']:8.2f}s{mib(b['hwm_kib']):9.0f} MiB{mib(b['rss0_kib']):15.0f} MiB")
-    print(f"  {'ckptmerge combine + merge (TF)':34}{o['time']:8.2f}s{mib(o['hwm_kib']):9.0f} MiB{mib(o['rss0_kib']):15.0f} MiB")
-    t = avg["ours_n2"]
-    print(f"  {'  the same, of the last 2 only':34}{t['time']:8.2f}s{mib(t['hwm_kib']):9.0f} MiB{mib(t['rss0_kib']):15.0f} MiB")
-    print(f"  time: {o['time'] / avg['cat_s']:.2f}x reading every input once (target <= 1.3x), "
-          f"{o['time'] / b['time']:.2f}x numpy's")
+    cat, cat_cpu = avg["cat_s"], avg["cat_cpu_s"]
+    print(f"  (load average {avg['load'][0]:.1f} before, {avg['load'][1]:.1f} after; CPU time: user + system, "
+          "every thread)")
+    print(f"  {'':40}{'time':>8}{'x cat':>8}{'CPU':>8}{'x cat':>8}{'peak RSS':>10}{'after imports':>15}")
+
+    def row(label: str, r: dict) -> None:
+        rss = f"{mib(r['hwm_kib']):6.0f} MiB{mib(r['rss0_kib']):11.0f} MiB" if "hwm_kib" in r else ""
+        print(f"  {label:40}{r['time']:7.2f}s{r['time'] / cat:7.2f}x{r['cpu']:7.2f}s{r['cpu'] / cat_cpu:7.2f}x{rss}")
+
+    row("cat every input > /dev/null", {"time": cat, "cpu": cat_cpu})
+    f = avg["floor"]
+    row("floor: read each input once (1 thread)", f["read"])
+    row("floor: + CRC32C", f["read_crc"])
+    row("floor: + add into float64, mean", f["read_crc_add"])
+    row("numpy: load all, then mean", b)
+    row("ckptmerge combine + merge (TF)", o)
+    row("  the same, not written", avg["unwritten"])
+    row("  the same, of the last 2 only", avg["ours_n2"])
+    w = avg["unwritten"]
+    print(f"  time: {o['time'] / cat:.2f}x reading every input once (target <= 1.3x), "
+          f"{o['time'] / b['time']:.2f}x numpy's; the write's share {max(0.0, o['time'] - w['time']):.2f}s "
+          f"({max(0.0, o['time'] - w['time']) / o['time']:.0%}); the one-thread floor "
+          f"{f['read_crc_add']['time'] / cat:.2f}x cat in time, {f['read_crc_add']['cpu'] / cat_cpu:.2f}x in CPU")
     print(f"  peak RSS: {mib(o['hwm_kib']):.0f} MiB (target <= 64 MiB + 4 x {avg['chunk_mib']:.0f} MiB = {target:.0f} MiB), "
           f"{o['hwm_kib'] / b['hwm_kib']:.3f}x numpy's; above the imports: {mib(o['hwm_kib'] - o['rss0_kib']):.0f} MiB")
     if "skipped" in mk:

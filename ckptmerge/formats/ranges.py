@@ -16,6 +16,7 @@ return ``None`` from ``ranges()``, and callers stream ``iter_chunks`` instead.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable, Dict, Optional, Tuple
 
@@ -27,6 +28,8 @@ from ckptmerge.formats.tf.crc import crc32c_combine
 __all__ = ["TensorRanges", "Span"]
 
 Fill = Callable[[int, memoryview], None]  # (byte offset from the tensor's first byte, view) -> fill it
+Locate = Callable[[], Tuple[int, int]]  # -> (file descriptor, file offset of the tensor's first byte)
+_PREADV = getattr(os, "preadv", None)
 
 
 class TensorRanges:
@@ -41,6 +44,10 @@ class TensorRanges:
         crc32c: the tensor's expected (unmasked) CRC32C, or ``None`` when there is none to
             check (formats without one, or ``verify=False``).
         mismatch: ``mismatch(actual)`` is the error raised when the checksum differs.
+        locate: for a tensor stored as it is in a local file, ``locate()`` gives ``(fd,
+            offset)``: the open descriptor and the file offset of its first byte; spans then
+            read with one ``preadv`` a block (``fill`` still reads whatever a short read left,
+            and raises the format's error).
 
     Example:
         >>> data = np.arange(6, dtype="<f4").tobytes()
@@ -53,10 +60,11 @@ class TensorRanges:
     """
 
     def __init__(self, dtype: np.dtype, count: int, fill: Fill, crc32c: Optional[int] = None,
-                 mismatch: Optional[Callable[[int], Exception]] = None) -> None:
+                 mismatch: Optional[Callable[[int], Exception]] = None, locate: Optional[Locate] = None) -> None:
         self.dtype = np.dtype(dtype)
         self.count = count
         self.fill = fill
+        self.locate = locate if _PREADV is not None else None
         self.expected = crc32c
         self.mismatch = mismatch
         self._lock = threading.Lock()
@@ -95,7 +103,7 @@ class TensorRanges:
 class Span:
     """A range of a :class:`TensorRanges`, read front to back by :meth:`read`."""
 
-    __slots__ = ("ranges", "start", "pos", "end", "crc", "check")
+    __slots__ = ("ranges", "start", "pos", "end", "crc", "check", "fill", "fd", "at", "dtype")
 
     def __init__(self, ranges: TensorRanges, start: int, end: int) -> None:
         self.ranges = ranges
@@ -103,6 +111,16 @@ class Span:
         self.end = end
         self.crc = 0
         self.check = ranges.expected is not None
+        self.fill = ranges.fill
+        self.dtype = ranges.dtype
+        self.fd, self.at = -1, 0
+        if ranges.locate is not None:
+            try:
+                fd, at = ranges.locate()
+            except OSError:  # (the reader's fill reports it, as its format does)
+                fd, at = -1, 0
+            if isinstance(fd, int):
+                self.fd, self.at = fd, at
 
     def read(self, out: np.ndarray, raw: Optional[memoryview] = None) -> np.ndarray:
         """Fill ``out`` (flat, contiguous, of the tensor's dtype) with the span's next
@@ -111,14 +129,22 @@ class Span:
         bytes as a memoryview (callers reading many blocks make it once per buffer and slice it).
         """
         view = memoryview(out.view(np.uint8)) if raw is None else raw
-        pos = self.pos
-        if pos + len(view) > self.end or out.dtype != self.ranges.dtype or len(view) != out.nbytes:
+        pos, n = self.pos, len(view)
+        if pos + n > self.end or out.dtype != self.dtype or n != out.nbytes:
             raise ValueError(f"a read of {out.size} {out.dtype} elements does not fit the span's "
-                             f"{(self.end - pos) // self.ranges.dtype.itemsize} {self.ranges.dtype} elements left")
-        self.ranges.fill(pos, view)
+                             f"{(self.end - pos) // self.dtype.itemsize} {self.dtype} elements left")
+        if self.fd < 0:
+            self.fill(pos, view)
+        else:  # one system call; a short or failed read is read again by the reader's fill (its error)
+            try:
+                got = _PREADV(self.fd, [view], self.at + pos)  # type: ignore[misc]
+            except OSError:
+                got = -1
+            if got != n:
+                self.fill(pos, view)
         if self.check:
             self.crc = _crc32c.crc32c(view, self.crc)  # while the bytes are still in the CPU cache
-        self.pos = pos + len(view)
-        if self.pos == self.end:
-            self.ranges.finished(self.start, self.end, self.crc)
+        self.pos = pos = pos + n
+        if pos == self.end:
+            self.ranges.finished(self.start, pos, self.crc)
         return out

@@ -364,7 +364,8 @@ class SafetensorsReader(CheckpointReader):
         if e.bits < 8 or not info.size or storage.is_url(self.files[e.shard]):
             return None
         start = self._data_start[e.shard] + e.begin
-        return TensorRanges(e.dtype, info.size, lambda offset, view: self._fill(info.name, e, start + offset, view))
+        return TensorRanges(e.dtype, info.size, lambda offset, view: self._fill(info.name, e, start + offset, view),
+                            locate=lambda: (self._fd(e.shard), start))
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
         """Read several tensors at once: a thread pool fills the aligned arrays in file order,

@@ -649,7 +649,7 @@ class BundleReader(CheckpointReader):
         return TensorRanges(dt, e.size // dt.itemsize,
                             lambda offset, view: self._read_into(shard, start + offset, view, key),
                             unmask_crc(e.crc32c) if self.verify else None,
-                            lambda actual: self._crc_error(e, actual))
+                            lambda actual: self._crc_error(e, actual), lambda: (self._fd(shard), start))
 
     def _stream(self, shape: Tuple[int, ...], dt: np.dtype, parts: Sequence[_Part],
                 max_elements: int) -> Iterator[np.ndarray]:
