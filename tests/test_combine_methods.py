@@ -18,6 +18,7 @@ from ckptmerge.merging.methods import (
     ema_weights,
     kth_largest_abs,
     slerp_coefficients,
+    tie_cut,
 )
 
 RNG = np.random.default_rng(7)
@@ -150,6 +151,33 @@ def test_kth_largest_abs_is_exact_in_chunks(k):
     above = int(np.count_nonzero(np.abs(x) > want))
     assert kth_largest_abs(passes, x.size, k, lambda c, o: c, whole_limit=50) == (want, above)
     assert kth_largest_abs(passes, x.size, k, lambda c, o: c) == (want, above)
+
+
+def test_tie_cut_is_just_past_the_needed_tie():
+    x = np.array([1.0, -2.0, 2.0, 0.5, 2.0, -2.0])
+
+    def passes():
+        return ((x[s:s + 4], s) for s in range(0, x.size, 4))
+
+    assert [tie_cut(passes, 2.0, need) for need in (0, 1, 2, 3, 4, 5)] == [0, 2, 3, 5, 6, 6]
+
+
+def test_ties_sign_sums_skip_nan_and_signed_zeros_as_masked_adds_do():
+    """The consensus sums are plain adds of zeros elsewhere: the same numbers as adding only
+    the positive (negative) values, NaN and -0.0 included."""
+    t = np.array([np.nan, -0.0, 0.0, 1.5, -2.5, np.inf, -np.inf, 3.0])
+    base = np.zeros(t.size)
+    m = METHODS["ties"]
+    p = TensorParams("x", (0.5,), {"density": 1.0, "scale": 1.0, "normalize": True})
+    acc = m.start(p, t.size)
+    m.add(acc, p, None, 0, t * 2, base, 0)  # (weight 0.5: t again)
+    want = [np.zeros(t.size) for _ in range(4)]
+    np.add(want[0], t, out=want[0], where=t > 0)
+    np.add(want[1], t, out=want[1], where=t < 0)
+    np.add(want[2], 0.5, out=want[2], where=t > 0)
+    np.add(want[3], 0.5, out=want[3], where=t < 0)
+    for a, b in zip(acc, want):
+        assert a.tobytes() == b.tobytes()
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)

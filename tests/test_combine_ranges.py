@@ -116,10 +116,12 @@ def test_a_checksum_mismatch_raises_the_readers_error():
     ("ema", {"decay": 0.7}),
     ("task_arithmetic", {"weights": [0.5, 0.3, 0.2], "scale": 0.8}),
     ("dare", {"density": 0.4, "seed": 3}),
+    ("ties", {"density": 0.4}),
+    ("ties", {"density": 0.3, "weights": [1, 0.5, 2]}),
     ("model_stock", {}),
 ])
 def test_blocks_equal_the_streamed_chunks_and_numpy(run, small_blocks, monkeypatch, method, opts):
-    base = run[0] if method in ("task_arithmetic", "dare", "model_stock") else None
+    base = run[0] if method in ("task_arithmetic", "dare", "ties", "model_stock") else None
     fts = run[1:]
     src = cm.combine(fts, method, base=base, chunk_elements=500, **opts)
     names = ["a/kernel", "a/bias", "h/half", "one", "step"]
@@ -138,6 +140,23 @@ def test_blocks_equal_the_streamed_chunks_and_numpy(run, small_blocks, monkeypat
         ref = combine_arrays(method, [values(k)["a/kernel"] for k in (1, 2, 3)],
                              values(0)["a/kernel"] if base else None, name="a/kernel", **ref_opts)
         np.testing.assert_array_equal(got["a/kernel"], ref.astype(np.float32))
+
+
+def test_ties_keeps_the_first_tied_magnitudes_in_any_block_and_chunk(tmp_path, small_blocks, monkeypatch):
+    """Many deltas of equal magnitude at the trim cut: the first ones in element order are kept,
+    by the blocks of two threads as by the chunk stream and the whole-array units."""
+    rng = np.random.default_rng(3)
+    base = np.round(rng.standard_normal(3001) * 2).astype(np.float32) / 4
+    xs = [base + np.round(rng.standard_normal(3001) * 2).astype(np.float32) / 4 for _ in range(3)]
+    xs[1][:900] = base[:900]  # zero deltas too
+    paths = [write(tmp_path / f"t{i}", {"w": x}) for i, x in enumerate([base] + xs)]
+    for density in (0.2, 0.5, 0.7):
+        src = cm.combine(paths[1:], "ties", base=paths[0], density=density, chunk_elements=1000)
+        got = read_all(src, ["w"])["w"]
+        streamed = read_all(src, ["w"], streamed=True, monkeypatch=monkeypatch)["w"]
+        whole = combine_arrays("ties", xs, base, density=density).astype(np.float32)
+        np.testing.assert_array_equal(got, streamed)
+        np.testing.assert_array_equal(got, whole)
 
 
 def test_mixed_input_dtypes_and_a_bfloat16_output(tmp_path, small_blocks, monkeypatch):

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import ArgumentError
 
-__all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs",
+__all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs", "tie_cut",
            "DOT_THRESHOLD"]
 
 #: SLERP interpolates linearly when the cosine between the two tensors exceeds this (as mergekit).
@@ -238,10 +238,10 @@ class TaskArithmetic(Linear):
 
 
 def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarray, int], np.ndarray],
-                    *, whole_limit: int = 1 << 20) -> Tuple[float, int]:
+                    *, whole_limit: int = 1 << 20, equal: bool = False) -> Tuple[Any, ...]:
     """The ``k``-th largest ``|value|`` of a tensor given as chunks, exactly, in bounded memory,
     and how many magnitudes are strictly larger (the values equal to it make up the rest of the
-    ``k``).
+    ``k``); with ``equal=True`` also how many are equal to it.
 
     ``passes()`` starts a pass over the tensor's chunks (``(chunk, offset)`` pairs) and
     ``delta(chunk, offset)`` turns one into the float64 values ranked. A tensor of at most
@@ -255,11 +255,12 @@ def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarr
         (5.0, 1)
     """
     if k <= 0:
-        return math.inf, 0
+        return (math.inf, 0, 0) if equal else (math.inf, 0)
     if size <= whole_limit:
         a = np.abs(np.concatenate([delta(c, o) for c, o in passes()])) if size else np.zeros(0)
         thr = float(np.partition(a, size - k)[size - k])
-        return thr, int(np.count_nonzero(a > thr))
+        above = int(np.count_nonzero(a > thr))
+        return (thr, above, int(np.count_nonzero(a == thr))) if equal else (thr, above)
     prefix, shift, rank = 0, 64, k  # the k-th largest has bits `prefix` above `shift`
     while True:
         shift -= 16
@@ -281,9 +282,32 @@ def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarr
     for c, o in passes():
         bits = np.abs(delta(c, o)).view(np.uint64)
         keep.append(bits[(bits >> np.uint64(shift)) == np.uint64(prefix)])
-    cand = np.concatenate(keep).view(np.float64)
+    cand = np.concatenate(keep).view(np.float64)  # (every magnitude equal to the k-th is among them)
     thr = float(np.partition(cand, cand.size - rank)[cand.size - rank])
-    return thr, (k - rank) + int(np.count_nonzero(cand > thr))
+    above = (k - rank) + int(np.count_nonzero(cand > thr))
+    return (thr, above, int(np.count_nonzero(cand == thr))) if equal else (thr, above)
+
+
+def tie_cut(passes: Chunks, thr: float, need: int) -> int:
+    """The element index just past the ``need``-th magnitude equal to ``thr`` in element order
+    (``passes()`` as for :func:`kth_largest_abs`): keeping ``|d| > thr``, and ``|d| == thr`` only
+    before that index, keeps the first ``need`` of the tied magnitudes.
+
+    Example:
+        >>> x = np.array([2.0, -1.0, 1.0, 3.0, 1.0])
+        >>> tie_cut(lambda: [(x[:2], 0), (x[2:], 2)], 1.0, 2)
+        3
+    """
+    if need <= 0:
+        return 0
+    seen = end = 0
+    for c, o in passes():
+        at = np.flatnonzero(np.abs(c) == thr)
+        if seen + at.size >= need:
+            return o + int(at[need - seen - 1]) + 1
+        seen += at.size
+        end = o + c.size
+    return end  # (fewer than `need`: all of them)
 
 
 class TaskVectors(Method):
@@ -321,8 +345,13 @@ class TaskVectors(Method):
                 for x, b in zip(chunks(), base()):
                     yield np.subtract(x, b, dtype=np.float64), off
                     off += x.size
-            thr, above = kth_largest_abs(passes, size, k, lambda c, o: c)
-            thresholds.append([thr, k - above])  # magnitudes equal to thr: the first k - above are kept
+            thr, above, equal = kth_largest_abs(passes, size, k, lambda c, o: c, equal=True)
+            # Of the magnitudes equal to thr, the first k - above in element order are kept: those
+            # before index `cut` (found by one more pass only when some of them are left out), so
+            # any element's fate depends on nothing but its value and index (any chunk, any thread).
+            need = k - above
+            cut = size if need >= equal else tie_cut(passes, thr, need)
+            thresholds.append((thr, cut))
         return thresholds
 
     def sparse(self, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: np.ndarray, offset: int,
@@ -332,17 +361,18 @@ class TaskVectors(Method):
         if density >= 1:
             return d
         if self.sparsify == "magnitude":
-            # Exactly the k largest magnitudes: of those equal to the k-th, the first ones in
-            # element order (the chunks of one input come in order: the count carries over).
-            thr_ties = stats[j]
+            # Exactly the k largest magnitudes: of those equal to the k-th, the ones before the
+            # index `cut` (the first ones in element order).
+            thr, cut = stats[j]
             mag = np.abs(d)
-            keep = mag > thr_ties[0]
-            if thr_ties[1] > 0:
-                tied = np.flatnonzero(mag == thr_ties[0])[:thr_ties[1]]
-                keep[tied] = True
-                thr_ties[1] -= tied.size
-            d[~keep] = 0
-            return d
+            n = d.size
+            if cut >= offset + n:
+                keep = mag >= thr
+            else:
+                keep = mag > thr
+                if cut > offset:
+                    keep[:cut - offset] |= mag[:cut - offset] == thr
+            return np.where(keep, d, d.dtype.type(0))  # (a select: far faster than d[~keep] = 0)
         keep = dare_uniform(p, j, offset, d.size) < density
         d *= keep
         d /= density
@@ -363,12 +393,16 @@ class TaskVectors(Method):
         if not isinstance(acc, list):
             np.add(acc, t, out=acc, casting="unsafe")
             return
-        pos, neg = t > 0, t < 0
+        # The sums of the positive and of the negative values and of their weights, as plain
+        # adds (a masked add runs element by element): the other elements add a zero, which
+        # changes no sum (P, Q, Pw and Qw start at +0 and never become -0), and NaN adds 0, as
+        # it is neither positive nor negative.
         P, Q, Pw, Qw = acc
-        np.add(P, t, out=P, where=pos)
-        np.add(Q, t, out=Q, where=neg)
-        np.add(Pw, w, out=Pw, where=pos)
-        np.add(Qw, w, out=Qw, where=neg)
+        zero, wt = t.dtype.type(0), t.dtype.type(w)
+        np.add(P, np.fmax(t, zero), out=P)
+        np.add(Q, np.fmin(t, zero), out=Q)
+        np.add(Pw, np.where(t > 0, wt, zero), out=Pw)
+        np.add(Qw, np.where(t < 0, wt, zero), out=Qw)
 
     def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
         normalize = p.params.get("normalize", self.normalize_default)
@@ -424,6 +458,8 @@ def dare_uniform(p: TensorParams, j: int, offset: int, n: int) -> np.ndarray:
 
 class Ties(TaskVectors):
     """TIES-merging: trim by magnitude (``density``), elect signs, disjoint mean."""
+
+    elementwise = True  # (after prepare: each element is kept by its magnitude and index)
 
     name = "ties"
     sparsify = "magnitude"
