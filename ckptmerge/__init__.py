@@ -63,6 +63,9 @@ _LAZY: Dict[str, str] = {
     "Source": ".sources.source",
     "Reshape": ".alignment.tensorops",
     "Split": ".alignment.tensorops",
+    "Squeeze": ".alignment.tensorops",
+    "ExpandDims": ".alignment.tensorops",
+    "Concat": ".alignment.tensorops",
     "Convention": ".alignment.conventions",
     "add_convention": ".alignment.conventions",
     "list_variables": ".api",
@@ -98,6 +101,9 @@ __all__ = [
     "Slice",
     "Reshape",
     "Split",
+    "Squeeze",
+    "ExpandDims",
+    "Concat",
     "Convention",
     "add_convention",
     "Source",
@@ -139,7 +145,7 @@ def __dir__() -> List[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .alignment.conventions import Convention, add_convention
-    from .alignment.tensorops import Reshape, Split
+    from .alignment.tensorops import Concat, ExpandDims, Reshape, Split, Squeeze
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config
     from .merging.combine import CombinedSource, CombineReport, combine

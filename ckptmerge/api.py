@@ -41,7 +41,7 @@ from .sources.opening import (
     check_unique_labels,
     open_sources,
 )
-from .sources.source import LayoutHandle, Source, SourceHandle
+from .sources.source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -213,8 +213,8 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
     added: Dict[str, Tuple[Any, ...]] = {}
     try:
         root = _keras_names(target, targets, handles)
-        for h in handles:
-            if isinstance(h, LayoutHandle):
+        for h in handles:  # (a layout's findings name targets; a Concat's axis may follow its target)
+            if callable(getattr(h, "name_targets", None)):
                 h.name_targets(targets.infos)
         views = [h.view(r) for h, r in zip(handles, rules)]
         options = dict(allow_missing=allow, on_conflict=on_conflict, on_shape_mismatch=on_shape_mismatch,

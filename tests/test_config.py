@@ -252,7 +252,8 @@ def test_every_source_option_is_a_config_key_and_back():
     params = {p for p in inspect.signature(Source.__init__).parameters if p != "self" and not p.startswith("_")}
     kwargs = set(SourceConfig(path="x").source_kwargs())
     assert kwargs == params
-    assert set(SOURCE_KEYS) - {"vocab", "slice", "reshape", "split", "transpose"} | {"transforms"} == params
+    ops = {"vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims", "concat"}
+    assert set(SOURCE_KEYS) - ops | {"transforms"} == params
 
 
 def test_every_plan_option_is_a_config_key_and_back():
@@ -481,7 +482,8 @@ def test_unknown_key_with_did_you_mean(project):
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     assert one_problem({"sources": [{"path": ".", "colour": "red"}]}) == (
         "sources[0]: unknown key 'colour'. Valid keys: name, path, step, map, regex, include, "
-        "exclude, optimizer, cast, align, layout, vocab, slice, reshape, split, transpose")
+        "exclude, optimizer, cast, align, layout, vocab, slice, reshape, split, transpose, squeeze, expand_dims, "
+        "concat")
     assert one_problem({"sources": [{"path": ".", "vocab": [{"name": "e", "old_vocab": ["a"],
                                                               "new_vocab": ["a"], "colour": 3}]}]}) == (
         "sources[0].vocab[0]: unknown key 'colour'. Valid keys: name, old_vocab, new_vocab, axis, init, "
@@ -1009,7 +1011,7 @@ def test_docs_yaml_fragments_load(doc_project):
     assert len(fragments) >= 4
     for text in fragments:
         data = yaml.safe_load(text)
-        if set(data) <= {"vocab", "slice", "reshape", "split", "transpose"}:
+        if set(data) <= {"vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims", "concat"}:
             data = {"sources": [{"path": ".", **data}]}
         data.setdefault("sources", [{"path": "."}])
         load_config(data, base_dir=doc_project, env={"OUT": str(doc_project), **env_for(doc_project)})

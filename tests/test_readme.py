@@ -102,6 +102,34 @@ def test_graph_example(tf, runs_ab, tag):
             np.testing.assert_array_equal(sess.run(x1), runs_ab["a1"])
 
 
+@runs("tensor-operations")
+def test_tensor_operations_example(tmp_path, monkeypatch):
+    from safetensors.numpy import save_file
+
+    import ckptmerge as cm
+
+    rng = np.random.default_rng(0)
+    parts = {k: rng.standard_normal((8, 8)).astype("float32") for k in ("query", "key", "value")}
+    table = rng.standard_normal((1, 17, 8)).astype("float32")
+    (tmp_path / "vit").mkdir()
+    save_file({**{f"attn.{k}.weight": w for k, w in parts.items()},
+               **{f"attn.{k}.bias": np.zeros(8, "float32") for k in parts},
+               "position_embedding.embeddings": table}, str(tmp_path / "vit" / "model.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    model = [cm.VariableInfo("block/qkv/kernel", (8, 24), "float32"),
+             cm.VariableInfo("position_embedding/embeddings", (17, 8), "float32")]
+    ns = {"cm": cm, "model": model, "print": lambda *a: None}
+    exec(_block("tensor-operations"), ns)
+    plan = ns["plan"]
+    assert sorted(plan.assignments) == ["block/qkv/kernel", "position_embedding/embeddings"]
+    out = str(tmp_path / "out.safetensors")
+    cm.merge([src := ns["src"]], out, template=model)
+    assert src.layout == "torch"
+    values = cm.load(out, ["block/qkv/kernel", "position_embedding/embeddings"])
+    np.testing.assert_array_equal(values["block/qkv/kernel"], np.concatenate([w.T for w in parts.values()], 1))
+    np.testing.assert_array_equal(values["position_embedding/embeddings"], table[0])
+
+
 @runs("initializers")
 def test_initializers_example(tf, runs_ab, tmp_path):
     import ckptmerge as cm

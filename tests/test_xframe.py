@@ -69,6 +69,17 @@ def test_reshaped_and_split_tensors_say_so_in_the_report(restored):
     assert "columns 0..15 of 48" in report and "reshaped (16, 16)->(16, 4, 4)" in report
 
 
+def test_the_vit_position_table_is_squeezed_and_its_report_line_says_so(restored):
+    name, model, truth, plan, _ = restored
+    if name != "vit":
+        pytest.skip("ViT's position table is (1, tokens, hidden) in PyTorch, (tokens, hidden) in KerasHub")
+    (a,) = [a for a in plan.assignments.values() if a.key.endswith("embeddings.position_embeddings")]
+    want = f"squeezed axis 0 {tuple(a.spec.shape)}->{tuple(a.target_spec.shape)}"
+    assert a.transforms == (want,)
+    line = next(x for x in plan.report(limit=None).splitlines() if x.strip().startswith(a.target + " <-"))
+    assert want in line and f"raw key '{a.key}'" in line
+
+
 def test_llama_untied_output_projection_is_lm_head_transposed_as_keras_hub_ports_it(restored):
     name, model, truth, plan, _ = restored
     if name != "llama":

@@ -19,13 +19,13 @@ specs and NumPy arrays, no file and no framework.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..specs import KIND_BOOKKEEPING, VariableInfo
 from .layouts import Layout, LayoutEntry
-from .tensorops import Reshape, glob_escape
+from .tensorops import Reshape, glob_escape, unit_axis_op
 
 __all__ = ["Piece", "Recipe", "invert_layout", "apply_recipe"]
 
@@ -45,11 +45,16 @@ class Piece:
     entry: LayoutEntry
 
     @property
-    def reshape(self) -> Optional[Reshape]:
-        """The reshape from the Keras shape back to the layout entry's, or None when they agree."""
+    def reshape(self) -> Optional[Any]:
+        """The reshape from the Keras shape back to the layout entry's (a
+        :class:`~ckptmerge.alignment.tensorops.Squeeze` or :class:`~ckptmerge.alignment.tensorops.ExpandDims`
+        when one unit axis differs), or None when they agree."""
         want = tuple(self.entry.info.shape)
         if tuple(self.shape) == want:
             return None
+        unit = unit_axis_op(glob_escape(self.name), tuple(self.shape), want)
+        if unit is not None:
+            return unit
         # the forward reshape (layout entry -> Keras shape), undone
         return Reshape(glob_escape(self.name), tuple(self.shape), source_shape=want).inverse()
 
@@ -152,8 +157,8 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
             missing.append((key, "several layout entries come from it"))
             continue
         what = [f"{piece.name!r} {tuple(piece.shape)}"]
-        if piece.reshape is not None:
-            what.append(f"reshaped {tuple(piece.shape)}->{tuple(first.info.shape)}")
+        if piece.reshape is not None:  # (a unit axis added or dropped is named so)
+            what.append(piece.reshape.describe(tuple(piece.shape)))
         index = 0
         if first.op == "transpose":
             what.append("transposed (in,out)->(out,in)" if len(first.perm) == 2 else

@@ -42,13 +42,16 @@ COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "pa
                 "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
-               "align", "layout", "vocab", "slice", "reshape", "split", "transpose")
-#: Keys of one entry of a source's ``reshape``, ``split`` and ``transpose`` lists (the tensor
-#: operations :class:`ckptmerge.Reshape`, :class:`ckptmerge.Split`, :class:`ckptmerge.Transpose`).
-OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts"), "transpose": ("name", "perm")}
-_OP_EXAMPLES = {"reshape": "[{name: enc/query/kernel, shape: [64, 4, 16]}]",
-                "split": "[{name: attn/key/kernel, axis: 1, index: 1, parts: 3}]",
-                "transpose": "[{name: enc/proj/kernel, perm: [1, 0]}]"}
+               "align", "layout", "vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims",
+               "concat")
+#: Keys of one entry of a source's tensor-operation lists (:class:`ckptmerge.Reshape`, ``Split``,
+#: ``Transpose``, ``Squeeze``, ``ExpandDims``, ``Concat``); ``_OP_REQUIRED``: those without a default.
+OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts"), "transpose": ("name", "perm"),
+           "squeeze": ("name", "axis"), "expand_dims": ("name", "axis"), "concat": ("name", "sources", "axis")}
+_OP_REQUIRED = {"split": ("axis", "index", "parts"), "concat": ("sources",)}
+_OP_EXAMPLES = {"reshape": "[{name: enc/query/kernel, shape: [64, 4, 16]}]", "transpose": "[{name: k, perm: [1, 0]}]",
+                "split": "[{name: attn/key/kernel, axis: 1, index: 1, parts: 3}]", "squeeze": "[{name: pos, axis: 0}]",
+                "expand_dims": "[{name: pos, axis: 0}]", "concat": "[{name: qkv/kernel, sources: [q, k, v], axis: 1}]"}
 #: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.planning.transforms.VocabRemap`).
 VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
               "num_oov_buckets")
@@ -474,22 +477,23 @@ def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
 
 
 def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
-    """The ``reshape``, ``split`` and ``transpose`` lists of a source, as transform objects."""
-    from ..alignment.tensorops import Reshape, Split  # (loaded only for a config that has some)
+    """A source's tensor-operation lists (``reshape``, ``split``, ... :data:`OP_KEYS`), as transform objects."""
+    from ..alignment.tensorops import Concat, ExpandDims, Reshape, Split, Squeeze  # (only for a config with some)
     from ..planning.transforms import Transpose
 
-    kinds = {"reshape": Reshape, "split": Split, "transpose": Transpose}
+    kinds = {"reshape": Reshape, "split": Split, "transpose": Transpose, "squeeze": Squeeze, "expand_dims": ExpandDims,
+             "concat": Concat}
     out = []
     for kind, cls in kinds.items():
         for q, item in _get_list_of_mappings(d, kind, path, ctx, _OP_EXAMPLES[kind]):
             suggested = _check_keys(item, OP_KEYS[kind], q, ctx, kind)
             name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
             args = {k: item[k] for k in OP_KEYS[kind][1:] if item.get(k) is not None}
-            need = [k for k in OP_KEYS[kind][1:] if kind == "split" and k not in args and k not in suggested]
+            need = [k for k in _OP_REQUIRED.get(kind, ()) if k not in args and k not in suggested]
             if need:
                 ctx.add(q, f"missing required key{'s' if len(need) > 1 else ''} "
                            f"{', '.join(repr(k) for k in need)} (e.g. {_OP_EXAMPLES[kind]}).")
-            for key in ("shape", "perm"):
+            for key in ("shape", "perm", "sources"):
                 if key in args and isinstance(args[key], list):
                     args[key] = tuple(args[key])
             if name is None or need:

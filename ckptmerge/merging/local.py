@@ -267,7 +267,7 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
         TransformError: a :class:`~ckptmerge.planning.transforms.Slice` applies to a produced name (a
             slice needs a target shape, which only a template gives).
     """
-    if len(views) == 1 and not views[0].transforms:
+    if len(views) == 1 and not views[0].transforms and not views[0].joined:
         one = _produced_by_one(views[0], on_conflict)
         if one is not None:
             return one
@@ -275,6 +275,8 @@ def _produced_targets(views: Sequence[SourceView], on_conflict: str) -> List[Var
     for si, view in enumerate(views):
         res = view.rules._apply(list(view.variables))
         pairs = list(zip(res.names, res.targets))
+        if view.joined:  # a joined tensor (a Concat) is written as its target only
+            pairs = [(n, t) for n, t in pairs if n not in view.joined] + list(view.joined.items())
         if on_conflict != "error":
             for amb in res.ambiguous:
                 picked = amb.targets[0 if on_conflict == "first" else -1]

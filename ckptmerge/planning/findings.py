@@ -62,15 +62,20 @@ class Assignment:
             object.__setattr__(self, "transforms", tuple(self.transforms))
 
     def describe(self) -> str:
-        """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"``, transforms and ``[via]``."""
+        """``"target <- A:'name' dtype shape"`` plus ``"cast a->b"``, transforms and ``[via]`` (with the
+        raw key when it is not the name and ``via`` does not name it)."""
         text = (f"{self.target} <- {_provider(self.source, self.name)} "
                 f"{self.spec.dtype} {tuple(self.spec.shape)}")
         if self.cast:
             text += f" cast {self.spec.dtype}->{self.target_spec.dtype}"
         for t in self.transforms:
             text += f"; {t}"
-        if self.via:
-            text += f" [{self.via}]"
+        # The raw key, where it is not the name and no note names it (a layout's copied tensor)
+        via = self.via or ""
+        if self.key != self.name and self.key and not all(k in via for k in self.key.split("+")):
+            via = f"raw key {quote_name(self.key)}" + (f"; {via}" if via else "")
+        if via:
+            text += f" [{via}]"
         return text
 
     def to_dict(self) -> dict:

@@ -148,6 +148,16 @@ class SourceView:
     unresolved: Tuple[Any, ...] = ()
     layout: Optional[str] = None
     undecided: Tuple[str, ...] = ()
+    composed: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    joined: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def n_tensors(self) -> int:
+        """How many checkpoint tensors the view offers: a joined tensor (a
+        :class:`~ckptmerge.Concat`) counts as its parts."""
+        if not self.composed:
+            return len(self.variables)
+        return len(self.variables) - len(self.composed) + len({p for ps in self.composed.values() for p in ps})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "notes", types.MappingProxyType(dict(self.notes)))
@@ -398,8 +408,8 @@ class Plan:
                         "missing": sum(1 for t in self.missing if t not in unresolved),
                         "allowed_missing": sum(1 for t in self.allowed_missing if t not in unresolved),
                         "skipped": len(self.skipped)},
-            "sources": [{"label": s.label, "tensors": len(s.variables),
-                         "used": len(s.variables) - len(self.unused.get(s.label, ())),
+            "sources": [{"label": s.label, "tensors": s.n_tensors,
+                         "used": s.n_tensors - len(self.unused.get(s.label, ())),
                          "unused": len(self.unused.get(s.label, ()))} for s in self.sources],
             "unresolved": [{"source": label, "targets": list(u.targets), "names": list(u.names),
                             "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason} for label, u in groups],

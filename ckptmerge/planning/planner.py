@@ -162,7 +162,9 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
 
     structure: List[str] = []
     via = dict(src.notes)
-    if picks or model_root is not None or src.aligned:  # (rare: these rework the renames as triples)
+    # structural matches, and joined tensors (sources.composed) onto their targets
+    placed = {**src.aligned, **src.joined} if src.joined else src.aligned
+    if picks or model_root is not None or placed:  # (rare: these rework the renames as triples)
         pairs = list(zip(names, tnames, rules)) + picks
         if model_root is not None:  # a Keras target: its model's own name is no barrier
             lost = [n for n, t, rule in pairs if rule is None and t not in target_by_name]
@@ -182,15 +184,15 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
                     if rule is None and n not in via and t != n and t in moved:
                         what = "model root and auto-name shift" if n in forms else "auto-name shift"
                         via[n] = f"{what}: {quote_name(n)} as {quote_name(t)}"
-        if src.aligned:  # structural alignment, for names no rule put on a target (rules win)
+        if placed:  # structural alignment, for names no rule put on a target (rules win)
             # (the alignment already left out what include/exclude or a None regex drop on purpose)
             landed_set = {n for n, t, _ in pairs if t in target_by_name}
-            pairs = [(n, src.aligned[n], None) if n in src.aligned and n not in landed_set else (n, t, rule)
+            pairs = [(n, placed[n], None) if n in placed and n not in landed_set else (n, t, rule)
                      for n, t, rule in pairs]
             listed = {n for n, _, _ in pairs}
-            extra = [n for n in src.aligned if n not in listed]
-            pairs += [(n, src.aligned[n], None) for n in extra]
-            drop = [n for n in drop if n not in src.aligned]
+            extra = [n for n in placed if n not in listed]
+            pairs += [(n, placed[n], None) for n in extra]
+            drop = [n for n in drop if n not in placed]
         pairs.sort(key=_NAME_AND_TARGET)
         names, tnames, rules = (list(c) for c in zip(*pairs)) if pairs else ([], [], [])
         del pairs
@@ -203,10 +205,10 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
         names, tnames, rules = (list(itertools.compress(c, hit)) for c in (names, tnames, rules))
     del hit
     # How a name met its target: shown when no rule says so, and always for what a source's
-    # layout did to the value (a transpose is worth seeing beside any rule).
+    # layout did to the value (a transpose is worth seeing beside any rule), or a Concat.
     notes: Iterable[Optional[str]] = itertools.repeat(None)
     if via:
-        notes = [note if rule is None or (note or "").startswith("layout:") else None
+        notes = [note if rule is None or (note or "").startswith(("layout:", "concat axis ")) else None
                  for note, rule in zip(map(via.get, names), rules)]
     not_landed = set(unresolved)
     if lost:
@@ -246,6 +248,11 @@ def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
             unmatched.append(UnmatchedRule(
                 "map", rule.describe(), tuple(suggest(tname, target_names)), True, label,
                 reason=f"names no target variable {quote_name(tname)}"))
+    for name, tname in src.joined.items():  # a Concat whose target is not one
+        if tname not in target_by_name:
+            unmatched.append(UnmatchedRule(
+                "transform", f"Concat for {quote_name(tname)}", tuple(suggest(tname, target_names)), True, label,
+                reason=f"(of {quote_name(name)}) names no target variable"))
     # A scope or regex rule that renamed names but put none on a target does nothing.
     renamed_by: Dict[str, List[Tuple[str, str]]] = {}  # rule display -> [(name, target)], none landed
     rule_of: Dict[str, Union[MapRule, RegexRule]] = {}
@@ -531,6 +538,14 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
         for c in untaken:
             if c.name not in taken.get(c.source, ()):
                 unused[c.source].add(c.name)
+    for src in sources:  # a joined tensor nothing took leaves its parts unused (see sources.composed)
+        if src.composed and unused[src.label] & src.composed.keys():
+            names = unused[src.label]
+            left = names & src.composed.keys()
+            taken_parts = {p for j, parts in src.composed.items() if j not in left for p in parts}
+            for joined in left:
+                names.discard(joined)
+                names.update(p for p in src.composed[joined] if p not in taken_parts)
     unused_sorted = {label: sorted(names) for label, names in unused.items()}
     if structure:
         structure = _unsettled(structure, source_by_label, assignments, allowed, dropped)

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
 from ..alignment.features import tokens
-from ..alignment.tensorops import Reshape, glob_escape
+from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
 from ..redact import redact, redacted_repr
 from ..specs import VariableInfo
 from ..text import escape_name
@@ -399,10 +399,11 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
     return out
 
 
-def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[VariableInfo]) -> List[Reshape]:
+def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[VariableInfo]) -> List[Any]:
     """A :class:`~ckptmerge.alignment.tensorops.Reshape` per match whose checkpoint tensor has another shape
     than its target (alignment pairs those only when a reshape splits or merges neighbouring
-    axes: attention heads, unit axes).
+    axes: attention heads, unit axes); a :class:`~ckptmerge.alignment.tensorops.Squeeze` or
+    :class:`~ckptmerge.alignment.tensorops.ExpandDims` where only one unit axis differs.
 
     Example:
         >>> reshape_transforms(Alignment(), None, [])
@@ -414,8 +415,8 @@ def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[Vari
     out = []
     for m in found.matches:
         have, want = tuple(src.variables[m.name].shape), shapes.get(m.target)
-        if want is not None and have != want:
-            out.append(Reshape(glob_escape(m.target), want, have))
+        if want is not None and have != want:  # (one unit axis dropped or added: named so in the report)
+            out.append(unit_axis_op(glob_escape(m.target), have, want) or Reshape(glob_escape(m.target), want, have))
     return out
 
 

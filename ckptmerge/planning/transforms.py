@@ -623,6 +623,8 @@ class Transpose:
         >>> import numpy as np
         >>> Transpose("dense/kernel").apply(np.zeros((3, 5))).shape
         (5, 3)
+        >>> Transpose("q/kernel", perm=(1, 0, 2)).describe((4, 64, 16))
+        'permuted axes (1, 0, 2) (4, 64, 16)->(64, 4, 16)'
     """
 
     target: str
@@ -677,7 +679,9 @@ class Transpose:
             'transposed (3, 5)->(5, 3)'
         """
         if source_shape is None:
-            return f"transposed, axes {self.perm}" if self.perm else "transposed"
+            return f"permuted axes {self.perm}" if self.perm else "transposed"
+        if self.perm is not None and self.perm != tuple(range(len(self.perm)))[::-1]:
+            return f"permuted axes {self.perm} {tuple(source_shape)}->{self.output_shape(source_shape)}"
         return f"transposed {tuple(source_shape)}->{self.output_shape(source_shape)}"
 
     def to_dict(self) -> dict:

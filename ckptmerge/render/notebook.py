@@ -61,11 +61,18 @@ def plan_html(plan: "Plan") -> str:
     hint = align_hint(plan)
     if hint:
         parts.append(f"<p>{html.escape(hint)}</p>")
-    rows = [[a.target, a.source, a.name, a.spec.dtype, tuple(a.spec.shape), a.rule or a.via or ""]
+    # (the raw key and the operations as the text report shows them: a column only when some have one)
+    keyed = any(a.key != a.name for a in plan.assignments.values())
+    operated = any(a.transforms or a.cast for a in plan.assignments.values())
+    rows = [[a.target, a.source, a.name, *([a.key] if keyed else []), a.spec.dtype, tuple(a.spec.shape),
+             *(["; ".join(([f"cast {a.spec.dtype}->{a.target_spec.dtype}"] if a.cast else []) + list(a.transforms))]
+               if operated else []),
+             "; ".join(x for x in (a.rule, a.via) if x)]
             for a in plan.assignments.values()]
     if rows:
-        parts += [_heading(f"Assignments ({len(rows)})"),
-                  html_table(["target", "source", "checkpoint name", "dtype", "shape", "via"], rows)]
+        header = ["target", "source", "checkpoint name", *(["raw key"] if keyed else []), "dtype", "shape",
+                  *(["operations"] if operated else []), "via"]
+        parts += [_heading(f"Assignments ({len(rows)})"), html_table(header, rows)]
     if plan.across_frameworks:
         c = plan.coverage()
         parts += [_heading("Coverage"),

@@ -94,9 +94,9 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
         note = f" ({s.note})" if s.note else ""
         out.append(f"  {s.label}: {s.path}{note}")
         out.append("    rules: " + "; ".join(s.rules.describe()))
-        n_used = len(s.variables) - len(plan.unused.get(s.label, ()))
+        n_used = s.n_tensors - len(plan.unused.get(s.label, ()))
         feeds = (f" (feeding {fed[s.label]} targets)" if fed[s.label] > n_used else "")
-        out.append(f"    {plural(len(s.variables), 'variable')}: {n_used} used{feeds}, "
+        out.append(f"    {plural(s.n_tensors, 'variable')}: {n_used} used{feeds}, "
                    f"{len(plan.unused.get(s.label, []))} unused "
                    f"({len(plan.dropped.get(s.label, []))} left out by rules)")
         if s.keras is not None:  # what Keras's own load_weights would do, to compare before loading

@@ -68,6 +68,26 @@ def _map_values(value: Any) -> List[Any]:
     return [value]
 
 
+def _joining_entries(pairs: List[Tuple[Any, Any]]) -> Tuple[List[Tuple[Any, Any]], List[Any]]:
+    """Map entries whose key is a tuple of checkpoint names, ``("q", "k", "v"): "qkv/kernel"``, as
+    :class:`~ckptmerge.alignment.tensorops.Concat` transforms (along the axis that gives the target's
+    shape), each kept in the map under its joined name (so the map still selects it)."""
+    from ..alignment.tensorops import Concat
+
+    kept, joined = [], []
+    for key, value in pairs:
+        if not isinstance(key, (tuple, list)):
+            kept.append((key, value))
+            continue
+        if not isinstance(value, str):
+            raise RuleError(f"map entry {tuple(key)!r:.120} joins several checkpoint tensors, so its value must be the "
+                            f"one target's name (a str). Received: {value!r:.80}")
+        c = Concat(value, tuple(key))
+        joined.append(c)
+        kept.append((c.name, value))
+    return kept, joined
+
+
 def _check_whole_partitions(key: str, label: str, values: List[Any]) -> None:
     """Partitions given as map values must cover their variable: ckptmerge restores a partitioned
     variable whole (TF would restore only the partitions listed)."""
@@ -159,6 +179,9 @@ class Source:
                 "or a list of (checkpoint_name, target) pairs as TF's assignment_map may be. "
                 f"Received: map={map!r:.80}"
             )
+        if pairs is not None and any(isinstance(k, (tuple, list)) for k, _ in pairs):
+            pairs, joined = _joining_entries(pairs)
+            transforms = (*transforms, *joined)
         self.path = os.fspath(path) if path is not None else None
         self.step = step
         # A list of pairs may repeat a checkpoint name (one name, several targets): keep the pairs.
@@ -332,7 +355,13 @@ class Source:
 
             resolved, reader = open_resolved(self.path, step=self.step, verify=verify, resolved=resolved)
             handle = CheckpointHandle(self, resolved.prefix, resolved.note, reader)
-        return LayoutHandle(handle) if self.layout is not None else handle
+        if self.layout is not None:
+            handle = LayoutHandle(handle)
+        if any(getattr(t, "kind", None) == "concat" for t in self.transforms):  # (several tensors joined)
+            from .composed import ComposedHandle, concat_entries
+
+            handle = ComposedHandle(handle, concat_entries(self.transforms))
+        return handle
 
 
 @dataclass

@@ -1,0 +1,311 @@
+"""The tensor operations of issue 19, section 3, that join and shape tensors by hand: cm.Concat
+(several checkpoint tensors into one target), cm.Squeeze and cm.ExpandDims (unit axes), and
+cm.Transpose(perm=...) (any permutation); each in the API, the config, the report line of the
+tensor it touches, restores (TF1, TF2, Keras) and merges (TF bundle, safetensors, .weights.h5)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import ckptmerge as cm
+from ckptmerge.config import load_config
+from ckptmerge.errors import ConfigError, PlanError, TransformError
+
+RNG = np.random.default_rng(19)
+Q, K, V = (RNG.standard_normal((8, 4)).astype("float32") for _ in range(3))
+BQ, BK, BV = (RNG.standard_normal(4).astype("float32") for _ in range(3))
+FUSED = np.concatenate([Q, K, V], axis=1)
+PARTS = ["attn/q/kernel", "attn/k/kernel", "attn/v/kernel"]
+
+
+@pytest.fixture(scope="module")
+def torch_file(tmp_path_factory):
+    """Separate q/k/v Linear weights and biases as PyTorch saves them ((out, in) weights)."""
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path_factory.mktemp("concat") / "model.safetensors")
+    save_file({"attn.q.weight": Q.T.copy(), "attn.k.weight": K.T.copy(), "attn.v.weight": V.T.copy(),
+               "attn.q.bias": BQ, "attn.k.bias": BK, "attn.v.bias": BV, "extra.bias": np.ones(5, "float32")},
+              path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_file(tmp_path_factory):
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path_factory.mktemp("plain") / "parts.safetensors")
+    save_file({"attn/q/kernel": Q, "attn/k/kernel": K, "attn/v/kernel": V, "other": np.arange(3, dtype="float32"),
+               "half": np.zeros((8, 4), "float16"), "wide": np.zeros((9, 4), "float32")}, path)
+    return path
+
+
+def _fused_source(path, **kw):
+    return cm.Source(path, layout="torch", transforms=[
+        cm.Concat("qkv/kernel", PARTS, axis=1),
+        cm.Concat("qkv/bias", ["attn.q.bias", "attn.k.bias", "attn.v.bias"])], **kw)
+
+
+# -- the operations on literal arrays ------------------------------------------------------------
+
+
+def test_concat_joins_its_parts_along_the_axis_and_names_the_rows_each_fills():
+    c = cm.Concat("qkv", ["q", "k", "v"], axis=-1)
+    assert np.array_equal(c.apply([Q, K, V]), FUSED)
+    assert c.output_shape([(8, 4), (8, 2), (8, 2)]) == (8, 8)
+    assert c.describe([(8, 4), (8, 2), (8, 2)]) == ("concat axis 1 of 3 parts: columns 0..3 <- q (8, 4), "
+                                                    "4..5 <- k (8, 2), 6..7 <- v (8, 2) -> (8, 8)")
+    assert c.to_dict() == {"kind": "concat", "target": "qkv", "sources": ["q", "k", "v"], "axis": -1}
+    assert c.name == "q+k+v" and not c.applies_to("qkv")
+
+
+def test_concat_without_an_axis_takes_the_one_the_shapes_allow_and_refuses_a_guess():
+    c = cm.Concat("qkv", ["q", "k", "v"])
+    assert c.axes([(8, 4), (8, 2), (8, 2)]) == (1,)  # only axis 1 joins parts of unequal width
+    assert c.axes([(8, 4)] * 3, (8, 12)) == (1,) and c.axes([(8, 4)] * 3, (24, 4)) == (0,)
+    with pytest.raises(TransformError, match=r"along axis 0 or 1; give axis=\.\.\."):
+        c.axes([(8, 4)] * 3)
+
+
+def test_concat_inverse_is_one_split_per_part_giving_each_back():
+    c = cm.Concat("qkv", ["q", "k", "v"], axis=1)
+    splits = c.inverse()
+    assert [type(s).__name__ for s in splits] == ["Split"] * 3
+    for s, part in zip(splits, (Q, K, V)):
+        assert np.array_equal(s.apply(FUSED), part)
+    with pytest.raises(TransformError, match="equal parts"):
+        c.inverse([(8, 4), (8, 2), (8, 2)])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("qkv", ["q"]), "at least two"),
+    (("qkv", "q"), "must be a list of checkpoint names"),
+    (("qkv", ["q", "q"]), "more than once"),
+    (("qkv", ["q", "k"], 1.5), "axis must be an integer"),
+    (("", ["q", "k"]), "non-empty variable name"),
+])
+def test_a_bad_concat_is_refused_when_it_is_made(args, message):
+    with pytest.raises(TransformError, match=message):
+        cm.Concat(*args)
+
+
+def test_concat_refuses_parts_that_disagree_off_the_axis():
+    with pytest.raises(TransformError, match=r"cannot be joined along axis 1: every other axis must agree"):
+        cm.Concat("qkv", ["q", "k"], axis=1).output_shape([(8, 4), (9, 4)])
+    with pytest.raises(TransformError, match="different numbers of dimensions"):
+        cm.Concat("qkv", ["q", "k"]).output_shape([(8, 4), (8,)])
+
+
+def test_squeeze_and_expand_dims_drop_and_add_a_unit_axis_and_undo_each_other():
+    table = RNG.standard_normal((1, 17, 64)).astype("float32")
+    sq = cm.Squeeze("pos", axis=0)
+    assert np.array_equal(sq.apply(table), table[0]) and sq.describe((1, 17, 64)) == "squeezed axis 0 (1, 17, 64)->(17, 64)"
+    ex = sq.inverse()
+    assert ex == cm.ExpandDims("pos", 0) and np.array_equal(ex.apply(table[0]), table)
+    assert cm.ExpandDims("pos", -1).output_shape((17, 64)) == (17, 64, 1)
+    with pytest.raises(TransformError, match="has size 17, not 1"):
+        cm.Squeeze("pos", axis=1).output_shape((1, 17, 64))
+    with pytest.raises(TransformError, match="out of range"):
+        cm.ExpandDims("pos", 4).output_shape((17, 64))
+
+
+def test_transpose_takes_any_permutation_and_names_it():
+    x = RNG.standard_normal((2, 3, 4))
+    t = cm.Transpose("k", perm=(2, 0, 1))
+    assert np.array_equal(t.apply(x), np.transpose(x, (2, 0, 1)))
+    assert t.describe((2, 3, 4)) == "permuted axes (2, 0, 1) (2, 3, 4)->(4, 2, 3)"
+    with pytest.raises(TransformError, match="permutation of 0..n-1"):
+        cm.Transpose("k", perm=(0, 0, 1))
+
+
+# -- plans and restores ---------------------------------------------------------------------------
+
+
+def _fused_model():
+    import keras
+
+    inp = keras.Input((8,))
+    out = keras.layers.Dense(2, name="head")(keras.layers.Dense(12, name="qkv")(inp))
+    return keras.Model(inp, out)
+
+
+def test_a_keras_layer_restores_its_fused_kernel_from_three_checkpoint_tensors(torch_file):
+    model = _fused_model()
+    plan = cm.plan(model, [_fused_source(torch_file)], allow_missing=["head/*"])
+    plan.restore()
+    layer = model.get_layer("qkv")
+    assert np.array_equal(layer.kernel.numpy(), FUSED)
+    assert np.array_equal(layer.bias.numpy(), np.concatenate([BQ, BK, BV]))
+    x = RNG.standard_normal((3, 8)).astype("float32")
+    hidden = model.get_layer("qkv")(x).numpy()
+    np.testing.assert_allclose(hidden, x @ np.concatenate([Q, K, V], 1) + np.concatenate([BQ, BK, BV]), atol=1e-5)
+
+
+def test_the_report_line_of_a_concat_names_every_part_raw_key_stored_shape_and_result(torch_file):
+    plan = cm.plan(_fused_model(), [_fused_source(torch_file)], allow_missing=["head/*"])
+    line = next(x for x in plan.report(limit=None).splitlines() if x.strip().startswith("qkv/kernel <-"))
+    for raw in ("attn.q.weight (4, 8)", "attn.k.weight (4, 8)", "attn.v.weight (4, 8)"):
+        assert raw in line
+    assert "concat axis 1 of 3 parts: columns 0..3 <- 'attn/q/kernel'" in line and line.endswith("-> (8, 12)]")
+    a = plan.to_dict()["assignments"]["qkv/kernel"]
+    assert a["key"] == "attn.q.weight+attn.k.weight+attn.v.weight" and "attn.v.weight (4, 8)" in a["via"]
+    assert "attn.q.weight (4, 8)" in plan._repr_html_()
+    # each part counts as used; the extra bias is the one unused tensor
+    cov = plan.coverage()["sources"][0]
+    assert (cov["tensors"], cov["used"], cov["unused"]) == (7, 6, 1)
+    assert plan.unused[plan.sources[0].label] == ["extra/bias"]
+
+
+def test_a_concat_whose_target_is_missing_blocks_and_leaves_its_parts_unused(plain_file):
+    targets = [cm.VariableInfo("fused/kernel", (8, 12), "float32")]
+    src = cm.Source(plain_file, transforms=[cm.Concat("fused/kernal", PARTS, axis=1)])
+    plan = cm.plan(targets, [src])
+    assert "fused/kernel" in plan.missing
+    assert set(PARTS) <= set(plan.unused[src.label])
+    text = plan.report()
+    assert ("Concat for 'fused/kernal' in source" in text and "(of 'attn/q/kernel+attn/k/kernel+attn/v/kernel') "
+            "names no target variable. Did you mean 'fused/kernel'" in text)
+    with pytest.raises(PlanError):
+        plan.check()
+
+
+def test_a_concat_whose_result_does_not_fit_its_target_is_a_shape_mismatch(plain_file):
+    targets = [cm.VariableInfo("fused/kernel", (8, 10), "float32")]
+    plan = cm.plan(targets, [cm.Source(plain_file, transforms=[cm.Concat("fused/kernel", PARTS, axis=1)])])
+    assert [(m.target, m.kind, m.source_shape) for m in plan.mismatched] == [("fused/kernel", "shape", (8, 12))]
+
+
+@pytest.mark.parametrize("parts, message", [
+    (["attn/q/kernel", "attn/q/kernal"], r"part 'attn/q/kernal' is not a tensor of the source\. Did you mean"),
+    (["attn/q/kernel", "half"], r"different dtypes \('attn/q/kernel' float32, 'half' float16\)"),
+    (["attn/q/kernel", "wide"], r"cannot be joined along axis 1"),
+])
+def test_a_concat_that_cannot_be_made_is_refused_before_anything_is_restored(plain_file, parts, message):
+    targets = [cm.VariableInfo("fused/kernel", (8, 8), "float32")]
+    with pytest.raises(TransformError, match=message) as e:
+        cm.plan(targets, [cm.Source(plain_file, transforms=[cm.Concat("fused/kernel", parts, axis=1)])])
+    assert "concat of 'fused/kernel'" in str(e.value)
+
+
+def test_a_concat_beside_a_map_is_restored_although_the_map_lists_only_other_names(plain_file):
+    targets = [cm.VariableInfo("fused/kernel", (8, 12), "float32"), cm.VariableInfo("o", (3,), "float32")]
+    src = cm.Source(plain_file, map={"other": "o"}, transforms=[cm.Concat("fused/kernel", PARTS)])
+    plan = cm.plan(targets, [src])
+    assert sorted(plan.assignments) == ["fused/kernel", "o"] and not plan.blocking()
+
+
+def test_tf2_variables_and_a_tf1_graph_restore_a_concat(plain_file):
+    import tensorflow as tf
+
+    src = cm.Source(plain_file, transforms=[cm.Concat("fused/kernel", PARTS, axis=1)])
+    v = tf.Variable(tf.zeros((8, 12)), name="fused/kernel")
+    cm.restore([v], [src], allow_missing=[], strict=True)
+    assert np.array_equal(v.numpy(), FUSED)
+    g = tf.Graph()
+    with g.as_default():
+        w = tf.compat.v1.get_variable("fused/kernel", (8, 12), initializer=tf.compat.v1.zeros_initializer())
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            cm.plan(None, [src]).restore(session=sess)
+            assert np.array_equal(sess.run(w), FUSED)
+
+
+@pytest.mark.parametrize("out", ["out.safetensors", "out_ckpt", "out.weights.h5"])
+def test_a_merge_writes_the_joined_tensor_under_its_target_and_leaves_out_its_parts(plain_file, tmp_path, out):
+    src = cm.Source(plain_file, include=["attn/*", "other"], transforms=[cm.Concat("fused/kernel", PARTS, axis=1)])
+    report = cm.merge([src], str(tmp_path / out))
+    written = {v.name: v for v in cm.list_variables(str(tmp_path / out))}
+    assert {n.rsplit(":", 1)[0] for n in written} >= {"fused/kernel", "other"}
+    assert not any(n.startswith("attn/") for n in written)
+    name = next(n for n in written if n.startswith("fused/kernel"))
+    assert np.array_equal(cm.load(str(tmp_path / out), name)[name], FUSED)
+    assert "concat axis 1 of 3 parts" in report.render()
+
+
+def test_merge_json_names_the_parts_of_a_concat(plain_file, tmp_path):
+    from _cli_util import run
+
+    cfg = tmp_path / "merge.yaml"
+    cfg.write_text(json.dumps({"sources": [{"path": plain_file, "include": ["attn/*"], "concat": [
+        {"name": "fused/kernel", "sources": PARTS, "axis": 1}]}]}))
+    result = run("merge", cfg, "-o", tmp_path / "m.safetensors", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    a = data["plan"]["assignments"]["fused/kernel"]
+    assert a["name"] == "+".join(PARTS) and "'attn/v/kernel' (8, 4)" in a["via"] and a["shape"] == [8, 12]
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def test_a_config_source_takes_concat_squeeze_expand_dims_and_transpose_entries():
+    cfg = load_config({"sources": [{"path": ".", "concat": [{"name": "qkv/kernel", "sources": PARTS, "axis": 1}],
+                                    "squeeze": [{"name": "vit/pos", "axis": 0}],
+                                    "expand_dims": [{"name": "clf/pos", "axis": 0}],
+                                    "transpose": [{"name": "k", "perm": [2, 0, 1]}]}]})
+    ts = cfg.sources[0].transforms
+    assert cm.Concat("qkv/kernel", PARTS, axis=1) in ts and cm.Squeeze("vit/pos", 0) in ts
+    assert cm.ExpandDims("clf/pos", 0) in ts and cm.Transpose("k", (2, 0, 1)) in ts
+    assert load_config(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"concat": [{"name": "qkv"}]}, "missing required key 'sources'"),
+    ({"concat": [{"name": "qkv", "sources": ["q"]}]}, "at least two"),
+    ({"squeeze": [{"name": "p", "axis": "0"}]}, "axis must be an integer"),
+])
+def test_a_bad_concat_or_unit_axis_entry_is_a_config_error_naming_it(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config({"sources": [{"path": ".", **entry}]})
+
+
+def test_a_hand_given_squeeze_and_reshape_name_their_operation_in_the_report_line(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path / "vit.safetensors")
+    table = RNG.standard_normal((1, 17, 4)).astype("float32")
+    save_file({"pos": table, "q": np.ones((4, 4), "float32")}, path)
+    targets = [cm.VariableInfo("pos", (17, 4), "float32"), cm.VariableInfo("q", (4, 2, 2), "float32")]
+    plan = cm.plan(targets, [cm.Source(path, transforms=[cm.Squeeze("pos", 0), cm.Reshape("q")])])
+    text = plan.report(limit=None)
+    assert "pos <- " in text and "(1, 17, 4); squeezed axis 0 (1, 17, 4)->(17, 4)" in text
+    assert "q <- " in text and "(4, 4); reshaped (4, 4)->(4, 2, 2)" in text
+    assert plan.to_dict()["assignments"]["pos"]["transforms"] == ["squeezed axis 0 (1, 17, 4)->(17, 4)"]
+    assert "squeezed axis 0" in plan._repr_html_()
+    assert os.path.exists(path)
+
+
+def test_a_map_entry_keyed_by_several_names_joins_them_along_the_axis_the_target_needs(torch_file):
+    model = _fused_model()
+    src = cm.Source(torch_file, layout="torch", map={
+        tuple(PARTS): "qkv/kernel", ("attn.q.bias", "attn.k.bias", "attn.v.bias"): "qkv/bias"})
+    plan = cm.plan(model, [src], allow_missing=["head/*"])
+    assert sorted(plan.assignments) == ["qkv/bias", "qkv/kernel"] and not plan.blocking()
+    assert "concat axis 1 of 3 parts: columns 0..3 <- 'attn/q/kernel'" in plan.assignments["qkv/kernel"].describe()
+    plan.restore()
+    assert np.array_equal(model.get_layer("qkv").kernel.numpy(), FUSED)
+    assert np.array_equal(model.get_layer("qkv").bias.numpy(), np.concatenate([BQ, BK, BV]))
+    # the map still selects: the tensor it does not name is left out, not restored by its name
+    assert plan.unused[src.label] == ["extra/bias"] and plan.dropped[src.label] == ["extra/bias"]
+
+
+def test_a_map_entry_keyed_by_several_names_needs_one_target_name(torch_file):
+    with pytest.raises(cm.RuleError, match="must be the one target's name"):
+        cm.Source(torch_file, map={tuple(PARTS): ["a", "b"]})
+
+
+def test_the_inverse_of_a_concat_splits_the_fused_tensor_back_bit_exactly(plain_file, tmp_path):
+    concat = cm.Concat("fused/kernel", PARTS, axis=1)
+    fused = str(tmp_path / "fused.safetensors")
+    cm.merge([cm.Source(plain_file, include=["attn/*"], transforms=[concat])], fused)
+    back = str(tmp_path / "back.safetensors")
+    src = cm.Source(fused, map={"fused/kernel": PARTS}, transforms=concat.inverse())
+    report = cm.merge([src], back, template=[cm.VariableInfo(p, (8, 4), "float32") for p in PARTS])
+    values = cm.load(back, PARTS)
+    for p, want in zip(PARTS, (Q, K, V)):
+        assert np.array_equal(values[p], want)
+    assert "split axis 1 into 3: columns 8..11 of 12 (part 3 of 3) -> (8, 4)" in report.render()
