@@ -185,6 +185,76 @@ def test_safetensors_inputs_take_the_same_path(tmp_path, small_blocks, monkeypat
     np.testing.assert_array_equal(got, read_all(src, ["w"], streamed=True, monkeypatch=monkeypatch)["w"])
 
 
+def write_h5(path: Path, values: dict, **options) -> str:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for k, v in values.items():
+            f.create_dataset(k, data=v, **options)
+    return str(path)
+
+
+def test_weights_h5_inputs_take_the_same_path(tmp_path, small_blocks, monkeypatch):
+    import ml_dtypes
+
+    def vals(k):
+        rng = np.random.default_rng(k)
+        return {"layers/d/vars/0": rng.standard_normal((50, 31)).astype(np.float32),
+                "layers/d/vars/1": rng.standard_normal(31).astype(np.float16)}
+
+    paths = [write_h5(tmp_path / f"m{k}.weights.h5", vals(k)) for k in range(3)]
+    with open_checkpoint(paths[0]) as r:
+        assert all(r.ranges(n) is not None for n in r.names())
+    src = cm.combine(paths, chunk_elements=300)
+    names = ["layers/d/vars/0", "layers/d/vars/1"]
+    got = read_all(src, names)
+    streamed = read_all(src, names, streamed=True, monkeypatch=monkeypatch)
+    for n in names:
+        np.testing.assert_array_equal(got[n], streamed[n])
+        assert got[n].dtype == streamed[n].dtype
+    ref = np.mean([vals(k)["layers/d/vars/0"].astype(np.float64) for k in range(3)], axis=0)
+    np.testing.assert_array_equal(got["layers/d/vars/0"], ref.astype(np.float32))
+    # bfloat16 as Keras stores it (2-byte opaque values named by a 'dtype' attribute)
+    import h5py
+
+    bf = [tmp_path / f"bf{k}.weights.h5" for k in range(2)]
+    for k, path in enumerate(bf):
+        with h5py.File(path, "w") as f:
+            ds = f.create_dataset("w", data=np.linspace(k, k + 1, 77).astype(ml_dtypes.bfloat16).view(np.dtype("V2")))
+            ds.attrs["dtype"] = "bfloat16"
+    src = cm.combine([str(p) for p in bf])
+    with open_checkpoint(str(bf[0])) as r:
+        assert r.ranges("w") is not None
+    np.testing.assert_array_equal(read_all(src, ["w"])["w"].astype(np.float32),
+                                  read_all(src, ["w"], streamed=True, monkeypatch=monkeypatch)["w"].astype(np.float32))
+
+
+def test_chunked_or_compressed_h5_datasets_fall_back_to_streaming(tmp_path):
+    w = np.arange(600, dtype=np.float32).reshape(20, 30)
+    chunked = write_h5(tmp_path / "c.weights.h5", {"w": w}, chunks=(5, 30))
+    packed = write_h5(tmp_path / "z.weights.h5", {"w": w + 2}, compression="gzip")
+    plain = write_h5(tmp_path / "p.weights.h5", {"w": w + 4})
+    for path in (chunked, packed):
+        with open_checkpoint(path) as r:
+            assert r.ranges("w") is None
+    got = read_all(cm.combine([chunked, packed, plain]), ["w"])["w"]
+    np.testing.assert_array_equal(got, w + np.float32(2))
+
+
+def test_an_h5_file_truncated_after_opening_raises_a_clear_error(tmp_path):
+    w = np.arange(300_000, dtype=np.float32)
+    a = write_h5(tmp_path / "a.weights.h5", {"w": w})
+    b = write_h5(tmp_path / "b.weights.h5", {"w": w})
+    h = cm.combine([a, b]).open()
+    try:
+        os.truncate(b, 4096)
+        with pytest.raises(CheckpointFormatError, match="ended early") as e:
+            h.read(["w"])
+        assert "b.weights.h5" in str(e.value)
+    finally:
+        h.close()
+
+
 def test_partitioned_inputs_fall_back_to_streaming(tmp_path, monkeypatch):
     whole = np.arange(12, dtype=np.float32).reshape(4, 3)
     p = write_partitioned_bundle(str(tmp_path / "p"), "v", (4, 3), [(((0, 2), (0, -1)), whole[:2]),

@@ -276,8 +276,8 @@ class CheckpointReader:
         """Tensor ``name`` as a :class:`~ckptmerge.formats.ranges.TensorRanges` (element ranges
         read by any thread straight into the caller's buffers, its checksum checked once every
         byte was read), or ``None`` when the format does not store it so; then use
-        :meth:`iter_chunks`. This base reader returns ``None``; the TF bundle and safetensors
-        readers give the numeric tensors of local files stored in one piece.
+        :meth:`iter_chunks`. This base reader returns ``None``; the TF bundle, safetensors and
+        Keras weights-file readers give the numeric tensors of local files stored in one piece.
 
         Raises:
             UnknownTensorError: if there is no such tensor.
