@@ -309,3 +309,48 @@ def test_the_inverse_of_a_concat_splits_the_fused_tensor_back_bit_exactly(plain_
     for p, want in zip(PARTS, (Q, K, V)):
         assert np.array_equal(values[p], want)
     assert "split axis 1 into 3: columns 8..11 of 12 (part 3 of 3) -> (8, 4)" in report.render()
+
+
+def test_a_keras_weights_file_concat_takes_the_entries_as_its_listing_names_them(tmp_path):
+    import keras
+
+    inp = keras.Input((8,))
+    saved = keras.Model(inp, [keras.layers.Dense(4, name="q")(inp), keras.layers.Dense(4, name="k")(inp)])
+    path = str(tmp_path / "two.weights.h5")
+    saved.save_weights(path)
+    assert [v.name for v in cm.list_variables(path)][::2] == ["layers/dense/vars/0", "layers/dense_1/vars/0"]
+    inp = keras.Input((8,))
+    model = keras.Model(inp, keras.layers.Dense(8, name="qk")(inp))
+    src = cm.Source(path, transforms=[cm.Concat("qk/kernel", ["layers/dense/vars/0", "layers/dense_1/vars/0"]),
+                                      cm.Concat("qk/bias", ["layers/dense/vars/1", "layers/dense_1/vars/1"])])
+    plan = cm.plan(model, [src])
+    assert not plan.blocking()  # the file's second layer, which the model's walk does not reach, is used
+    plan.restore()
+    q, k = saved.get_layer("q"), saved.get_layer("k")
+    assert np.array_equal(model.get_layer("qk").kernel.numpy(), np.concatenate([q.kernel.numpy(), k.kernel.numpy()], 1))
+    assert "[raw 'layers/dense/vars/0'] (8, 4)" in plan.report(limit=None)
+
+
+def test_merge_reports_hand_given_operations_in_text_and_json(tmp_path):
+    from _cli_util import run
+    from safetensors.numpy import save_file
+
+    save_file({"pos": np.arange(66 * 4, dtype="float32").reshape(66, 4), "q": np.ones((4, 4), "float32"),
+               "vit": np.ones((1, 5, 4), "float32")}, str(tmp_path / "src.safetensors"))
+    save_file({"pos": np.zeros((64, 4), "float32"), "q": np.zeros((4, 2, 2), "float32"),
+               "vit": np.zeros((5, 4), "float32")}, str(tmp_path / "template.safetensors"))
+    cfg = tmp_path / "ops.yaml"
+    cfg.write_text(f"sources:\n  - path: {tmp_path / 'src.safetensors'}\n    slice: [{{name: pos, axis: 0, start: 2}}]\n"
+                   "    reshape: [{name: q}]\n    squeeze: [{name: vit, axis: 0}]\n")
+    r = run("merge", cfg, "-o", tmp_path / "a.safetensors", "--template", tmp_path / "template.safetensors")
+    assert r.exit_code == 0, r.output
+    assert ("'pos' float32 (66, 4); slice axis 0: 64 of 64 rows copied (checkpoint rows 2..65 of 66), "
+            "2 checkpoint rows dropped") in r.stdout
+    assert "'q' float32 (4, 4); reshaped (4, 4)->(4, 2, 2)" in r.stdout
+    assert "'vit' float32 (1, 5, 4); squeezed axis 0 (1, 5, 4)->(5, 4)" in r.stdout
+    r = run("merge", cfg, "-o", tmp_path / "b.safetensors", "--template", tmp_path / "template.safetensors", "--json")
+    a = json.loads(r.stdout)["plan"]["assignments"]["vit"]
+    assert (a["key"], a["shape"], a["transforms"], a["target_shape"]) == (
+        "vit", [1, 5, 4], ["squeezed axis 0 (1, 5, 4)->(5, 4)"], [5, 4])
+    assert np.array_equal(cm.load(str(tmp_path / "a.safetensors"), "pos")["pos"],
+                          np.arange(66 * 4, dtype="float32").reshape(66, 4)[2:])

@@ -547,8 +547,13 @@ def _make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *
                 names.discard(joined)
                 names.update(p for p in src.composed[joined] if p not in taken_parts)
     unused_sorted = {label: sorted(names) for label, names in unused.items()}
-    if structure:
-        structure = _unsettled(structure, source_by_label, assignments, allowed, dropped)
+    if structure:  # (the parts of a restored Concat settle a finding about them, as dropping them would)
+        settled = dict(dropped)
+        for src in sources:
+            if src.composed:
+                took = {a.name for a in assignments.values() if a.source == src.label}
+                settled[src.label] = [*dropped[src.label], *(p for j, ps in src.composed.items() if j in took for p in ps)]
+        structure = _unsettled(structure, source_by_label, assignments, allowed, settled)
     ambiguous.sort(key=lambda a: (order[a.source], a.name))
 
     return Plan(

@@ -82,6 +82,8 @@ class ComposedHandle:
         info = by_name.get(name)
         if info is None and len(outputs.get(name, ())) == 1:  # a raw key (PyTorch's dotted name) of one output
             info = by_name.get(outputs[name][0])
+        if info is None:  # a raw key as the file lists it (a Keras file's entries named by the model's walk)
+            info = next((v for v in by_name.values() if v.raw_key == name), None)
         if info is None:
             known = [v.name for v in self.inner.all_variables]
             raise TransformError(
