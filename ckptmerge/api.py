@@ -33,6 +33,7 @@ from .args import (
     check_specs,
 )
 from .gcpause import paused_gc
+from .planning.fusion import concat_entries_of
 from .planning.planner import Plan, make_plan
 from .restoring.backends.tensors import cast_value
 from .sources.opening import (
@@ -41,6 +42,7 @@ from .sources.opening import (
     check_unique_labels,
     open_sources,
 )
+from .sources.composed import ComposedHandle
 from .sources.source import Source, SourceHandle
 from .specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
 
@@ -231,11 +233,25 @@ def _plan(target: Any, srcs: List[Source], allow: Sequence[str], on_conflict: st
                                   target_inputs=input_layers(target, targets))
             result = make_plan(targets.infos, views, **options)
             added = {v.label: v.transforms for v, h in zip(views, handles) if len(v.transforms) > len(h.source.transforms)}
+            handles[:] = [_fused(h, v, targets.infos) for h, v in zip(handles, views)]
     except BaseException:
         for h in handles:
             h.close()
         raise
     return result.with_binding(Binding(targets=targets, handles=handles, view_transforms=added))
+
+
+def _fused(handle: SourceHandle, view: Any, targets: Any) -> Any:
+    """The handle that reads the joined tensors of ``view`` (Concats alignment inferred, beside the
+    source's own): see :mod:`ckptmerge.planning.fusion`."""
+    own = {c.name for c in handle.entries} if isinstance(handle, ComposedHandle) else set()
+    new = [c for c in concat_entries_of(view) if c.name not in own]
+    if not new:
+        return handle
+    inner, entries = (handle.inner, [*handle.entries, *new]) if isinstance(handle, ComposedHandle) else (handle, new)
+    fused = ComposedHandle(inner, entries)
+    fused.name_targets(targets)
+    return fused
 
 
 def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -> "Suggestion":

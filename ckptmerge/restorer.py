@@ -25,6 +25,7 @@ from .args import check_bool, check_callable, check_options, check_step, check_s
 from .errors import CkptMergeError, PlanError, RestoreError
 from .redact import get_logger
 from .restoring.backends.tensors import join_parts, read_variable
+from .sources.composed import ComposedHandle, composed_like
 from .sources.opening import as_sources
 from .sources.resolved import CheckpointInfo
 from .sources.source import Source, SourceHandle
@@ -217,10 +218,12 @@ class Restorer:
                 f"Source {quote_name(old.label)} was given as the checkpoint prefix {base}; pass path=... to "
                 "switch it, or make the source from its directory to switch by step."
             )
-        handle = _like(old.source, base, step=step).open()
+        handle = composed_like(old, _like(old.source, base, step=step).open())  # (joining what the old one joined)
         if old.renamed:  # a Keras weights file named by the model's walk: the same names
             handle.rename(old.renamed, old.notes)
         new_vars = {v.name: v for v in handle.all_variables}
+        if isinstance(handle, ComposedHandle):
+            new_vars.update(handle.joined_specs())
         problems = []
         for a in self.plan.assignments.values():
             if a.source != old.label:
@@ -335,7 +338,7 @@ class Restorer:
 
         old = self._handle(label)
         new_source = _like(old.source, info.read_path)
-        handle = new_source.open()
+        handle = composed_like(old, new_source.open())
         try:
             if old.renamed:  # a Keras weights file named by the model's walk: the same names
                 handle.rename(old.renamed, old.notes)

@@ -103,7 +103,8 @@ def test_concat_refuses_parts_that_disagree_off_the_axis():
 def test_squeeze_and_expand_dims_drop_and_add_a_unit_axis_and_undo_each_other():
     table = RNG.standard_normal((1, 17, 64)).astype("float32")
     sq = cm.Squeeze("pos", axis=0)
-    assert np.array_equal(sq.apply(table), table[0]) and sq.describe((1, 17, 64)) == "squeezed axis 0 (1, 17, 64)->(17, 64)"
+    assert np.array_equal(sq.apply(table), table[0])
+    assert sq.describe((1, 17, 64)) == "squeezed axis 0 (1, 17, 64)->(17, 64)"
     ex = sq.inverse()
     assert ex == cm.ExpandDims("pos", 0) and np.array_equal(ex.apply(table[0]), table)
     assert cm.ExpandDims("pos", -1).output_shape((17, 64)) == (17, 64, 1)
@@ -340,7 +341,8 @@ def test_merge_reports_hand_given_operations_in_text_and_json(tmp_path):
     save_file({"pos": np.zeros((64, 4), "float32"), "q": np.zeros((4, 2, 2), "float32"),
                "vit": np.zeros((5, 4), "float32")}, str(tmp_path / "template.safetensors"))
     cfg = tmp_path / "ops.yaml"
-    cfg.write_text(f"sources:\n  - path: {tmp_path / 'src.safetensors'}\n    slice: [{{name: pos, axis: 0, start: 2}}]\n"
+    cfg.write_text(f"sources:\n  - path: {tmp_path / 'src.safetensors'}\n"
+                   "    slice: [{name: pos, axis: 0, start: 2}]\n"
                    "    reshape: [{name: q}]\n    squeeze: [{name: vit, axis: 0}]\n")
     r = run("merge", cfg, "-o", tmp_path / "a.safetensors", "--template", tmp_path / "template.safetensors")
     assert r.exit_code == 0, r.output
@@ -354,3 +356,90 @@ def test_merge_reports_hand_given_operations_in_text_and_json(tmp_path):
         "vit", [1, 5, 4], ["squeezed axis 0 (1, 5, 4)->(5, 4)"], [5, 4])
     assert np.array_equal(cm.load(str(tmp_path / "a.safetensors"), "pos")["pos"],
                           np.arange(66 * 4, dtype="float32").reshape(66, 4)[2:])
+
+
+# -- inferred concats ----------------------------------------------------------------------------
+
+
+def _separate_qkv_file(path, blocks=2, roles=("query", "key", "value")):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    d = {}
+    for i in range(blocks):
+        for r in roles:
+            d[f"encoder.layer.{i}.attention.self.{r}.weight"] = rng.standard_normal((8, 8)).astype("float32")
+            d[f"encoder.layer.{i}.attention.self.{r}.bias"] = rng.standard_normal(8).astype("float32")
+    save_file(d, path)
+    return d
+
+
+def _qkv_model(blocks=2):
+    import keras
+
+    inp = keras.Input((8,))
+    return keras.Model(inp, [keras.layers.Dense(24, name=f"block_{i}_qkv")(inp) for i in range(blocks)])
+
+
+def test_structural_alignment_infers_the_concat_of_query_key_and_value_into_a_fused_kernel(tmp_path):
+    path = str(tmp_path / "enc.safetensors")
+    d = _separate_qkv_file(path)
+    model = _qkv_model()
+    plan = cm.plan(model, [cm.Source(path, layout="torch", align="structure")])
+    assert sorted(plan.assignments) == [f"block_{i}_qkv/{leaf}" for i in range(2) for leaf in ("bias", "kernel")]
+    assert not plan.blocking()
+    plan.restore()
+    for i in range(2):
+        want = np.concatenate([d[f"encoder.layer.{i}.attention.self.{r}.weight"].T for r in ("query", "key", "value")],
+                              axis=1)
+        assert np.array_equal(model.get_layer(f"block_{i}_qkv").kernel.numpy(), want)
+    line = plan.assignments["block_1_qkv/kernel"].describe()
+    assert "concat axis 1 of 3 parts: columns 0..7 <- 'encoder/layer/1/attention/self/query/kernel'" in line
+    assert "encoder.layer.1.attention.self.value.weight (8, 8)" in line
+    s = cm.suggest(_qkv_model(), [cm.Source(path, layout="torch")])
+    entry = s.to_config()["sources"][0]["concat"][0]
+    assert entry == {"name": "block_0_qkv/bias", "axis": 0,
+                     "sources": [f"encoder/layer/0/attention/self/{r}/bias" for r in ("query", "key", "value")]}
+    assert not s.sources[0].review
+
+
+def test_a_fused_target_two_scopes_fit_equally_is_proposed_for_review_and_never_applied(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    save_file({f"{side}.{r}.weight": rng.standard_normal((8, 8)).astype("float32")
+               for side in ("left", "right") for r in ("query", "key", "value")}, str(tmp_path / "two.safetensors"))
+    targets = [cm.VariableInfo("qkv/kernel", (8, 24), "float32")]
+    src = cm.Source(str(tmp_path / "two.safetensors"), layout="torch")
+    plan = cm.plan(targets, [cm.Source(str(tmp_path / "two.safetensors"), layout="torch", align="structure")])
+    assert plan.assignments == {} and plan.missing == ["qkv/kernel"]
+    review = cm.suggest(targets, [src]).sources[0].review
+    assert sorted(e.name.split("/")[0] for e in review) == ["left", "right"]
+    assert all("another candidate fits as well: review" in e.evidence for e in review)
+
+
+def test_parts_whose_names_do_not_say_query_key_value_are_never_joined(tmp_path):
+    path = str(tmp_path / "abc.safetensors")
+    _separate_qkv_file(path, blocks=1, roles=("a", "b", "c"))
+    model = _qkv_model(1)
+    plan = cm.plan(model, [cm.Source(path, layout="torch", align="structure")])
+    assert "block_0_qkv/kernel" not in plan.assignments
+    assert not [e for e in cm.suggest(_qkv_model(1), [cm.Source(path, layout="torch")]).sources[0].entries
+                if "+" in e.name]
+
+
+def test_a_restorer_switched_to_another_step_joins_the_same_parts(tmp_path):
+    from safetensors.numpy import save_file
+
+    for step, scale in ((1, 1.0), (2, 2.0)):
+        save_file({p: v * scale for p, v in zip(PARTS, (Q, K, V))}, str(tmp_path / f"step{step}.safetensors"))
+    v = cm.VariableInfo("fused/kernel", (8, 12), "float32")
+    import tensorflow as tf
+
+    var = tf.Variable(tf.zeros(v.shape), name="fused/kernel")
+    r = cm.Restorer([var], [cm.Source(str(tmp_path / "step1.safetensors"),
+                                      transforms=[cm.Concat("fused/kernel", PARTS, axis=1)])])
+    r.restore()
+    assert np.array_equal(var.numpy(), FUSED)
+    r.restore(path=str(tmp_path / "step2.safetensors"))
+    assert np.array_equal(var.numpy(), 2 * FUSED)

@@ -150,7 +150,7 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     if pairing.missing:
         order, inputs = _creation_order(handles, keras_plan)
         aligned = aligned_views(pairing, [view], [True], target_order=order, source_orders=[None],
-                                target_inputs=inputs)
+                                target_inputs=inputs, fuse=False)  # (a joined template entry has no recipe)
         pairing = make_plan(keras, aligned)
     mapping = {a.name: a.target for a in pairing.assignments.values()}
     recipes, missing = invert_layout(layout, template, mapping, shapes)

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
 from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
+from .fusion import compose_view, fused_proposals
 from ..redact import redact, redacted_repr
 from ..specs import VariableInfo
 from ..text import escape_name
@@ -51,6 +52,8 @@ class SourceSuggestion:
     entries: List[Entry] = field(default_factory=list)
     unresolved: List[Unresolved] = field(default_factory=list)
     kept: Dict[str, str] = field(default_factory=dict)
+    #: the Concats ``align="structure"`` would apply (in the config's ``concat`` list, not its map)
+    concats: List[Any] = field(default_factory=list)
 
     @property
     def n_variables(self) -> int:
@@ -74,8 +77,9 @@ class SourceSuggestion:
         for n, t in sorted(self.kept.items()):
             if n != t:
                 out[n] = t
+        joined = {c.name for c in self.concats}
         for e in self.entries:
-            if not e.review:
+            if not e.review and e.name not in joined:
                 out[e.name] = e.target
         return out
 
@@ -149,6 +153,8 @@ class Suggestion:
             mapping = s.map()
             if mapping:
                 entry["map"] = mapping
+            if s.concats:
+                entry["concat"] = [{"name": c.target, "sources": list(c.sources), "axis": c.axis} for c in s.concats]
             sources.append(entry)
         cfg: Dict[str, Any] = {"sources": sources}
         if self.plan.allow_missing:
@@ -356,18 +362,25 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
             [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
         used = set(found.mapping) | {n for u in found.unresolved for n in u.names}
         entries += slice_proposals(plan, src, missing, used)
+        fusions = fused_proposals(plan, src, missing, found.mapping, certain.mapping)
+        entries += [Entry(f.concat.name, f.concat.target, 0.0 if f.review else 1.0, f.evidence, len(f.concat.sources),
+                          f.review) for f in fusions]
+        missing = [t for t in missing if t not in {f.concat.target for f in fusions if not f.review}]
         entries.sort(key=operator.itemgetter(1))
         unresolved = list(found.unresolved) + undecided_groups(plan, src, missing)
-        out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept))
+        out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept,
+                                    [f.concat for f in fusions if not f.review]))
     return Suggestion(plan, out, missing)
 
 
 def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool], *,
                   target_order: Optional[Sequence[str]] = None,
                   source_orders: Optional[Sequence[Optional[Sequence[str]]]] = None,
-                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> List[SourceView]:
+                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None, fuse: bool = True) -> List[SourceView]:
     """The views again, the ``which`` ones with the plan's unambiguous structural matches added
-    (``source_orders``, ``target_inputs``: as for :func:`make_suggestion`).
+    (``source_orders``, ``target_inputs``: as for :func:`make_suggestion`), and with ``fuse`` the
+    Concats of :func:`~ckptmerge.planning.fusion.fused_proposals` that are certain (joined tensors,
+    see :func:`~ckptmerge.planning.fusion.compose_view`).
 
     Each match of at least :data:`~ckptmerge.alignment.align.CONFIDENCE_FLOOR` confidence becomes a
     ``(name -> target)`` pair the planner uses for a name its rules did not put on a target
@@ -393,9 +406,12 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
             how = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
             notes[m.name] = f"{notes[m.name]}; {how}" if notes.get(m.name) else how
         reshapes = tuple(reshape_transforms(found, src, plan.targets))
-        out.append(dataclasses.replace(src, aligned=found.mapping, notes=notes,
-                                       transforms=src.transforms + reshapes,
-                                       unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing))))
+        fusions = [f.concat for f in fused_proposals(plan, src, missing, found.mapping, found.mapping)
+                   if not f.review] if fuse else []
+        missing = [t for t in missing if t not in {c.target for c in fusions}]
+        out.append(compose_view(dataclasses.replace(
+            src, aligned=found.mapping, notes=notes, transforms=src.transforms + reshapes,
+            unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing))), fusions))
     return out
 
 

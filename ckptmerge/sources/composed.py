@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Sequence, 
 import numpy as np
 
 from ..errors import TransformError, did_you_mean
+from ..planning.fusion import part_label
 from ..planning.rules import MapRule, Rules
 from ..specs import KIND_VARIABLE, VariableInfo
 from ..text import quote_name
@@ -31,13 +32,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..alignment.tensorops import Concat
     from ..planning.planner import SourceView
 
-__all__ = ["ComposedHandle", "concat_entries"]
+__all__ = ["ComposedHandle", "concat_entries", "composed_like"]
 
 def concat_entries(transforms: Sequence[Any]) -> List["Concat"]:
     """The :class:`~ckptmerge.alignment.tensorops.Concat` entries among a source's transforms."""
     from ..alignment.tensorops import Concat
 
     return [t for t in transforms if isinstance(t, Concat)]
+
+
+def composed_like(old: Any, new: Any) -> Any:
+    """``new`` (a handle of the same source, e.g. another step) joining what ``old`` joins: the
+    source's own Concats and those alignment inferred. ``new`` as it is when ``old`` joins nothing."""
+    if not isinstance(old, ComposedHandle):
+        return new
+    inner = new.inner if isinstance(new, ComposedHandle) else new
+    handle = ComposedHandle(inner, old.entries)
+    object.__setattr__(handle, "_target_shapes", dict(old._target_shapes))
+    return handle
 
 
 class ComposedHandle:
@@ -64,7 +76,8 @@ class ComposedHandle:
         setattr(self.inner, name, value)
 
     def __repr__(self) -> str:
-        return f"ComposedHandle({self.inner!r}, {len(self.entries)} concat entr{'y' if len(self.entries) == 1 else 'ies'})"
+        n = len(self.entries)
+        return f"ComposedHandle({self.inner!r}, {n} concat entr{'y' if n == 1 else 'ies'})"
 
     # -- the entries ------------------------------------------------------------------------
     def name_targets(self, targets: Sequence[VariableInfo]) -> None:
@@ -124,7 +137,8 @@ class ComposedHandle:
             shapes = [tuple(p.shape) for p in parts]
             try:
                 shape = c.output_shape(shapes, self._target_shapes.get(c.target))
-                note = c.describe(shapes, self._target_shapes.get(c.target), labels=[self._label(p) for p in parts])
+                labels = [part_label(p, self.inner.notes.get(p.name, "")) for p in parts]
+                note = c.describe(shapes, self._target_shapes.get(c.target), labels=labels)
             except TransformError as e:
                 raise TransformError(f"{e} (source {quote_name(self.inner.label)})", target=c.target) from None
             info = VariableInfo(c.name, shape, parts[0].dtype, "+".join(p.raw_key for p in parts), KIND_VARIABLE,
@@ -133,15 +147,9 @@ class ComposedHandle:
         self.__dict__["_cache"] = (key, out)
         return out
 
-    def _label(self, part: VariableInfo) -> str:
-        """A part as its report line shows it: name, raw key and stored shape where they differ."""
-        note = self.inner.notes.get(part.name, "")
-        text = quote_name(part.name)
-        if note.startswith("layout: "):
-            return f"{text} [{note[len('layout: '):]}]"
-        if part.raw_key != part.name:
-            return f"{text} [raw {quote_name(part.raw_key)}]"
-        return text
+    def joined_specs(self) -> Dict[str, VariableInfo]:
+        """``{joined name: its spec}`` (the listing, ``all_variables``, is the wrapped handle's)."""
+        return {n: info for n, (info, _) in self._joined().items()}
 
     def view(self, rules: Rules) -> "SourceView":
         """The inner handle's view with each entry's parts replaced by its joined tensor, mapped
