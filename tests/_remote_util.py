@@ -142,8 +142,10 @@ def start_s3(upload: Optional[Path] = None, *, bucket: str = "ckpts") -> Iterato
                            timeout=30).close()
     proxy = S3Proxy(port)
     endpoint = f"http://127.0.0.1:{proxy.port}"
+    # AWS_MAX_ATTEMPTS=1: botocore's own retries (up to 5 attempts, backing off for seconds) would
+    # hide the faults the proxy injects behind ckptmerge's retries, and make a persistent one slow
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
+           "AWS_ENDPOINT_URL": endpoint, "AWS_MAX_ATTEMPTS": "1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     # a new filesystem each time (no listing kept from before another process wrote), on one

@@ -16,14 +16,13 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _forkserver import ForkServer
 from _remote_util import start_s3, write_run
 
 import ckptmerge as cm
@@ -58,6 +57,18 @@ def s3(tmp_path_factory):
     yield from start_s3(d)
 
 
+# What `python -m ckptmerge merge` imports to merge to S3, imported once in the fork server.
+PRELOAD = ["ckptmerge.cli", "ckptmerge.merging.remote", "ckptmerge.merging.local", "s3fs", "aiobotocore.session"]
+
+
+@pytest.fixture(scope="module")
+def server(s3, private_temp):
+    """Each merge is a real process of its own (killed by real signals), forked from a warm
+    interpreter (tests/_forkserver.py), so the sweep pays Python's and ckptmerge's start-up once."""
+    with ForkServer(PRELOAD, env=dict(os.environ, PYTHONPATH=str(REPO), **s3["env"])) as forks:
+        yield forks
+
+
 def _objects(fs):
     fs.invalidate_cache()
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ckpts/kill", detail=False)) if fs.exists("ckpts/kill") else []
@@ -90,11 +101,8 @@ def _config(tmp_path, s3):
     return config
 
 
-def _start(s3, config):
-    env = dict(os.environ, PYTHONPATH=str(REPO), **s3["env"])
-    return subprocess.Popen([sys.executable, "-m", "ckptmerge", "merge", str(config), "-o", OUT, "--force",
-                             "--update-state", "-q"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _start(server, config):
+    return server.start(["-m", "ckptmerge", "merge", config, "-o", OUT, "--force", "--update-state", "-q"])
 
 
 def _arm(s3, k, what, child):
@@ -138,20 +146,20 @@ def _temp_folders(pid):
     return glob.glob(os.path.join(tempfile.gettempdir(), f"ckptmerge-upload-*-{pid}-*"))
 
 
-def _writes_of_a_whole_merge(s3, tmp_path):
+def _writes_of_a_whole_merge(s3, server, tmp_path):
     """The writes one undisturbed merge makes, in order (method, object)."""
     _fresh_old(s3)
     log = s3["proxy"].log
     start = len(log)
-    child = _start(s3, _config(tmp_path, s3))
+    child = _start(server, _config(tmp_path, s3))
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err
     return [(m, p.split("?")[0].rsplit("/", 1)[-1]) for m, p, _ in log[start:] if m in WRITES and "/ckpts/kill/" in p]
 
 
 @pytest.fixture(scope="module")
-def writes(s3, tmp_path_factory):
-    return _writes_of_a_whole_merge(s3, tmp_path_factory.mktemp("count"))
+def writes(s3, server, tmp_path_factory):
+    return _writes_of_a_whole_merge(s3, server, tmp_path_factory.mktemp("count"))
 
 
 def test_an_undisturbed_overwrite_writes_data_then_the_index_then_deletes_the_old_data(writes):
@@ -181,10 +189,10 @@ KILLS = [(k, "kill-before") for k in range(1, 8)] + [(4, "kill-after"), (7, "kil
 
 @pytest.mark.slow
 @pytest.mark.parametrize("k, what", KILLS)
-def test_sigkill_at_any_write_leaves_old_or_new_and_the_next_merge_recovers(s3, tmp_path, writes, k, what):
+def test_sigkill_at_any_write_leaves_old_or_new_and_the_next_merge_recovers(s3, server, tmp_path, writes, k, what):
     assert len(writes) == 7
     _fresh_old(s3)
-    child = _start(s3, _config(tmp_path, s3))
+    child = _start(server, _config(tmp_path, s3))
     fired = _arm(s3, k, what, child)
     try:
         child.communicate(timeout=120)
@@ -206,9 +214,9 @@ def test_sigkill_at_any_write_leaves_old_or_new_and_the_next_merge_recovers(s3, 
 # (tests/test_remote_overwrite.py interrupts every write in this process).
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 4, 5])
-def test_ctrl_c_at_a_write_exits_130_and_leaves_old_or_new_with_nothing_else(s3, tmp_path, writes, k):
+def test_ctrl_c_at_a_write_exits_130_and_leaves_old_or_new_with_nothing_else(s3, server, tmp_path, writes, k):
     _fresh_old(s3)
-    child = _start(s3, _config(tmp_path, s3))
+    child = _start(server, _config(tmp_path, s3))
     fired = _arm(s3, k, "sigint", child)
     try:
         out, err = child.communicate(timeout=120)
@@ -228,12 +236,12 @@ def test_ctrl_c_at_a_write_exits_130_and_leaves_old_or_new_with_nothing_else(s3,
     assert not _temp_folders(child.pid)
 
 
-def test_cli_403_on_the_index_put_is_a_one_line_error_and_keeps_the_old_checkpoint(s3, tmp_path):
+def test_cli_403_on_the_index_put_is_a_one_line_error_and_keeps_the_old_checkpoint(s3, server, tmp_path):
     _fresh_old(s3)
     s3["proxy"].hook = lambda method, path: 403 if method == "PUT" and path.split("?")[0].endswith(
         "/ckpts/kill/model.index") else None
     try:
-        child = _start(s3, _config(tmp_path, s3))
+        child = _start(server, _config(tmp_path, s3))
         out, err = child.communicate(timeout=120)
     finally:
         _disarm(s3)
@@ -244,13 +252,13 @@ def test_cli_403_on_the_index_put_is_a_one_line_error_and_keeps_the_old_checkpoi
     assert _objects(s3["fs"]) == OLD
 
 
-def test_cli_403_on_a_data_put_and_a_persistent_500_on_the_index_keep_the_old_checkpoint(s3, tmp_path):
+def test_cli_403_on_a_data_put_and_a_persistent_500_on_the_index_keep_the_old_checkpoint(s3, server, tmp_path):
     for target, status in (("/ckpts/kill/model.data-00000-of-00002", 403), ("/ckpts/kill/model.index", 500)):
         _fresh_old(s3)
         s3["proxy"].hook = lambda method, path: status if method == "PUT" and path.split("?")[0].endswith(target) \
             else None
         try:
-            child = _start(s3, _config(tmp_path, s3))
+            child = _start(server, _config(tmp_path, s3))
             child.communicate(timeout=300)
         finally:
             _disarm(s3)
@@ -259,7 +267,7 @@ def test_cli_403_on_a_data_put_and_a_persistent_500_on_the_index_keep_the_old_ch
         assert _objects(s3["fs"]) == OLD
 
 
-def test_a_long_lived_process_sees_what_another_process_wrote_since_it_last_listed(s3, tmp_path, monkeypatch):
+def test_a_long_lived_process_sees_what_another_process_wrote_since_it_last_listed(s3, server, tmp_path, monkeypatch):
     # s3fs keeps listings for the life of the process. This process lists OUT's folder (the
     # one-shard old checkpoint), then another process replaces it (with a two-shard one, as the
     # one-shard names are taken). A merge here that trusted its listing would upload its data
@@ -273,7 +281,7 @@ def test_a_long_lived_process_sees_what_another_process_wrote_since_it_last_list
     _fresh_old(s3)
     assert [c.step for c in cm.checkpoints("s3://ckpts/kill")] == [None]  # this process lists the folder ...
     assert "ckpts/kill" in filesystem(OUT)[0].dircache  # ... and keeps the listing
-    child = _start(s3, _config(tmp_path, s3))  # the other process: step 200, two shards
+    child = _start(server, _config(tmp_path, s3))  # the other process: step 200, two shards
     child.communicate(timeout=120)
     assert child.returncode == 0
     assert _objects(s3["fs"]) == NEW
