@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 import ckptmerge as cm
 from _cli_util import write_config
+from _forkserver import ForkServer
 from ckptmerge.errors import CheckpointNotFoundError, OutputExistsError
 from ckptmerge.formats.tf.writer import BundleWriter
 from ckptmerge.merging.dispatch import merge
@@ -99,19 +99,26 @@ def read_state(tf, prefix: Path, candidates: dict) -> str:
     raise AssertionError(f"{prefix} reads as neither of {sorted(candidates)}: {ours}")
 
 
-def merge_killed_at(src: str, out: Path, kill_at: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(KILL_AT_STEP), src, str(out), str(kill_at)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def forks():
+    """Each killed merge and each racer is a real process of its own, forked from a warm
+    interpreter (tests/_forkserver.py) that imported ckptmerge's merge and CLI once."""
+    with ForkServer(["ckptmerge.merging.dispatch", "ckptmerge.merging.local", "ckptmerge.cli"]) as server:
+        yield server
 
 
-def publish_steps(src: str, out: Path) -> list:
-    done = merge_killed_at(src, out, 0)
+def merge_killed_at(forks, src: str, out: Path, kill_at: int) -> subprocess.CompletedProcess:
+    return forks.run(["-c", textwrap.dedent(KILL_AT_STEP), src, out, kill_at], timeout=120)
+
+
+def publish_steps(forks, src: str, out: Path) -> list:
+    done = merge_killed_at(forks, src, out, 0)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
 @pytest.mark.parametrize("old", ["same-names", "two-shards", "none"])
-def test_a_merge_killed_at_any_step_leaves_the_old_or_the_new_checkpoint(tf, sources, tmp_path, old):
+def test_a_merge_killed_at_any_step_leaves_the_old_or_the_new_checkpoint(tf, sources, forks, tmp_path, old):
     """Kill ``merge --force`` before each rename/link/unlink; the prefix is always old or new."""
     (a, a_values), (b, b_values) = sources["A"], sources["B"]
     candidates = {"old": a_values, "new": b_values}
@@ -126,13 +133,13 @@ def test_a_merge_killed_at_any_step_leaves_the_old_or_the_new_checkpoint(tf, sou
             assert len(files(out.parent)) == 3
 
     make_old(tmp_path / "count" / "m")
-    n_steps = len(publish_steps(b, tmp_path / "count" / "m"))
+    n_steps = len(publish_steps(forks, b, tmp_path / "count" / "m"))
     seen = []
     for kill_at in range(1, n_steps + 1):
         out = tmp_path / f"kill-{kill_at}" / "m"
         make_old(out)
         assert read_state(tf, out, candidates) == ("none" if old == "none" else "old")
-        killed = merge_killed_at(b, out, kill_at)
+        killed = merge_killed_at(forks, b, out, kill_at)
         assert killed.returncode == -9, (kill_at, killed.stderr)
         state = read_state(tf, out, candidates)
         assert state in ("none" if old == "none" else "old", "new"), (kill_at, files(out.parent))
@@ -273,23 +280,21 @@ RACER = """
 RACERS = "ABCD"  # each racer merges its own source, so any mix of two is visible
 
 
-def race(tmp_path: Path, sources: dict, out: Path, force: bool) -> list:
+def race(forks, tmp_path: Path, sources: dict, out: Path, force: bool) -> list:
     """Start one merge per racer at the same instant; return their (exit code, stdout, stderr).
 
     Fails if the renames of two racers' publishes interleaved in time.
     """
     procs = []
     log = tmp_path / f"{out.parent.name}.log"
-    start = time.time() + 3
+    start = time.time() + 1  # forked warm: each racer is waiting for the start well before it
     for label in RACERS:
         config = write_config(tmp_path / f"{label}.yaml", f"""
             sources:
               - {{name: {label}, path: {sources[label][0]}}}
         """)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(RACER), str(start), str(log), "merge", str(config), "-o",
-             str(out), "-q"]
-            + (["--force"] if force else []), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(forks.start(["-c", textwrap.dedent(RACER), start, log, "merge", config, "-o", out, "-q"]
+                                 + (["--force"] if force else [])))
     results = [(p.returncode, out_, err) for p in procs for out_, err in [p.communicate(timeout=120)]]
     spans: dict = {}
     for line in log.read_text().splitlines():
@@ -301,22 +306,22 @@ def race(tmp_path: Path, sources: dict, out: Path, force: bool) -> list:
     return results
 
 
-def test_concurrent_forced_merges_to_one_prefix_publish_one_whole_checkpoint(tf, sources, tmp_path):
+def test_concurrent_forced_merges_to_one_prefix_publish_one_whole_checkpoint(tf, sources, forks, tmp_path):
     candidates = {label: sources[label][1] for label in RACERS}
     for r in range(1):
         out = tmp_path / f"round-{r}" / "m"
         merge([sources["A"][0]], out)
-        results = race(tmp_path, sources, out, force=True)
+        results = race(forks, tmp_path, sources, out, force=True)
         assert [code for code, _, _ in results] == [0] * len(RACERS), results  # each waits its turn
         assert read_state(tf, out, candidates) in RACERS
         assert files(out.parent) == CLEAN
 
 
-def test_concurrent_merges_without_force_exactly_one_publishes(tf, sources, tmp_path):
+def test_concurrent_merges_without_force_exactly_one_publishes(tf, sources, forks, tmp_path):
     candidates = {label: sources[label][1] for label in RACERS}
     for r in range(1):
         out = tmp_path / f"round-{r}" / "m"
-        results = race(tmp_path, sources, out, force=False)
+        results = race(forks, tmp_path, sources, out, force=False)
         codes = sorted(code for code, _, _ in results)
         assert codes == [0] + [2] * (len(RACERS) - 1), results
         winner = next(i for i, (code, _, _) in enumerate(results) if code == 0)
