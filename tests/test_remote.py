@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _forkserver import ForkServer
 from _remote_util import start_s3, write_run
 
 import ckptmerge as cm
@@ -99,14 +98,19 @@ def test_restore_from_memory_url_and_merge_to_local(tmp_path, memory_run):
 
 @pytest.fixture(scope="module")
 def s3(local_run):
-    """A moto S3 server on localhost (behind a fault-injecting proxy) holding bucket 'ckpts'."""
-    yield from start_s3(local_run)
+    """A moto S3 server on localhost (behind a fault-injecting proxy) holding bucket 'ckpts'; its
+    ``forks`` start the CLI runs (tests/_forkserver.py: each a process of its own, configured only
+    by the environment, without paying Python's and ckptmerge's start-up each time)."""
+    for s3 in start_s3(local_run):
+        with ForkServer(CLI_PRELOAD, env=dict(os.environ, PYTHONPATH=str(REPO), **s3["env"])) as forks:
+            yield dict(s3, forks=forks)
+
+
+CLI_PRELOAD = ["ckptmerge.cli", "ckptmerge.merging.remote", "ckptmerge.merging.local", "s3fs", "aiobotocore.session"]
 
 
 def _cli(s3, *args):
-    env = dict(os.environ, PYTHONPATH=str(REPO), **s3["env"])
-    out = subprocess.run([sys.executable, "-m", "ckptmerge", *map(str, args)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = s3["forks"].run(["-m", "ckptmerge", *args], timeout=120)
     return out.returncode, out.stdout, out.stderr
 
 
