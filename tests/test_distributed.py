@@ -80,12 +80,26 @@ def values(m):
 """
 
 
-def run_pss(code: str, *args) -> dict:
-    script = textwrap.dedent(PSS_PRELUDE) + textwrap.dedent(code)
+def run_pss(scenarios: dict, *args) -> dict:
+    """Run each scenario's code (a function body returning a JSON-able dict) on one in-process
+    cluster in one child: one TF start, one cluster. Return ``{name: its dict, or its traceback}``."""
+    body = ["import traceback", "results = {}"]
+    for name, code in scenarios.items():
+        body += [f"def scenario_{name}():", textwrap.indent(textwrap.dedent(code), "    "),
+                 "try:", f"    results[{name!r}] = scenario_{name}()",
+                 "except Exception:", f"    results[{name!r}] = {{'error': traceback.format_exc()}}"]
+    body.append("print(json.dumps(results))")
+    script = textwrap.dedent(PSS_PRELUDE) + "\n".join(body) + "\n"
     out = subprocess.run([sys.executable, "-c", script, json.dumps(_free_ports(4)), *map(str, args)],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def scenario(results: dict, name: str) -> dict:
+    result = results[name]
+    assert "error" not in result, result.get("error")
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -99,34 +113,48 @@ def unsharded_checkpoint(tmp_path_factory):
     return tf.train.Checkpoint(model=m).write(str(tmp_path_factory.mktemp("plain") / "ckpt"))
 
 
-def test_unsharded_checkpoint_restores_into_sharded_variables(unsharded_checkpoint):
-    result = run_pss("""
-        m = sharded_module(2)
-        report = cm.restore(m, [cm.Source(sys.argv[2])])
-        print(json.dumps({"restored": report.restored, "kinds": type(m.emb).__name__,
-                          "shards": [list(s.shape) for s in m.emb.variables], **values(m)}))
-    """, unsharded_checkpoint)
+UNSHARDED_INTO_SHARDED = """
+    m = sharded_module(2)
+    report = cm.restore(m, [cm.Source(sys.argv[2])])
+    return {"restored": report.restored, "kinds": type(m.emb).__name__,
+            "shards": [list(s.shape) for s in m.emb.variables], **values(m)}
+"""
+
+SHARDED_TO_OTHERS = """
+    src = sharded_module(2)
+    cm.restore({"emb": src.emb, "bias": src.bias},        # a dict of ShardedVariables is a target too
+               [cm.Source.from_values({"emb": np.arange(24, dtype="float32").reshape(6, 4),
+                                       "bias": np.array([0.5, -1.0, 2.0], "float32")})])
+    prefix = tf.train.Checkpoint(model=src).write(sys.argv[3])
+    names = [v.name for v in cm.list_variables(prefix)]
+    plain = plain_module()
+    cm.restore(plain, [cm.Source(prefix, map={"model/": "/"})])
+    three = sharded_module(3)
+    cm.restore(three, [cm.Source(prefix, map={"model/": "/"})])
+    return {"names": names, "plain": values(plain), "three": values(three),
+            "three_shards": [list(s.shape) for s in three.emb.variables]}
+"""
+
+
+@pytest.fixture(scope="module")
+def pss(unsharded_checkpoint, tmp_path_factory):
+    """The ParameterServerStrategy scenarios below, on one in-process cluster in one child."""
+    d = tmp_path_factory.mktemp("pss")
+    return run_pss({"unsharded_into_sharded": UNSHARDED_INTO_SHARDED, "sharded_to_others": SHARDED_TO_OTHERS,
+                    "keras": textwrap.dedent(KERAS_SHARDED) + KERAS_SHARDED_RESTORE},
+                   unsharded_checkpoint, d / "sharded" / "ckpt", d / "plain.weights.h5")
+
+
+def test_unsharded_checkpoint_restores_into_sharded_variables(pss):
+    result = scenario(pss, "unsharded_into_sharded")
     assert result["kinds"] == "ShardedVariable" and result["shards"] == [[3, 4], [3, 4]]
     assert result["restored"] == ["bias", "emb"]
     np.testing.assert_array_equal(np.float32(result["emb"]), EMB)
     np.testing.assert_array_equal(np.float32(result["bias"]), BIAS)
 
 
-def test_sharded_checkpoint_restores_unsharded_and_into_other_shard_counts(tmp_path):
-    result = run_pss("""
-        src = sharded_module(2)
-        cm.restore({"emb": src.emb, "bias": src.bias},        # a dict of ShardedVariables is a target too
-                   [cm.Source.from_values({"emb": np.arange(24, dtype="float32").reshape(6, 4),
-                                           "bias": np.array([0.5, -1.0, 2.0], "float32")})])
-        prefix = tf.train.Checkpoint(model=src).write(sys.argv[2])
-        names = [v.name for v in cm.list_variables(prefix)]
-        plain = plain_module()
-        cm.restore(plain, [cm.Source(prefix, map={"model/": "/"})])
-        three = sharded_module(3)
-        cm.restore(three, [cm.Source(prefix, map={"model/": "/"})])
-        print(json.dumps({"names": names, "plain": values(plain), "three": values(three),
-                          "three_shards": [list(s.shape) for s in three.emb.variables]}))
-    """, tmp_path / "sharded" / "ckpt")
+def test_sharded_checkpoint_restores_unsharded_and_into_other_shard_counts(pss):
+    result = scenario(pss, "sharded_to_others")
     assert "model/emb" in result["names"] and "ShardedVariable" not in result["names"]
     assert result["three_shards"] == [[2, 4], [2, 4], [2, 4]]
     for key in ("plain", "three"):
@@ -151,25 +179,28 @@ KERAS_SHARDED = """
 """
 
 
-def test_unsharded_keras_weights_restore_into_a_sharded_keras_model(tmp_path):
+KERAS_SHARDED_RESTORE = """
+plain = build()
+plain.get_layer("emb").embeddings.assign(np.arange(24, dtype="float32").reshape(6, 4))
+plain.get_layer("d").kernel.assign(np.full((4, 3), 0.25, "float32"))
+plain.get_layer("d").bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
+plain.save_weights(sys.argv[4])
+kinds = sorted({type(w.value).__name__ for w in model.weights})
+report = cm.restore(model, [cm.Source(sys.argv[4])])
+after = {w.path: joined(w).tolist() for w in model.weights}
+snap = cm.snapshot(model)  # the snapshot reads the sharded values too
+for w in model.weights:
+    w.assign(np.zeros(w.shape, "float32"))
+cm.restore(model, [snap])
+again = {w.path: joined(w).tolist() for w in model.weights}
+return {"kinds": kinds, "restored": report.restored, "after": after, "again": again,
+        "shards": [list(s.shape) for s in model.get_layer("emb").embeddings.value.variables]}
+"""
+
+
+def test_unsharded_keras_weights_restore_into_a_sharded_keras_model(pss):
     """Keras variables made under a variable partitioner hold a ShardedVariable (no read_value)."""
-    result = run_pss(textwrap.dedent(KERAS_SHARDED) + textwrap.dedent("""
-        plain = build()
-        plain.get_layer("emb").embeddings.assign(np.arange(24, dtype="float32").reshape(6, 4))
-        plain.get_layer("d").kernel.assign(np.full((4, 3), 0.25, "float32"))
-        plain.get_layer("d").bias.assign(np.array([0.5, -1.0, 2.0], "float32"))
-        plain.save_weights(sys.argv[2])
-        kinds = sorted({type(w.value).__name__ for w in model.weights})
-        report = cm.restore(model, [cm.Source(sys.argv[2])])
-        after = {w.path: joined(w).tolist() for w in model.weights}
-        snap = cm.snapshot(model)  # the snapshot reads the sharded values too
-        for w in model.weights:
-            w.assign(np.zeros(w.shape, "float32"))
-        cm.restore(model, [snap])
-        again = {w.path: joined(w).tolist() for w in model.weights}
-        print(json.dumps({"kinds": kinds, "restored": report.restored, "after": after, "again": again,
-                          "shards": [list(s.shape) for s in model.get_layer("emb").embeddings.value.variables]}))
-    """), tmp_path / "plain.weights.h5")
+    result = scenario(pss, "keras")
     assert result["kinds"] == ["ShardedVariable"] and result["shards"] == [[3, 4], [3, 4]]
     assert result["restored"] == ["m/d/bias", "m/d/kernel", "m/emb/embeddings"]
     for values in (result["after"], result["again"]):
