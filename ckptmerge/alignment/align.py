@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -45,7 +46,7 @@ import numpy as np
 
 from ..specs import VariableInfo
 from ..text import quote_name
-from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries
+from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries, scopes_of
 from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
 from .tensorops import refines
 
@@ -444,20 +445,27 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     for (shape, dtype), (ss, _) in s_groups.items():
         by_size.setdefault((int(np.prod(shape, dtype=np.int64)), dtype), []).append(shape)
     reshaped = False
-    feats = Features(list(dict.fromkeys(itertools.chain((t.name for t in targets), (n.name for n in names)))))
+    t_names, s_names = list(map(_NAME, targets)), list(map(_NAME, names))
+    feats = Features(list(dict.fromkeys(itertools.chain(t_names, s_names))))
+    template = feats.template
     for (shape, dtype), (ts, ss, spec) in groups.items():
         leaves = None
         for other in by_size.get((int(np.prod(shape, dtype=np.int64)), dtype), ()):
             if other != shape and refines(other, shape):
                 # Only a tensor of the same kind (its leaf: kernel to kernel, bias to bias): a
                 # (1, 1, 4, 8) conv kernel has the size of a (32,) norm scale, not its meaning.
-                leaves = leaves if leaves is not None else {w for t in ts for w in feats.tokens(t)[0]}
-                ss.extend(n for n in s_groups[(other, dtype)][0] if leaves.intersection(feats.tokens(n)[0]))
+                # (words looked up once per template: names that differ only in their numbers share them)
+                leaves = leaves if leaves is not None else {w for tp in set(map(template.__getitem__, ts))
+                                                            for w in feats.template_tokens(tp)[0]}
+                others = s_groups[(other, dtype)][0]
+                fits = {tp: not leaves.isdisjoint(feats.template_tokens(tp)[0])
+                        for tp in set(map(template.__getitem__, others))}
+                ss.extend(itertools.compress(others, map(fits.__getitem__, map(template.__getitem__, others))))
                 reshaped = True
     groups = {k: g for k, g in groups.items() if g[1]}
     matches = Columns()
     unresolved: List[Unresolved] = []
-    hazards = (feats.hazards([t.name for t in targets]), feats.hazards([n.name for n in names]))
+    hazards = (feats.hazards(t_names), feats.hazards(s_names))
     for tnames, snames, spec in groups.values():
         unresolved += _solve_spec(tnames, snames, spec, feats, hazards, t_order, s_order, matches)
     if reshaped:
@@ -616,16 +624,22 @@ _LAYER_PARAMS = frozenset({"kernel", "bias", "gamma", "beta", "moving_mean", "mo
                            "recurrent_kernel", "running_mean", "running_var"})
 
 
-def _unit_scopes(names: Sequence[str], feats: Features) -> List[str]:
-    """Per name: its scope when its leaf is a layer's own parameter (see :data:`_LAYER_PARAMS`),
-    else ``""``. Looked up once per template: names that differ only in their numbers share a leaf."""
+def _unit_scopes(names: Sequence[str], scopes: List[str], feats: Features) -> List[str]:
+    """Per name: its scope (of ``scopes``) when its leaf is a layer's own parameter (see
+    :data:`_LAYER_PARAMS`), else ``""``. Looked up once per template: names that differ only in
+    their numbers share a leaf."""
     templates = list(map(feats.template.__getitem__, names))
     unit = {}
     for t, n in dict(zip(templates, names)).items():
         leaf = n[n.rfind("/") + 1:].lower()
         unit[t] = SYNONYMS.get(leaf, leaf) in _LAYER_PARAMS
-    keep = list(map(unit.__getitem__, templates))
-    return [n[:n.rfind("/") + 1] if k else "" for n, k in zip(names, keep)]
+    if all(unit.values()):
+        return scopes
+    return list(map(operator.mul, scopes, map(unit.__getitem__, templates)))  # (a scope * False is "")
+
+
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_NAME = operator.attrgetter("name")
 
 
 def _one_target_each(matches: "Columns", unresolved: List[Unresolved]) -> Tuple["Columns", List[Unresolved]]:
@@ -662,12 +676,16 @@ def _layers_as_units(matches: "Columns", unresolved: List[Unresolved], feats: Fe
     candidates named."""
     # Only layer parameters make a unit: a table held directly under a scope
     # (``bert/embeddings/position_embeddings``) is a tensor of its own.
-    t_scope, s_scope = _unit_scopes(matches.target, feats), _unit_scopes(matches.name, feats)
+    t_all, s_all = scopes_of(matches)  # (kept on the columns: a suggestion folds scopes with them too)
+    t_scope, s_scope = _unit_scopes(matches.target, t_all, feats), _unit_scopes(matches.name, s_all, feats)
     # (the distinct pairs of scopes, counted per side, at C speed: a scope in two pairs is bad)
-    pairs = {(t, s) for t, s in set(zip(t_scope, s_scope)) if t and s}
-    per_t, per_s = collections.Counter(t for t, _ in pairs), collections.Counter(s for _, s in pairs)
-    bad_t = {t for t, c in per_t.items() if c > 1}
-    bad_s = {s for s, c in per_s.items() if c > 1}
+    pairs = set(zip(t_scope, s_scope))
+    if "" in t_scope or "" in s_scope:
+        pairs = {(t, s) for t, s in pairs if t and s}
+    per_t, per_s = collections.Counter(map(_FIRST, pairs)), collections.Counter(map(_SECOND, pairs))
+    # (every scope in one pair, the usual case, when there are as many scopes as pairs)
+    bad_t = {t for t, c in per_t.items() if c > 1} if len(per_t) < len(pairs) else set()
+    bad_s = {s for s, c in per_s.items() if c > 1} if len(per_s) < len(pairs) else set()
     if not bad_t and not bad_s:
         return matches, unresolved
     drop = {i for i, (t, s) in enumerate(zip(t_scope, s_scope)) if t in bad_t or s in bad_s}

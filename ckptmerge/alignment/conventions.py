@@ -19,11 +19,13 @@ Pure: no file access, no framework.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import re
 import threading
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Iterable, List, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import RuleError
 
@@ -212,7 +214,7 @@ def _prefix(m: "re.Match[str]") -> str:
     return _DIGIT_RUN.sub("0", m.string[m.string.rfind("\n", 0, m.start()) + 1:m.start()])
 
 
-def positional(names: Iterable[str]) -> FrozenSet[Tuple[str, str]]:
+def positional(names: Iterable[str], templates: Optional[Sequence[str]] = None) -> FrozenSet[Tuple[str, str]]:
     """The convention names that, among ``names``, are members of a numbered family rather than
     roles: ``(scope before it, as a digit template; the name, lower-case)``. :func:`rewrite_all`
     leaves those as they are, so their numbers stay series positions.
@@ -223,35 +225,58 @@ def positional(names: Iterable[str]) -> FrozenSet[Tuple[str, str]]:
     the same name with a counter, as Keras numbers the default names of one layer class
     (``layer_norm``, ``layer_norm_1``, ``layer_norm_2``).
 
+    Args:
+        names: the names of one alignment.
+        templates: the names' digit templates (each run of digits as ``0``), in the same order,
+            where the caller has them already (:class:`~ckptmerge.alignment.features.Features`);
+            then no name may hold a newline.
+
     Example:
         >>> sorted(positional(["b/0/norm0/g", "b/0/norm1/g", "h/0/ln_1/g", "h/0/ln_2/g"]))
         [('b/0/', 'norm0'), ('b/0/', 'norm1')]
         >>> sorted(positional(["layer_norm/gamma", "layer_norm_1/gamma"]))
         [('', 'layer_norm'), ('', 'layer_norm_1')]
     """
-    names = [n for n in names if "\n" not in n]
+    names = list(names)
+    if templates is None or len(templates) != len(names):
+        names = [n for n in names if "\n" not in n]
+        templates = _DIGIT_RUN.sub("0", "\n".join(names)).split("\n")
     if not names:
         return frozenset()
-    joined = "\n".join(names)
     _, roles, _, family, counted = _compiled()
+    # Only names whose template holds a family or a counted name can hold one: those patterns
+    # read digits only as whole runs (``[0-9]+`` between letters or segment edges), so a name
+    # matches where its template does, at the same segments. Scanning the distinct templates
+    # (a few dozen for a 10,000-variable model) picks the few names worth scanning.
+    distinct = list(dict.fromkeys(templates))
+    in_family, counted_in = _matching(family, distinct), _matching(counted, distinct)
+    if not in_family and not counted_in:
+        return frozenset()
     keep = set()
     members: Dict[Tuple[str, str], set] = {}
-    for m in family.finditer(joined):
+    for m in family.finditer("\n".join(n for n, t in zip(names, templates) if t in in_family) if in_family else ""):
         text = m.group(0).lower()
         members.setdefault((_prefix(m), _DIGIT_RUN.sub("0", text)), set()).add(text)
     for (prefix, _), found in members.items():
         if not found <= roles.keys():
             keep.update((prefix, t) for t in found)
     bare: Dict[Tuple[str, str], List[str]] = {}
-    for m in counted.finditer(joined):
+    for m in counted.finditer("\n".join(n for n, t in zip(names, templates) if t in counted_in) if counted_in else ""):
         bare.setdefault((_prefix(m), m.group(1).lower()), []).append(m.group(0).lower())
     if bare:
-        present = {(_prefix(m), m.group(0).lower()) for m in _compiled()[0].finditer(joined)}
+        present = {(_prefix(m), m.group(0).lower()) for m in _compiled()[0].finditer("\n".join(names))}
         for key, numbered in bare.items():
             if key in present:
                 keep.add(key)
                 keep.update((key[0], t) for t in numbered)
     return frozenset(keep)
+
+
+def _matching(pattern: "re.Pattern[str]", lines: Sequence[str]) -> set:
+    """The lines holding a match of ``pattern`` (lines without newlines)."""
+    joined = "\n".join(lines)
+    starts = list(itertools.accumulate((len(s) + 1 for s in lines[:-1]), initial=0))
+    return {lines[bisect.bisect_right(starts, m.start()) - 1] for m in pattern.finditer(joined)}
 
 
 def rewrite(name: str) -> str:

@@ -14,11 +14,11 @@ import functools
 import itertools
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..text import plural, quote_name
 
-__all__ = ["Match", "Unresolved", "Alignment", "Columns", "match_columns", "Entry", "scope_entries"]
+__all__ = ["Match", "Unresolved", "Alignment", "Columns", "match_columns", "scopes_of", "Entry", "scope_entries"]
 
 
 class Match(NamedTuple):
@@ -98,7 +98,8 @@ class Columns(collections.abc.Sequence):
     built only when one is read. A 10,000-variable model's matches are then a few lists, not
     10,000 objects for the garbage collector to walk."""
 
-    __slots__ = ("target", "name", "confidence", "evidence", "position")
+    __slots__ = ("target", "name", "confidence", "evidence", "position", "scopes")
+    _FIELDS = ("target", "name", "confidence", "evidence", "position")
 
     def __init__(self) -> None:
         self.target: List[str] = []
@@ -106,8 +107,12 @@ class Columns(collections.abc.Sequence):
         self.confidence: List[float] = []
         self.evidence: List[Tuple[str, ...]] = []
         self.position: List[str] = []
+        #: the scopes of ``target`` and ``name`` (each name up to its last ``/``), where someone
+        #: computed them already (``None`` otherwise): see :func:`scopes_of`.
+        self.scopes: Optional[Tuple[List[str], List[str]]] = None
 
     def extend(self, matches: Iterable[Match]) -> None:
+        self.scopes = None
         for m in matches:
             self.target.append(m.target)
             self.name.append(m.name)
@@ -118,8 +123,10 @@ class Columns(collections.abc.Sequence):
     def sorted_by_target(self) -> "Columns":
         out = Columns()
         order = sorted(range(len(self.target)), key=self.target.__getitem__)
-        for f in self.__slots__:
+        for f in self._FIELDS:
             setattr(out, f, list(map(getattr(self, f).__getitem__, order)))
+        if self.scopes is not None:
+            out.scopes = (list(map(self.scopes[0].__getitem__, order)), list(map(self.scopes[1].__getitem__, order)))
         return out
 
     def without(self, drop: set) -> "Columns":
@@ -128,8 +135,10 @@ class Columns(collections.abc.Sequence):
             return self
         out = Columns()
         keep = [i for i in range(len(self)) if i not in drop]
-        for f in self.__slots__:
+        for f in self._FIELDS:
             setattr(out, f, list(map(getattr(self, f).__getitem__, keep)))
+        if self.scopes is not None:
+            out.scopes = (list(map(self.scopes[0].__getitem__, keep)), list(map(self.scopes[1].__getitem__, keep)))
         return out
 
     def __len__(self) -> int:
@@ -148,6 +157,21 @@ class Columns(collections.abc.Sequence):
 
     def __repr__(self) -> str:
         return repr(list(self))
+
+
+def scopes_of(matches: Sequence[Match]) -> Tuple[List[str], List[str]]:
+    """The scopes (each name up to its last ``/``) of the matches' targets and names, computed
+    once per :class:`Columns` (alignment reads them to keep layers as units, and suggestions to
+    fold scopes): kept on the columns, carried through :meth:`Columns.sorted_by_target` and
+    :meth:`Columns.without`, dropped when matches are added."""
+    targets, names = match_columns(matches)[:2]
+    cached = getattr(matches, "scopes", None)
+    if cached is not None and len(cached[0]) == len(targets) and len(cached[1]) == len(names):
+        return cached
+    found = ([t[:t.rfind("/") + 1] for t in targets], [n[:n.rfind("/") + 1] for n in names])
+    if isinstance(matches, Columns):
+        matches.scopes = found
+    return found
 
 
 def match_columns(matches: Sequence[Match]) -> Tuple[List[str], List[str], List[float], List[Tuple[str, ...]], List[str]]:
@@ -221,17 +245,19 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
         ...                                                     ["h0/kernel", "h0/bias"])]
         ['dnn/l0/ -> h0/']
     """
+    if not len(matches):  # (nothing to fold: the names outside the matches need not be read)
+        return []
     targets, names, confidence, evidence, position = match_columns(matches)
-    scopes = [n[:n.rfind("/") + 1] for n in names]
-    tscopes = [t[:t.rfind("/") + 1] for t in targets]
+    tscopes, scopes = scopes_of(matches)
     # Whole when every name of the scope is matched, each into one target scope and keeping its
     # leaf, and that target scope holds nothing else. A scope holding a name (target) that no
     # match moves cannot move whole: the few names outside the matches decide, not a count over
     # every name.
     matched, taken = set(names), set(targets)
-    blocked = {n[:n.rfind("/") + 1] for n in source_names if n not in matched}
-    blocked |= {"", *(t[:t.rfind("/") + 1] for t in target_names if t not in taken)}
-    keep_leaf = [n[len(sc):] == t[len(ts):] for n, t, sc, ts in zip(names, targets, scopes, tscopes)]
+    blocked = {n[:n.rfind("/") + 1] for n in set(source_names).difference(matched)}
+    blocked |= {"", *(t[:t.rfind("/") + 1] for t in set(target_names).difference(taken))}
+    # (each name less its own scope is its leaf: C-speed passes)
+    keep_leaf = list(map(str.__eq__, map(str.removeprefix, names, scopes), map(str.removeprefix, targets, tscopes)))
     per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
     whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
              if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}

@@ -95,16 +95,15 @@ class Features:
     as many digit runs, the first ones in its scope), each distinct run of digits parsed once.
     """
 
-    __slots__ = ("template", "numbers")
+    __slots__ = ("template", "numbers", "_dimensional")
 
     def __init__(self, names: Sequence[str]) -> None:
         self.template: Dict[str, str] = {}
         self.numbers: Dict[str, Tuple[int, ...]] = {}
+        self._dimensional: Optional[bool] = None  # (see dimensional())
         # Names as the convention table reads them (``ln_1`` -> ``attnnorm``), before their
         # digits become series numbers: the numbers of a convention's names are not positions.
         joined = "\n".join(names)
-        # convention names that are members of a numbered family here (``norm0``, ``norm1``, ``norm2``)
-        keep = positional(names)
         if joined.count("\n") != len(names) - 1:  # a name holds a newline: one at a time
             for n, w in zip(names, rewrite_all(names)):
                 self.template[n] = _DIGITS.sub("0", w)
@@ -114,6 +113,8 @@ class Features:
         # through the bytes and back unchanged)
         raw = joined.encode("utf-8", "surrogatepass")
         templates = _ZERO_RUN.sub(b"0", raw.translate(_DIGITS_TO_ZERO)).decode("utf-8", "surrogatepass").split("\n")
+        # convention names that are members of a numbered family here (``norm0``, ``norm1``, ``norm2``)
+        keep = positional(names, templates)
         # The table rewrites each distinct template once: names that differ only in their
         # numbers read alike, and keep their digits in order. Templates the table reads by their
         # digits (``ln_0``: ``ln_1`` or ``ln_2``) are rewritten name by name.
@@ -157,6 +158,11 @@ class Features:
         """Leaf and scope tokens of a name."""
         return _template_features(self.template[name])
 
+    @staticmethod
+    def template_tokens(template: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+        """Leaf and scope tokens of a template (what :meth:`tokens` gives each name of it)."""
+        return _template_features(template)
+
     def stems(self, names: Sequence[str]) -> List[str]:
         """Per name: its template when it has scope numbers (its numbered series), else itself."""
         template, numbers = self.template, self.numbers
@@ -196,8 +202,15 @@ class Features:
         if cut is None:
             return self
         view = Features.__new__(Features)
-        view.template, view.numbers = self.template, {**self.numbers, **cut}
+        view.template, view.numbers, view._dimensional = self.template, {**self.numbers, **cut}, self._dimensional
         return view
+
+    def dimensional(self) -> bool:
+        """Whether a numbered scope of any name holds a Keras class name's dimension (``conv0d``:
+        see :func:`_side_positions`); found once, over the distinct templates."""
+        if self._dimensional is None:
+            self._dimensional = any(_DIMENSION.search(t[:t.rfind("/") + 1]) for t in set(self.template.values()))
+        return self._dimensional
 
     def is_series(self, names: Sequence[str]) -> bool:
         """True when the names form a numbered series: two of them equal but for their scope
@@ -233,6 +246,8 @@ def _side_positions(names: Sequence[str], feats: Features, hazards: FrozenSet[Fr
     Returns:
         ``None`` when every scope number is a position; else ``{name: positions}``.
     """
+    if not hazards and not feats.dimensional():  # (then every scope number is a position: below)
+        return None
     template = feats.template
     scopes = set()
     for t in set(map(template.__getitem__, names)):

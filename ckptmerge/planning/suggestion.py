@@ -15,12 +15,14 @@ Pure: plans and specs in, no file access (``write`` writes the one file it is as
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..alignment.align import CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, scope_entries
+from ..alignment.align import (CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, match_columns,
+                               scope_entries)
 from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
 from .fusion import compose_view, fused_proposals
@@ -317,7 +319,8 @@ def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_or
             or list(map(_NAME, names)) != list(unused)):
         names = [variables[n] if variables[n].name == n else dataclasses.replace(variables[n], name=n)
                  for n in unused if n in variables and not _left_out(rules, n)]
-    return align([t for t in plan.targets if t.name in want], names, target_order=target_order,
+    wanted = itertools.compress(plan.targets, map(want.__contains__, map(_NAME, plan.targets)))  # (C speed)
+    return align(list(wanted), names, target_order=target_order,
                  source_order=src.order if source_order is None else source_order, target_inputs=target_inputs)
 
 
@@ -347,7 +350,7 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         {'dnn/hiddenlayer_0/': 'h0/'}
     """
     missing = list(plan.missing)
-    all_targets = [t.name for t in plan.targets]
+    all_targets = list(map(_NAME, plan.targets))
     out = []
     orders = source_orders or [None] * len(plan.sources)
     for src, order in zip(plan.sources, orders):
@@ -358,8 +361,10 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
         # What align="structure" would apply, folded into scopes; the rest one entry per variable, for review.
         entries = scope_entries(certain.matches, src.variables, all_targets)
-        entries += [e._replace(review=True) for e in scope_entries(
-            [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
+        confidence = match_columns(found.matches)[2]
+        if confidence and min(confidence) < CONFIDENCE_FLOOR:  # (the usual case has none: no match is read)
+            entries += [e._replace(review=True) for e in scope_entries(
+                [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
         used = set(found.mapping) | {n for u in found.unresolved for n in u.names}
         entries += slice_proposals(plan, src, missing, used)
         fusions = fused_proposals(plan, src, missing, found.mapping, certain.mapping)
