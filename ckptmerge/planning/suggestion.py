@@ -356,7 +356,9 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
     for src, order in zip(plan.sources, orders):
         found = _align_source(plan, src, missing, target_order, order, target_inputs)
         certain, _ = below_floor(found)
-        taken = set(certain.mapping.values())
+        found_map = found.mapping  # (each mapping built once: a dict of every match)
+        certain_map = found_map if certain is found else certain.mapping
+        taken = set(certain_map.values())
         missing = [t for t in missing if t not in taken]
         kept = {a.name: a.target for a in plan.assignments.values() if a.source == src.label}
         # What align="structure" would apply, folded into scopes; the rest one entry per variable, for review.
@@ -365,12 +367,13 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         if confidence and min(confidence) < CONFIDENCE_FLOOR:  # (the usual case has none: no match is read)
             entries += [e._replace(review=True) for e in scope_entries(
                 [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
-        used = set(found.mapping) | {n for u in found.unresolved for n in u.names}
+        used = set(found_map) | {n for u in found.unresolved for n in u.names}
         entries += slice_proposals(plan, src, missing, used)
-        fusions = fused_proposals(plan, src, missing, found.mapping, certain.mapping)
+        fusions = fused_proposals(plan, src, missing, found_map, certain_map)
         entries += [Entry(f.concat.name, f.concat.target, 0.0 if f.review else 1.0, f.evidence, len(f.concat.sources),
                           f.review) for f in fusions]
-        missing = [t for t in missing if t not in {f.concat.target for f in fusions if not f.review}]
+        joined = {f.concat.target for f in fusions if not f.review}
+        missing = [t for t in missing if t not in joined]
         entries.sort(key=operator.itemgetter(1))
         unresolved = list(found.unresolved) + undecided_groups(plan, src, missing)
         out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept,
@@ -404,18 +407,20 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
             out.append(src)
             continue
         found, weak = below_floor(_align_source(plan, src, missing, target_order, order, target_inputs))
-        taken = set(found.mapping.values())
+        mapping = found.mapping  # (built once: a dict of every match)
+        taken = set(mapping.values())
         missing = [t for t in missing if t not in taken]
         notes = dict(src.notes)
         for m in found.matches:
             how = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
             notes[m.name] = f"{notes[m.name]}; {how}" if notes.get(m.name) else how
         reshapes = tuple(reshape_transforms(found, src, plan.targets))
-        fusions = [f.concat for f in fused_proposals(plan, src, missing, found.mapping, found.mapping)
+        fusions = [f.concat for f in fused_proposals(plan, src, missing, mapping, mapping)
                    if not f.review] if fuse else []
-        missing = [t for t in missing if t not in {c.target for c in fusions}]
+        joined = {c.target for c in fusions}
+        missing = [t for t in missing if t not in joined]
         out.append(compose_view(dataclasses.replace(
-            src, aligned=found.mapping, notes=notes, transforms=src.transforms + reshapes,
+            src, aligned=mapping, notes=notes, transforms=src.transforms + reshapes,
             unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing))), fusions))
     return out
 
