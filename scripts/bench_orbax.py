@@ -17,9 +17,11 @@ Times are medians of ``--rounds`` rounds, each contender timed from "open the ch
 "all arrays in memory". Then ``python -m ckptmerge ls PATH`` runs ``--rounds`` times as a fresh
 subprocess (stdout to /dev/null), started by a small fresh interpreter: wall time around spawn +
 exit, the child's own peak RSS (``ru_maxrss`` from ``os.wait4``) and CPU time (user + system, which
-a loaded machine inflates far less than wall time), medians; beside it the same for a TF checkpoint
-of the same arrays (ckptmerge's start-up without tensorstore), and the CPU time of the start-up no
-Orbax reader avoids: Python with NumPy, then ml_dtypes and tensorstore (which imports ml_dtypes).
+a loaded machine inflates far less than wall time), medians, with the load average; beside it the
+same for a TF checkpoint of the same arrays, which modules the ``ls`` process imported of
+tensorstore, ml_dtypes, JAX and TensorFlow (none: it reads Orbax's JSON and the OCDBT index
+itself), and the CPU time of the start-up no reader avoids, Python with NumPy, next to what
+importing ml_dtypes and tensorstore on top of it would cost.
 
 Targets: ckptmerge <= 1.0x Orbax V1 load, <= 1.2x TensorStore alone; ``ckptmerge ls`` < 1 s wall
 and < 200 MB peak RSS.
@@ -152,6 +154,25 @@ def ls_rounds(path: str, rounds: int) -> Tuple[List[float], List[float], List[fl
     return spawn_rounds(["-m", "ckptmerge", "ls", path], rounds)
 
 
+_IMPORTED = """
+import runpy, sys
+sys.argv = ["ckptmerge", "ls", sys.argv[1]]
+try:
+    runpy.run_module("ckptmerge", run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+print("imported:" + ",".join(sorted({m.split(".")[0] for m in sys.modules} & {"tensorstore", "ml_dtypes", "jax", "tensorflow"})))
+"""
+
+
+def imported_by_ls(path: str) -> str:
+    """Which of tensorstore, ml_dtypes, JAX and TensorFlow ``ckptmerge ls PATH`` imports (fresh process)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", _IMPORTED, path], capture_output=True, text=True, env=env,
+                         cwd=str(REPO), check=True).stdout
+    return next(line for line in out.splitlines() if line.startswith("imported:"))[len("imported:"):]
+
+
 def tf_twin(path: Path) -> str:
     """The same arrays as a TF checkpoint (written once by ckptmerge's merge): the baseline of `ls`."""
     prefix = path.parent / f"{path.name}-tf" / "ckpt"
@@ -188,12 +209,15 @@ def main() -> None:
           f"{mb:4.0f} MB peak RSS (target < {LS_MB:.0f} MB) {'OK' if mb < LS_MB else 'MISSED'}, "
           f"{statistics.median(cpu):5.2f} s CPU")
     print(f"  TF checkpoint     {statistics.median(tf_walls):5.2f} s wall, {statistics.median(tf_rss):4.0f} MB peak RSS, "
-          f"{statistics.median(tf_cpu):5.2f} s CPU (the same arrays: ckptmerge's start-up without tensorstore)")
-    # What no reader of Orbax checkpoints avoids: Python, NumPy, and ml_dtypes, which tensorstore imports itself.
+          f"{statistics.median(tf_cpu):5.2f} s CPU (the same arrays)")
+    print(f"  imported by ls: {imported_by_ls(str(path)) or 'none'} of tensorstore, ml_dtypes, jax, tensorflow; "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    # What no reader avoids (Python, NumPy), and what ls no longer imports (ml_dtypes; tensorstore imports it).
     floor = {what: statistics.median(spawn_rounds(["-c", code], args.rounds)[2])
              for what, code in (("python + numpy", "import numpy"), ("+ ml_dtypes", "import numpy, ml_dtypes"),
                                 ("+ tensorstore", "import numpy, tensorstore"))}
-    print("  start-up floor, CPU: " + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items()))
+    print("  start-up CPU: " + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items())
+          + " (ls imports only the first)")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ckptmerge.errors import (
     UnreadableTensorError,
     did_you_mean,
 )
-from ckptmerge.formats.dtypes import tf_dtype_name
+from ckptmerge.formats.dtypes import as_dtype, tf_dtype_name
 from ckptmerge.specs import VariableInfo, by_name
 
 if TYPE_CHECKING:  # (only a type hint: the readers that give ranges import it)
@@ -51,7 +51,7 @@ def aligned_empty(shape: Any, dtype: Any) -> np.ndarray:
         >>> aligned_empty((3, 5), "float32").ctypes.data % ALIGN
         0
     """
-    dt = np.dtype(dtype)
+    dt = as_dtype(dtype)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
     n = math.prod(int(d) for d in shape) * dt.itemsize  # Python ints: no silent overflow
     buf = np.empty(n + ALIGN, np.uint8)

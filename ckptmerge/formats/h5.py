@@ -48,7 +48,7 @@ from ckptmerge.errors import (
     format_list,
 )
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
-from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name
+from ckptmerge.formats.dtypes import TF_DTYPE_NAMES, ML_ITEMSIZE, LazyDtypes, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import pread_into
 from ckptmerge.formats.kerasnames import archive_names
@@ -66,7 +66,15 @@ logger = get_logger(__name__)
 #: The 8 bytes every HDF5 superblock starts with.
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _OPTIMIZER_GROUPS = ("optimizer", "optimizer_weights")
-_NAMED_DTYPES = {dtype_name(dt): dt for dt in TF_TO_NUMPY.values() if dt.kind == "V" and dt.names is None}
+# The ml_dtypes types TensorFlow knows, by name (made on first use: ml_dtypes is imported only then).
+_NAMED_DTYPES = LazyDtypes({}, {n: n for n in TF_DTYPE_NAMES.values() if n in ML_ITEMSIZE})
+
+
+def _opaque_named(name: Any) -> Optional[np.dtype]:
+    """The ml_dtypes type ``name`` if Keras stores it as opaque bytes (every one but float8_e5m2,
+    which numpy sees as a float)."""
+    dt = _NAMED_DTYPES.get(name) if isinstance(name, str) else None
+    return dt if dt is not None and dt.kind == "V" and dt.names is None else None
 
 # MAX_EXPANSION (from zipmembers, one bound for every compressed thing ckptmerge reads): a
 # compressed dataset may hold at most this many times the bytes it occupies in the file. Weights
@@ -284,7 +292,7 @@ def _not_a_tensor(ds: Any, dt: np.dtype, h5py: Any) -> Optional[Tuple[str, str]]
         return "hdf5-array", f"its elements are HDF5 arrays of shape {raw.subdtype[1]}, not scalars"
     if raw.names is not None:
         return "hdf5-compound", f"it has an HDF5 compound type (fields {format_list(list(raw.names))})"
-    if raw.kind == "V" and dtype_name(dt) not in _NAMED_DTYPES:
+    if raw.kind == "V" and _opaque_named(dtype_name(dt)) is None:
         return ("hdf5-opaque", f"it holds opaque {raw.itemsize}-byte values without the 'dtype' "
                 "attribute Keras writes for bfloat16 and other ml_dtypes types")
     return None
@@ -488,8 +496,9 @@ class H5Reader(CheckpointReader):
         named = ds.attrs.get("dtype") if dt.kind == "V" and dt.names is None else None
         if isinstance(named, bytes):
             named = named.decode("utf-8", "replace")
-        if isinstance(named, str) and named in _NAMED_DTYPES and _NAMED_DTYPES[named].itemsize == dt.itemsize:
-            return _NAMED_DTYPES[named]
+        opaque = _opaque_named(named)
+        if opaque is not None and opaque.itemsize == dt.itemsize:
+            return opaque
         return dt
 
     def _check_size(self, ds: Any, info: VariableInfo) -> None:

@@ -47,7 +47,8 @@ from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, Uns
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.formats.orbax_msgpack import numpy_dtype_named, parse_aggregate
+from ckptmerge.formats.ocdbt import OcdbtUnsupported, read_keys
+from ckptmerge.formats.orbax_msgpack import checked_dtype_name, numpy_dtype_named, parse_aggregate
 from ckptmerge.formats.orbax_bridge import safe_key
 from ckptmerge.formats.orbax_store import Location, join_key, load_tensorstore, wait
 from ckptmerge.redact import get_logger
@@ -73,6 +74,7 @@ COMMIT_FILE = "commit_success.txt"
 #: is the largest of the codecs allowed; DEFLATE's is about 1032.
 MAX_EXPANSION = 1 << 15
 _SLACK = 1 << 16  # tiny arrays: headers and padding make the ratio meaningless below this
+_MAX_ZARR_METADATA = 1 << 24  # one array's zarr.json or .zarray (a few hundred bytes in practice)
 
 _ITEM_FILES = (METADATA_FILE, AGGREGATE_FILE, "manifest.ocdbt")
 _NOT_ARRAYS = {"_sharding", METADATA_FILE, "array_metadatas", "d", "manifest.ocdbt", COMMIT_FILE, AGGREGATE_FILE,
@@ -272,20 +274,38 @@ def item_folders(path: Union[str, Location], meta: Any = None) -> Dict[str, Opti
 
 
 class _Array:
-    """One tensor: a stored TensorStore array, an inline value, or a string."""
+    """One tensor: a stored TensorStore array, an inline value, or a string. A stored array knows
+    its dtype by name and size (``bfloat16``, 2) until it is read: its numpy dtype may need
+    ml_dtypes, which listing never imports."""
 
-    __slots__ = ("name", "loc", "key", "ocdbt", "driver", "metadata", "dtype", "shape", "rows", "value", "ts",
-                 "complete")
+    __slots__ = ("name", "loc", "key", "ocdbt", "driver", "metadata", "dtname", "itemsize", "_dtype", "shape", "rows",
+                 "value", "ts", "complete")
 
     def __init__(self, name: str, loc: Location, key: str, *, ocdbt: bool = False, driver: str = "",
-                 metadata: Optional[dict] = None, dtype: Optional[np.dtype] = None, shape: Tuple[int, ...] = (),
-                 rows: int = 1, value: Any = None, complete: bool = True) -> None:
+                 metadata: Optional[dict] = None, dtype: Optional[np.dtype] = None, dtname: str = "",
+                 itemsize: int = 0, shape: Tuple[int, ...] = (), rows: int = 1, value: Any = None,
+                 complete: bool = True) -> None:
         self.name, self.loc, self.key, self.ocdbt, self.driver = name, loc, key, ocdbt, driver
-        self.metadata, self.dtype, self.shape, self.rows, self.value = metadata, dtype, shape, rows, value
+        self.metadata, self.shape, self.rows, self.value = metadata, shape, rows, value
+        self._dtype = dtype
+        self.dtname = dtype_name(dtype) if dtype is not None else dtname
+        self.itemsize = (0 if dtype.hasobject else dtype.itemsize) if dtype is not None else itemsize
         self.ts: Any = None
         #: Every chunk was stored (``store_array_data_equal_to_fill_value``): a missing one is an error.
         #: Otherwise the writer left out chunks equal to the fill value, and they read as it (as Orbax does).
         self.complete = complete
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype (made on first use; ml_dtypes is imported for its types)."""
+        if self._dtype is None:
+            try:
+                self._dtype = numpy_dtype_named(self.dtname)
+            except ValueError as e:
+                raise CheckpointFormatError(f"Cannot read array {quote_name(self.key)} of Orbax checkpoint "
+                                            f"{quote_name(self.loc.display)}: {escape_name(e)}.", path=self.loc.root,
+                                            key=self.name) from None
+        return self._dtype
 
 
 class OrbaxReader(CheckpointReader):
@@ -318,9 +338,8 @@ class OrbaxReader(CheckpointReader):
         super().__init__(path)
         self.verify = verify  # zarr3 shard indexes carry CRC32C, which TensorStore always checks
         self._lock = threading.Lock()
-        self._ts = load_tensorstore()
-        self._context = self._ts.Context({"file_io_concurrency": {"limit": 128},
-                                          "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}})
+        self._ts: Any = None  # tensorstore and its Context: made when data is first read (listing needs neither)
+        self._context: Any = None
         self._locations: List[Location] = []
         self._arrays: Dict[str, _Array] = {}
         self.items: Dict[str, str] = {}
@@ -362,9 +381,8 @@ class OrbaxReader(CheckpointReader):
                 raise self._error(arr.loc, f"two leaves are both named {quote_name(name)}", name)
             arr.name = name
             self._arrays[name] = arr
-            shape = arr.shape if arr.value is None or arr.dtype != np.dtype(object) else ()
-            nbytes = math.prod(shape) * arr.dtype.itemsize if arr.dtype != np.dtype(object) else 0
-            infos.append(VariableInfo(name, shape, dtype_name(arr.dtype), name, kind, nbytes))
+            shape = arr.shape if arr.value is None or arr.dtname != "string" else ()
+            infos.append(VariableInfo(name, shape, arr.dtname, name, kind, math.prod(shape) * arr.itemsize))
         return infos
 
     # -- opening -------------------------------------------------------------------------------
@@ -506,7 +524,7 @@ class OrbaxReader(CheckpointReader):
                 raise self._error(loc, f"array {quote_name(param)} (of {quote_name('/'.join(parts))}) has no zarr "
                                        f"metadata ({' or '.join(candidates)}); its data is missing", param)
             driver = "zarr3" if which == "zarr.json" else "zarr"
-            meta, dtype, shape, rows = self._zarr_metadata(loc, param, driver, data)
+            meta, dtname, itemsize, shape, rows = self._zarr_metadata(loc, param, driver, data)
             value_type, write_shape = write_shapes.get(param, (None, None))
             if value_type == "scalar" and shape != ():
                 raise self._error(loc, f"scalar {quote_name(param)} is stored with shape {shape}", param)
@@ -514,19 +532,57 @@ class OrbaxReader(CheckpointReader):
                 raise self._error(loc, f"{METADATA_FILE} gives {quote_name(param)} write shape "
                                        f"{escape_name(repr(write_shape)[:40])}, but its zarr shape is {shape}", param)
             budget = (total if ocdbt else sizes.get(param.split("/", 1)[0], 0)) * MAX_EXPANSION + _SLACK
-            need = math.prod(shape) * dtype.itemsize
+            need = math.prod(shape) * itemsize
             if need > budget:
-                raise self._error(loc, f"array {quote_name(param)} declares shape {shape} of {dtype_name(dtype)} "
+                raise self._error(loc, f"array {quote_name(param)} declares shape {shape} of {dtname} "
                                        f"({need} bytes), more than its stored data could hold", param,
                                   UnsafeCheckpointError)
-            out.append((parts, _Array("", loc, param, ocdbt=ocdbt, driver=driver, metadata=meta, dtype=dtype,
-                                      shape=shape, rows=rows, complete=complete)))
+            out.append((parts, _Array("", loc, param, ocdbt=ocdbt, driver=driver, metadata=meta, dtname=dtname,
+                                      itemsize=itemsize, shape=shape, rows=rows, complete=complete)))
         return out
 
     def _read_zarr_metadata(self, loc: Location, params: List[str], candidates: List[str],
                             ocdbt: bool) -> List[Tuple[str, Optional[bytes]]]:
-        """The zarr metadata file of each array (``(file name, bytes or None)``), read concurrently."""
-        ts = self._ts
+        """The zarr metadata file of each array (``(file name, bytes or None)``), read by ckptmerge
+        itself: files of the folder layout, values of the OCDBT database (:mod:`~ckptmerge.formats.ocdbt`).
+        TensorStore reads them only where that reader meets a feature it does not implement."""
+        keys = [f"{param}/{cand}" for param in params for cand in candidates]
+        try:
+            if ocdbt:
+                values = read_keys(loc.read_bytes, loc.read_range, keys, loc.display, limit=_MAX_ZARR_METADATA)
+            else:
+                values = self._read_files(loc, keys)
+        except OcdbtUnsupported as e:
+            logger.info("Orbax checkpoint %s: reading its zarr metadata through tensorstore (%s)", loc.display, e)
+            return self._read_zarr_metadata_ts(loc, params, candidates, ocdbt)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointFormatError as e:  # OcdbtError, or a node's file missing or too short
+            if not ocdbt:
+                raise
+            raise self._error(loc, f"its OCDBT database is damaged ({escape_name(e)})") from None
+        out: List[Tuple[str, Optional[bytes]]] = []
+        for param in params:
+            found = [(cand, values[f"{param}/{cand}"]) for cand in candidates if values[f"{param}/{cand}"] is not None]
+            out.append(found[0] if found else (candidates[-1], None))
+        return out
+
+    def _read_files(self, loc: Location, keys: List[str]) -> Dict[str, Optional[bytes]]:
+        """Small files of the item folder, by key: local ones in turn, remote ones 16 at a time."""
+        def one(key: str) -> Optional[bytes]:
+            return loc.read_bytes(key, _MAX_ZARR_METADATA)
+
+        if not loc.is_url or len(keys) < 2:
+            return {k: one(k) for k in keys}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=16, thread_name_prefix="ckptmerge-orbax-meta") as pool:
+            return dict(zip(keys, pool.map(one, keys)))
+
+    def _read_zarr_metadata_ts(self, loc: Location, params: List[str], candidates: List[str],
+                               ocdbt: bool) -> List[Tuple[str, Optional[bytes]]]:
+        """:meth:`_read_zarr_metadata` through TensorStore's kvstores, read concurrently."""
+        ts = self._tensorstore()
         if ocdbt:
             kv = wait(ts.KvStore.open({"driver": "ocdbt", "base": loc.kvstore(), "cache_pool": "cache_pool#ocdbt"},
                                       context=self._context), "opening its OCDBT database", loc)
@@ -540,15 +596,25 @@ class OrbaxReader(CheckpointReader):
             for i, fut in futures:
                 res = wait(fut, f"reading the metadata of array {quote_name(params[i])}", loc, key=params[i])
                 if res.state == "value":
-                    if len(res.value) > (1 << 24):
+                    if len(res.value) > _MAX_ZARR_METADATA:
                         raise self._error(loc, f"the zarr metadata of {quote_name(params[i])} is over 16 MiB", params[i])
                     out[i] = (cand, bytes(res.value))
                 else:
                     pending.append(i)
         return out
 
+    def _tensorstore(self) -> Any:
+        """The tensorstore module, with this reader's Context, imported and made on first use."""
+        with self._lock:
+            if self._ts is None:
+                ts = load_tensorstore()
+                self._context = ts.Context({"file_io_concurrency": {"limit": 128},
+                                            "cache_pool#ocdbt": {"total_bytes_limit": 100_000_000}})
+                self._ts = ts
+        return self._ts
+
     def _zarr_metadata(self, loc: Location, param: str, driver: str,
-                       data: bytes) -> Tuple[dict, np.dtype, Tuple[int, ...], int]:
+                       data: bytes) -> Tuple[dict, str, int, Tuple[int, ...], int]:
         def bad(problem: str) -> CheckpointFormatError:
             return self._error(loc, f"the zarr metadata of array {quote_name(param)} {problem}", param)
 
@@ -593,12 +659,12 @@ class OrbaxReader(CheckpointReader):
                     or not all(type(d) is int and 1 <= d < 2 ** 62 for d in c)):
                 raise bad(f"has chunks {escape_name(repr(c)[:60])} that do not fit shape {shape_t}")
         try:
-            dtype = numpy_dtype_named(dt_field)
+            dtname, itemsize = checked_dtype_name(dt_field)
         except ValueError as e:
             raise bad(f"has a dtype ckptmerge does not read ({escape_name(e)})") from None
-        if too_large_for_numpy(shape_t, dtype.itemsize):  # (0, 2**61, 2**61): no data, yet no array either
+        if too_large_for_numpy(shape_t, itemsize):  # (0, 2**61, 2**61): no data, yet no array either
             raise bad(f"has shape {shape_t}, too large for any array (its dimensions multiply past 2**63)")
-        return meta, dtype, shape_t, (inner[0] if inner else 1)
+        return meta, dtname, itemsize, shape_t, (inner[0] if inner else 1)
 
     def _codecs_ok(self, codecs: Any) -> bool:
         for c in codecs:
@@ -614,15 +680,17 @@ class OrbaxReader(CheckpointReader):
 
     # -- reading -------------------------------------------------------------------------------
     def _store(self, arr: _Array) -> Any:
-        """The opened TensorStore of ``arr`` (opened once, with the metadata checked at listing)."""
+        """The opened TensorStore of ``arr`` (opened once). The zarr metadata ckptmerge read and
+        checked at listing is given as constraints, so TensorStore reads the stored metadata
+        itself and refuses the array if they differ in anything (shape, dtype, chunks, codecs)."""
         store = arr.ts
         if store is None:
             kv = ({"driver": "ocdbt", "base": arr.loc.kvstore(), "path": arr.key + "/", "cache_pool": "cache_pool#ocdbt"}
                   if arr.ocdbt else dict(arr.loc.kvstore(arr.key)))
             spec = {"driver": arr.driver, "kvstore": kv, "metadata": arr.metadata, "recheck_cached_data": False,
                     "recheck_cached_metadata": False, "fill_missing_data_reads": not arr.complete}
-            store = arr.ts = wait(self._ts.open(spec, open=True, assume_metadata=True, read=True,
-                                                context=self._context),
+            ts = self._tensorstore()
+            store = arr.ts = wait(ts.open(spec, open=True, read=True, context=self._context),
                                   f"opening array {quote_name(arr.key)}", arr.loc, key=arr.name)
         return store
 
@@ -631,7 +699,7 @@ class OrbaxReader(CheckpointReader):
         src = self._store(arr)
         if rows is not None:
             src = src[rows]
-        return self._ts.array(out, copy=False, write=True).write(src)
+        return self._tensorstore().array(out, copy=False, write=True).write(src)
 
     def _finish(self, arr: _Array, future: Any) -> None:
         wait(future, f"reading array {quote_name(arr.key)}", arr.loc, key=arr.name)

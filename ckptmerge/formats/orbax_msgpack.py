@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Tuple
 
-import ml_dtypes
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CkptMergeError
 from ckptmerge.formats.base import too_large_for_numpy
+from ckptmerge.formats.dtypes import ML_ITEMSIZE, ml_dtype
 from ckptmerge.text import escape_name
 
-__all__ = ["parse_aggregate", "Leaf", "numpy_dtype_named", "PLACEHOLDER", "AGGREGATED"]
+__all__ = ["parse_aggregate", "Leaf", "numpy_dtype_named", "checked_dtype_name", "PLACEHOLDER", "AGGREGATED"]
 
 #: Prefix of a leaf written by TensorStore (the rest is its param name).
 PLACEHOLDER = "PLACEHOLDER://"
@@ -34,33 +34,47 @@ AGGREGATED = "AGGREGATED://"
 #: ``"stored"`` (value: the param name of a TensorStore array), ``"string"`` (value: bytes).
 Leaf = Tuple[Tuple[str, ...], str, Any]
 
-_ML_NAMES = ("bfloat16", "float8_e3m4", "float8_e4m3", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnuz",
-             "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn",
-             "int2", "int4", "uint2", "uint4")
-_NAMED = {n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_NAMES if hasattr(ml_dtypes, n)}
 _MAX_DIMS = 64
 
 
-def numpy_dtype_named(name: str) -> np.dtype:
-    """The NumPy dtype of a plain numeric, bool or ``ml_dtypes`` dtype name (``"float32"``,
-    ``"<f4"``, ``"bfloat16"``, ``"int4"``); ``ValueError`` for anything else (objects, structs,
-    strings, unknown names).
+def checked_dtype_name(name: Any) -> Tuple[str, int]:
+    """``(ckptmerge's name, bytes per element)`` of a plain numeric, bool or ``ml_dtypes`` dtype
+    name (``"float32"``, ``"<f4"``, ``"bfloat16"``, ``"int4"``), without importing ml_dtypes;
+    ``ValueError`` for anything else (objects, structs, strings, unknown names).
 
     Example:
-        >>> numpy_dtype_named("bfloat16").name, numpy_dtype_named("<i8").name
-        ('bfloat16', 'int64')
+        >>> checked_dtype_name("bfloat16"), checked_dtype_name("<i8")
+        (('bfloat16', 2), ('int64', 8))
     """
     if not isinstance(name, str) or len(name) > 32:
         raise ValueError(f"not a dtype name: {name!r}")
-    if name in _NAMED:
-        return _NAMED[name]
+    if name in ML_ITEMSIZE:
+        return name, ML_ITEMSIZE[name]
     try:
         dt = np.dtype(name)
     except TypeError:
         raise ValueError(f"unknown dtype {name!r}") from None
     if dt.kind not in "biufc" or dt.names is not None or dt.subdtype is not None:
         raise ValueError(f"dtype {name!r} is not plain numeric data")
-    return dt
+    return dt.name, dt.itemsize
+
+
+def numpy_dtype_named(name: Any) -> np.dtype:
+    """The NumPy dtype of a name :func:`checked_dtype_name` accepts (ml_dtypes is imported for
+    its types); ``ValueError`` for anything else, and for an ml_dtypes type the installed
+    ml_dtypes lacks.
+
+    Example:
+        >>> numpy_dtype_named("bfloat16").name, numpy_dtype_named("<i8").name
+        ('bfloat16', 'int64')
+    """
+    checked_dtype_name(name)
+    if name in ML_ITEMSIZE:
+        dt = ml_dtype(name)
+        if dt is None:
+            raise ValueError(f"dtype {name!r} needs a newer ml_dtypes (pip install -U ml_dtypes)")
+        return dt
+    return np.dtype(name)
 
 
 def _check_shape(shape: Any, itemsize: int) -> Tuple[int, ...]:

@@ -193,6 +193,45 @@ class Location:
                                         "file; it is not Orbax metadata.", path=p)
         return data
 
+    def read_range(self, rel: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` of the file ``rel`` (an OCDBT node or value).
+
+        Raises:
+            CheckpointFormatError: the range goes past the file's end, or the file is missing or
+                unreadable.
+            UnsafeCheckpointError: it is not a regular file (a link, a directory or a device).
+        """
+        p = self.path(rel)
+        if self.is_url:
+            entry = self._entry(rel)
+            size = int(entry.get("size") or 0) if entry is not None and entry.get("type") != "directory" else None
+        else:
+            if os.path.islink(p) or (os.path.lexists(p) and not os.path.isfile(p)):
+                raise UnsafeCheckpointError(f"{quote_name(p)} is not a regular file (a link, a directory or a "
+                                            "device); ckptmerge reads only the checkpoint's own files.", path=p)
+            size = os.path.getsize(p) if os.path.exists(p) else None
+        if size is None:
+            raise CheckpointFormatError(f"{quote_name(p)} is missing; the checkpoint is incomplete. Re-copy it.",
+                                        path=p)
+        if offset < 0 or length < 0 or offset + length > size:
+            raise CheckpointFormatError(f"{quote_name(p)} has {size} bytes, but the checkpoint's index points at "
+                                        f"{length} bytes at offset {offset}; the file is truncated or damaged.",
+                                        path=p)
+        buf = bytearray(length)
+        if self.is_url:
+            got = storage.RemoteFile(p).readinto(offset, memoryview(buf)) if length else 0
+        else:
+            try:
+                with open(p, "rb") as f:
+                    got = f.readinto(memoryview(buf)) if f.seek(offset) == offset and length else 0
+            except OSError as e:
+                raise CheckpointFormatError(f"Cannot read {quote_name(p)}: {escape_name(e.strerror or e)}",
+                                            path=p) from None
+        if got != length:
+            raise CheckpointFormatError(f"{quote_name(p)} ended after {got} of the {length} bytes at offset {offset}; "
+                                        "the file is truncated.", path=p)
+        return bytes(buf)
+
     def read_json(self, rel: str, limit: int = MAX_JSON) -> Any:
         """The parsed JSON file ``rel``, or ``None`` if it does not exist.
 

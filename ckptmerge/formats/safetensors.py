@@ -23,12 +23,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-import ml_dtypes
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnreadableTensorError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, too_large_for_numpy
-from ckptmerge.formats.dtypes import dtype_name
+from ckptmerge.formats.dtypes import LazyDtypes, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.formats.io.localfile import link_problem
@@ -39,7 +38,7 @@ from ckptmerge.specs import KIND_VARIABLE, VariableInfo
 from ckptmerge.text import escape_name
 
 __all__ = ["SafetensorsReader", "is_safetensors", "SAFETENSORS_DTYPES", "INDEX_SUFFIX", "read_json_file",
-           "MAX_HEADER", "PACKED_DTYPES", "safetensors_dtype"]
+           "MAX_HEADER", "PACKED_DTYPES", "PACKED_BITS", "safetensors_dtype"]
 
 logger = get_logger(__name__)
 
@@ -53,33 +52,28 @@ _JSON_SPACE = b" \t\r\n"
 
 #: safetensors dtype codes -> numpy dtypes (little-endian), one or more bytes per element: the
 #: types ckptmerge reads and writes. (``C128`` is no safetensors type: the library refuses it.)
-SAFETENSORS_DTYPES: Dict[str, np.dtype] = {
+SAFETENSORS_DTYPES: LazyDtypes = LazyDtypes({
     "BOOL": np.dtype(np.bool_), "U8": np.dtype("<u1"), "I8": np.dtype("<i1"),
     "U16": np.dtype("<u2"), "I16": np.dtype("<i2"), "U32": np.dtype("<u4"), "I32": np.dtype("<i4"),
     "U64": np.dtype("<u8"), "I64": np.dtype("<i8"), "F16": np.dtype("<f2"), "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"), "C64": np.dtype("<c8"),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
-    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
-}
-if hasattr(ml_dtypes, "float8_e8m0fnu"):  # ml_dtypes >= 0.5
-    SAFETENSORS_DTYPES["F8_E8M0"] = np.dtype(ml_dtypes.float8_e8m0fnu)
+}, {"BF16": "bfloat16", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu"})  # (F8_E8M0: ml_dtypes >= 0.5)
 
-#: The sub-byte types: code -> (the ml_dtypes type of one element, bits per element). The file
+#: The sub-byte types: code -> (the ml_dtypes name of one element, bits per element). The file
 #: packs them (``shape`` counts elements, the data holds ``elements * bits / 8`` bytes, a whole
 #: number). ``F4`` is read two elements per byte, the first in the low nibble (as PyTorch's
 #: ``float4_e2m1fn_x2``, which the ``safetensors`` package returns for it, ONNX and the OCP MX
 #: formats pack them); ckptmerge unpacks it to one ``float4_e2m1fn`` per byte. The 6-bit types
 #: are listed, but neither the format nor the library defines the order of their bits (the
 #: package reads no value of them), so reading one is refused rather than guessed.
-PACKED_DTYPES: Dict[str, Tuple[np.dtype, int]] = {
-    code: (np.dtype(getattr(ml_dtypes, name)), bits)
-    for code, name, bits in (("F4", "float4_e2m1fn", 4), ("F6_E2M3", "float6_e2m3fn", 6),
-                             ("F6_E3M2", "float6_e3m2fn", 6))
-    if hasattr(ml_dtypes, name)
-}
+PACKED_BITS: Dict[str, Tuple[str, int]] = {"F4": ("float4_e2m1fn", 4), "F6_E2M3": ("float6_e2m3fn", 6),
+                                           "F6_E3M2": ("float6_e3m2fn", 6)}
+#: The sub-byte types' dtypes (one element per byte), by code.
+PACKED_DTYPES: LazyDtypes = LazyDtypes({}, {code: name for code, (name, _) in PACKED_BITS.items()})
 
-_CODE_OF = {dtype_name(dt): code for code, dt in SAFETENSORS_DTYPES.items()}
+_CODE_OF = {**{dtype_name(dt): code for code, dt in SAFETENSORS_DTYPES.plain().items()},
+            **{name: code for code, name in SAFETENSORS_DTYPES.named().items()}}
 
 
 def safetensors_dtype(dtype: str) -> Optional[str]:
@@ -314,7 +308,7 @@ class SafetensorsReader(CheckpointReader):
         if dt is not None:
             bits = 8 * dt.itemsize
         elif code in PACKED_DTYPES:
-            dt, bits = PACKED_DTYPES[code]
+            dt, bits = PACKED_DTYPES[code], PACKED_BITS[code][1]
         else:
             raise self._error(f"tensor {name!r} has dtype {escape_name(code)[:40]!r}, which is no safetensors "
                               f"dtype (they are {', '.join(sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPES]))})",

@@ -46,7 +46,7 @@ from ckptmerge.formats.base import (
     too_large_for_numpy,
     unreadable_dtype_error,
 )
-from ckptmerge.formats.dtypes import DT_STRING, TF_TO_NUMPY, tf_dtype_name
+from ckptmerge.formats.dtypes import DT_STRING, TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io.fileio import Descriptors, pread_into
 from ckptmerge.formats.io.storage import (
     REMOTE_CONCURRENCY,
@@ -377,9 +377,9 @@ class BundleReader(CheckpointReader):
         nbytes: List[Optional[int]] = []  # None: the stored size (strings, unknown dtypes)
         for p in pairs.tolist():
             dtype, shape = int(distinct_dtypes[p // n_shapes]), cols.shape_table[p % n_shapes]
-            dt = TF_TO_NUMPY.get(dtype)
+            item = TF_ITEMSIZE.get(dtype)  # (not TF_TO_NUMPY: listing needs no ml_dtypes)
             dtype_names.append(tf_dtype_name(dtype))
-            nbytes.append(None if dtype == DT_STRING or dt is None else numel(shape) * dt.itemsize)
+            nbytes.append(None if dtype == DT_STRING or item is None else numel(shape) * item)
         at = pair_at.tolist()
         entry_nbytes = list(map(nbytes.__getitem__, at))
         if None in nbytes:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, too_large_for_numpy, unreadable_dtype_error
-from ckptmerge.formats.dtypes import TF_TO_NUMPY, tf_dtype_name
+from ckptmerge.formats.dtypes import TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.urlpath import split_tail
 from ckptmerge.formats.tf.objectgraph import name_based_kind
@@ -326,8 +326,7 @@ class V1Reader(CheckpointReader):
     def _make_infos(self) -> List[VariableInfo]:
         infos = []
         for m in self._tensors.values():
-            dt = TF_TO_NUMPY.get(m.dtype)
-            nbytes = 0 if dt is None or dt.hasobject else numel(m.shape) * dt.itemsize
+            nbytes = numel(m.shape) * TF_ITEMSIZE.get(m.dtype, 0)  # (strings: 0; no ml_dtypes needed)
             infos.append(VariableInfo(m.name, m.shape, tf_dtype_name(m.dtype), m.name,
                                       name_based_kind(m.name), nbytes))
         return infos
