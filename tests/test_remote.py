@@ -235,6 +235,26 @@ def test_cli_merge_to_s3(s3, tmp_path):
     assert code == 2 and "--force" in err
 
 
+def test_cli_merge_layout_torch_to_s3_writes_the_pytorch_file(s3, tmp_path):
+    # (issue 19: the inverse direction to a URL; the fixture is what PyTorch loads strictly)
+    import _xframe as X
+    from safetensors.numpy import load, load_file
+
+    keras = tmp_path / "keras.safetensors"  # the fixture's tensors under Keras names and layouts
+    cm.merge([cm.Source(X.weights_file("bert"), layout="torch")], keras)
+    config = tmp_path / "k.yaml"
+    config.write_text(f"sources:\n  - path: {keras}\n")
+    url = "s3://ckpts/xframe/model.safetensors"
+    args = ["merge", config, "-o", url, "--layout", "torch", "--template", X.weights_file("bert")]
+    code, out, err = _cli(s3, *args, "-q")
+    assert code == 0, err
+    got, want = load(s3["fs"].cat(url)), load_file(X.weights_file("bert"))
+    assert sorted(got) == sorted(want)
+    assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want)
+    code, out, err = _cli(s3, *args)
+    assert code == 2 and "--force" in err
+
+
 # -- remote merge outputs: the state file and the lock -------------------------------------------
 
 

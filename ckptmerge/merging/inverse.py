@@ -18,6 +18,7 @@ The merge then plans the template's tensors against it as against any source, so
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,6 +27,8 @@ import numpy as np
 from ..alignment.inverse import Recipe, apply_recipe, invert_layout
 from ..alignment.layouts import torch_layout
 from ..planning.planner import Plan, SourceView, make_plan
+from ..errors import RuleError
+from ..planning.rulekinds import MapRule
 from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
 from ..planning.transforms import cast_array, chain_apply, select
@@ -33,7 +36,7 @@ from ..sources.source import Source, SourceHandle
 from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
 from ..text import quote_name
 
-__all__ = ["TorchInverseHandle", "torch_inverse", "TEMPLATE_VIEW_LABEL"]
+__all__ = ["TorchInverseHandle", "torch_inverse", "template_rules", "TEMPLATE_VIEW_LABEL"]
 
 #: The label the template's layout entries carry while they are aligned.
 TEMPLATE_VIEW_LABEL = "template"
@@ -109,7 +112,7 @@ def _floating(dtype: str) -> bool:
 
 def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], keras_specs: Sequence[VariableInfo],
                   template: Sequence[VariableInfo], *, template_reader: Any = None, template_label: str = "",
-                  on_conflict: str = "error", cast: bool = False) -> Tuple[TorchInverseHandle, Plan]:
+                  on_conflict: str = "error", cast: bool = False, layout: Any = None) -> Tuple[TorchInverseHandle, Plan]:
     """Match the sources' Keras tensors with a PyTorch template and make the inverse handle.
 
     Args:
@@ -123,6 +126,7 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
         on_conflict: as for the merge, between sources giving one Keras name.
         cast: the merge's ``cast``: floating tensors of another precision than the template's are
             aligned as if they had the Keras dtype (the merge then casts them).
+        layout: ``torch_layout(template)``, where the caller has it already.
 
     Returns:
         ``(handle, keras_plan)``: the handle to plan the template against, and the plan of the
@@ -136,7 +140,7 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     keras_plan = make_plan(keras_specs, views, on_conflict=on_conflict, cast=cast)
     keras = [t for t in keras_specs if t.name in keras_plan.assignments]
     shapes = {t.name: tuple(t.shape) for t in keras}
-    layout = torch_layout(template)
+    layout = torch_layout(template) if layout is None else layout
     entries = [e.info for e in layout.entries.values() if e.info.kind != KIND_BOOKKEEPING]
     if cast:  # align across precisions: the template's floats as the Keras side's usual float
         floats = Counter(t.dtype for t in keras if _floating(t.dtype))
@@ -167,6 +171,48 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     label = handles[0].label if len(handles) == 1 else "+".join(h.label for h in handles)
     handle = TorchInverseHandle(label, recipes, bookkeeping, unresolved, keras_plan, handles, template_reader)
     return handle, keras_plan
+
+
+def template_rules(rules: Rules, layout: Any) -> Rules:
+    """A source's rules with each ``map`` target that names the template in PyTorch's own terms
+    turned into the name the template's layout gives it, the name the inverse pairs by.
+
+    A target may be a template tensor's raw key (``encoder.layer.0.attention.self.query.weight``:
+    the one tensor the layout makes of it, ``encoder/layer/0/attention/self/query/kernel``) or a
+    dotted scope of raw keys (``encoder.layer.0.``: ``encoder/layer/0/``), as well as the
+    layout's own names. Other targets (Keras names for alignment to pair) are kept as they are.
+
+    Raises:
+        RuleError: a target is a PyTorch tensor the layout makes several tensors of (a fused
+            ``c_attn.weight``: its query, key and value); each needs a Keras tensor of its own.
+
+    Example:
+        >>> lay = torch_layout([VariableInfo("fc.weight", (2, 3), "float32")])
+        >>> template_rules(Rules.from_options(map={"dense/kernel": "fc.weight"}), lay).maps[0].target
+        'fc/kernel'
+    """
+    if not any("." in m.target for m in rules.maps):
+        return rules
+    made: Dict[str, List[str]] = {}
+    for name, e in layout.entries.items():
+        for key in e.sources:
+            made.setdefault(key, []).append(name)
+    maps = []
+    for m in rules.maps:
+        target = m.target
+        if target not in layout.entries:
+            outputs = made.get(target, ())
+            if len(outputs) > 1:
+                raise RuleError(f"map entry {quote_name(m.source)} -> {quote_name(target)}: the template's "
+                                f"{quote_name(target)} is made of {len(outputs)} tensors by layout 'torch' "
+                                f"({', '.join(map(quote_name, sorted(outputs)))}); map one Keras tensor onto each "
+                                "of those names instead.")
+            if outputs:
+                target = outputs[0]
+            elif target.endswith(".") and any(k.startswith(target) for k in made):
+                target = target.replace(".", "/")
+        maps.append(m if target == m.target else MapRule(m.source, target))
+    return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
 
 
 def _candidates(layout: Any, key: str, left: Sequence[VariableInfo]) -> str:

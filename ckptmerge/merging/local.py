@@ -51,6 +51,7 @@ from typing import (
     Union,
 )
 
+from ..alignment.layouts import torch_layout
 from ..errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -86,7 +87,7 @@ from ..specs import (
     trusted_info,
 )
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
-from .inverse import TorchInverseHandle, describe_unresolved, template_specs, torch_inverse
+from .inverse import TorchInverseHandle, describe_unresolved, template_rules, template_specs, torch_inverse
 from .jobs import (
     PIECE,
     TEMPLATE_LABEL,
@@ -572,26 +573,29 @@ def merge_local(
         if kind == "path":
             treader = open_checkpoint(template_prefix, verify=verify)
         with paused_gc():  # one small object per tensor, several times over: see ckptmerge.gcpause
-            views = [h.view(h.source.rules(None)) for h in handles]
             job_handles: Sequence[SourceHandle] = handles
             if layout is not None:  # Keras tensors under the template's PyTorch names (merging/inverse.py)
                 targets = template_specs(treader.variables() if kind == "path" else tvalue)
+                tlayout = torch_layout(targets)  # (map targets may be its PyTorch names)
+                views = [h.view(template_rules(h.source.rules(None), tlayout)) for h in handles]
                 inverse, keras_plan = torch_inverse(
                     handles, views, _produced_targets(views, on_conflict), targets, template_reader=treader,
                     template_label=str(tvalue) if kind == "path" else "the template's specs",
-                    on_conflict=on_conflict, cast=cast)
+                    on_conflict=on_conflict, cast=cast, layout=tlayout)
                 try:
                     keras_plan.check(strict=strict, action="write")
                 except PlanError as e:
                     raise PlanError(f"The sources' own tensors: {e}\nNothing was written to {quote_name(given)}.",
                                     plan=e.plan) from None
                 views, job_handles = [inverse.view(inverse.source.rules(None))], [inverse]
-            elif kind == "none":
-                targets = _produced_targets(views, on_conflict)
-            elif kind == "path":
-                targets = _template_targets(treader, tvalue)
             else:
-                targets = tvalue
+                views = [h.view(h.source.rules(None)) for h in handles]
+                if kind == "none":
+                    targets = _produced_targets(views, on_conflict)
+                elif kind == "path":
+                    targets = _template_targets(treader, tvalue)
+                else:
+                    targets = tvalue
             plan = make_plan(targets, views, allow_missing=allow_missing, on_conflict=on_conflict,
                              on_shape_mismatch=on_shape_mismatch, cast=cast)
             try:
