@@ -35,6 +35,21 @@ def weights_file(name: str) -> str:
     return os.path.join(FIXTURES, name, "model.safetensors")
 
 
+def tensors(path: Any) -> Dict[str, np.ndarray]:
+    """A safetensors file's tensors (read with the safetensors package)."""
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+def assert_same_tensors(got: Dict[str, np.ndarray], want: Dict[str, np.ndarray]) -> None:
+    """The same names, and per name the same dtype, shape and values, bit for bit."""
+    assert sorted(got) == sorted(want)
+    for k, v in want.items():
+        assert (got[k].dtype, got[k].shape) == (v.dtype, v.shape), k
+        assert np.array_equal(got[k], v), k
+
+
 def reference(name: str) -> Dict[str, np.ndarray]:
     """The fixed inputs and PyTorch's outputs of a fixture."""
     with np.load(os.path.join(FIXTURES, name, "reference.npz")) as z:

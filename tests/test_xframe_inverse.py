@@ -29,17 +29,7 @@ def f32(name, *shape):
     return VariableInfo(name, tuple(shape), "float32")
 
 
-def tensors(path):
-    from safetensors.numpy import load_file
-
-    return load_file(path)
-
-
-def assert_same_tensors(got, want):
-    assert sorted(got) == sorted(want)
-    for k, v in want.items():
-        assert (got[k].dtype, got[k].shape) == (v.dtype, v.shape), k
-        assert np.array_equal(got[k], v), k
+tensors, assert_same_tensors = X.tensors, X.assert_same_tensors
 
 
 @pytest.fixture(scope="module")
