@@ -579,8 +579,9 @@ class H5Reader(CheckpointReader):
         """A numeric dataset stored contiguously in a local weights file as
         :class:`~ckptmerge.formats.ranges.TensorRanges`, read with ``preadv`` from HDF5's own
         descriptor of the file at the dataset's offset (HDF5 keeps no checksum of it); ``None``
-        for chunked or compressed datasets, strings, big-endian values, files with a user block,
-        ``.keras`` archives and URLs (use :meth:`iter_chunks`). Raises as :meth:`get` for a
+        for chunked or compressed datasets, strings, big-endian values, files with a user block
+        or opened through another HDF5 file driver than ``sec2`` (``HDF5_DRIVER``), ``.keras``
+        archives and URLs (use :meth:`iter_chunks`). Raises as :meth:`get` for a
         dataset that holds no tensor or that the file does not justify.
 
         Example:
@@ -600,7 +601,7 @@ class H5Reader(CheckpointReader):
             offset = ds.id.get_offset()  # None unless contiguous and written
             plain = (raw.kind in "fiu" and not raw.metadata and raw.byteorder in "=|<" and np.little_endian
                      or raw.kind == "V" and dt.kind == "V" and raw.itemsize == dt.itemsize)
-            if (not plain or offset is None or dcpl.get_layout() != h5py.h5d.CONTIGUOUS
+            if (not plain or offset is None or dcpl.get_layout() != h5py.h5d.CONTIGUOUS or f.driver != "sec2"
                     or f.userblock_size or ds.id.get_storage_size() != info.nbytes
                     or offset + info.nbytes > self._size):
                 return None
