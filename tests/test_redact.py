@@ -270,6 +270,24 @@ def test_a_merge_writes_and_prints_no_credential(secret_urls, tmp_path, args):
     np.testing.assert_array_equal(cm.load(str(out))["w"], W)
 
 
+@pytest.mark.parametrize("args", [[], ["--json"], ["-v"]])
+def test_a_combination_prints_and_writes_no_credential(secret_urls, tmp_path, args):
+    out = tmp_path / "mean.safetensors"
+    argv = ["-v", "combine"] if args == ["-v"] else ["combine", *args]
+    import fsspec
+
+    a = secret_urls["a"]
+    fsspec.filesystem("memory").pipe(a.replace("/a/", "/a2/"), fsspec.filesystem("memory").cat(a))
+    r = run(*argv, a, a.replace("/a/", "/a2/"), "-o", out)
+    assert r.exit_code == 0, r.output
+    _no_secret(r.stdout, r.stderr, out.read_bytes().decode("latin-1"))
+    if args == ["--json"]:
+        inputs = json.loads(r.stdout)["combine"]["inputs"]
+        assert [i["path"].startswith("memory://***@") for i in inputs] == [True, True]
+    report = cm.combine([a, secret_urls["b"]], keys="union").report()
+    _no_secret(json.dumps(report.to_dict()), report.to_html(), str(report), repr(report))
+
+
 def test_plan_json_and_text_show_no_credential(secret_urls, tmp_path):
     cfg = _config(tmp_path, secret_urls["a"], secret_urls["b"], on_conflict="first")
     target = tmp_path / "target.safetensors"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..render.notebook import html_table
-from ..redact import redacted_repr
+from ..redact import redact, redacted_repr
 from ..render.report import section
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
 
@@ -113,8 +113,8 @@ class CombineReport:
     def to_dict(self) -> Dict[str, Any]:
         """JSON-ready: every field, lists of records."""
         return {
-            "summary": self.summary(), "method": self.method, "inputs": [dict(d) for d in self.inputs],
-            "base": dict(self.base) if self.base is not None else None, "options": dict(self.options),
+            "summary": self.summary(), "method": self.method, "inputs": [_shown(d) for d in self.inputs],
+            "base": _shown(self.base) if self.base is not None else None, "options": dict(self.options),
             "families": [{"parameters": p, "count": n, "names": list(names)} for p, n, names in self.families],
             "fewer": [{"name": n, "count": k, "of": total} for n, k, total in self.fewer],
             "copied": [{"name": n, "policy": pol, "from": src} for n, pol, src in self.copied],
@@ -127,8 +127,9 @@ class CombineReport:
     def to_html(self) -> str:
         """An HTML fragment (every name escaped), as notebooks show it."""
         parts = [f"<p><b>{html.escape(self.summary())}</b></p>"]
-        rows = ([["base", self.base["label"], self.base["path"], self.base.get("step"), ""]] if self.base else [])
-        rows += [[i + 1, d["label"], d["path"], d.get("step"), d.get("weight")] for i, d in enumerate(self.inputs)]
+        base = _shown(self.base) if self.base else None
+        rows = ([["base", base["label"], base["path"], base.get("step"), ""]] if base else [])
+        rows += [[i + 1, d["label"], d["path"], d.get("step"), d.get("weight")] for i, d in enumerate(map(_shown, self.inputs))]
         parts.append(html_table(["", "input", "path", "step", "weight"], rows))
         parts.append(html_table(["parameters", "tensors", "e.g."],
                                 [[p, n, ", ".join(names[:3])] for p, n, names in self.families]))
@@ -143,3 +144,8 @@ class CombineReport:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+def _shown(record: Dict[str, Any]) -> Dict[str, Any]:
+    """An input's record as shown or written (JSON, HTML): its label, path and note without credentials."""
+    return {k: redact(v) if k in ("label", "path", "note") and isinstance(v, str) else v for k, v in record.items()}
