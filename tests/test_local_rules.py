@@ -306,3 +306,22 @@ def test_a_npz_or_keras_path_that_is_a_fifo_is_refused_by_the_reader_itself(tmp_
     with _Unblocker(fifo):
         with pytest.raises(OSError, match="is a FIFO"):
             storage.open_binary(str(fifo))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_tf_data_shard_that_is_not_a_regular_file_is_named_for_what_it_is(tmp_path, tf, kind):
+    m = tf.Module()
+    m.w = tf.Variable(W, name="w")
+    prefix = tf.train.Checkpoint(m=m).write(str(tmp_path / "ckpt-1"))
+    data = tmp_path / "ckpt-1.data-00000-of-00001"
+    data.unlink()
+    if kind == "fifo":
+        os.mkfifo(data)
+    elif kind == "directory":
+        data.mkdir()
+    else:
+        data.symlink_to("/dev/zero")
+    for given in (prefix, f"file://{prefix}"):
+        r = run("ls", given, "--stats")
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert "ckpt-1.data-00000-of-00001 (shard 1 of 1) is a" in r.stderr and "not a regular file" in r.stderr, r.stderr

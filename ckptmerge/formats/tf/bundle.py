@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import stat
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import (
@@ -48,6 +49,7 @@ from ckptmerge.formats.base import (
 )
 from ckptmerge.formats.dtypes import DT_STRING, TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io.fileio import Descriptors, pread_into
+from ckptmerge.formats.io.localfile import NotARegularFileError, describe_kind
 from ckptmerge.formats.io.storage import (
     REMOTE_CONCURRENCY,
     is_url,
@@ -310,13 +312,26 @@ class BundleReader(CheckpointReader):
         for j, (shard, at) in enumerate(zip(used.tolist(), first.tolist())):
             path = self._shard_path(shard)
             try:
-                sizes[j] = self._shard_sizes[shard] = remote_size(path) if self.remote else os.stat(path).st_size
+                if self.remote:
+                    sizes[j] = self._shard_sizes[shard] = remote_size(path)
+                else:
+                    st = os.stat(path)
+                    if not stat.S_ISREG(st.st_mode):  # a FIFO, a device, a folder: never read
+                        raise NotARegularFileError(path, f"is {describe_kind(st.st_mode)}, not a regular file")
+                    sizes[j] = self._shard_sizes[shard] = st.st_size
             except (FileNotFoundError, CheckpointNotFoundError):
                 key = cols.keys[int(with_data[at])]
                 err = CheckpointFormatError(
                     f"Checkpoint data file {basename(path)} (shard {shard + 1} "
                     f"of {self.num_shards}) is missing; it holds tensor {key!r}. Copy all "
                     f"'{basename(self.path)}.data-*' files along with the .index. "
+                    f"(File: {path})", path=path, key=key)
+                problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
+            except NotARegularFileError as e:
+                key = cols.keys[int(with_data[at])]
+                err = CheckpointFormatError(
+                    f"Checkpoint data file {basename(path)} (shard {shard + 1} of {self.num_shards}) {e.reason}; "
+                    f"it holds tensor {key!r}. Replace it with the data file the index was written with. "
                     f"(File: {path})", path=path, key=key)
                 problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
             except OSError as e:
