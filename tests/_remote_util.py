@@ -79,7 +79,8 @@ class S3Proxy:
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(msg)))
                 self.end_headers()
-                self.wfile.write(msg)
+                if self.command != "HEAD":  # (a HEAD answer has no body: one would be read as the next answer)
+                    self.wfile.write(msg)
 
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)

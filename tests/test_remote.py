@@ -135,6 +135,23 @@ def test_cli_over_s3_ls_show_diff_checkpoints_plan_merge(s3, tmp_path):
     np.testing.assert_array_equal(cm.load(str(tmp_path / "merged" / "out"))["w"], W)
 
 
+def test_a_denied_lookup_beside_a_file_is_taken_as_absent(s3):
+    """S3 answers 403, not 404, for a missing key to a client that may not list the bucket: the
+    '<file>.index' probe (is it a TF prefix?) must not stop a safetensors file from being read."""
+    s3["fs"].pipe(f"{s3['url']}/solo.safetensors", _safetensors_bytes({"w": W}))
+    s3["proxy"].hook = lambda method, path: 403 if path.split("?")[0].endswith(".index") else None
+    try:
+        np.testing.assert_array_equal(cm.load(f"{s3['url']}/solo.safetensors")["w"], W)
+    finally:
+        s3["proxy"].hook = None
+
+
+def _safetensors_bytes(values):
+    from safetensors.numpy import save
+
+    return save(values)
+
+
 def test_restore_over_s3_reads_ranges_several_in_flight(s3):
     import tensorflow as tf
 

@@ -256,3 +256,28 @@ def test_an_index_by_url_naming_a_shard_a_server_could_read_elsewhere_is_refused
     with pytest.raises(cm.CheckpointFormatError, match="not a file name in the index's own directory"):
         cm.load(f"{server.url}/evil.safetensors.index.json")
     assert [p for _, p, _ in server.requests if "evil" not in p] == []  # the shard was never asked for
+
+
+# -- a presigned URL: its signature opens its own key only ----------------------------------------
+
+
+@pytest.mark.parametrize("name, key", [("model.safetensors", "w"), ("arrays.npz", "w")])
+def test_a_presigned_url_is_read_though_every_other_key_is_refused(served, name, key):
+    """A presigned query signs one key: the store answers 403 for every file looked for beside it
+    (``<name>.index`` is probed to see whether it is a TF prefix). The probe counts as absent."""
+    from _cli_util import run
+    from _http_server import Fault
+
+    server, _ = served
+    server.faults[:] = [Fault(status=403, path=rf"^(?!/{name}$)")]
+    try:
+        url = f"{server.url}/{name}?X-Amz-Signature=s1gnature&X-Amz-Expires=60"
+        np.testing.assert_array_equal(cm.load(url)[key], W)
+        r = run("ls", url)
+        assert r.exit_code == 0 and "s1gnature" not in r.output, r.output
+        server.faults[:] = [Fault(status=403)]  # the file itself refused: that is the error
+        r = run("ls", url)
+    finally:
+        server.faults[:] = []
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"Access denied to '{server.url}/{name}?X-Amz-Signature=***" in r.stderr, r.stderr

@@ -91,7 +91,7 @@ def open_checkpoint(path: str, *, verify: bool = True) -> CheckpointReader:
     path = local_path(os.fspath(path))  # a file:// URL is a local path: the local rules apply
     # A URL (object storage) takes the same steps through storage's helpers: ranged reads.
     name = path_part(path)  # a URL's name tests look at its path, not its query
-    if storage.isfile(add_suffix(path, ".index")):
+    if storage.probe_isfile(add_suffix(path, ".index")):
         return BundleReader(path, verify=verify)
     if V1_PATTERN_RE.search(name) and not storage.exists(path):
         return V1Reader(path, verify=verify)

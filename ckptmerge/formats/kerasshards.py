@@ -60,7 +60,7 @@ def shard_set_of(shard: str) -> Optional[str]:
     if m is None:
         return None
     index = storage.join(storage.dirname(shard), m.group("base") + SHARDS_SUFFIX)
-    return index if storage.isfile(index) else None
+    return index if storage.probe_isfile(index) else None
 
 
 def _error(problem: str, path: str) -> CheckpointFormatError:

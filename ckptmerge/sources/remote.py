@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io.storage import (
+    probe_isfile,
     read_small,
     remote_exists,
     remote_isdir,
@@ -199,7 +200,7 @@ def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
     """``url`` as one checkpoint: a TF prefix, a file, or a sharded V1 set's pattern; else None."""
     from ..formats.tf.v1 import V1_PATTERN_RE, v1_shard_files
 
-    if remote_exists(add_suffix(url, INDEX)):
+    if probe_isfile(add_suffix(url, INDEX)):
         return ResolvedCheckpoint(url, FORMAT_TF_BUNDLE, step_of(url), f"checkpoint prefix {given}")
     if remote_exists(url):  # one file: safetensors, NumPy .npz, Keras h5 / .keras, TF V1
         return _resolve_file(given, url)

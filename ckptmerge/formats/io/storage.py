@@ -71,7 +71,7 @@ __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", 
            "has_suffix", "path_part", "create_exclusive", "RETRIES",
            "REMOTE_CONCURRENCY", "isfile", "isdir", "exists", "getsize", "listdir", "walk_files", "abspath",
            "open_binary", "open_zip", "REMOTE_BLOCK", "SNIFF_BLOCK", "upload_file", "write_object",
-           "remove_object", "forget_listings"]
+           "remove_object", "forget_listings", "probe_isfile", "AccessDeniedError"]
 
 logger = get_logger(__name__)
 
@@ -92,6 +92,10 @@ REMOTE_BLOCK = IntSetting("CKPTMERGE_REMOTE_BLOCK", 4 << 20, 1 << 16, 1 << 30,
                           "the block size in bytes of remote .h5/.keras/.npz reads")
 
 T = TypeVar("T")
+
+
+class AccessDeniedError(CheckpointFormatError):
+    """The store refused access to a URL (HTTP 401 or 403, ``PermissionError``)."""
 
 
 _FS_LOCK = threading.Lock()
@@ -175,8 +179,8 @@ def _with_retries(what: str, url: str, fn: Callable[[Optional[float]], T], *, ke
             if isinstance(e, PermissionError) or status in (401, 403):
                 reason = describe(status) if status else f"{escape_name(e)}. Check the credentials your storage " \
                                                          "library uses (ckptmerge passes none)."
-                raise CheckpointFormatError(f"Access denied to {quote_name(url)} while {what}: {reason}", path=url,
-                                            key=key) from None
+                raise AccessDeniedError(f"Access denied to {quote_name(url)} while {what}: {reason}", path=url,
+                                        key=key) from None
             transient = is_transient(e)
             if transient is None:
                 transient = _transient(e)
@@ -235,6 +239,26 @@ def remote_exists(url: str) -> bool:
     except CheckpointNotFoundError:
         return False
     return info.get("type", "file") == "file"
+
+
+def probe_isfile(path: str) -> bool:
+    """Whether a file the user did not name exists beside one they did (``<prefix>.index``, a
+    sharded set's JSON, a folder's marker or state file): :func:`isfile`, except that a URL the
+    store denies counts as absent. S3 answers 403 for a missing key to a client that may not list
+    the bucket, and a presigned URL's signature is refused for any other key, so a denied probe
+    must not stop the lookup: what the user named is read next, and a denial of that is the error.
+
+    Example:
+        >>> probe_isfile("/nonexistent/ckpt-1.index")
+        False
+    """
+    if not is_url(path):
+        return os.path.isfile(path)
+    try:
+        return remote_exists(path)
+    except AccessDeniedError:
+        logger.info("%s: access denied; taken as absent (it was only looked for)", path)
+        return False
 
 
 def remote_isdir(url: str) -> bool:
