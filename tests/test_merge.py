@@ -579,6 +579,56 @@ def test_output_that_is_a_source_is_refused(ab, overwrite):
     assert tree_digest(Path(ab["A"]).parent) == before
 
 
+def _sharded_sets(root: Path) -> dict:
+    """A safetensors index with two shards, and a Keras .weights.json with two shards (by hand)."""
+    from safetensors.numpy import save_file
+
+    import h5py
+
+    st = root / "st"
+    st.mkdir()
+    save_file({"a": np.ones(2, np.float32)}, str(st / "model-00001-of-00002.safetensors"))
+    save_file({"b": np.ones(2, np.float32)}, str(st / "model-00002-of-00002.safetensors"))
+    (st / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    ks = root / "ks"
+    ks.mkdir()
+    for i, layer in enumerate(("dense", "dense_1")):
+        with h5py.File(ks / f"model_0000{i}.weights.h5", "w") as f:
+            f[f"layers/{layer}/vars/0"] = np.ones((2, 2), np.float32)
+    (ks / "model.weights.json").write_text(json.dumps({"weight_map": {
+        "/layers/dense/vars": "model_00000.weights.h5", "/layers/dense_1/vars": "model_00001.weights.h5"}}))
+    return {"st": st, "ks": ks}
+
+
+@pytest.mark.parametrize("source, shard", [("st", "model-00002-of-00002.safetensors"),
+                                           ("st/model.safetensors.index.json", "model-00001-of-00002.safetensors"),
+                                           ("ks/model.weights.json", "model_00001.weights.h5"),
+                                           ("ks/model_00000.weights.h5", "model_00001.weights.h5")])
+def test_an_output_that_is_a_shard_of_a_source_is_refused(tmp_path, source, shard):
+    """Not only a source's prefix: every file it is read from (a shard of an index or of a Keras
+    set) is refused as the output, even with overwrite=True."""
+    sets = _sharded_sets(tmp_path)
+    folder = sets[source.split("/")[0]]
+    out = folder / shard
+    before = tree_digest(folder)
+    with pytest.raises(ArgumentError, match="is the checkpoint of source") as err:
+        merge([cm.Source(tmp_path / source)], out, overwrite=True)
+    assert str(out) in str(err.value) and "even with overwrite=True" in str(err.value)
+    assert tree_digest(folder) == before
+
+
+def test_a_tf_output_named_like_a_data_file_of_a_source_is_refused(ab):
+    data = Path(str(ab["A"]) + ".data-00000-of-00001")
+    before = data.read_bytes()
+    with pytest.raises(ArgumentError, match="is the checkpoint of source"):
+        merge([ab["A"]], ab["A"], overwrite=True)
+    from ckptmerge.sources.files import output_overwrites
+
+    assert output_overwrites(str(ab["A"]), "tf", str(data)) and not output_overwrites(str(ab["A"]) + "x", "tf", str(data))
+    assert data.read_bytes() == before
+
+
 def test_output_that_is_the_template_is_refused(ab, template):
     with pytest.raises(ArgumentError, match="is the checkpoint of the template"):
         merge([ab["A"]], template["C"], template=template["C"], overwrite=True)

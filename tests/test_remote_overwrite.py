@@ -382,6 +382,23 @@ def test_an_output_url_that_is_a_safetensors_source_is_refused(mem):
     np.testing.assert_array_equal(cm.load(st)["w"], W)
 
 
+@pytest.mark.parametrize("given", ["{st}", "{st}/model.safetensors.index.json"])
+def test_an_output_url_that_is_a_shard_of_a_source_is_refused(mem, given):
+    from safetensors.numpy import save
+
+    fs, src, out = mem
+    st = out.rsplit("/", 1)[0] + "/st"
+    fs.pipe(f"{st}/model-00001-of-00002.safetensors", save({"a": W}))
+    fs.pipe(f"{st}/model-00002-of-00002.safetensors", save({"b": W}))
+    fs.pipe(f"{st}/model.safetensors.index.json", json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}).encode())
+    before = fs.cat_file(f"{st}/model-00002-of-00002.safetensors")
+    with pytest.raises(cm.ArgumentError, match="is the checkpoint of source"):
+        cm.merge([cm.Source(given.format(st=st))], f"{st}/model-00002-of-00002.safetensors", overwrite=True)
+    assert fs.cat_file(f"{st}/model-00002-of-00002.safetensors") == before
+    assert not fs.exists(f"{st}/model-00002-of-00002.safetensors.lock")
+
+
 def test_cli_merge_to_a_url_that_is_its_source_is_a_one_line_error(mem, tmp_path):
     from _cli_util import assert_one_line_error, run, write_config
 

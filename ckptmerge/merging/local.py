@@ -76,7 +76,7 @@ from ..planning.transforms import (
 )
 from ..redact import get_logger, redact, redact_optional, redacted_repr
 from ..render.report import Report, section
-from ..sources.files import STATE_FILE, same_checkpoint_path
+from ..sources.files import STATE_FILE, files_read, output_overwrites
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
 from ..sources.resolve import read_state_file, resolve_checkpoint
 from ..sources.source import SourceHandle
@@ -241,10 +241,11 @@ def _check_template(template: Any) -> Tuple[str, Any]:
                             f"(type {type(template).__name__})")
 
 
-def _check_not_an_input(out_abs: str, given: str, inputs: Sequence[Tuple[str, str]]) -> None:
-    """Refuse an output prefix that is one of the inputs: writing would destroy what is read."""
+def _check_not_an_input(out_abs: str, given: str, fmt: str, inputs: Sequence[Tuple[str, str]]) -> None:
+    """Refuse an output that is one of the inputs, or one of the files they are read from (a
+    shard of a set): writing would destroy what is read."""
     for label, prefix in inputs:
-        if same_checkpoint_path(out_abs, prefix):
+        if output_overwrites(out_abs, fmt, prefix):
             raise ArgumentError(
                 f"The output prefix {quote_name(given)} is the checkpoint of {label} ({escape_name(prefix)}): "
                 "merging into a checkpoint that is being read would destroy it, even with overwrite=True. "
@@ -542,17 +543,20 @@ def merge_local(
 
     # Resolve every input (no checkpoint is read), then refuse to write over one of them.
     resolved = [s.resolve() for s in srcs]  # once: opening below takes these, not a new look
-    inputs = [(source_origin(s.label), r.prefix) for s, r in zip(srcs, resolved) if r is not None]
+    read = [(source_origin(s.label), r) for s, r in zip(srcs, resolved) if r is not None]
     for s in srcs:  # a combination reads its inputs (and base) while the output is written
         for inner in s.read_sources():
             r = inner.resolve() if inner is not s else None
             if r is not None:
-                inputs.append((f"input {quote_name(inner.label)} of {source_origin(s.label)}", r.prefix))
+                read.append((f"input {quote_name(inner.label)} of {source_origin(s.label)}", r))
     template_prefix = ""
     if kind == "path":
-        template_prefix = resolve_checkpoint(tvalue).prefix
-        inputs.append((f"the template {quote_name(tvalue)}", template_prefix))
-    _check_not_an_input(out_abs, given, inputs)
+        template = resolve_checkpoint(tvalue)
+        template_prefix = template.prefix
+        read.append((f"the template {quote_name(tvalue)}", template))
+    # every file each input is read from (a shard of a set too), its prefix first
+    inputs = [(label, f) for label, r in read for f in dict.fromkeys([r.prefix, *files_read(r.prefix, r.format)])]
+    _check_not_an_input(out_abs, given, fmt, inputs)
     if claim_output is not None:
         claim_output(inputs)
     if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from ..errors import CheckpointNotFoundError, CkptMergeError, did_you_mean
 from ..formats.io.storage import filesystem, is_url
-from ..formats.io.urlpath import basename, canonical_url, path_part, scheme_of
+from ..formats.io.urlpath import add_suffix, basename, canonical_url, has_suffix, path_part, scheme_of, sibling, strip_suffix
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
 )
@@ -364,3 +364,61 @@ def _local_if_file_url(path: str) -> str:
     if scheme_of(path) in ("file", "local"):
         return filesystem(path)[1]
     return path
+
+
+def files_read(prefix: str, fmt: str) -> List[str]:
+    """The files (or URLs) a resolved checkpoint is read from, as far as its names and small
+    JSON files say, without reading tensors: a TF prefix's ``.index`` (its data files are
+    ``<prefix>.data-*``), a V1 set's shards, a safetensors index and the shards it names (a folder:
+    every ``.safetensors`` file and index in it), a Keras ``.weights.json`` and its shards, the
+    file itself otherwise. A merge refuses an output that is one of them
+    (:func:`output_overwrites`).
+
+    Example:
+        >>> files_read("runs/A/ckpt-10", FORMAT_TF_BUNDLE)
+        ['runs/A/ckpt-10.index']
+    """
+    from ..formats.io import storage
+
+    if fmt == FORMAT_TF_BUNDLE:
+        return [add_suffix(prefix, INDEX)]
+    if fmt == FORMAT_TF_V1:
+        return v1_files(prefix)
+    named: List[str] = []
+    try:
+        if fmt == FORMAT_KERAS_H5 and has_suffix(prefix, KERAS_SHARDS):
+            from ..formats.kerasshards import shard_files
+
+            named = shard_files(prefix)[1]
+        elif fmt == FORMAT_SAFETENSORS and has_suffix(prefix, ".safetensors.index.json"):
+            from ..formats.safetensors import read_json_file
+
+            data = read_json_file(prefix, lambda problem, path: CkptMergeError(problem))
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            named = sorted({f for f in weight_map.values() if isinstance(f, str)}) if isinstance(weight_map, dict) else []
+        elif fmt == FORMAT_SAFETENSORS and storage.isdir(prefix):
+            return [prefix] + [storage.join(prefix, n) for n in storage.listdir(prefix)
+                               if n.endswith((".safetensors", ".safetensors.index.json"))]
+    except (CkptMergeError, OSError):  # unreadable: opening it will say why; the prefix still counts
+        named = []
+    return [prefix] + [sibling(prefix, n) for n in named if "/" not in n]
+
+
+def output_overwrites(out: str, fmt: str, read: str) -> bool:
+    """Whether writing a merge's output ``out`` (a TF prefix for ``fmt == "tf"``, else the file
+    or folder) would write over ``read``, a file an input is read from (:func:`files_read`).
+
+    Example:
+        >>> output_overwrites("runs/A/m-00001-of-00002.safetensors", "safetensors", "runs/A/m-00001-of-00002.safetensors")
+        True
+        >>> output_overwrites("runs/A/ckpt-10", "tf", "runs/A/ckpt-10.index"), output_overwrites("runs/B/x", "tf", "runs/A/x")
+        (True, False)
+    """
+    if same_checkpoint_path(out, read):
+        return True
+    if fmt != "tf":
+        return False
+    if same_checkpoint_path(add_suffix(out, INDEX), read):
+        return True
+    data = DATA_RE.search(path_part(read))
+    return data is not None and same_checkpoint_path(out, strip_suffix(read, data.group(0)))
