@@ -15,7 +15,7 @@ from typing import Optional, Union
 from ...errors import CkptMergeError
 from ...text import human_bytes, quote_name
 
-__all__ = ["NotARegularFileError", "read_regular_file", "describe_kind", "open_regular", "link_problem"]
+__all__ = ["NotARegularFileError", "read_regular_file", "describe_kind", "open_regular", "link_problem", "regular_size"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -163,6 +163,19 @@ def open_regular(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def regular_size(path: str) -> int:
+    """The size of the regular file ``path`` (links followed), from ``stat`` alone: nothing is opened.
+
+    Raises:
+        NotARegularFileError: it is a FIFO, a device, a socket or a directory.
+        FileNotFoundError: it does not exist.
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotARegularFileError(path, f"is {describe_kind(st.st_mode)}, not a regular file")
+    return st.st_size
 
 
 def _within(path: str, folder: str) -> bool:

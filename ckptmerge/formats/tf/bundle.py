@@ -2,10 +2,9 @@
 
 A bundle is ``<prefix>.index`` plus ``<prefix>.data-NNNNN-of-MMMMM`` shard files. The index is
 a LevelDB-format table (sorted string keys, prefix-compressed blocks, each followed by a
-compression byte and a masked CRC32C, and a 48-byte footer ending in a magic number). Its
-entry with the empty key is a ``BundleHeaderProto``; every other entry is a
-``BundleEntryProto`` saying where a tensor's bytes are (shard, offset, size), its dtype, shape
-and masked CRC32C. Numeric tensors are stored as raw little-endian bytes; strings as varint
+compression byte and a masked CRC32C, and a 48-byte footer ending in a magic number). Its entry
+with the empty key is a ``BundleHeaderProto``; every other entry is a ``BundleEntryProto`` saying
+where a tensor's bytes are (shard, offset, size), its dtype, shape and masked CRC32C. Numeric tensors are stored as raw little-endian bytes; strings as varint
 lengths, a masked checksum of the lengths, then the bytes. A partitioned variable has one entry
 without data listing its ``slices``, each slice stored under a key made with TF's
 ``EncodeTensorNameSlice`` (OrderedCode). Layouts follow TensorFlow's
@@ -23,7 +22,6 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import stat
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import (
@@ -49,7 +47,7 @@ from ckptmerge.formats.base import (
 )
 from ckptmerge.formats.dtypes import DT_STRING, TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io.fileio import Descriptors, pread_into
-from ckptmerge.formats.io.localfile import NotARegularFileError, describe_kind
+from ckptmerge.formats.io.localfile import NotARegularFileError, regular_size
 from ckptmerge.formats.io.storage import (
     REMOTE_CONCURRENCY,
     is_url,
@@ -312,26 +310,13 @@ class BundleReader(CheckpointReader):
         for j, (shard, at) in enumerate(zip(used.tolist(), first.tolist())):
             path = self._shard_path(shard)
             try:
-                if self.remote:
-                    sizes[j] = self._shard_sizes[shard] = remote_size(path)
-                else:
-                    st = os.stat(path)
-                    if not stat.S_ISREG(st.st_mode):  # a FIFO, a device, a folder: never read
-                        raise NotARegularFileError(path, f"is {describe_kind(st.st_mode)}, not a regular file")
-                    sizes[j] = self._shard_sizes[shard] = st.st_size
-            except (FileNotFoundError, CheckpointNotFoundError):
+                sizes[j] = self._shard_sizes[shard] = remote_size(path) if self.remote else regular_size(path)
+            except (FileNotFoundError, CheckpointNotFoundError, NotARegularFileError) as e:  # (a FIFO: never read)
                 key = cols.keys[int(with_data[at])]
                 err = CheckpointFormatError(
-                    f"Checkpoint data file {basename(path)} (shard {shard + 1} "
-                    f"of {self.num_shards}) is missing; it holds tensor {key!r}. Copy all "
+                    f"Checkpoint data file {basename(path)} (shard {shard + 1} of {self.num_shards}) "
+                    f"{e.reason if isinstance(e, NotARegularFileError) else 'is missing'}; it holds tensor {key!r}. Copy all "
                     f"'{basename(self.path)}.data-*' files along with the .index. "
-                    f"(File: {path})", path=path, key=key)
-                problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
-            except NotARegularFileError as e:
-                key = cols.keys[int(with_data[at])]
-                err = CheckpointFormatError(
-                    f"Checkpoint data file {basename(path)} (shard {shard + 1} of {self.num_shards}) {e.reason}; "
-                    f"it holds tensor {key!r}. Replace it with the data file the index was written with. "
                     f"(File: {path})", path=path, key=key)
                 problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
             except OSError as e:
