@@ -77,8 +77,16 @@ def test_concat_inverse_is_one_split_per_part_giving_each_back():
     assert [type(s).__name__ for s in splits] == ["Split"] * 3
     for s, part in zip(splits, (Q, K, V)):
         assert np.array_equal(s.apply(FUSED), part)
-    with pytest.raises(TransformError, match="equal parts"):
-        c.inverse([(8, 4), (8, 2), (8, 2)])
+    gqa = np.concatenate([Q, K[:, :2], V[:, :2]], axis=1)  # a narrower key and value
+    splits = c.inverse([(8, 4), (8, 2), (8, 2)])
+    assert [s.sizes for s in splits] == [(4, 2, 2)] * 3
+    for s, part in zip(splits, (Q, K[:, :2], V[:, :2])):
+        assert np.array_equal(s.apply(gqa), part)
+    assert splits[2].describe((8, 8)) == "split axis 1 into 3: columns 6..7 of 8 (part 3 of 3) -> (8, 2)"
+    with pytest.raises(TransformError, match=r"does not hold parts of sizes \[4, 2, 2\]"):
+        splits[0].output_shape((8, 9))
+    with pytest.raises(TransformError, match="one size per part"):
+        cm.Split("q", 1, 0, 3, sizes=(4, 2))
 
 
 @pytest.mark.parametrize("args, message", [
@@ -245,12 +253,14 @@ def test_merge_json_names_the_parts_of_a_concat(plain_file, tmp_path):
 
 def test_a_config_source_takes_concat_squeeze_expand_dims_and_transpose_entries():
     cfg = load_config({"sources": [{"path": ".", "concat": [{"name": "qkv/kernel", "sources": PARTS, "axis": 1}],
+                                    "split": [{"name": "v", "axis": 1, "index": 2, "parts": 3, "sizes": [4, 2, 2]}],
                                     "squeeze": [{"name": "vit/pos", "axis": 0}],
                                     "expand_dims": [{"name": "clf/pos", "axis": 0}],
                                     "transpose": [{"name": "k", "perm": [2, 0, 1]}]}]})
     ts = cfg.sources[0].transforms
     assert cm.Concat("qkv/kernel", PARTS, axis=1) in ts and cm.Squeeze("vit/pos", 0) in ts
     assert cm.ExpandDims("clf/pos", 0) in ts and cm.Transpose("k", (2, 0, 1)) in ts
+    assert cm.Split("v", 1, 2, 3, sizes=(4, 2, 2)) in ts
     assert load_config(cfg.to_dict()) == cfg
 
 

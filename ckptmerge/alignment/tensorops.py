@@ -187,13 +187,16 @@ class Reshape:
 
 @dataclass(frozen=True)
 class Split:
-    """Take piece ``index`` of ``parts`` equal pieces along ``axis`` (a fused tensor's part).
+    """Take piece ``index`` of ``parts`` pieces along ``axis`` (a fused tensor's part): equal
+    pieces, or with ``sizes`` pieces of those sizes (a grouped-query fused ``qkv`` whose key and
+    value are narrower than its query).
 
     Args:
         target: the target variable name (or a glob) this transform applies to.
         axis: the axis to cut.
         index: which piece (0-based).
-        parts: how many equal pieces the axis holds.
+        parts: how many pieces the axis holds.
+        sizes: the pieces' sizes along ``axis``, one per part (default: equal pieces).
 
     Example:
         >>> import numpy as np
@@ -201,12 +204,15 @@ class Split:
         [[2.0, 3.0], [8.0, 9.0]]
         >>> Split("k", 1, 1, 3).describe((64, 192))
         'split axis 1 into 3: columns 64..127 of 192 (part 2 of 3) -> (64, 64)'
+        >>> Split("v", 1, 2, 3, sizes=(64, 16, 16)).describe((64, 96))
+        'split axis 1 into 3: columns 80..95 of 96 (part 3 of 3) -> (64, 16)'
     """
 
     target: str
     axis: int
     index: int
     parts: int
+    sizes: Optional[Tuple[int, ...]] = None
 
     needs_current = False
     kind = "split"
@@ -221,12 +227,21 @@ class Split:
         if not 0 <= self.index < self.parts:
             raise TransformError(f"split of {quote_name(self.target)}: index must be in 0..{self.parts - 1} for "
                                  f"{self.parts} parts. Received: index={self.index}", target=self.target)
+        if self.sizes is not None:
+            sizes = _ints("split", self.target, "sizes", self.sizes)
+            if len(sizes) != self.parts:
+                raise TransformError(f"split of {quote_name(self.target)}: sizes must give one size per part "
+                                     f"({self.parts}). Received: sizes={list(sizes)}", target=self.target)
+            object.__setattr__(self, "sizes", sizes)
 
     def applies_to(self, name: str) -> bool:
         """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
         return fnmatch.fnmatchcase(name, self.target)
 
     def _rows(self, n: int) -> Tuple[int, int]:
+        if self.sizes is not None:
+            lo = sum(self.sizes[:self.index])
+            return lo, lo + self.sizes[self.index]
         step = n // self.parts
         return self.index * step, (self.index + 1) * step
 
@@ -237,11 +252,16 @@ class Split:
             TransformError: the axis is out of range or does not divide into ``parts``.
         """
         src = tuple(int(d) for d in source_shape)
-        if self.axis >= len(src) or src[self.axis] % self.parts:
+        if self.sizes is not None and (self.axis >= len(src) or sum(self.sizes) != src[self.axis]):
+            raise TransformError(f"split of {quote_name(self.target)}: axis {self.axis} of the checkpoint tensor "
+                                 f"{src} does not hold parts of sizes {list(self.sizes)} (they sum to "
+                                 f"{sum(self.sizes)}).", target=self.target)
+        if self.sizes is None and (self.axis >= len(src) or src[self.axis] % self.parts):
             raise TransformError(f"split of {quote_name(self.target)}: axis {self.axis} of the checkpoint tensor "
                                  f"{src} does not divide into {self.parts} equal parts.", target=self.target)
         out = list(src)
-        out[self.axis] //= self.parts
+        lo, hi = self._rows(src[self.axis])
+        out[self.axis] = hi - lo
         return tuple(out)
 
     def apply(self, value: np.ndarray, current: Optional[np.ndarray] = None, *,
@@ -266,9 +286,11 @@ class Split:
                 f"(part {self.index + 1} of {self.parts}) -> {self.output_shape(source_shape)}")
 
     def to_dict(self) -> dict:
-        """JSON-ready data: kind, target, axis, index, parts."""
-        return {"kind": self.kind, "target": self.target, "axis": self.axis, "index": self.index,
-                "parts": self.parts}
+        """JSON-ready data: kind, target, axis, index, parts (and sizes, when given)."""
+        out = {"kind": self.kind, "target": self.target, "axis": self.axis, "index": self.index, "parts": self.parts}
+        if self.sizes is not None:
+            out["sizes"] = list(self.sizes)
+        return out
 
 
 def _unit(axis: int, ndim: int, plural: bool = True) -> str:
@@ -465,8 +487,8 @@ class Concat:
         >>> c = Concat("attn/qkv/kernel", ["attn/q/kernel", "attn/k/kernel", "attn/v/kernel"], axis=1)
         >>> c.apply([np.zeros((4, 2)), np.ones((4, 2)), np.ones((4, 2))]).shape
         (4, 6)
-        >>> c.describe([(4, 2), (4, 2), (4, 2)])
-        'concat axis 1 of 3 parts: columns 0..1 <- attn/q/kernel (4, 2), 2..3 <- attn/k/kernel (4, 2), 4..5 <- attn/v/kernel (4, 2) -> (4, 6)'
+        >>> c.describe([(4, 2), (4, 2), (4, 2)], labels=["q", "k", "v"])
+        'concat axis 1 of 3 parts: columns 0..1 <- q (4, 2), 2..3 <- k (4, 2), 4..5 <- v (4, 2) -> (4, 6)'
         >>> [s.to_dict()["index"] for s in c.inverse()]
         [0, 1, 2]
     """
@@ -567,17 +589,18 @@ class Concat:
 
     def inverse(self, shapes: Optional[Sequence[Sequence[int]]] = None) -> Tuple[Split, ...]:
         """One :class:`Split` per part, taking it back from the joined tensor (the inverse
-        direction). Needs parts of equal size along the axis, and ``axis`` (or ``shapes``).
+        direction). Needs ``axis`` or the parts' ``shapes``; with shapes of unequal size along the
+        axis (grouped-query attention), each Split has the parts' ``sizes``.
 
         Raises:
-            TransformError: the axis is unknown, or the parts' sizes along it differ.
+            TransformError: the axis is unknown.
         """
         if shapes is not None:
             axis = self.axes(shapes)[0]
-            sizes = {tuple(s)[axis] for s in shapes}
-            if len(sizes) > 1:
-                raise TransformError(f"concat of {quote_name(self.target)}: its inverse splits into equal parts, and "
-                                     f"the parts have sizes {sorted(sizes)} along axis {axis}.", target=self.target)
+            sizes = tuple(int(tuple(s)[axis]) for s in shapes)
+            if len(set(sizes)) > 1:
+                return tuple(Split(glob_escape(s), axis, i, len(self.sources), sizes=sizes)
+                             for i, s in enumerate(self.sources))
         elif self.axis is None or self.axis < 0:
             raise TransformError(f"concat of {quote_name(self.target)}: the inverse needs a non-negative axis "
                                  "(or the parts' shapes).", target=self.target)

@@ -46,8 +46,8 @@ SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "op
                "concat")
 #: Keys of one entry of a source's tensor-operation lists (:class:`ckptmerge.Reshape`, ``Split``,
 #: ``Transpose``, ``Squeeze``, ``ExpandDims``, ``Concat``); ``_OP_REQUIRED``: those without a default.
-OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts"), "transpose": ("name", "perm"),
-           "squeeze": ("name", "axis"), "expand_dims": ("name", "axis"), "concat": ("name", "sources", "axis")}
+OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts", "sizes"), "concat": ("name",
+           "sources", "axis"), "transpose": ("name", "perm"), "squeeze": ("name", "axis"), "expand_dims": ("name", "axis")}
 _OP_REQUIRED = {"split": ("axis", "index", "parts"), "concat": ("sources",)}
 _OP_EXAMPLES = {"reshape": "[{name: enc/query/kernel, shape: [64, 4, 16]}]", "transpose": "[{name: k, perm: [1, 0]}]",
                 "split": "[{name: attn/key/kernel, axis: 1, index: 1, parts: 3}]", "squeeze": "[{name: pos, axis: 0}]",
@@ -493,7 +493,7 @@ def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
             if need:
                 ctx.add(q, f"missing required key{'s' if len(need) > 1 else ''} "
                            f"{', '.join(repr(k) for k in need)} (e.g. {_OP_EXAMPLES[kind]}).")
-            for key in ("shape", "perm", "sources"):
+            for key in ("shape", "perm", "sources", "sizes"):
                 if key in args and isinstance(args[key], list):
                     args[key] = tuple(args[key])
             if name is None or need:
