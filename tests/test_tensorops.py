@@ -453,3 +453,15 @@ def test_a_restorer_switched_to_another_step_joins_the_same_parts(tmp_path):
     assert np.array_equal(var.numpy(), FUSED)
     r.restore(path=str(tmp_path / "step2.safetensors"))
     assert np.array_equal(var.numpy(), 2 * FUSED)
+
+
+def test_a_merge_from_a_tf_bundle_joins_its_parts_and_copies_the_rest_as_stored(plain_file, tmp_path):
+    bundle = str(tmp_path / "bundle")
+    cm.merge([cm.Source(plain_file, include=["attn/*", "other"])], bundle)
+    out = str(tmp_path / "joined")
+    report = cm.merge([cm.Source(bundle, transforms=[cm.Concat("fused/kernel", PARTS, axis=1)])], out)
+    values = cm.load(out, ["fused/kernel", "other"])
+    assert np.array_equal(values["fused/kernel"], FUSED)
+    assert np.array_equal(values["other"], np.arange(3, dtype="float32"))
+    assert sorted(v.name for v in cm.list_variables(out)) == ["fused/kernel", "other"]
+    assert "concat axis 1 of 3 parts" in report.render()

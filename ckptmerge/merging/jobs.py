@@ -45,6 +45,7 @@ from ..planning.transforms import (
     chain_apply,
     numpy_dtype,
 )
+from ..sources.composed import ComposedHandle
 from ..sources.source import CheckpointHandle, SourceHandle
 from ..specs import (
     VariableInfo,
@@ -285,7 +286,9 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
     """
     raws: Dict[str, Optional[RawFiles]] = {}
     for h in handles:
-        reader = getattr(h, "reader", None) if isinstance(h, CheckpointHandle) else None
+        # (a source with Concat entries: its other tensors still copy as raw bytes; see below)
+        base = h.inner if isinstance(h, ComposedHandle) else h
+        reader = getattr(base, "reader", None) if isinstance(base, CheckpointHandle) else None
         local = isinstance(reader, BundleReader) and not reader.remote  # remote: ranged reads, decoded path
         raws[h.label] = RawFiles(reader) if local else None
     t_raw = RawFiles(template) if isinstance(template, BundleReader) and not template.remote else None
@@ -305,6 +308,8 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
     for a in plan.assignments.values():
         si, origin, read, raw, transforms, chunks = per_source[a.source]
         key, target = a.key, a.target
+        if raw is not None and a.name in views[a.source].composed:  # a joined tensor is made, not copied
+            raw = None
         if key == OBJECT_GRAPH_KEY:
             skipped.append((target, "the object graph of an object-based checkpoint is not copied: the "
                                     "merged checkpoint is name-based (its keys are variable names)"))
