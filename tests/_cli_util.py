@@ -3,19 +3,21 @@
 Checkpoints are written by TensorFlow itself: name-based ones with ``tf.compat.v1.train.Saver``
 in a graph, object-based ones with ``tf.train.Checkpoint``. ``run`` invokes the click command
 in-process (``CliRunner``, stdout and stderr kept apart); ``run_subprocess`` runs
-``python -m ckptmerge`` in a fresh interpreter and reports whether TensorFlow was imported.
+``python -m ckptmerge`` in a process of its own and reports whether TensorFlow was imported.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from _forkserver import ForkServer
 from click.testing import CliRunner, Result
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -71,26 +73,47 @@ try:
     runpy.run_module("ckptmerge", run_name="__main__", alter_sys=True)
 except SystemExit as e:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-mods = [m for m in sys.modules if m == "tensorflow" or m.startswith(("tensorflow.", "keras"))]
+mods = [m for m in sys.modules if m == "tensorflow" or m.startswith(("tensorflow.", "keras"))]  # as _TF_MODULES
 with open(out, "w") as f:
     json.dump({"code": code, "tf_modules": mods[:5]}, f)
 """
 
 
+_TF_MODULES = "[m for m in sys.modules if m == 'tensorflow' or m.startswith(('tensorflow.', 'keras'))]"
+_FORKS: List[ForkServer] = []
+
+
+def _forks() -> ForkServer:
+    """One warm interpreter per test process (tests/_forkserver.py) that imported ``ckptmerge.cli``,
+    checked to have imported no TensorFlow or Keras doing so, so each run's ``tf_modules`` are its own."""
+    if not _FORKS:
+        server = ForkServer(["ckptmerge.cli"])
+        probe = server.run(["-c", f"import sys; print({_TF_MODULES})"])
+        assert probe.stdout == "[]\n", f"importing ckptmerge.cli imported TensorFlow or Keras: {probe.stdout}"
+        atexit.register(server.close)
+        _FORKS.append(server)
+    return _FORKS[0]
+
+
 def run_subprocess(args: Sequence[Any], tmp_path: Path, *, timeout: float = 120,
                    preexec_fn: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    """Run ``python -m ckptmerge ARGS`` in a fresh interpreter, in ``tmp_path``.
+    """Run ``python -m ckptmerge ARGS`` in a process of its own, in ``tmp_path``: forked from a warm
+    interpreter that imported the CLI (see :func:`_forks`), or with ``preexec_fn`` (run in the child
+    first, e.g. to limit its memory) a fresh interpreter.
 
     Returns ``{"code": exit code, "tf_modules": [TF/Keras modules imported, first 5],
     "stdout": ..., "stderr": ...}``. Raises ``subprocess.TimeoutExpired`` after ``timeout``
-    seconds; ``preexec_fn`` runs in the child first (e.g. to limit its memory).
+    seconds.
     """
     out = tmp_path / "driver-result.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(out), *[str(a) for a in args]],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout,
-                          preexec_fn=preexec_fn, check=False)
+    if preexec_fn is None:
+        proc = _forks().run(["-c", _DRIVER, out, *args], env=env, cwd=tmp_path, timeout=timeout)
+    else:
+        proc = subprocess.run([sys.executable, "-c", _DRIVER, str(out), *[str(a) for a in args]],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout,
+                              preexec_fn=preexec_fn, check=False)
     assert out.exists(), proc.stderr
     result = json.loads(out.read_text())
     result.update(stdout=proc.stdout, stderr=proc.stderr)

@@ -204,7 +204,12 @@ class ForkServer:
             timeout: float = 120) -> subprocess.CompletedProcess:
         """Run ``python ARGS`` in a forked child to the end, like ``subprocess.run(capture_output=True, text=True)``."""
         child = self.start(args, env=env, cwd=cwd)
-        out, err = child.communicate(timeout)
+        try:
+            out, err = child.communicate(timeout)
+        except subprocess.TimeoutExpired:  # as subprocess.run does: kill it, then raise
+            child.kill()
+            child.wait(30)
+            raise
         return subprocess.CompletedProcess(["python", *map(str, args)], child.returncode, out, err)
 
     def close(self) -> None:
