@@ -196,7 +196,7 @@ class ForkServer:
                    "cwd": str(cwd or self.cwd), "stdout": child.stdout_path, "stderr": child.stderr_path}
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
-        if not child.started.wait(60) or child.pid is None:
+        if not child.started.wait(300) or child.pid is None:  # the first waits for the preload
             raise RuntimeError(f"the fork server did not start the run: {Path(self.log).read_text()[-2000:]}")
         return child
 
