@@ -76,7 +76,7 @@ from ..planning.transforms import (
 )
 from ..redact import get_logger, redact, redact_optional, redacted_repr
 from ..render.report import Report, section
-from ..sources.files import STATE_FILE, files_read, output_overwrites
+from ..sources.files import STATE_FILE, files_read, refuse_overwriting_inputs
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
 from ..sources.resolve import read_state_file, resolve_checkpoint
 from ..sources.source import SourceHandle
@@ -239,17 +239,6 @@ def _check_template(template: Any) -> Tuple[str, Any]:
     raise ArgumentTypeError("template must be None, a checkpoint path, or a list of ckptmerge.VariableInfo "
                             f"(e.g. ckptmerge.list_variables(path)). Received: {template!r:.80} "
                             f"(type {type(template).__name__})")
-
-
-def _check_not_an_input(out_abs: str, given: str, fmt: str, inputs: Sequence[Tuple[str, str]]) -> None:
-    """Refuse an output that is one of the inputs, or one of the files they are read from (a
-    shard of a set): writing would destroy what is read."""
-    for label, prefix in inputs:
-        if output_overwrites(out_abs, fmt, prefix):
-            raise ArgumentError(
-                f"The output prefix {quote_name(given)} is the checkpoint of {label} ({escape_name(prefix)}): "
-                "merging into a checkpoint that is being read would destroy it, even with overwrite=True. "
-                "Write to another prefix, then move the result if you want to replace the input.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,7 +545,7 @@ def merge_local(
         read.append((f"the template {quote_name(tvalue)}", template))
     # every file each input is read from (a shard of a set too), its prefix first
     inputs = [(label, f) for label, r in read for f in dict.fromkeys([r.prefix, *files_read(r.prefix, r.format)])]
-    _check_not_an_input(out_abs, given, fmt, inputs)
+    refuse_overwriting_inputs(out_abs, given, fmt, inputs)
     if claim_output is not None:
         claim_output(inputs)
     if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock

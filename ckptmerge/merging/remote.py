@@ -51,7 +51,6 @@ import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ..errors import (
-    ArgumentError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     OutputExistsError,
@@ -78,7 +77,7 @@ from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, sibl
 from ..formats.tf.writer import pad_shards
 from ..knobs import FlagSetting
 from ..redact import get_logger
-from ..sources.files import DATA_RE, INDEX, output_overwrites
+from ..sources.files import DATA_RE, INDEX, refuse_overwriting_inputs
 from ..sources.state import state_file_text
 from ..text import escape_name, quote_name
 
@@ -213,17 +212,6 @@ class _RemoteLock:
                            escape_name(self.url), escape_name(self.output))
 
 
-def _check_not_an_input(url: str, fmt: str, inputs: Sequence[Tuple[str, str]]) -> None:
-    """Refuse an output URL that is the checkpoint of a source or the template, or one of the files
-    they are read from (however spelt)."""
-    for label, prefix in inputs:
-        if output_overwrites(url, fmt, prefix):
-            raise ArgumentError(
-                f"The output {quote_name(url)} is the checkpoint of {label} ({escape_name(prefix)}): merging into "
-                "a checkpoint that is being read would destroy it, even with overwrite=True. Write to another "
-                "prefix, then copy the result if you want to replace the input.")
-
-
 def _sweep_stale_temps() -> None:
     """Remove the temporary folders of remote merges on this machine whose process is gone (killed)."""
     tag = machine_tag()
@@ -281,7 +269,7 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
 
         def claim(inputs: Sequence[Tuple[str, str]]) -> None:
             nonlocal found, state
-            _check_not_an_input(url, fmt, inputs)
+            refuse_overwriting_inputs(url, url, fmt, inputs, noun="output", then="copy")
             if not dry_run:
                 stack.enter_context(_RemoteLock(url))
             forget_listings(url)  # what other processes wrote since this one last listed the folder counts

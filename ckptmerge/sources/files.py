@@ -16,13 +16,13 @@ import re
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from ..errors import CheckpointNotFoundError, CkptMergeError, did_you_mean
+from ..errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, did_you_mean
 from ..formats.io.storage import filesystem, is_url
 from ..formats.io.urlpath import add_suffix, basename, canonical_url, has_suffix, path_part, scheme_of, sibling, strip_suffix
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
 )
-from ..text import quote_name, quoted_command
+from ..text import escape_name, quote_name, quoted_command
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -422,3 +422,20 @@ def output_overwrites(out: str, fmt: str, read: str) -> bool:
         return True
     data = DATA_RE.search(path_part(read))
     return data is not None and same_checkpoint_path(out, strip_suffix(read, data.group(0)))
+
+
+def refuse_overwriting_inputs(out: str, shown: str, fmt: str, inputs: Iterable[Tuple[str, str]], *,
+                              noun: str = "output prefix", then: str = "move") -> None:
+    """Raise :class:`~ckptmerge.errors.ArgumentError` when a merge's output ``out`` (named ``shown``
+    in the message) would write over one of ``inputs``, ``(label, file)`` pairs of every file a
+    source or the template is read from: writing would destroy what is read.
+
+    Example:
+        >>> refuse_overwriting_inputs("runs/C/m", "runs/C/m", "tf", [("source 'A'", "runs/A/m")])
+    """
+    for label, prefix in inputs:
+        if output_overwrites(out, fmt, prefix):
+            raise ArgumentError(
+                f"The {noun} {quote_name(shown)} is the checkpoint of {label} ({escape_name(prefix)}): merging "
+                "into a checkpoint that is being read would destroy it, even with overwrite=True. Write to "
+                f"another prefix, then {then} the result if you want to replace the input.")
