@@ -28,20 +28,13 @@ import os
 from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ..errors import ConfigError
+from ..redact import get_logger
 from .env import allowed_variables
+from .fields import SLICE_KEYS, SOURCE_KEYS, TOP_LEVEL_KEYS, VOCAB_KEYS, Context
 from .files import MAX_CONFIG_BYTES, MAX_NESTING, parse_config_file
 from .model import Config, RemoteURL, SourceConfig
 from .problems import KeyPath, Locator, Problems, fail, no_lines, show
-from .schema import (
-    SLICE_KEYS,
-    SOURCE_KEYS,
-    TOP_LEVEL_KEYS,
-    VOCAB_KEYS,
-    Context,
-    build,
-    report_duplicates,
-)
-from ..redact import get_logger
+from .schema import build, report_duplicates
 
 __all__ = [
     "Config",

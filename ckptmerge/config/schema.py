@@ -8,13 +8,9 @@ groups, unset environment variables, missing paths, duplicate source names) so t
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..args import local_path
 from ..errors import RuleError, did_you_mean
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
 from ..planning.rules import MapRule
@@ -26,253 +22,37 @@ from ..planning.transforms import (
     VocabRemap,
     read_vocab,
 )
-from ..redact import mask_value, show_path_as
 from ..text import quote_name
-from .env import ALLOW_ENV, expand_names, is_remote, resolve_path
-from .model import CombineConfig, Config, RemoteURL, SourceConfig
-from .problems import KeyPath, Problems, keypath, show
+from .fields import (  # noqa: F401 - the key lists are re-exported: schema.SOURCE_KEYS, ...
+    COMBINE_KEYS,
+    CONVENTION_KEYS,
+    KEY_CUTOFF,
+    OP_KEYS,
+    SLICE_KEYS,
+    SOURCE_KEYS,
+    TOP_LEVEL_KEYS,
+    VOCAB_KEYS,
+    Context,
+    check_keys,
+    check_path,
+    get_bool,
+    get_enum,
+    get_globs,
+    get_int,
+    get_name,
+    get_path,
+    show_choices,
+)
+from .model import CombineConfig, Config, SourceConfig
+from .problems import KeyPath, show
 
-#: Keys of the top-level mapping.
-TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
-                  "strict", "target", "output", "record_paths", "conventions")
-#: Keys of one entry of ``conventions`` (:class:`ckptmerge.alignment.conventions.Convention`).
-CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf")
-#: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
-COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
-                "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
-#: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
-SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
-               "align", "layout", "vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims",
-               "concat")
-#: Keys of one entry of a source's tensor-operation lists (:class:`ckptmerge.Reshape`, ``Split``,
-#: ``Transpose``, ``Squeeze``, ``ExpandDims``, ``Concat``); ``_OP_REQUIRED``: those without a default.
-OP_KEYS = {"reshape": ("name", "shape"), "split": ("name", "axis", "index", "parts", "sizes"), "concat": ("name",
-           "sources", "axis"), "transpose": ("name", "perm"), "squeeze": ("name", "axis"), "expand_dims": ("name", "axis")}
 _OP_REQUIRED = {"split": ("axis", "index", "parts"), "concat": ("sources",)}
 _OP_EXAMPLES = {"reshape": "[{name: enc/query/kernel, shape: [64, 4, 16]}]", "transpose": "[{name: k, perm: [1, 0]}]",
                 "split": "[{name: attn/key/kernel, axis: 1, index: 1, parts: 3}]", "squeeze": "[{name: pos, axis: 0}]",
                 "expand_dims": "[{name: pos, axis: 0}]", "concat": "[{name: qkv/kernel, sources: [q, k, v], axis: 1}]"}
-#: Keys of one entry of a source's ``vocab`` list (:class:`ckptmerge.planning.transforms.VocabRemap`).
-VOCAB_KEYS = ("name", "old_vocab", "new_vocab", "axis", "init", "old_vocab_size", "new_vocab_size",
-              "num_oov_buckets")
-#: Keys of one entry of a source's ``slice`` list (:class:`ckptmerge.planning.transforms.Slice`).
-SLICE_KEYS = ("name", "axis", "init", "start")
 
 ON_CONFLICT = ("error", "first", "last")
 ON_SHAPE_MISMATCH = ("error", "skip")
-
-# Names other tools use for the same option: suggested instead of a spelling match.
-_ALIASES = {
-    "source": {"assignment_map": "map", "var_name_to_prev_var_name": "map", "rename": "map",
-               "renames": "map", "ckpt_to_initialize_from": "path", "checkpoint": "path",
-               "init_checkpoint": "path", "vars_to_warm_start": "include", "regexes": "regex",
-               "var_name_to_vocab_info": "vocab", "transforms": "vocab' or 'slice"},
-    "vocab": {"target": "name", "variable": "name", "backup_initializer": "init",
-              "previous_vocab_size": "old_vocab_size", "current_vocab_size": "new_vocab_size",
-              "current_oov_buckets": "num_oov_buckets"},
-    "slice": {"target": "name", "variable": "name"},
-    "reshape": {"target": "name", "variable": "name", "new_shape": "shape"},
-    "split": {"target": "name", "variable": "name", "chunks": "parts", "part": "index", "dim": "axis"},
-    "transpose": {"target": "name", "variable": "name", "axes": "perm", "permutation": "perm"},
-    "convention": {"name": "names", "segments": "names", "meaning": "role", "description": "why"},
-    "combine": {"merge_method": "method", "base_model": "base", "checkpoints": "models", "inputs": "models",
-                "params": "parameters", "directory": "run", "dir": "run"},
-    "top": {"merge": "combine", "average": "combine"},
-}
-
-# Keys and enum values form small closed sets: a looser match than for variable names is safe
-# (it finds 'path' for 'paht' and 'keep' for 'kept').
-_KEY_CUTOFF = 0.6
-
-
-def _choices(options: Sequence[str]) -> str:
-    return ", ".join(quote_name(o) for o in options)
-
-
-@dataclass
-class Context:
-    problems: Problems
-    base: str
-    base_label: str
-    env: Mapping[str, str]
-    #: the variables the user allows into URLs (see ckptmerge.config.env.allowed_variables)
-    allowed: FrozenSet[str] = frozenset()
-    #: every URL the config names, in the order met
-    urls: List[RemoteURL] = field(default_factory=list)
-
-    def add(self, path: KeyPath, message: str, **kw: Any) -> None:
-        self.problems.add(path, message, **kw)
-
-
-def _check_keys(d: Mapping, allowed: Sequence[str], path: KeyPath, ctx: Context, where: str) -> set:
-    """Report unknown keys; return the allowed keys that were suggested for them."""
-    suggested: set = set()
-    for k in d:
-        if k in allowed:
-            continue
-        if not isinstance(k, str):
-            ctx.add(path, f"keys must be strings, received {show(k)}.")
-            continue
-        alias = _ALIASES[where].get(k)
-        close = difflib.get_close_matches(k, allowed, n=1, cutoff=_KEY_CUTOFF)
-        if alias:
-            hint = f" Use '{alias}' (ckptmerge's name for '{k}')."
-            suggested.add(alias)
-        elif close:
-            hint = did_you_mean(k, allowed, n=1, cutoff=_KEY_CUTOFF)
-            suggested.add(close[0])
-        elif where == "source" and k in TOP_LEVEL_KEYS:
-            hint = " It is a top-level option: move it out of 'sources'."
-        elif where == "top" and k in SOURCE_KEYS:
-            hint = " It is an option of a source: put it inside an entry of 'sources'."
-        else:
-            hint = f" Valid keys: {', '.join(allowed)}."
-        ctx.add(path, f"unknown key '{k}'.{hint}", at=path + (k,), key=True)
-    return suggested
-
-
-def _get_bool(d: Mapping, key: str, path: KeyPath, ctx: Context, default: Any) -> Any:
-    if key not in d:
-        return default
-    v = d[key]
-    if isinstance(v, bool) or (v is None and default is None):  # null: "not set" where allowed
-        return v
-    ctx.add(path + (key,), f"expected true or false, received {show(v)}.")
-    return default
-
-
-def _get_enum(d: Mapping, key: str, path: KeyPath, ctx: Context, choices: Sequence[str], default: str) -> str:
-    if key not in d:
-        return default
-    v = d[key]
-    if isinstance(v, str) and v in choices:
-        return v
-    hint = did_you_mean(v, choices, n=1, cutoff=_KEY_CUTOFF) if isinstance(v, str) else ""
-    ctx.add(path + (key,), f"expected one of {_choices(choices)}, received {show(v)}.{hint}")
-    return default
-
-
-def _get_int(d: Mapping, key: str, path: KeyPath, ctx: Context, default: Any, what: str) -> Any:
-    if key not in d or d[key] is None:
-        return default
-    v = d[key]
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return v
-    ctx.add(path + (key,), f"expected {what}, received {show(v)}.")
-    return default
-
-
-def _get_name(d: Mapping, key: str, path: KeyPath, ctx: Context, required: bool, what: str) -> Optional[str]:
-    if key not in d or (d[key] is None and not required):
-        if required:
-            ctx.add(path, f"missing required key '{key}' ({what}).")
-        return None
-    v = d[key]
-    if isinstance(v, str) and v:
-        return v
-    ctx.add(path + (key,), f"expected {what} (a non-empty string), received {show(v)}.")
-    return None
-
-
-def _get_globs(d: Mapping, key: str, path: KeyPath, ctx: Context) -> Optional[List[str]]:
-    if key not in d or d[key] is None:
-        return None
-    v = d[key]
-    p = path + (key,)
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list):
-        ctx.add(p, f"expected a glob or a list of globs (e.g. ['encoder/*']), received {show(v)}.")
-        return None
-    out = []
-    for i, g in enumerate(v):
-        if isinstance(g, str) and g:
-            out.append(g)
-        else:
-            ctx.add(p + (i,), f"expected a glob (a non-empty string), received {show(g)}.")
-    return out
-
-
-def _get_path(d: Mapping, key: str, path: KeyPath, ctx: Context, *, kind: str,
-              required: bool = False) -> Optional[str]:
-    """Validate, expand and resolve a path; ``kind`` is "checkpoint", "file" or "output"."""
-    if key not in d or (d[key] is None and not required):
-        if required:
-            ctx.add(path, f"missing required key '{key}' (the checkpoint prefix or directory).")
-        return None
-    v = d[key]
-    p = path + (key,)
-    if not isinstance(v, str) or not v:
-        ctx.add(p, f"expected a path (a non-empty string), received {show(v)}.")
-        return None
-    return _check_path(v, p, ctx, kind)
-
-
-def _check_url(v: str, url: str, names: List[str], p: KeyPath, ctx: Context) -> Optional[str]:
-    """A URL: only the variables the user allowed may be in it (its host would receive them)."""
-    refused = [n for n in names if n not in ctx.allowed]
-    if refused:
-        shown = " and ".join(quote_name(n) for n in refused)
-        flags = " ".join(f"--allow-env {n}" for n in refused)
-        ctx.add(p, f"{quote_name(v)} is a URL built from the environment variable{'s' if len(refused) > 1 else ''} "
-                   f"{shown}: its host would receive {'their values' if len(refused) > 1 else 'its value'}, so it is "
-                   f"not expanded. If this config is yours and {'they are' if len(refused) > 1 else 'it is'} meant "
-                   f"for that host, allow {'them' if len(refused) > 1 else 'it'}: {flags} (load_config(..., "
-                   f"allow_env={refused!r}), or {ALLOW_ENV}={','.join(refused)}).")
-        return None
-    for n in names:  # shown as written wherever the URL is shown
-        mask_value(ctx.env[n], "${" + n + "}")
-    ctx.urls.append(RemoteURL(keypath(p), v, url))
-    return url
-
-
-def _show_as_written(written: str, resolved: str) -> None:
-    """Show the folder the environment (or ``~``) made of ``written`` as written, in every message
-    from now on (:func:`ckptmerge.redact.show_path_as`): ``${DATA}/run/ckpt`` resolved to
-    ``/mnt/d/run/ckpt`` shows ``/mnt/d`` as ``${DATA}``, so a later error about
-    ``/mnt/d/run/ckpt.index`` reads ``${DATA}/run/ckpt.index``."""
-    w = written[len("file://"):] if written.startswith("file://") else written
-    wparts, rparts = w.rstrip("/").split("/"), resolved.rstrip("/").split("/")
-    while len(wparts) > 1 and len(rparts) > 1 and wparts[-1] == rparts[-1] and "$" not in wparts[-1]:
-        wparts.pop()
-        rparts.pop()
-    show_path_as("/".join(rparts), "/".join(wparts))
-
-
-def _check_path(v: str, p: KeyPath, ctx: Context, kind: str) -> Optional[str]:
-    expanded, problem, names = expand_names(v, ctx.env)
-    if problem or expanded is None:
-        ctx.add(p, problem or "")
-        return None
-    resolved = resolve_path(expanded, ctx.base)
-    if is_remote(resolved):
-        return _check_url(v, resolved, names, p, ctx)
-    if names or v.startswith("~") or v.startswith("file://~"):
-        _show_as_written(v, resolved)
-    if kind == "output":
-        return resolved
-    note = "" if os.path.isabs(os.path.expanduser(local_path(expanded))) else f" (relative to {ctx.base_label})"
-    if names:  # messages show the path as written, never what the environment put into it
-        resolved_shown = v
-    else:
-        resolved_shown = resolved
-    if kind == "checkpoint":
-        if not (os.path.exists(resolved) or os.path.exists(resolved + ".index")):
-            first = "it" if v == resolved_shown else quote_name(resolved_shown)
-            ctx.add(p, f"checkpoint {quote_name(v)} not found: neither {first} nor "
-                       f"{quote_name(resolved_shown + '.index')} exists{note}.")
-            return None
-    else:
-        if not os.path.exists(resolved):
-            if v == resolved_shown:
-                ctx.add(p, f"vocab file {quote_name(v)} does not exist{note if names else ''}.")
-            else:
-                ctx.add(p, f"vocab file {quote_name(v)} not found: {quote_name(resolved_shown)} does not exist{note}.")
-            return None
-        if os.path.isdir(resolved):
-            ctx.add(p, f"vocab file {quote_name(v)} is a directory; expected a text file with one token per line.")
-            return None
-    return resolved
 
 
 # -- source entries ---------------------------------------------------------------------------
@@ -325,9 +105,9 @@ def _template_problem(pattern: str, repl: str, compiled: UserPattern, e: Excepti
     m = re.match(r"unknown group name '(.*)'", text)
     if m:
         names = sorted(compiled.groupindex)
-        has = ("the named groups " + _choices(names)) if names else "no named groups"
+        has = ("the named groups " + show_choices(names)) if names else "no named groups"
         return (f"replacement {quote_name(repl)} refers to the unknown group {quote_name(m.group(1))}; "
-                f"{quote_name(pattern)} has {has}.{did_you_mean(m.group(1), names, n=1, cutoff=_KEY_CUTOFF)}".rstrip("."))
+                f"{quote_name(pattern)} has {has}.{did_you_mean(m.group(1), names, n=1, cutoff=KEY_CUTOFF)}".rstrip("."))
     pos = getattr(e, "pos", None)
     at = f" at position {pos}" if pos is not None else ""
     return f"invalid replacement {quote_name(repl)} for {quote_name(pattern)}: {text}{at}"
@@ -418,7 +198,7 @@ def _get_vocab_spec(d: Mapping, key: str, path: KeyPath, ctx: Context) -> Option
     if not isinstance(v, str) or not v:
         ctx.add(p, f"expected a vocabulary file (a path) or a list of tokens, received {show(v)}.")
         return None
-    resolved = _check_path(v, p, ctx, "file")
+    resolved = check_path(v, p, ctx, "file")
     if resolved is None:
         return None
     try:
@@ -433,17 +213,17 @@ def _get_vocab(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[VocabRemap, ...
     out = []
     example = "[{name: model/embed/embeddings, old_vocab: v1.txt, new_vocab: v2.txt}]"
     for q, item in _get_list_of_mappings(d, "vocab", path, ctx, example):
-        suggested = _check_keys(item, VOCAB_KEYS, q, ctx, "vocab")
-        name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+        suggested = check_keys(item, VOCAB_KEYS, q, ctx, "vocab")
+        name = get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
         # A misspelt key already said "did you mean 'old_vocab'": do not also report it missing.
         old, new = (_get_vocab_spec(item, k, q, ctx) if k in item or k not in suggested else None
                     for k in ("old_vocab", "new_vocab"))
-        axis = _get_int(item, "axis", q, ctx, 0, "an axis (an integer >= 0; 0: rows, 1: columns)")
-        init = _get_enum(item, "init", q, ctx, VOCAB_INITS, "zeros")
+        axis = get_int(item, "axis", q, ctx, 0, "an axis (an integer >= 0; 0: rows, 1: columns)")
+        init = get_enum(item, "init", q, ctx, VOCAB_INITS, "zeros")
         old_size = (-1 if item.get("old_vocab_size") == -1 else
-                    _get_int(item, "old_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1, or -1: all)"))
-        new_size = _get_int(item, "new_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1)")
-        oov = _get_int(item, "num_oov_buckets", q, ctx, 0, "a number of OOV buckets (an integer >= 0)")
+                    get_int(item, "old_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1, or -1: all)"))
+        new_size = get_int(item, "new_vocab_size", q, ctx, None, "a number of tokens (an integer >= 1)")
+        oov = get_int(item, "num_oov_buckets", q, ctx, 0, "a number of OOV buckets (an integer >= 0)")
         if name is None or old is None or new is None:
             continue
         try:
@@ -457,16 +237,16 @@ def _get_vocab(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[VocabRemap, ...
 def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
     out = []
     for q, item in _get_list_of_mappings(d, "slice", path, ctx, "[{name: model/head/kernel, axis: 1}]"):
-        suggested = _check_keys(item, SLICE_KEYS, q, ctx, "slice")
-        name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+        suggested = check_keys(item, SLICE_KEYS, q, ctx, "slice")
+        name = get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
         if "axis" not in item or item["axis"] is None:
             if "axis" not in suggested:
                 ctx.add(q, "missing required key 'axis' (the one axis along which the shapes differ).")
             axis = None
         else:
-            axis = _get_int(item, "axis", q, ctx, None, "an axis (an integer >= 0)")
-        init = _get_enum(item, "init", q, ctx, SLICE_INITS, "keep")
-        start = _get_int(item, "start", q, ctx, 0, "a start entry (an integer >= 0)")
+            axis = get_int(item, "axis", q, ctx, None, "an axis (an integer >= 0)")
+        init = get_enum(item, "init", q, ctx, SLICE_INITS, "keep")
+        start = get_int(item, "start", q, ctx, 0, "a start entry (an integer >= 0)")
         if name is None or axis is None or start is None:
             continue
         try:
@@ -478,7 +258,13 @@ def _get_slices(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Slice, ...]:
 
 def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
     """A source's tensor-operation lists (``reshape``, ``split``, ... :data:`OP_KEYS`), as transform objects."""
-    from ..alignment.tensorops import Concat, ExpandDims, Reshape, Split, Squeeze  # (only for a config with some)
+    from ..alignment.tensorops import (  # (only for a config with some)
+        Concat,
+        ExpandDims,
+        Reshape,
+        Split,
+        Squeeze,
+    )
     from ..planning.transforms import Transpose
 
     kinds = {"reshape": Reshape, "split": Split, "transpose": Transpose, "squeeze": Squeeze, "expand_dims": ExpandDims,
@@ -486,8 +272,8 @@ def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
     out = []
     for kind, cls in kinds.items():
         for q, item in _get_list_of_mappings(d, kind, path, ctx, _OP_EXAMPLES[kind]):
-            suggested = _check_keys(item, OP_KEYS[kind], q, ctx, kind)
-            name = _get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
+            suggested = check_keys(item, OP_KEYS[kind], q, ctx, kind)
+            name = get_name(item, "name", q, ctx, "name" not in suggested, "the target variable name or glob")
             args = {k: item[k] for k in OP_KEYS[kind][1:] if item.get(k) is not None}
             need = [k for k in _OP_REQUIRED.get(kind, ()) if k not in args and k not in suggested]
             if need:
@@ -507,11 +293,13 @@ def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
 
 def _get_conventions(d: Mapping, ctx: Context) -> Tuple[Any, ...]:
     """The ``conventions:`` list: rows added to the naming-convention table for alignment."""
-    from ..alignment.conventions import Convention  # (loaded only for a config that has some)
+    from ..alignment.conventions import (
+        Convention,  # (loaded only for a config that has some)
+    )
 
     out = []
     for q, item in _get_list_of_mappings(d, "conventions", (), ctx, "[{names: [pre_mlp_rmsnorm], role: mlpnorm}]"):
-        suggested = _check_keys(item, CONVENTION_KEYS, q, ctx, "convention")
+        suggested = check_keys(item, CONVENTION_KEYS, q, ctx, "convention")
         names = item.get("names")
         if isinstance(names, str):
             names = [names]
@@ -522,10 +310,10 @@ def _get_conventions(d: Mapping, ctx: Context) -> Tuple[Any, ...]:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             ctx.add(q + ("names",), f"expected a list of name segments (strings), received {show(names)}.")
             continue
-        role = _get_name(item, "role", q, ctx, "role" not in suggested, "a role (lower-case words, e.g. mlpnorm)")
+        role = get_name(item, "role", q, ctx, "role" not in suggested, "a role (lower-case words, e.g. mlpnorm)")
         why = item.get("why", "")
         leaf = item.get("leaf", "")
-        replace = _get_bool(item, "replace", q, ctx, False)
+        replace = get_bool(item, "replace", q, ctx, False)
         if role is None:
             continue
         for key, value in (("why", why), ("leaf", leaf)):
@@ -546,24 +334,24 @@ def _get_source(entry: Any, path: KeyPath, ctx: Context, extra: Tuple[str, ...] 
     if not isinstance(entry, Mapping):
         ctx.add(path, f"expected a source (a mapping with at least 'path'), received {show(entry)}.")
         return None
-    suggested = _check_keys(entry, SOURCE_KEYS + extra, path, ctx, "source")
-    name = _get_name(entry, "name", path, ctx, False, "a source name")
+    suggested = check_keys(entry, SOURCE_KEYS + extra, path, ctx, "source")
+    name = get_name(entry, "name", path, ctx, False, "a source name")
     if "path" in entry or "path" not in suggested:
-        ckpt = _get_path(entry, "path", path, ctx, kind="checkpoint", required=True)
+        ckpt = get_path(entry, "path", path, ctx, kind="checkpoint", required=True)
     else:
         ckpt = None
     return SourceConfig(
         path=ckpt,  # type: ignore[arg-type] - None only when a problem was reported
         name=name,
-        step=_get_int(entry, "step", path, ctx, None, "a global step (an integer >= 0), or null for the latest"),
+        step=get_int(entry, "step", path, ctx, None, "a global step (an integer >= 0), or null for the latest"),
         map=_get_map(entry, path, ctx),
         regex=_get_regex(entry, path, ctx),
-        include=_get_globs(entry, "include", path, ctx),
-        exclude=_get_globs(entry, "exclude", path, ctx),
-        optimizer=_get_bool(entry, "optimizer", path, ctx, False),
-        cast=_get_bool(entry, "cast", path, ctx, None),
-        align=None if entry.get("align") is None else _get_enum(entry, "align", path, ctx, _align_modes(), None),
-        layout=None if entry.get("layout") is None else _get_enum(entry, "layout", path, ctx, _layouts(), None),
+        include=get_globs(entry, "include", path, ctx),
+        exclude=get_globs(entry, "exclude", path, ctx),
+        optimizer=get_bool(entry, "optimizer", path, ctx, False),
+        cast=get_bool(entry, "cast", path, ctx, None),
+        align=None if entry.get("align") is None else get_enum(entry, "align", path, ctx, _align_modes(), None),
+        layout=None if entry.get("layout") is None else get_enum(entry, "layout", path, ctx, _layouts(), None),
         vocab=_get_vocab(entry, path, ctx),
         slice=_get_slices(entry, path, ctx),
         ops=_get_ops(entry, path, ctx),
@@ -624,8 +412,8 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
     if not isinstance(c, Mapping):
         ctx.add(path, f"expected a mapping (method, models or run, base, parameters, ...), received {show(c)}.")
         return None
-    _check_keys(c, COMBINE_KEYS, path, ctx, "combine")
-    method = _get_enum(c, "method", path, ctx, tuple(METHODS), "mean")
+    check_keys(c, COMBINE_KEYS, path, ctx, "combine")
+    method = get_enum(c, "method", path, ctx, tuple(METHODS), "mean")
     m = METHODS[method]
     models: List[Tuple[SourceConfig, Any]] = []
     run = None
@@ -650,12 +438,12 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
                     models.append((src, weight))
             _check_labels_at([s for s, _ in models], path + ("models",), ctx)
     if "run" in c:
-        run = _get_path(c, "run", path, ctx, kind="checkpoint")
+        run = get_path(c, "run", path, ctx, kind="checkpoint")
     for key in ("last", "every"):
         if key in c and "run" not in c:
             ctx.add(path + (key,), f"'{key}' selects checkpoints of 'run' (a training directory); there is no 'run'.")
-    last = _get_int(c, "last", path, ctx, None, "a number of checkpoints (an integer >= 1)")
-    every = _get_int(c, "every", path, ctx, None, "a step interval (an integer >= 1)")
+    last = get_int(c, "last", path, ctx, None, "a number of checkpoints (an integer >= 1)")
+    every = get_int(c, "every", path, ctx, None, "a step interval (an integer >= 1)")
     for key, v in (("last", last), ("every", every)):
         if v is not None and v < 1:
             ctx.add(path + (key,), f"expected an integer >= 1, received {show(v)}.")
@@ -681,9 +469,9 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
             for k, v in raw.items():
                 q = path + ("parameters", k)
                 if k not in m.defaults:
-                    hint = did_you_mean(str(k), list(m.defaults), n=1, cutoff=_KEY_CUTOFF)
+                    hint = did_you_mean(str(k), list(m.defaults), n=1, cutoff=KEY_CUTOFF)
                     ctx.add(q, f"method '{method}' has no parameter {quote_name(str(k))}; it takes "
-                               f"{_choices(list(m.defaults)) or 'none'}.{hint}", key=True)
+                               f"{show_choices(list(m.defaults)) or 'none'}.{hint}", key=True)
                     continue
                 default = m.defaults[k]
 
@@ -700,23 +488,23 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
                 if value is not None:
                     parameters[k] = value
     options = {
-        "keys": _get_enum(c, "keys", path, ctx, KEYS, "strict"),
-        "integers": _get_enum(c, "integers", path, ctx, INTEGERS, "last"),
-        "accumulate": _get_enum(c, "accumulate", path, ctx, ACCUMULATE, "float64"),
-        "optimizer": _get_bool(c, "optimizer", path, ctx, False),
+        "keys": get_enum(c, "keys", path, ctx, KEYS, "strict"),
+        "integers": get_enum(c, "integers", path, ctx, INTEGERS, "last"),
+        "accumulate": get_enum(c, "accumulate", path, ctx, ACCUMULATE, "float64"),
+        "optimizer": get_bool(c, "optimizer", path, ctx, False),
     }
     if c.get("dtype") is not None:
-        options["dtype"] = _get_enum(c, "dtype", path, ctx, ("float16", "bfloat16", "float32", "float64"), None)
+        options["dtype"] = get_enum(c, "dtype", path, ctx, ("float16", "bfloat16", "float32", "float64"), None)
     rules: Dict[str, Any] = {}
-    name = _get_name(c, "name", path, ctx, False, "a source name")
+    name = get_name(c, "name", path, ctx, False, "a source name")
     if name is not None:
         rules["name"] = name
     for key, value in (("map", _get_map(c, path, ctx)), ("regex", _get_regex(c, path, ctx)),
-                       ("include", _get_globs(c, "include", path, ctx)), ("exclude", _get_globs(c, "exclude", path, ctx))):
+                       ("include", get_globs(c, "include", path, ctx)), ("exclude", get_globs(c, "exclude", path, ctx))):
         if value is not None:
             rules[key] = value
     if c.get("layout") is not None:
-        rules["layout"] = _get_enum(c, "layout", path, ctx, _layouts(), None)
+        rules["layout"] = get_enum(c, "layout", path, ctx, _layouts(), None)
     return CombineConfig(method=method, models=models, run=run, last=last, steps=steps, every=every, base=base,
                          parameters=parameters, options=options, rules=rules)
 
@@ -739,7 +527,7 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         ctx.add((), f"expected a mapping of options (sources, allow_missing, ...) at the top level, "
                     f"received {show(data)}.")
         return None
-    suggested = _check_keys(data, TOP_LEVEL_KEYS, (), ctx, "top")
+    suggested = check_keys(data, TOP_LEVEL_KEYS, (), ctx, "top")
     sources: List[Optional[SourceConfig]] = []
     combined = _get_combine(data, ctx) if "combine" in data else None
     if "sources" not in data:
@@ -756,19 +544,19 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         else:
             sources = [_get_source(entry, ("sources", i), ctx) for i, entry in enumerate(raw)]
             _check_labels(sources, ctx)
-    allow = _get_globs(data, "allow_missing", (), ctx)
+    allow = get_globs(data, "allow_missing", (), ctx)
     plan_options = {
         "allow_missing": allow if allow is not None else [],
-        "on_conflict": _get_enum(data, "on_conflict", (), ctx, ON_CONFLICT, "error"),
-        "on_shape_mismatch": _get_enum(data, "on_shape_mismatch", (), ctx, ON_SHAPE_MISMATCH, "error"),
-        "cast": _get_bool(data, "cast", (), ctx, False),
-        "verify": _get_bool(data, "verify", (), ctx, True),
+        "on_conflict": get_enum(data, "on_conflict", (), ctx, ON_CONFLICT, "error"),
+        "on_shape_mismatch": get_enum(data, "on_shape_mismatch", (), ctx, ON_SHAPE_MISMATCH, "error"),
+        "cast": get_bool(data, "cast", (), ctx, False),
+        "verify": get_bool(data, "verify", (), ctx, True),
     }
-    strict = _get_bool(data, "strict", (), ctx, True)
+    strict = get_bool(data, "strict", (), ctx, True)
     conventions = _get_conventions(data, ctx)
-    target = _get_path(data, "target", (), ctx, kind="checkpoint")
-    output = _get_path(data, "output", (), ctx, kind="output")
-    record_paths = _get_bool(data, "record_paths", (), ctx, True)
+    target = get_path(data, "target", (), ctx, kind="checkpoint")
+    output = get_path(data, "output", (), ctx, kind="output")
+    record_paths = get_bool(data, "record_paths", (), ctx, True)
     if ctx.problems:
         return None
     return Config(path=file, sources=[s for s in sources if s is not None], plan_options=plan_options,
