@@ -3,8 +3,10 @@ that are damaged or half what they claim, and what is recognised as what.
 
 * A zero-element shape whose dimensions multiply past 2**63 (``(0, 2**61, 2**61)``) cannot be an
   array: each reader refuses it with a ``CheckpointFormatError`` naming the file and tensor
-  (one check, ``ckptmerge.formats.base.too_large_for_numpy``; Orbax's zarr metadata too), and ``show``, ``ls --stats``,
-  ``diff``, ``merge`` and ``cm.load`` say so in one line instead of a numpy traceback.
+  (one check, ``ckptmerge.formats.base.shape_problem``; Orbax's zarr metadata too), and ``ls``
+  (``--json`` too: the safetensors, NumPy, Keras h5 and Orbax readers refuse it when they list the
+  file), ``show``, ``ls --stats``, ``diff``, ``merge`` and ``cm.load`` say so in one line instead
+  of a numpy traceback.
 * A name that is not valid Unicode (a lone surrogate, as an undecodable byte of a file name
   gives) goes through ``suggest`` and is refused by a safetensors merge with a clear error.
 * A damaged ``.safetensors``, an ``.npz`` with a member that is not an array, a folder whose
@@ -27,7 +29,7 @@ import ckptmerge as cm
 from _cli_util import assert_one_line_error, run, write_config
 from ckptmerge.errors import CheckpointFormatError, RuleError
 from ckptmerge.formats import NumpyReader, open_checkpoint
-from ckptmerge.formats.base import too_large_for_numpy
+from ckptmerge.formats.base import shape_problem, too_large_for_numpy
 
 HUGE = [0, 2 ** 61, 2 ** 61]
 
@@ -122,6 +124,42 @@ def test_the_commands_refuse_an_overflowing_shape_in_one_line(tmp_path, kind):
         result = run(*args)
         assert_one_line_error(result, "too large for any array", name)
     assert not (tmp_path / "out").exists() or not [p for p in (tmp_path / "out").iterdir()]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_listing_refuses_an_overflowing_shape_as_the_other_commands_do(tmp_path, kind):
+    """Regression: ``ls --json`` of a Keras weights file listed such a dataset with exit 0 while
+    ``show`` and ``merge`` refused it (the h5 reader checked only when values were read)."""
+    make, name = MAKERS[kind]
+    path = make(tmp_path / name)
+    for args in (("ls", path, "--json"), ("ls", path), ("show", path, "ok")):
+        result = run(*args)
+        assert_one_line_error(result, "too large for any array", name, "'huge", "(0, 2305843009213693952")
+
+
+@pytest.mark.parametrize("dims", [(0, 2 ** 40, 2 ** 40), (0, 2 ** 31, 2 ** 31, 2 ** 31)])
+def test_a_keras_weights_file_is_refused_when_listed(tmp_path, dims):
+    path = tmp_path / "m.weights.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("layers/dense/vars/0", shape=dims, maxshape=(None, *dims[1:]), dtype="f4",
+                         chunks=(1,) * len(dims))
+        f["layers/dense/vars/1"] = np.ones(2, np.float32)
+    with pytest.raises(CheckpointFormatError, match="too large for any array") as err:
+        open_checkpoint(str(path))
+    assert err.value.key == "layers/dense/vars/0" and err.value.path == str(path)
+    result = run("ls", path, "--json")
+    assert_one_line_error(result, "m.weights.h5", "dataset 'layers/dense/vars/0' has shape", str(dims))
+
+
+def test_the_shared_shape_check_names_what_is_wrong():
+    assert shape_problem((0, 2 ** 40, 2 ** 40), 4).startswith("has shape (0, 1099511627776, 1099511627776), too large")
+    assert shape_problem((0, 2 ** 30, 2 ** 30), 4) is None  # 2**62 bytes of nothing: numpy makes it
+    assert shape_problem([2, "3"], 4) == "has an invalid shape [2, '3']"
+    assert shape_problem([True], 4) == "has an invalid shape [True]"
+    assert shape_problem([1] * 65, 4).startswith("has an invalid shape")
+    assert shape_problem("x\n", 4) == "has an invalid shape 'x\\n'"
+    assert shape_problem([2 ** 62], 1).startswith("has an invalid shape")
+    assert shape_problem([], 8) is None and shape_problem((3, 0, 5), 2) is None
 
 
 def _non_utf8_name_dir(root: Path, scope: str) -> Path:

@@ -26,12 +26,13 @@ from ckptmerge.errors import (
 )
 from ckptmerge.formats.dtypes import as_dtype, tf_dtype_name
 from ckptmerge.specs import VariableInfo, by_name
+from ckptmerge.text import escape_name
 
 if TYPE_CHECKING:  # (only a type hint: the readers that give ranges import it)
     from ckptmerge.formats.ranges import TensorRanges
 
 __all__ = ["CheckpointReader", "UnknownTensorError", "aligned_empty", "contiguous_chunks", "unreadable_dtype_error",
-           "too_large_for_numpy", "ALIGN", "CHUNK_ELEMENTS"]
+           "too_large_for_numpy", "shape_problem", "ALIGN", "CHUNK_ELEMENTS", "MAX_RANK"]
 
 #: Buffer alignment: TF tensors need 64 bytes (Eigen), so aligned arrays can become tensors
 #: (DLPack, graph feeds) without a copy.
@@ -71,6 +72,31 @@ def too_large_for_numpy(shape: Any, itemsize: int) -> bool:
     for d in shape:
         n *= max(d, 1)
     return n >= 1 << 63
+
+
+#: The most dimensions a tensor may declare (TensorFlow's limit is 254, numpy's 64).
+MAX_RANK = 64
+
+
+def shape_problem(shape: Any, itemsize: int) -> Optional[str]:
+    """Why no array can have the ``shape`` a file declares for a tensor of ``itemsize``-byte
+    elements, as the end of a sentence whose subject is the tensor; ``None`` if it is fine.
+    The one check of a declared shape every reader makes when it lists a file, so listing,
+    showing and merging a file agree: a list or tuple of at most :data:`MAX_RANK` ints in
+    ``[0, 2**62)`` that numpy can make an array of (:func:`too_large_for_numpy`).
+
+    Example:
+        >>> shape_problem((0, 2**61, 2**61), 4)[:60]
+        'has shape (0, 2305843009213693952, 2305843009213693952), too'
+        >>> shape_problem([3, -1], 4), shape_problem((3, 4), 4)
+        ('has an invalid shape [3, -1]', None)
+    """
+    if (not isinstance(shape, (list, tuple)) or len(shape) > MAX_RANK
+            or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
+        return f"has an invalid shape {escape_name(repr(shape)[:80])}"
+    if too_large_for_numpy(shape, itemsize):
+        return f"has shape {tuple(shape)}, too large for any array (its dimensions multiply past 2**63)"
+    return None
 
 
 def contiguous_chunks(dtype: np.dtype, count: int, max_elements: int,

@@ -47,7 +47,7 @@ from ckptmerge.errors import (
     UnsafeCheckpointError,
     format_list,
 )
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, shape_problem
 from ckptmerge.formats.dtypes import TF_DTYPE_NAMES, ML_ITEMSIZE, LazyDtypes, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import pread_into
@@ -403,6 +403,7 @@ class H5Reader(CheckpointReader):
         problems: List[Tuple[str, str]] = []
         layer_names: dict = {}
         weight_names: dict = {}  # Keras 2 / legacy h5: dataset path -> the weight's own name
+        bad_shapes: List[Tuple[str, Optional[str]]] = []  # (dataset path, why no array has its shape)
 
         def visit(name: str, obj: Any) -> None:
             if not isinstance(obj, h5py.Dataset):
@@ -427,6 +428,8 @@ class H5Reader(CheckpointReader):
             nbytes = 0 if obj.shape is None else math.prod(shape) * obj.dtype.itemsize
             if odd is not None:
                 self._not_tensors[name] = odd[1]
+            elif shape_problem(shape, obj.dtype.itemsize):
+                bad_shapes.append((name, shape_problem(shape, obj.dtype.itemsize)))
             vname = normalize_name(name)
             self._datasets[vname] = name
             infos.append(VariableInfo(vname, shape, odd[0] if odd else dtype_name(dt), name, kind, nbytes))
@@ -446,6 +449,10 @@ class H5Reader(CheckpointReader):
                 f"the file you name, and {plural(len(lines), 'entry', 'entries')} would make it: "
                 f"{'; '.join(lines[:5])}{more}. {_FIX_UNSAFE}",
                 path=self.path, key=problems[0][0], problems=lines)
+        if bad_shapes:  # refused when listed, as every reader does (never listed, then refused when read)
+            self.close()
+            key, problem = bad_shapes[0]
+            raise self._error(f"dataset {key!r} {problem}", key)
         if len({i.name for i in infos}) != len(infos):  # "a:0" and "a" in one file
             infos = [VariableInfo(i.raw_key, i.shape, i.dtype, i.raw_key, i.kind, i.nbytes) for i in infos]
             self._datasets = {i.raw_key: i.raw_key for i in infos}
@@ -543,11 +550,7 @@ class H5Reader(CheckpointReader):
                 "leave it out of merges and restores.", path=self.path, key=key)
         f = self._open()
         with self._h5_errors(key), self._lock:
-            ds = f[key]
-            if too_large_for_numpy(info.shape, ds.dtype.itemsize):
-                raise self._error(f"dataset {key!r} has shape {info.shape}, too large for any array (its "
-                                  "dimensions multiply past 2**63)", key)
-            self._check_size(ds, info)
+            self._check_size(f[key], info)
 
     def _load(self, info: VariableInfo, sel: Tuple[Any, ...] = ()) -> np.ndarray:
         """Read dataset ``info`` (or the part ``sel`` selects) once, into the array returned."""

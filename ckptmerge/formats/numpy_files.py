@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, too_large_for_numpy
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, shape_problem
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into
@@ -139,11 +139,9 @@ def _parse_npy_header(stream: Any, where: str, error: Any) -> Tuple[np.dtype, Tu
                     "it could run code. Save plain numeric arrays instead")
     if dtype.names is not None or dtype.subdtype is not None:
         raise error(f"{where} has structured dtype {dtype}, which is not a tensor dtype")
-    if not all(isinstance(s, int) and 0 <= s < 2 ** 62 for s in shape) or len(shape) > 64:
-        raise error(f"{where}: invalid shape {shape!r}")
-    if too_large_for_numpy(shape, dtype.itemsize):
-        raise error(f"{where}: shape {tuple(shape)} of {dtype} is too large for any array (its dimensions "
-                    "multiply past 2**63)")
+    problem = shape_problem(shape, dtype.itemsize)
+    if problem:
+        raise error(f"{where} {problem}")
     return dtype, tuple(int(s) for s in shape), bool(fortran), raw
 
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, too_large_for_numpy
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, shape_problem
 from ckptmerge.formats.dtypes import dtype_name
 from ckptmerge.formats.ocdbt import OcdbtUnsupported, read_keys
 from ckptmerge.formats.orbax_msgpack import checked_dtype_name, numpy_dtype_named, parse_aggregate
@@ -625,9 +625,9 @@ class OrbaxReader(CheckpointReader):
         if not isinstance(meta, dict):
             raise bad("is not a JSON object")
         shape = meta.get("shape")
-        if (not isinstance(shape, list) or len(shape) > 64
-                or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
-            raise bad(f"has an invalid shape {escape_name(repr(shape)[:60])}")
+        problem = shape_problem(shape, 1)  # (again with its dtype's itemsize below)
+        if problem:
+            raise bad(problem)
         shape_t = tuple(shape)
         if driver == "zarr":
             if meta.get("zarr_format") != 2:
@@ -662,8 +662,9 @@ class OrbaxReader(CheckpointReader):
             dtname, itemsize = checked_dtype_name(dt_field)
         except ValueError as e:
             raise bad(f"has a dtype ckptmerge does not read ({escape_name(e)})") from None
-        if too_large_for_numpy(shape_t, itemsize):  # (0, 2**61, 2**61): no data, yet no array either
-            raise bad(f"has shape {shape_t}, too large for any array (its dimensions multiply past 2**63)")
+        problem = shape_problem(shape_t, itemsize)  # (0, 2**61, 2**61): no data, yet no array either
+        if problem:
+            raise bad(problem)
         return meta, dtname, itemsize, shape_t, (inner[0] if inner else 1)
 
     def _codecs_ok(self, codecs: Any) -> bool:

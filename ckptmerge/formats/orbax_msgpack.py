@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CkptMergeError
-from ckptmerge.formats.base import too_large_for_numpy
+from ckptmerge.formats.base import shape_problem
 from ckptmerge.formats.dtypes import ML_ITEMSIZE, ml_dtype
 from ckptmerge.text import escape_name
 
@@ -33,8 +33,6 @@ AGGREGATED = "AGGREGATED://"
 #: ``(tree path, kind, value)``: kind ``"array"`` (a NumPy array, read-only view of the file),
 #: ``"stored"`` (value: the param name of a TensorStore array), ``"string"`` (value: bytes).
 Leaf = Tuple[Tuple[str, ...], str, Any]
-
-_MAX_DIMS = 64
 
 
 def checked_dtype_name(name: Any) -> Tuple[str, int]:
@@ -78,11 +76,9 @@ def numpy_dtype_named(name: Any) -> np.dtype:
 
 
 def _check_shape(shape: Any, itemsize: int) -> Tuple[int, ...]:
-    if (not isinstance(shape, (list, tuple)) or len(shape) > _MAX_DIMS
-            or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
-        raise ValueError(f"invalid shape {shape!r}")
-    if too_large_for_numpy(shape, itemsize):
-        raise ValueError(f"shape {tuple(shape)} is too large for any array (its dimensions multiply past 2**63)")
+    problem = shape_problem(shape, itemsize)
+    if problem:
+        raise ValueError(f"an array {problem}")
     return tuple(shape)
 
 

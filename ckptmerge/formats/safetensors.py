@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnreadableTensorError
-from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, too_large_for_numpy
+from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, shape_problem
 from ckptmerge.formats.dtypes import LazyDtypes, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
@@ -294,9 +294,6 @@ class SafetensorsReader(CheckpointReader):
         code, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
         if not isinstance(code, str):
             raise self._error(f"tensor {name!r} has no dtype", file, name)
-        if (not isinstance(shape, list) or len(shape) > 64
-                or not all(type(d) is int and 0 <= d < 2 ** 62 for d in shape)):
-            raise self._error(f"tensor {name!r} has an invalid shape {shape!r}", file, name)
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
             raise self._error(f"tensor {name!r} has invalid data_offsets {offsets!r}", file, name)
@@ -313,9 +310,9 @@ class SafetensorsReader(CheckpointReader):
             raise self._error(f"tensor {name!r} has dtype {escape_name(code)[:40]!r}, which is no safetensors "
                               f"dtype (they are {', '.join(sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPES]))})",
                               file, name)
-        if too_large_for_numpy(shape, dt.itemsize):
-            raise self._error(f"tensor {name!r} has shape {tuple(shape)}, too large for any array (its "
-                              "dimensions multiply past 2**63)", file, name)
+        problem = shape_problem(shape, dt.itemsize)  # (JSON makes lists, never tuples)
+        if problem:
+            raise self._error(f"tensor {name!r} {problem}", file, name)
         need_bits = math.prod(shape) * bits
         if need_bits % 8:
             raise self._error(f"tensor {name!r} has {math.prod(shape)} elements of {code}, which do not fill "
