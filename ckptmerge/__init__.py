@@ -68,6 +68,8 @@ _LAZY: Dict[str, str] = {
     "Concat": ".alignment.tensorops",
     "Convention": ".alignment.conventions",
     "add_convention": ".alignment.conventions",
+    "FusedConvention": ".alignment.fused",
+    "add_fused_convention": ".alignment.fused",
     "list_variables": ".api",
     "load": ".api",
     "open": ".api",
@@ -106,6 +108,8 @@ __all__ = [
     "Concat",
     "Convention",
     "add_convention",
+    "FusedConvention",
+    "add_fused_convention",
     "Source",
     "Suggestion",
     "Transpose",
@@ -145,6 +149,7 @@ def __dir__() -> List[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .alignment.conventions import Convention, add_convention
+    from .alignment.fused import FusedConvention, add_fused_convention
     from .alignment.tensorops import Concat, ExpandDims, Reshape, Split, Squeeze
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config

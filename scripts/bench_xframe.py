@@ -1,11 +1,12 @@
 """Cross-framework benchmark (issue 19): PyTorch / Hugging Face weights into Keras and KerasHub with
 no map, and back, against KerasHub's own converters.
 
-Part 1, the committed fixtures (tests/fixtures/xframe: BERT, GPT-2, Llama, ViT, ResNet-18 as
-PyTorch saved them). Per pair: each fixture restored into its KerasHub backbone (or, for
+Part 1, the committed fixtures (tests/fixtures/xframe: BERT, GPT-2, Llama, Phi-3, ViT, ResNet-18
+as PyTorch saved them). Per pair: each fixture restored into its KerasHub backbone (or, for
 ResNet-18, a Keras twin with default layer names) with ``Source(layout="torch",
 align="structure")`` and no map; assigned / wrong / unresolved targets against the ground truth
-of tests/_xframe.py (KerasHub's converters' own port_weight calls), the largest output difference
+of tests/_xframe.py (KerasHub's converters' own port_weight calls; for Phi-3 the mapping of
+KerasHub's conversion script), the largest output difference
 against PyTorch's outputs, and whether merging the restored model back out with
 ``layout="torch"`` and the fixture as the template gives the PyTorch file bit for bit.
 

@@ -10,7 +10,7 @@ it reads the committed files with ckptmerge and keras-hub only.
 
 For each model it writes ``OUT_DIR/NAME/``:
 
-- the Hugging Face models (``bert``, ``gpt2``, ``llama``, ``vit``): ``save_pretrained(dir,
+- the Hugging Face models (``bert``, ``gpt2``, ``llama``, ``phi3``, ``vit``): ``save_pretrained(dir,
   safe_serialization=True)``, i.e. ``config.json`` plus ``model.safetensors``;
 - ``resnet18``: ``model.safetensors`` holding torchvision's ResNet-18 ``state_dict`` (ResNet with
   ``BasicBlock`` and ``[2, 2, 2, 2]`` blocks, as ``torchvision.models.resnet18``, at 1/16 of its
@@ -119,6 +119,29 @@ def make_llama(out: str) -> None:
             {"sequence_output": o.last_hidden_state.numpy()})
 
 
+def make_phi3(out: str) -> None:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # Fused tensors of their own: qkv_proj holds query (4 heads), key and value (2 heads each)
+    # one after the other, so the three parts have unequal sizes (16, 8, 8 rows); gate_up_proj
+    # holds the gate (rows 0..39) then the up projection (rows 40..79): Phi3MLP.forward's
+    # ``gate, up = gate_up_proj(x).chunk(2, dim=-1)``.
+    cfg = Phi3Config(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                     original_max_position_embeddings=32, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                     attn_implementation="eager")
+    torch.manual_seed(SEED)
+    model = Phi3ForCausalLM(cfg).eval()  # with its untied lm_head (KerasHub's reverse_embeddings)
+    randomise(model, SEED + 5)
+    ids = np.random.default_rng(SEED + 5).integers(0, 50, (2, 8)).astype(np.int64)
+    mask = np.ones_like(ids)
+    with torch.no_grad():
+        o = model.model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    save_hf(model, out, {"token_ids": ids, "padding_mask": mask},
+            {"sequence_output": o.last_hidden_state.numpy()})
+
+
 def make_vit(out: str) -> None:
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -172,7 +195,8 @@ def make_resnet18(out: str) -> None:
              logits=logits.numpy())
 
 
-MAKERS = {"bert": make_bert, "gpt2": make_gpt2, "llama": make_llama, "vit": make_vit, "resnet18": make_resnet18}
+MAKERS = {"bert": make_bert, "gpt2": make_gpt2, "llama": make_llama, "phi3": make_phi3, "vit": make_vit,
+          "resnet18": make_resnet18}
 
 
 def main(argv=None) -> int:

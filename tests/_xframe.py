@@ -22,9 +22,10 @@ import numpy as np
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "xframe")
 
-#: pair name -> KerasHub backbone class name (resnet18: the Keras twin below).
+#: pair name -> KerasHub backbone class name, for the pairs KerasHub converts from a Hugging Face
+#: folder (phi3: KerasHub's Phi3Backbone, built from the fixture's config; resnet18: the Keras twin below).
 BACKBONES = {"bert": "BertBackbone", "gpt2": "GPT2Backbone", "llama": "LlamaBackbone", "vit": "ViTBackbone"}
-PAIRS = (*BACKBONES, "resnet18")
+PAIRS = (*BACKBONES, "phi3", "resnet18")
 
 
 def fixture_dir(name: str) -> str:
@@ -148,7 +149,69 @@ def fresh_backbone(name: str) -> Any:
     """The fixture's KerasHub backbone from its config alone (random weights, nothing ported)."""
     import keras_hub
 
+    if name == "phi3":
+        return phi3_backbone()
     return getattr(keras_hub.models, BACKBONES[name]).from_preset(fixture_dir(name), load_weights=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Phi-3: KerasHub has the backbone but no converter from a Hugging Face folder
+
+
+def phi3_config() -> Dict[str, Any]:
+    import json
+
+    with open(os.path.join(FIXTURES, "phi3", "config.json")) as f:
+        return json.load(f)
+
+
+def phi3_backbone() -> Any:
+    """``keras_hub.models.Phi3Backbone`` for the fixture's config (as KerasHub's
+    tools/checkpoint_conversion/convert_phi3_checkpoints.py builds it), random weights."""
+    import keras_hub
+
+    c = phi3_config()
+    return keras_hub.models.Phi3Backbone(
+        vocabulary_size=c["vocab_size"], num_layers=c["num_hidden_layers"], hidden_dim=c["hidden_size"],
+        intermediate_dim=c["intermediate_size"], num_query_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"], layer_norm_epsilon=c["rms_norm_eps"],
+        max_sequence_length=c["max_position_embeddings"],
+        pretraining_sequence_length=c["original_max_position_embeddings"],
+        rope_max_wavelength=c["rope_parameters"]["rope_theta"], dtype="float32")
+
+
+def phi3_truth() -> Dict[str, Truth]:
+    """The ground truth of the Phi-3 pair, written after KerasHub's own Phi-3 conversion script
+    (tools/checkpoint_conversion/convert_phi3_checkpoints.py): ``qkv_proj.weight.T`` split into
+    query (the first heads * head_dim columns), key and value (kv_heads * head_dim each), reshaped
+    into heads; ``gate_up_proj.weight.T`` split into the gate (first half) and
+    ``feedforward_intermediate_dense`` (second half); ``lm_head.weight.T`` is
+    ``reverse_embeddings``; ``o_proj.weight.T`` reshaped to (heads, head_dim, hidden)."""
+    c = phi3_config()
+    raw = source_tensors("phi3")
+    heads, kv, hidden, inter = (c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"],
+                                c["intermediate_size"])
+    d = hidden // heads
+    out = {"token_embedding/embeddings": ("model.embed_tokens.weight", raw["model.embed_tokens.weight"]),
+           "token_embedding/reverse_embeddings": ("lm_head.weight", raw["lm_head.weight"].T),
+           "sequence_output_layernorm/scale": ("model.norm.weight", raw["model.norm.weight"])}
+    for i in range(c["num_hidden_layers"]):
+        p, t = f"model.layers.{i}.", f"transformer_layer_{i}/"
+        out[t + "pre_attention_layernorm/scale"] = (p + "input_layernorm.weight", raw[p + "input_layernorm.weight"])
+        out[t + "post_attention_layernorm/scale"] = (p + "post_attention_layernorm.weight",
+                                                     raw[p + "post_attention_layernorm.weight"])
+        qkv = raw[p + "self_attn.qkv_proj.weight"].T
+        out[t + "attention/query/kernel"] = (p + "self_attn.qkv_proj.weight", qkv[:, :heads * d].reshape(hidden, heads, d))
+        out[t + "attention/key/kernel"] = (p + "self_attn.qkv_proj.weight",
+                                           qkv[:, heads * d:(heads + kv) * d].reshape(hidden, kv, d))
+        out[t + "attention/value/kernel"] = (p + "self_attn.qkv_proj.weight", qkv[:, (heads + kv) * d:].reshape(hidden, kv, d))
+        out[t + "attention/attention_output/kernel"] = (p + "self_attn.o_proj.weight",
+                                                        raw[p + "self_attn.o_proj.weight"].T.reshape(heads, d, hidden))
+        gate_up = raw[p + "mlp.gate_up_proj.weight"].T
+        out[t + "feedforward_gate_dense/kernel"] = (p + "mlp.gate_up_proj.weight", gate_up[:, :inter])
+        out[t + "feedforward_intermediate_dense/kernel"] = (p + "mlp.gate_up_proj.weight", gate_up[:, inter:])
+        out[t + "feedforward_output_dense/kernel"] = (p + "mlp.down_proj.weight", raw[p + "mlp.down_proj.weight"].T)
+    return {path: Truth(key, _op_of(raw[key], value), np.ascontiguousarray(value)) for path, (key, value) in out.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,6 +289,8 @@ def target_and_truth(name: str) -> Tuple[Any, Dict[str, Truth]]:
     if name == "resnet18":
         model, truth = resnet18_twin()
         return model, resnet18_truth_values(truth)
+    if name == "phi3":
+        return phi3_backbone(), phi3_truth()
     _, truth = keras_hub_truth(name)
     return fresh_backbone(name), truth
 

@@ -21,7 +21,7 @@ def f32(name, *shape):
     return VariableInfo(name, tuple(shape), "float32")
 
 
-# -- the five pairs ---------------------------------------------------------------------------------
+# -- the pairs ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=X.PAIRS)
 def restored(request):
@@ -67,6 +67,20 @@ def test_reshaped_and_split_tensors_say_so_in_the_report(restored):
     assert any(t.startswith("reshaped (16, 16)->(16, 4, 4)") for t in query.transforms)
     report = plan.report(limit=None)
     assert "columns 0..15 of 48" in report and "reshaped (16, 16)->(16, 4, 4)" in report
+
+
+def test_phi3s_fused_qkv_and_gate_up_are_split_and_their_report_lines_say_which_rows(restored):
+    name, model, truth, plan, _ = restored
+    if name != "phi3":
+        pytest.skip("Phi-3 fuses a grouped-query qkv_proj and a gate_up_proj")
+    key = plan.assignments["transformer_layer_0/attention/key/kernel"]
+    assert key.key == "model.layers.0.self_attn.qkv_proj.weight"
+    gate = plan.assignments["transformer_layer_1/feedforward_gate_dense/kernel"]
+    up = plan.assignments["transformer_layer_1/feedforward_intermediate_dense/kernel"]
+    assert gate.key == up.key == "model.layers.1.mlp.gate_up_proj.weight"
+    report = plan.report(limit=None)
+    assert "fused q,k,v Linear weight (16+8+8,in): rows 16..23 of 32, transposed" in report
+    assert "fused gate_proj,up_proj Linear weight (2*out,in): rows 40..79 of 80, transposed" in report
 
 
 def test_the_vit_position_table_is_squeezed_and_its_report_line_says_so(restored):

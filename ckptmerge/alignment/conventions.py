@@ -79,7 +79,7 @@ class Convention:
 
 #: The built-in table: (names, role, why). Roles are made-up words, so that they match only each other.
 CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm")) for n, r, w in (
-    (("input_layernorm", "ln_1", "layernorm_before", "attention_norm", "self_attention_layernorm",
+    (("input_layernorm", "ln_1", "layernorm_before", "attention_norm", "self_attention_layernorm", "pre_attention_layernorm",
       "self_attention_layer_norm", "attention/output/LayerNorm", "layer_norm_1", "norm1", "attn_norm"),
      "attnnorm", "the norm of the attention sub-block (before it in pre-norm models, after it in BERT)"),
     (("post_attention_layernorm", "ln_2", "layernorm_after", "ffn_norm", "feedforward_layernorm",

@@ -150,7 +150,8 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
             pieces = tuple(sorted(pieces, key=lambda p: p.entry.perm[1]))
             names = ", ".join(f"{p.name!r}" for p in pieces)
             axis = first.perm[0]
-            recipes[key] = Recipe(info, "split", pieces, note=f"{names} joined along axis {axis} (fused q,k,v)")
+            fused = first.note.split(" Conv1D ")[0].split(" Linear ")[0].split(" bias")[0]  # 'fused q,k,v'
+            recipes[key] = Recipe(info, "split", pieces, note=f"{names} joined along axis {axis} ({fused})")
             continue
         (piece,) = pieces if len(pieces) == 1 else (None,)
         if piece is None:  # pragma: no cover - torch_layout gives one entry per tensor but for splits

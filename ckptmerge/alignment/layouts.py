@@ -41,6 +41,7 @@ import numpy as np
 from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
 from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
 from .features import tokens
+from .fused import FusedConvention, fused_row, part_sizes
 
 __all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "layout_of", "apply_entry",
            "likely_target", "transpose_into"]
@@ -49,9 +50,6 @@ __all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "l
 LAYOUTS = ("torch", "flax")
 
 _EMBED = re.compile(r"(^|[_.])(" + "|".join(map(re.escape, EMBEDDING_MODULES)) + r")$", re.IGNORECASE)
-#: Fused query/key/value modules whose output axis holds q, k, v one after the other (GPT-2's
-#: ``c_attn``, timm's ``qkv``); per-head interleaved fusions (BLOOM's ``query_key_value``) are not here.
-_FUSED_QKV = ("c_attn", "qkv")
 _LINEAR = re.compile(r"(^|[_.])(linear|fc\d*|dense|proj|q_proj|k_proj|v_proj|o_proj|out_proj|query|key|value|"
                      r"qkv|out|output|gate|gate_proj|up|up_proj|down|down_proj|lm_head|head|classifier|"
                      r"pooler|mlp|c_fc|c_proj|c_attn|w\d|attn|fc_in|fc_out)$", re.IGNORECASE)
@@ -71,6 +69,8 @@ class LayoutEntry:
         perm: the axis permutation of ``"transpose"``/``"gates"``.
         order: gate block order (``"gates"``, ``"sum"``, ``"stack"``).
         note: what was done, for reports (``"transposed (out,in)->(in,out)"``); empty for a copy.
+        sizes: for ``"split"`` (``perm`` = axis, index, parts): the sizes of the parts where they
+            differ (a grouped-query ``qkv_proj``); empty for equal parts.
     """
 
     info: VariableInfo
@@ -79,6 +79,7 @@ class LayoutEntry:
     perm: Tuple[int, ...] = ()
     order: Tuple[int, ...] = ()
     note: str = ""
+    sizes: Tuple[int, ...] = ()
 
 
 @dataclass
@@ -88,6 +89,10 @@ class Layout:
     entries: Dict[str, LayoutEntry] = field(default_factory=dict)
     undecided: List[Tuple[str, str]] = field(default_factory=list)
     name: str = "torch"
+    #: fused modules (:mod:`ckptmerge.alignment.fused`) kept whole: ``[(tensor name, why)]``
+    unsplit: List[Tuple[str, str]] = field(default_factory=list)
+    #: whether a fused module's split waits for the targets' shapes (see :func:`torch_layout`)
+    needs_targets: bool = False
 
     def findings(self, label: str, targets: Sequence[VariableInfo] = ()) -> List[str]:
         """One line per undecided tensor, for the plan's findings; with ``targets``, each names the
@@ -159,12 +164,17 @@ def _kind(module: str, params: Dict[str, VariableInfo]) -> str:
     return "other"
 
 
-def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
+def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto",
+                 targets: Optional[Sequence[VariableInfo]] = None) -> Layout:
     """Map a PyTorch ``state_dict``'s tensors to Keras/TF names, shapes and transforms.
 
     Args:
         infos: the source's tensors (names as PyTorch writes them, ``.`` between scopes).
         rnn: ``"lstm"``, ``"gru"`` or ``"auto"`` (by gate count: 4 blocks LSTM, 3 GRU).
+        targets: the Keras tensors the entries are meant for, where known: the sizes of a
+            fused module's parts that are not equal by convention come from them (see
+            :func:`~ckptmerge.alignment.fused.part_sizes`); without them such a module is kept
+            whole and ``needs_targets`` is set.
 
     Returns:
         A :class:`Layout`; tensors it does not know keep their values under ``/`` names.
@@ -192,18 +202,24 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
             kinds[module] = "conv1d" if leaves and not linear else "undecided"
 
     def add(name: str, shape: Sequence[int], src: Sequence[VariableInfo], op: str = "copy", *,
-            perm: Sequence[int] = (), order: Sequence[int] = (), note: str = "", kind: Optional[str] = None) -> None:
+            perm: Sequence[int] = (), order: Sequence[int] = (), note: str = "", kind: Optional[str] = None,
+            sizes: Sequence[int] = ()) -> None:
         first = src[0]
         nbytes = int(np.prod(shape)) * (first.nbytes // max(first.size, 1)) if first.size else 0
         info = VariableInfo(name, tuple(int(d) for d in shape), first.dtype, first.raw_key, kind or first.kind, nbytes)
-        out.entries[name] = LayoutEntry(info, tuple(s.raw_key for s in src), op, tuple(perm), tuple(order), note)
+        out.entries[name] = LayoutEntry(info, tuple(s.raw_key for s in src), op, tuple(perm), tuple(order), note,
+                                        tuple(sizes))
 
     for module, params in modules.items():
         scope = _slash(module) + "/" if module else ""
         kind = kinds[module]
         done = set()
-        leaf = module.rsplit(".", 1)[-1]
-        if kind in ("linear", "conv1d") and leaf in _FUSED_QKV and _split_qkv(scope, params, kind, add):
+        row = fused_row(module.rsplit(".", 1)[-1]) if kind in ("linear", "conv1d") else None
+        split, why = _split_fused(scope, params, kind, add, row, targets) if row is not None else (False, "")
+        if row is not None and not split:
+            out.unsplit.append((_slash(params["weight"].name), why))
+            out.needs_targets |= targets is None and not row.equal
+        if split:
             done |= {"weight", "bias"}
         elif kind == "conv1d":  # Hugging Face Conv1D: weight (in, out) is already a Keras kernel
             w = params["weight"]
@@ -253,26 +269,39 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto") -> Layout:
     return out
 
 
-def _split_qkv(scope: str, params: Dict[str, VariableInfo], kind: str, add) -> bool:
-    """A fused query/key/value module as three modules ``query``, ``key``, ``value`` under its scope
-    (each kernel ``(in, out/3)``); False when its output does not divide by three."""
+def _split_fused(scope: str, params: Dict[str, VariableInfo], kind: str, add, row: FusedConvention,
+                 targets: Optional[Sequence[VariableInfo]]) -> Tuple[bool, str]:
+    """A fused module (a row of :data:`~ckptmerge.alignment.fused.FUSED`) as one module per part
+    under its scope, named as the row says (each kernel ``(in, size)``); ``(False, why not)`` when
+    the sizes of its parts are not known (see :func:`~ckptmerge.alignment.fused.part_sizes`)."""
     w, b = params["weight"], params.get("bias")
-    rows = w.shape[1] if kind == "conv1d" else w.shape[0]
-    if rows % 3 or (b is not None and b.shape != (rows,)):
-        return False
-    part = rows // 3
-    for i, name in enumerate(("query", "key", "value")):
-        lo, hi = i * part, (i + 1) * part
+    rows, fan_in = (w.shape[1], w.shape[0]) if kind == "conv1d" else (w.shape[0], w.shape[1])
+    if b is not None and tuple(b.shape) != (rows,):
+        return False, f"its bias {tuple(b.shape)} is not one entry per output ({rows})"
+    sizes, why = part_sizes(row, rows, fan_in, targets) if targets is not None else (
+        part_sizes(row, rows, fan_in, ()) if row.equal else (None, "the targets are not known yet"))
+    if sizes is None:
+        return False, why
+    n = len(sizes)
+    equal = len(set(sizes)) == 1
+    what = ",".join(p[0] if row.parts == ("query", "key", "value") else p for p in row.parts)
+    shape = f"{n}*out" if equal else "+".join(map(str, sizes))
+    lo = 0
+    for i, (name, size) in enumerate(zip(row.parts, sizes)):
+        hi = lo + size
+        split = (1 if kind == "conv1d" else 0, i, n)
+        given = () if equal else tuple(sizes)
         if kind == "conv1d":
-            add(f"{scope}{name}/kernel", (w.shape[0], part), [w], "split", perm=(1, i, 3),
-                note=f"fused q,k,v Conv1D weight (in,3*out): columns {lo}..{hi - 1} of {rows}")
+            add(f"{scope}{name}/kernel", (fan_in, size), [w], "split", perm=split, sizes=given,
+                note=f"fused {what} Conv1D weight (in,{shape}): columns {lo}..{hi - 1} of {rows}")
         else:
-            add(f"{scope}{name}/kernel", (w.shape[1], part), [w], "split", perm=(0, i, 3),
-                note=f"fused q,k,v Linear weight (3*out,in): rows {lo}..{hi - 1} of {rows}, transposed")
+            add(f"{scope}{name}/kernel", (fan_in, size), [w], "split", perm=split, sizes=given,
+                note=f"fused {what} Linear weight ({shape},in): rows {lo}..{hi - 1} of {rows}, transposed")
         if b is not None:
-            add(f"{scope}{name}/bias", (part,), [b], "split", perm=(0, i, 3),
-                note=f"fused q,k,v bias: entries {lo}..{hi - 1} of {rows}")
-    return True
+            add(f"{scope}{name}/bias", (size,), [b], "split", perm=(0, i, n), sizes=given,
+                note=f"fused {what} bias: entries {lo}..{hi - 1} of {rows}")
+        lo = hi
+    return True, why
 
 
 _GATES = {"lstm": 4, "gru": 3}
@@ -428,8 +457,9 @@ def _entry_value(entry: LayoutEntry, values: Sequence[np.ndarray]) -> np.ndarray
     if entry.op == "split":  # perm = (axis, index, parts); a Linear's rows are then transposed
         axis, index, parts = entry.perm
         v = values[0]
-        step = v.shape[axis] // parts
-        piece = np.take(v, range(index * step, (index + 1) * step), axis=axis)
+        sizes = entry.sizes or (v.shape[axis] // parts,) * parts
+        lo = sum(sizes[:index])
+        piece = np.take(v, range(lo, lo + sizes[index]), axis=axis)
         return np.ascontiguousarray(piece.T if v.ndim == 2 and axis == 0 else piece)
     if entry.op == "sum":
         return _reorder(values[0], entry.order) + _reorder(values[1], entry.order)

@@ -571,8 +571,11 @@ def merge_local(
                 targets = template_specs(treader.variables() if kind == "path" else tvalue)
                 tlayout = torch_layout(targets)  # (map targets may be its PyTorch names)
                 views = [h.view(template_rules(h.source.rules(None), tlayout)) for h in handles]
+                produced = _produced_targets(views, on_conflict)
+                if tlayout.needs_targets:  # a fused module whose parts' sizes the Keras tensors give
+                    tlayout = torch_layout(targets, targets=produced)
                 inverse, keras_plan = torch_inverse(
-                    handles, views, _produced_targets(views, on_conflict), targets, template_reader=treader,
+                    handles, views, produced, targets, template_reader=treader,
                     template_label=str(tvalue) if kind == "path" else "the template's specs",
                     on_conflict=on_conflict, cast=cast, layout=tlayout)
                 try:

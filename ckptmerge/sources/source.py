@@ -614,24 +614,41 @@ class LayoutHandle(SourceHandle):
     def __init__(self, inner: SourceHandle) -> None:
         from ..alignment.layouts import layout_of
 
-        layout = layout_of(inner.source.layout, inner.all_variables)
-        src = inner.source
-        # An undecided 2-D weight is settled by the user: a Transpose on its target, or a map
-        # onto an Embedding's 'embeddings'.
-        layout.undecided = [(n, why) for n, why in layout.undecided if not _settled(src, n)]
-        infos = sorted((e.info for e in layout.entries.values()), key=lambda v: v.name)
-        stored = {v.raw_key: tuple(v.shape) for v in inner.all_variables}
-        notes = {n: f"layout: {', '.join(e.sources)} {stored.get(e.sources[0], ())}: {e.note}"
-                 for n, e in layout.entries.items() if e.note}
-        super().__init__(src, inner.path, inner.note, infos, {**inner.notes, **notes},
+        layout = self._settle(layout_of(inner.source.layout, inner.all_variables), inner.source)
+        infos, notes = self._listing(layout, inner)
+        super().__init__(inner.source, inner.path, inner.note, infos, notes,
                          [*inner.findings, *layout.findings(inner.label)])
         self.inner = inner
         self.entries = layout.entries
         self._layout = layout
         self._by_key = {v.raw_key: v.name for v in inner.all_variables}
 
+    @staticmethod
+    def _settle(layout: Any, src: Source) -> Any:
+        # An undecided 2-D weight is settled by the user: a Transpose on its target, or a map
+        # onto an Embedding's 'embeddings'.
+        layout.undecided = [(n, why) for n, why in layout.undecided if not _settled(src, n)]
+        return layout
+
+    @staticmethod
+    def _listing(layout: Any, inner: SourceHandle) -> Tuple[List[VariableInfo], Dict[str, str]]:
+        infos = sorted((e.info for e in layout.entries.values()), key=lambda v: v.name)
+        stored = {v.raw_key: tuple(v.shape) for v in inner.all_variables}
+        notes = {n: f"layout: {', '.join(e.sources)} {stored.get(e.sources[0], ())}: {e.note}"
+                 for n, e in layout.entries.items() if e.note}
+        return infos, {**inner.notes, **notes}
+
     def name_targets(self, targets: Sequence[VariableInfo]) -> None:
-        """Let the layout's findings name the target each undecided tensor most likely belongs to."""
+        """Let the layout's findings name the target each undecided tensor most likely belongs to,
+        and split the fused modules whose parts' sizes only the targets give (a grouped-query
+        ``qkv_proj``: see :mod:`ckptmerge.alignment.fused`)."""
+        if self._layout.needs_targets:
+            from ..alignment.layouts import torch_layout
+
+            layout = self._settle(torch_layout(self.inner.all_variables, targets=targets), self.source)
+            self.all_variables, self.notes = self._listing(layout, self.inner)
+            self.entries, self._layout = layout.entries, layout
+            self.findings = [*self.inner.findings, *layout.findings(self.inner.label)]
         if self._layout.undecided:
             self.findings = [*self.inner.findings, *self._layout.findings(self.inner.label, targets)]
 
