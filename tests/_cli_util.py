@@ -28,6 +28,24 @@ from ckptmerge.cli import cli  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: Python source for a fresh interpreter's driver script (``python -c``): ``cli(*args)`` runs
+#: ``ckptmerge ARGS`` in that interpreter, as the console script does, and returns ``[exit code,
+#: stdout, stderr]``; the script can then look at ``sys.modules`` (what a command imported).
+IN_PROCESS_CLI = """
+import contextlib, io
+from ckptmerge.cli import main  # (what the console script and python -m ckptmerge run)
+def cli(*args):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return [code, out.getvalue(), err.getvalue()]
+"""
+
+
 def run(*args: Any) -> Result:
     """Run ``ckptmerge ARGS`` in-process; ``result.stdout`` / ``result.stderr`` are separate."""
     return CliRunner().invoke(cli, [str(a) for a in args], prog_name="ckptmerge")

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("tensorstore", reason="the Orbax reader needs tensorstore (pip install 'ckptmerge[orbax]')")
 pytest.importorskip("orbax.checkpoint", reason="the Orbax tests write checkpoints with orbax-checkpoint")
 
+from _cli_util import IN_PROCESS_CLI  # noqa: E402
 from _orbax_util import (LAYOUTS, copy_tree_to_memory, no_jax_from_ckptmerge, orbax_restore,  # noqa: E402,F401
                          refuse_jax_from_ckptmerge, sample_tree, write_orbax)
 
@@ -310,19 +311,10 @@ def test_a_missing_folder_is_checkpoint_not_found(tmp_path):
 
 
 _NO_JAX_DRIVER = """
-import contextlib, io, json, sys
+import json, sys
 for m in ('jax', 'jaxlib', 'flax', 'orbax', 'torch'):
     sys.modules[m] = None  # an import of any of them fails
-from ckptmerge.cli import main  # (what the console script and python -m ckptmerge run)
-def cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as e:
-            code = e.code
-    return [code, out.getvalue(), err.getvalue()]
+""" + IN_PROCESS_CLI + """
 paths = json.loads(sys.argv[1])
 listed = {layout: cli('ls', path, '--all', '--json') for layout, path in paths.items()}
 diff = cli('diff', paths['ocdbt+zarr3'], paths['zarr3'])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import safetensors.numpy as st_numpy  # the reference writer (in the test extra)
 
-from _cli_util import assert_one_line_error, run
+from _cli_util import IN_PROCESS_CLI, REPO, assert_one_line_error, run
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import NumpyReader, SafetensorsReader, open_checkpoint
 from ckptmerge.sources.resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS, resolve_checkpoint
@@ -252,3 +252,61 @@ def test_safetensors_read_many_in_segments_equals_get(st_file, monkeypatch):
         got = r.read_many(list(values) + ["scalar"], max_workers=4)
         for name, want in values.items():
             assert _same_bits(got[name], want), name
+
+
+_LIST_DRIVER = IN_PROCESS_CLI + """
+import json, sys
+runs = {}
+for path in sys.argv[1:]:
+    runs[path] = [cli('ls', path, '--json'), cli('ls', path), cli('ls', path, '--tree'), cli('diff', path, path)]
+listed_with = sorted(m for m in sys.modules if m.split('.')[0] == 'ml_dtypes')
+shown = cli('show', sys.argv[1], 'bf', '--json')  # values: now ml_dtypes is needed
+print(json.dumps({'runs': runs, 'listed_with': listed_with[:3], 'shown': shown,
+                  'after_show': 'ml_dtypes' in sys.modules}))
+"""
+
+
+def test_listing_bf16_and_float8_tensors_never_imports_ml_dtypes(tmp_path):
+    """Dtype names are strings until values are decoded: 'ls' (--json, --tree) and 'diff' of a
+    safetensors file and of a Keras weights file (and a .keras archive) holding bfloat16, float8
+    and packed 4-bit tensors never import ml_dtypes (about a second of CPU); 'show' then does."""
+    import subprocess
+    import sys
+    import zipfile
+
+    import h5py
+
+    st = tmp_path / "m.safetensors"
+    st_numpy.save_file({"bf": np.array([1.5, -2], ml_dtypes.bfloat16), "e4": np.ones(3, ml_dtypes.float8_e4m3fn),
+                        "e5": np.ones(2, ml_dtypes.float8_e5m2), "x": np.ones(2, np.float32)}, str(st))
+    header = json.dumps({"f4": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]},
+                         "e8": {"dtype": "F8_E8M0", "shape": [2], "data_offsets": [2, 4]}}).encode()
+    packed = tmp_path / "packed.safetensors"
+    packed.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
+    h5 = tmp_path / "m.weights.h5"
+    with h5py.File(h5, "w") as f:
+        for key, dt in (("layers/dense/vars/0", ml_dtypes.bfloat16), ("layers/dense/vars/1", ml_dtypes.float8_e4m3fn)):
+            f.create_dataset(key, data=np.ones((2, 3), dt).view(f"V{np.dtype(dt).itemsize}"))
+            f[key].attrs["dtype"] = np.dtype(dt).name
+        f["layers/dense/vars/2"] = np.ones(3, np.float32)
+    archive = tmp_path / "m.keras"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(h5, "model.weights.h5")
+    paths = [str(p) for p in (st, packed, h5, archive)]
+    out = subprocess.run([sys.executable, "-c", _LIST_DRIVER, *paths], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.splitlines()[-1])
+    for path, runs in found["runs"].items():
+        assert [r[0] for r in runs] == [0, 0, 0, 0], (path, runs)
+    assert found["listed_with"] == []
+    dtypes = {p: {v["name"]: v["dtype"] for v in json.loads(found["runs"][p][0][1])} for p in paths}
+    assert dtypes[str(st)] == {"bf": "bfloat16", "e4": "float8_e4m3fn", "e5": "float8_e5m2", "x": "float32"}
+    assert dtypes[str(packed)] == {"f4": "float4_e2m1fn", "e8": "float8_e8m0fnu"}
+    assert dtypes[str(h5)] == {"layers/dense/vars/0": "bfloat16", "layers/dense/vars/1": "float8_e4m3fn",
+                               "layers/dense/vars/2": "float32"}
+    assert sorted(dtypes[str(archive)].values()) == ["bfloat16", "float32", "float8_e4m3fn"]
+    assert "bfloat16" in found["runs"][str(h5)][1][1] and "float8_e4m3fn" in found["runs"][str(st)][1][1]
+    code, shown, err = found["shown"]
+    assert code == 0 and json.loads(shown)["value"] == [1.5, -2.0], err
+    assert found["after_show"]

@@ -60,7 +60,7 @@ def test_tensors_start_aligned_to_their_element_size(tmp_path):
     _write(path, VALUES)
     with SafetensorsReader(str(path)) as r:
         for name, e in r._entries.items():
-            assert (r._data_start[0] + e.begin) % e.dtype.itemsize == 0, name
+            assert (r._data_start[0] + e.begin) % VALUES[name].dtype.itemsize == 0, name
 
 
 def test_an_aborted_write_leaves_nothing(tmp_path):

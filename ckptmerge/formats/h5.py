@@ -68,13 +68,28 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _OPTIMIZER_GROUPS = ("optimizer", "optimizer_weights")
 # The ml_dtypes types TensorFlow knows, by name (made on first use: ml_dtypes is imported only then).
 _NAMED_DTYPES = LazyDtypes({}, {n: n for n in TF_DTYPE_NAMES.values() if n in ML_ITEMSIZE})
+# Those Keras stores as opaque bytes with a 'dtype' attribute, and their item sizes: every one but
+# float8_e5m2, which numpy sees as a float (known by name, so listing a file never imports ml_dtypes).
+_OPAQUE_ITEMSIZE = {n: ML_ITEMSIZE[n] for n in _NAMED_DTYPES.named().values() if n != "float8_e5m2"}
 
 
-def _opaque_named(name: Any) -> Optional[np.dtype]:
-    """The ml_dtypes type ``name`` if Keras stores it as opaque bytes (every one but float8_e5m2,
-    which numpy sees as a float)."""
-    dt = _NAMED_DTYPES.get(name) if isinstance(name, str) else None
-    return dt if dt is not None and dt.kind == "V" and dt.names is None else None
+def _opaque_name(ds: Any) -> Optional[str]:
+    """The ml_dtypes type name Keras recorded for dataset ``ds`` if it holds such opaque values (a
+    ``V<n>`` type with a ``dtype`` attribute naming a type of ``n`` bytes), else ``None``; nothing
+    but the attribute is read, and ml_dtypes is not imported."""
+    raw = ds.dtype
+    if raw.kind != "V" or raw.names is not None or raw.subdtype is not None:
+        return None
+    named = ds.attrs.get("dtype")
+    if isinstance(named, bytes):
+        named = named.decode("utf-8", "replace")
+    return named if isinstance(named, str) and _OPAQUE_ITEMSIZE.get(named) == raw.itemsize else None
+
+
+def _dtype_label(ds: Any) -> str:
+    """The dtype name ckptmerge lists dataset ``ds`` under (``"bfloat16"``, ``"float32"``), without
+    ml_dtypes: dtype names are strings until values are decoded."""
+    return _opaque_name(ds) or dtype_name(ds.dtype)
 
 # MAX_EXPANSION (from zipmembers, one bound for every compressed thing ckptmerge reads): a
 # compressed dataset may hold at most this many times the bytes it occupies in the file. Weights
@@ -276,7 +291,7 @@ def _storage_problem(name: str, ds: Any, h5py: Any) -> Optional[str]:
     return None
 
 
-def _not_a_tensor(ds: Any, dt: np.dtype, h5py: Any) -> Optional[Tuple[str, str]]:
+def _not_a_tensor(ds: Any, h5py: Any) -> Optional[Tuple[str, str]]:
     """``(dtype name, why)`` for a dataset that holds no tensor values, else None."""
     if ds.id.get_space().get_simple_extent_type() == h5py.h5s.NULL:
         return "hdf5-empty", "it has a null dataspace (h5py.Empty): no shape and no values"
@@ -292,7 +307,7 @@ def _not_a_tensor(ds: Any, dt: np.dtype, h5py: Any) -> Optional[Tuple[str, str]]
         return "hdf5-array", f"its elements are HDF5 arrays of shape {raw.subdtype[1]}, not scalars"
     if raw.names is not None:
         return "hdf5-compound", f"it has an HDF5 compound type (fields {format_list(list(raw.names))})"
-    if raw.kind == "V" and _opaque_named(dtype_name(dt)) is None:
+    if raw.kind == "V" and _opaque_name(ds) is None:
         return ("hdf5-opaque", f"it holds opaque {raw.itemsize}-byte values without the 'dtype' "
                 "attribute Keras writes for bfloat16 and other ml_dtypes types")
     return None
@@ -420,10 +435,9 @@ class H5Reader(CheckpointReader):
             if problem is not None:
                 problems.append((name, problem))
                 return
-            dt = self._dtype(obj)
             top = name.split("/", 1)[0]
             kind = KIND_OPTIMIZER if top in _OPTIMIZER_GROUPS else KIND_VARIABLE
-            odd = _not_a_tensor(obj, dt, h5py)
+            odd = _not_a_tensor(obj, h5py)
             shape = () if obj.shape is None else tuple(int(d) for d in obj.shape)
             nbytes = 0 if obj.shape is None else math.prod(shape) * obj.dtype.itemsize
             if odd is not None:
@@ -432,7 +446,7 @@ class H5Reader(CheckpointReader):
                 bad_shapes.append((name, shape_problem(shape, obj.dtype.itemsize)))
             vname = normalize_name(name)
             self._datasets[vname] = name
-            infos.append(VariableInfo(vname, shape, odd[0] if odd else dtype_name(dt), name, kind, nbytes))
+            infos.append(VariableInfo(vname, shape, odd[0] if odd else _dtype_label(obj), name, kind, nbytes))
 
         try:
             problems.extend(_link_problems(f, h5py))
@@ -497,15 +511,19 @@ class H5Reader(CheckpointReader):
                         raise self._error(f"not an HDF5 file or damaged ({e})") from None
         return self._file
 
-    @staticmethod
-    def _dtype(ds: Any) -> np.dtype:
-        dt = ds.dtype
-        named = ds.attrs.get("dtype") if dt.kind == "V" and dt.names is None else None
-        if isinstance(named, bytes):
-            named = named.decode("utf-8", "replace")
-        opaque = _opaque_named(named)
-        if opaque is not None and opaque.itemsize == dt.itemsize:
-            return opaque
+    def _dtype(self, ds: Any) -> np.dtype:
+        """The dtype of dataset ``ds``'s values: its own, or the ml_dtypes type of its opaque
+        bytes (imported here, when values are read)."""
+        named = _opaque_name(ds)
+        if named is None:
+            return ds.dtype
+        dt = _NAMED_DTYPES.get(named)
+        if dt is None or dt.itemsize != ds.dtype.itemsize:  # (an older ml_dtypes than ckptmerge knows)
+            key = ds.name.lstrip("/")
+            raise CheckpointFormatError(
+                f"Cannot read dataset {key!r} of Keras weights file {escape_name(self.path)}: it holds {named} "
+                "values, which the installed ml_dtypes does not have. Upgrade it: pip install -U ml_dtypes",
+                path=self.path, key=key)
         return dt
 
     def _check_size(self, ds: Any, info: VariableInfo) -> None:

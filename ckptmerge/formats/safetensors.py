@@ -27,7 +27,7 @@ import numpy as np
 
 from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, UnreadableTensorError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, shape_problem
-from ckptmerge.formats.dtypes import LazyDtypes, dtype_name
+from ckptmerge.formats.dtypes import ML_ITEMSIZE, LazyDtypes, dtype_name
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.fileio import Descriptors, Handle, pread_into, size_of
 from ckptmerge.formats.io.localfile import link_problem
@@ -107,12 +107,21 @@ def is_safetensors(path: str) -> bool:
     return start[:1] == b"{" and 2 <= n <= size - 8
 
 
-class _Entry:
-    __slots__ = ("shard", "dtype", "shape", "begin", "end", "code", "bits")
+# code -> (dtype name, bytes per element in memory, bits per element in the file), without ml_dtypes:
+# dtype names are strings until values are decoded.
+_LISTED: Dict[str, Tuple[str, int, int]] = {
+    **{code: (dtype_name(dt), dt.itemsize, 8 * dt.itemsize) for code, dt in SAFETENSORS_DTYPES.plain().items()},
+    **{code: (name, ML_ITEMSIZE[name], 8 * ML_ITEMSIZE[name]) for code, name in SAFETENSORS_DTYPES.named().items()},
+    **{code: (name, ML_ITEMSIZE[name], bits) for code, (name, bits) in PACKED_BITS.items()}}
 
-    def __init__(self, shard: int, code: str, dtype: np.dtype, shape: Tuple[int, ...],
+
+class _Entry:
+    __slots__ = ("shard", "dtype_name", "shape", "begin", "end", "code", "bits")
+
+    def __init__(self, shard: int, code: str, dtype_name: str, shape: Tuple[int, ...],
                  begin: int, end: int, bits: int) -> None:
-        self.shard, self.code, self.dtype, self.shape, self.begin, self.end = shard, code, dtype, shape, begin, end
+        self.shard, self.code, self.dtype_name, self.shape = shard, code, dtype_name, shape
+        self.begin, self.end = begin, end
         self.bits = bits  # per element: 8 * itemsize, or 4 / 6 for the packed types
 
 
@@ -159,7 +168,7 @@ class SafetensorsReader(CheckpointReader):
                                       f"{storage.basename(self.files[self._entries[name].shard])} and "
                                       f"{storage.basename(file)})", file)
                 self._entries[name] = e
-                infos.append(VariableInfo(name, e.shape, dtype_name(e.dtype), name, KIND_VARIABLE, e.end - e.begin))
+                infos.append(VariableInfo(name, e.shape, e.dtype_name, name, KIND_VARIABLE, e.end - e.begin))
         self._set_infos(infos)
 
     # -- opening ---------------------------------------------------------------------------
@@ -301,16 +310,13 @@ class SafetensorsReader(CheckpointReader):
         if end > data_len:
             raise self._error(f"tensor {name!r} ends at byte {end} of the data but the data has {data_len} "
                               "(truncated file?)", file, name)
-        dt, bits = SAFETENSORS_DTYPES.get(code), 0
-        if dt is not None:
-            bits = 8 * dt.itemsize
-        elif code in PACKED_DTYPES:
-            dt, bits = PACKED_DTYPES[code], PACKED_BITS[code][1]
-        else:
+        listed = _LISTED.get(code)
+        if listed is None:
             raise self._error(f"tensor {name!r} has dtype {escape_name(code)[:40]!r}, which is no safetensors "
-                              f"dtype (they are {', '.join(sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPES]))})",
+                              f"dtype (they are {', '.join(sorted(_LISTED))})",
                               file, name)
-        problem = shape_problem(shape, dt.itemsize)  # (JSON makes lists, never tuples)
+        dtype, itemsize, bits = listed
+        problem = shape_problem(shape, itemsize)  # (JSON makes lists, never tuples)
         if problem:
             raise self._error(f"tensor {name!r} {problem}", file, name)
         need_bits = math.prod(shape) * bits
@@ -320,14 +326,26 @@ class SafetensorsReader(CheckpointReader):
         if end - begin != need_bits // 8:
             raise self._error(f"tensor {name!r} has {end - begin} bytes but shape {tuple(shape)} of "
                               f"{code} needs {need_bits // 8}", file, name)
-        return _Entry(shard, code, dt, tuple(shape), begin, end, bits)
+        return _Entry(shard, code, dtype, tuple(shape), begin, end, bits)
+
+    def _dtype(self, name: str, e: _Entry) -> np.dtype:
+        """The numpy dtype of entry ``e``'s elements (ml_dtypes is imported here, when values are
+        read; a packed type: one element per byte)."""
+        table = PACKED_DTYPES if e.code in PACKED_BITS else SAFETENSORS_DTYPES
+        dt = table.get(e.code)
+        if dt is None:  # (a type an older ml_dtypes than ckptmerge knows lacks)
+            raise UnreadableTensorError(
+                f"Tensor {name!r} of {escape_name(storage.basename(self.files[e.shard]))} has safetensors dtype "
+                f"{e.code} ({e.dtype_name}), which the installed ml_dtypes does not have. Upgrade it: "
+                "pip install -U ml_dtypes", path=self.files[e.shard], key=name)
+        return dt
 
     # -- reading ---------------------------------------------------------------------------
     def _read(self, info: VariableInfo) -> np.ndarray:
         e = self._entries[info.raw_key]
         if e.bits < 8:
             return self._read_packed(info, e)
-        arr = aligned_empty(e.shape, e.dtype)
+        arr = aligned_empty(e.shape, self._dtype(info.raw_key, e))
         view = memoryview(arr.reshape(-1).view(np.uint8))
         if len(view):
             self._fill(info.name, e, self._data_start[e.shard] + e.begin, view)
@@ -339,7 +357,7 @@ class SafetensorsReader(CheckpointReader):
         if e.bits < 8 or info.size <= max_elements:  # packed, or one piece anyway
             return super()._iter_chunks(info, max_elements)
         start = self._data_start[e.shard] + e.begin
-        return contiguous_chunks(e.dtype, info.size, max_elements,
+        return contiguous_chunks(self._dtype(info.raw_key, e), info.size, max_elements,
                                  lambda offset, view: self._fill(info.name, e, start + offset, view))
 
     def ranges(self, name: str) -> Optional[TensorRanges]:
@@ -355,7 +373,7 @@ class SafetensorsReader(CheckpointReader):
         if e.bits < 8 or not info.size or storage.is_url(self.files[e.shard]):
             return None
         start = self._data_start[e.shard] + e.begin
-        return TensorRanges(e.dtype, info.size, lambda offset, view: self._fill(info.name, e, start + offset, view),
+        return TensorRanges(self._dtype(info.raw_key, e), info.size, lambda offset, view: self._fill(info.name, e, start + offset, view),
                             locate=lambda: (self._fd(e.shard), start))
 
     def read_many(self, names: Iterable[str], *, max_workers: Optional[int] = None) -> Dict[str, np.ndarray]:
@@ -377,7 +395,7 @@ class SafetensorsReader(CheckpointReader):
             if e.bits < 8:
                 arrays[info.raw_key] = self._read_packed(info, e)
                 continue
-            arr = arrays[info.raw_key] = aligned_empty(e.shape, e.dtype)
+            arr = arrays[info.raw_key] = aligned_empty(e.shape, self._dtype(info.raw_key, e))
             view = memoryview(arr.reshape(-1).view(np.uint8))
             for start in range(0, len(view), _SEGMENT):
                 units.append((info.name, e, start, view[start:start + _SEGMENT]))
@@ -413,7 +431,7 @@ class SafetensorsReader(CheckpointReader):
         flat = arr.reshape(-1)
         flat[0::2] = packed & 0x0F  # the first element of each byte in its low nibble
         flat[1::2] = packed >> 4
-        return arr.view(e.dtype)
+        return arr.view(self._dtype(info.raw_key, e))
 
     def _fill(self, name: str, e: _Entry, offset: int, view: memoryview) -> None:
         file = self.files[e.shard]
