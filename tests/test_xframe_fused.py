@@ -149,3 +149,53 @@ def test_split_parts_without_role_names_on_the_target_side_stay_unresolved():
     found = align(targets, names)
     assert found.matches == []
     assert [sorted(u.names) for u in found.unresolved] == [sorted(n.name for n in names)]
+
+
+# -- end to end: a plan and a suggestion with no map (no TensorFlow: targets as specs) ----------------
+
+def _phi3_file(tmp_path, fused_name):
+    """A one-layer Phi-3 state_dict whose gate_up_proj is called ``fused_name``."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(1)
+    tensors = {t.name.replace("gate_up_proj", fused_name): rng.standard_normal(t.shape).astype(np.float32)
+               for t in phi3_block()}
+    path = tmp_path / f"{fused_name}.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return str(path)
+
+
+GATE, UP = "transformer_layer_0/feedforward_gate_dense/kernel", "transformer_layer_0/feedforward_intermediate_dense/kernel"
+
+
+@pytest.mark.parametrize("fused_name", ["fused_proj", "up_gate_proj"])
+def test_a_fused_gate_up_no_convention_names_stays_unresolved_with_both_readings(tmp_path, fused_name):
+    import ckptmerge as cm
+
+    path = _phi3_file(tmp_path, fused_name)
+    plan = cm.plan(keras_phi3_block(), [cm.Source(path, layout="torch", align="structure")])
+    assert {GATE, UP} <= set(plan.missing) and not {GATE, UP} & set(plan.assignments)
+    report = plan.report(limit=None)
+    fused = f"model/layers/0/mlp/{fused_name}/kernel"
+    line = next(x for x in report.splitlines() if fused in x and "readings" in x)
+    assert f"columns 0..39 -> '{GATE}', columns 40..79 -> '{UP}'" in line
+    assert f"columns 0..39 -> '{UP}', columns 40..79 -> '{GATE}'" in line
+    assert plan.coverage()["targets"]["unresolved"] >= 2
+    found = cm.suggest(keras_phi3_block(), [cm.Source(path, layout="torch")])
+    (src,) = found.sources
+    proposed = [e for e in src.entries if e.name == fused]
+    assert sorted(e.target for e in proposed) == sorted([GATE, UP]) and all(e.review for e in proposed)
+    assert "index=0" in proposed[0].evidence[1] and "index=1" in proposed[0].evidence[1]
+    assert fused not in src.map() and "review" in found.report()
+
+
+def test_the_same_file_with_phi3s_own_name_is_split_gate_first():
+    import ckptmerge as cm
+    import tempfile, pathlib
+
+    with tempfile.TemporaryDirectory() as d:
+        path = _phi3_file(pathlib.Path(d), "gate_up_proj")
+        plan = cm.plan(keras_phi3_block(), [cm.Source(path, layout="torch", align="structure")])
+        assert plan.missing == []
+        assert plan.assignments[GATE].name.endswith("gate_up_proj/gate_proj/kernel")
+        assert plan.assignments[UP].name.endswith("gate_up_proj/up_proj/kernel")

@@ -26,6 +26,7 @@ from ..alignment.align import (CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, a
 from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
 from .fusion import compose_view, fused_proposals
+from .splits import split_groups, split_proposals
 from ..redact import redact, redacted_repr
 from ..specs import VariableInfo
 from ..text import escape_name
@@ -369,13 +370,15 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
                 [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
         used = set(found_map) | {n for u in found.unresolved for n in u.names}
         entries += slice_proposals(plan, src, missing, used)
+        entries += split_proposals(plan, src, missing, used)
         fusions = fused_proposals(plan, src, missing, found_map, certain_map)
         entries += [Entry(f.concat.name, f.concat.target, 0.0 if f.review else 1.0, f.evidence, len(f.concat.sources),
                           f.review) for f in fusions]
         joined = {f.concat.target for f in fusions if not f.review}
         missing = [t for t in missing if t not in joined]
         entries.sort(key=operator.itemgetter(1))
-        unresolved = list(found.unresolved) + undecided_groups(plan, src, missing)
+        unresolved = list(found.unresolved) + undecided_groups(plan, src, missing) + split_groups(
+            plan, src, missing, used)
         out.append(SourceSuggestion(src.label, src.path, entries, unresolved, kept,
                                     [f.concat for f in fusions if not f.review]))
     return Suggestion(plan, out, missing)
@@ -421,7 +424,8 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         missing = [t for t in missing if t not in joined]
         out.append(compose_view(dataclasses.replace(
             src, aligned=mapping, notes=notes, transforms=src.transforms + reshapes,
-            unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing))), fusions))
+            unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing),
+                        *split_groups(plan, src, missing, set(mapping)))), fusions))
     return out
 
 
