@@ -199,3 +199,75 @@ def test_the_same_file_with_phi3s_own_name_is_split_gate_first():
         assert plan.missing == []
         assert plan.assignments[GATE].name.endswith("gate_up_proj/gate_proj/kernel")
         assert plan.assignments[UP].name.endswith("gate_up_proj/up_proj/kernel")
+
+
+# -- a fused tensor on the Keras side: split back into the template's parts, joined from the source's --
+
+def _llama_like(rng, layers=2):
+    """Separate q/k/v (grouped-query) and gate/up projections, as Llama's state_dict holds them."""
+    out = {}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for n, s in (("self_attn.q_proj", (16, 16)), ("self_attn.k_proj", (8, 16)), ("self_attn.v_proj", (8, 16)),
+                     ("self_attn.o_proj", (16, 16)), ("mlp.gate_proj", (40, 16)), ("mlp.up_proj", (40, 16)),
+                     ("mlp.down_proj", (16, 40))):
+            out[p + n + ".weight"] = rng.standard_normal(s).astype(np.float32)
+    return out
+
+
+def _fused_keras(torch_values, layers=2, gate_up="gate_up_proj"):
+    """The same weights in a Keras model that fuses q/k/v and gate/up (kernels (in, out))."""
+    out = {}
+    for i in range(layers):
+        p, t = f"model.layers.{i}.", f"layer_{i}/"
+        def w(n):
+            return torch_values[p + n + ".weight"].T
+        out[t + "attention/qkv/kernel"] = np.concatenate([w("self_attn.q_proj"), w("self_attn.k_proj"),
+                                                          w("self_attn.v_proj")], axis=1)
+        out[t + "attention/attention_output/kernel"] = w("self_attn.o_proj").copy()
+        out[t + f"mlp/{gate_up}/kernel"] = np.concatenate([w("mlp.gate_proj"), w("mlp.up_proj")], axis=1)
+        out[t + "mlp/down_proj/kernel"] = w("mlp.down_proj").copy()
+    return out
+
+
+def test_a_fused_keras_tensor_is_split_back_into_the_templates_parts_bit_exact(tmp_path):
+    import ckptmerge as cm
+    from safetensors.numpy import load_file
+
+    want = _llama_like(np.random.default_rng(2))
+    out = tmp_path / "o.safetensors"
+    report = cm.merge([_fused_keras(want)], out, layout="torch",
+                      template=[f32(k, *v.shape) for k, v in want.items()])
+    got = load_file(str(out))
+    assert sorted(got) == sorted(want) and all(np.array_equal(got[k], v) for k, v in want.items())
+    text = report.render(limit=None)
+    line = next(x for x in text.splitlines() if x.strip().startswith("model.layers.1.self_attn.k_proj.weight <-"))
+    assert "from 'layer_1/attention/qkv/kernel' (16, 32): split axis 1 into 3: columns 16..23 of 32" in line
+    line = next(x for x in text.splitlines() if x.strip().startswith("model.layers.0.mlp.up_proj.weight <-"))
+    assert "columns 40..79 of 80 (part 2 of 2)" in line
+
+
+def test_a_fused_keras_tensor_no_convention_names_is_not_split_back(tmp_path):
+    import ckptmerge as cm
+
+    want = _llama_like(np.random.default_rng(3), layers=1)
+    out = tmp_path / "o.safetensors"
+    with pytest.raises(cm.PlanError) as e:
+        cm.merge([_fused_keras(want, layers=1, gate_up="up_gate_proj")], out, layout="torch",
+                 template=[f32(k, *v.shape) for k, v in want.items()])
+    assert "model.layers.0.mlp.gate_proj.weight" in str(e.value) and "model.layers.0.mlp.up_proj.weight" in str(e.value)
+    assert not out.exists()
+
+
+def test_a_fused_keras_target_is_joined_from_separate_gate_and_up_projections(tmp_path):
+    import ckptmerge as cm
+    from safetensors.numpy import save_file
+
+    values = _llama_like(np.random.default_rng(4))
+    path = tmp_path / "llama.safetensors"
+    save_file(values, str(path), metadata={"format": "pt"})
+    targets = [f32(k, *v.shape) for k, v in _fused_keras(values).items()]
+    plan = cm.plan(targets, [cm.Source(str(path), layout="torch", align="structure")])
+    assert plan.missing == []
+    gate_up = plan.assignments["layer_1/mlp/gate_up_proj/kernel"]
+    assert gate_up.name == "model/layers/1/mlp/gate_proj/kernel+model/layers/1/mlp/up_proj/kernel"

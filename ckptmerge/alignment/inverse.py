@@ -25,7 +25,7 @@ import numpy as np
 
 from ..specs import KIND_BOOKKEEPING, VariableInfo
 from .layouts import Layout, LayoutEntry
-from .tensorops import Reshape, glob_escape, unit_axis_op
+from .tensorops import Reshape, Split, glob_escape, unit_axis_op
 
 __all__ = ["Piece", "Recipe", "invert_layout", "apply_recipe"]
 
@@ -38,25 +38,35 @@ class Piece:
         name: the Keras tensor's name (as the sources give it).
         shape: its shape.
         entry: the layout entry it plays (its shape is the layout's, before any reshape).
+        split: for a fused Keras tensor that several layout entries joined into (a ``qkv``
+            kernel where the template has ``q_proj``, ``k_proj``, ``v_proj``): the
+            :class:`~ckptmerge.alignment.tensorops.Split` taking this entry's part back, else None.
     """
 
     name: str
     shape: Tuple[int, ...]
     entry: LayoutEntry
+    split: Optional[Split] = None
+
+    @property
+    def part_shape(self) -> Tuple[int, ...]:
+        """The shape of this piece's part of the Keras tensor (the whole shape without a split)."""
+        return self.split.output_shape(self.shape) if self.split is not None else tuple(self.shape)
 
     @property
     def reshape(self) -> Optional[Any]:
-        """The reshape from the Keras shape back to the layout entry's (a
+        """The reshape from the Keras shape (of its part) back to the layout entry's (a
         :class:`~ckptmerge.alignment.tensorops.Squeeze` or :class:`~ckptmerge.alignment.tensorops.ExpandDims`
         when one unit axis differs), or None when they agree."""
         want = tuple(self.entry.info.shape)
-        if tuple(self.shape) == want:
+        have = self.part_shape
+        if have == want:
             return None
-        unit = unit_axis_op(glob_escape(self.name), tuple(self.shape), want)
+        unit = unit_axis_op(glob_escape(self.name), have, want)
         if unit is not None:
             return unit
         # the forward reshape (layout entry -> Keras shape), undone
-        return Reshape(glob_escape(self.name), tuple(self.shape), source_shape=want).inverse()
+        return Reshape(glob_escape(self.name), have, source_shape=want).inverse()
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,8 @@ def _unreorder(value: np.ndarray, order: Sequence[int]) -> np.ndarray:
 
 
 def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Mapping[str, str],
-                  shapes: Mapping[str, Sequence[int]]) -> Tuple[Dict[str, Recipe], List[Tuple[str, str]]]:
+                  shapes: Mapping[str, Sequence[int]], splits: Optional[Mapping[str, Split]] = None
+                  ) -> Tuple[Dict[str, Recipe], List[Tuple[str, str]]]:
     """The recipe of every template tensor whose layout entries all have a Keras tensor.
 
     Args:
@@ -106,6 +117,8 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
         template: the PyTorch tensors (``raw_key`` is the PyTorch name).
         mapping: ``{layout entry name: Keras tensor name}``, as alignment paired them.
         shapes: the Keras tensors' shapes by name.
+        splits: ``{layout entry name: Split}`` for entries that are a part of a fused Keras
+            tensor (the inverse of the :class:`~ckptmerge.alignment.tensorops.Concat` that joined them).
 
     Returns:
         ``(recipes by PyTorch name, [(PyTorch name, why it has none)])``. Bookkeeping tensors
@@ -140,7 +153,9 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
         if absent:
             missing.append((key, "no Keras tensor was aligned with it (as " + ", ".join(absent) + ")"))
             continue
-        pieces = tuple(Piece(mapping[e.info.name], tuple(shapes[mapping[e.info.name]]), e) for e in entries)
+        splits = splits or {}
+        pieces = tuple(Piece(mapping[e.info.name], tuple(shapes[mapping[e.info.name]]), e, splits.get(e.info.name))
+                       for e in entries)
         first = entries[0]
         if first.op == "sum":
             missing.append((key, f"Keras keeps only the sum {' + '.join(first.sources)} (as "
@@ -158,8 +173,10 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
             missing.append((key, "several layout entries come from it"))
             continue
         what = [f"{piece.name!r} {tuple(piece.shape)}"]
+        if piece.split is not None:  # (a part of a fused Keras tensor)
+            what.append(piece.split.describe(tuple(piece.shape)))
         if piece.reshape is not None:  # (a unit axis added or dropped is named so)
-            what.append(piece.reshape.describe(tuple(piece.shape)))
+            what.append(piece.reshape.describe(piece.part_shape))
         index = 0
         if first.op == "transpose":
             what.append("transposed (in,out)->(out,in)" if len(first.perm) == 2 else
@@ -178,6 +195,8 @@ def invert_layout(layout: Layout, template: Sequence[VariableInfo], mapping: Map
 
 
 def _layout_value(piece: Piece, value: np.ndarray) -> np.ndarray:
+    if piece.split is not None:
+        value = piece.split.apply(np.asarray(value))
     reshape = piece.reshape
     return reshape.apply(value) if reshape is not None else np.asarray(value)
 

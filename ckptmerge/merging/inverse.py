@@ -19,6 +19,7 @@ The merge then plans the template's tensors against it as against any source, so
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..alignment.inverse import Recipe, apply_recipe, invert_layout
 from ..alignment.layouts import torch_layout
+from ..planning.fusion import concat_entries_of
 from ..planning.planner import Plan, SourceView, make_plan
 from ..errors import RuleError
 from ..planning.rulekinds import MapRule
@@ -55,7 +57,8 @@ class TorchInverseHandle(SourceHandle):
                  unresolved: Dict[str, str], keras_plan: Plan, handles: Sequence[SourceHandle],
                  template: Any = None) -> None:
         infos = [VariableInfo(n, r.info.shape, _keras_dtype(r, keras_plan), n, KIND_VARIABLE,
-                              sum(keras_plan.assignments[p.name].spec.nbytes for p in r.pieces))
+                              sum(keras_plan.assignments[p.name].spec.nbytes * math.prod(p.part_shape)
+                                  // max(math.prod(p.shape), 1) for p in r.pieces))
                  for n, r in recipes.items()]
         infos += [VariableInfo(n, v.shape, v.dtype, n, KIND_VARIABLE, v.nbytes) for n, v in bookkeeping.items()]
         notes = {n: f"from {r.note}" for n, r in recipes.items()}
@@ -154,10 +157,14 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     if pairing.missing:
         order, inputs = _creation_order(handles, keras_plan)
         aligned = aligned_views(pairing, [view], [True], target_order=order, source_orders=[None],
-                                target_inputs=inputs, fuse=False)  # (a joined template entry has no recipe)
+                                target_inputs=inputs)
         pairing = make_plan(keras, aligned)
+        view = aligned[0]
     mapping = {a.name: a.target for a in pairing.assignments.values()}
-    recipes, missing = invert_layout(layout, template, mapping, shapes)
+    splits = _fused_parts(view, mapping, layout, shapes)
+    mapping.update({part: mapping[joined] for joined, parts in view.composed.items() if joined in mapping
+                    for part in parts})
+    recipes, missing = invert_layout(layout, template, mapping, shapes, splits)
     unresolved = {name: why for name, why in missing}
     left = [t for t in keras if t.name not in set(mapping.values())]
     for name, why in missing:
@@ -171,6 +178,20 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     label = handles[0].label if len(handles) == 1 else "+".join(h.label for h in handles)
     handle = TorchInverseHandle(label, recipes, bookkeeping, unresolved, keras_plan, handles, template_reader)
     return handle, keras_plan
+
+
+def _fused_parts(view: SourceView, mapping: Dict[str, str], layout: Any,
+                 keras_shapes: Dict[str, Tuple[int, ...]]) -> Dict[str, Any]:
+    """``{layout entry: Split}`` for the entries alignment joined into one fused Keras tensor (a
+    Concat of :mod:`~ckptmerge.planning.fusion`, applied only where it is the one candidate): each
+    entry's part is split back out of the Keras tensor."""
+    out: Dict[str, Any] = {}
+    for c in concat_entries_of(view):
+        if c.name in mapping:
+            shapes = [tuple(layout.entries[p].info.shape) for p in c.sources]
+            c = dataclasses.replace(c, axis=c.axes(shapes, keras_shapes[mapping[c.name]])[0])
+            out.update(zip(c.sources, c.inverse(shapes)))
+    return out
 
 
 def template_rules(rules: Rules, layout: Any) -> Rules:

@@ -6,7 +6,9 @@ A target whose module the convention table calls a fused query/key/value (``qkv`
 query, one key and one value (by the table's names: ``query``/``q_proj``/``q``, ...) under one
 scope, with the target's leaf (``kernel``, ``bias``) and dtype, whose shapes join along exactly one
 axis into the target's shape. The order of the parts is the fused tensor's own (query, key,
-value); where the names do not say which part is which, nothing is proposed.
+value); where the names do not say which part is which, nothing is proposed. A target whose module
+the fused table names (:mod:`ckptmerge.alignment.fused`: ``gate_up_proj``, a gate then an up
+projection) is made of its parts in the table's order, by the same rules.
 
 Such a Concat is **applied** (``align="structure"``) only when it is the one candidate left: one
 scope fits, or the scope the target's siblings were restored from (its attention output, say) picks
@@ -23,6 +25,7 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..alignment.conventions import conventions
+from ..alignment.fused import fused_conventions, part_roles
 from ..alignment.tensorops import Concat
 from ..errors import TransformError
 from ..specs import KIND_VARIABLE, VariableInfo
@@ -49,15 +52,37 @@ class FusedProposal(NamedTuple):
     evidence: Tuple[str, ...]
 
 
-def _roles() -> Dict[str, str]:
-    """``{name segment (lower case): role}`` of the table's query, key, value and fused rows."""
+def _part_orders() -> Dict[str, Tuple[str, ...]]:
+    """``{fused module name (lower case): the roles of its parts, in order}``: the fused table's
+    rows (:mod:`ckptmerge.alignment.fused`: ``gate_up_proj`` is a gate then an up projection) whose
+    parts all have a role."""
+    out: Dict[str, Tuple[str, ...]] = {}
+    for row in fused_conventions():
+        order = part_roles(row)
+        if None not in order:
+            out.update({n.lower(): order for n in row.names})  # type: ignore[misc]
+    return out
+
+
+def _roles(orders: Mapping[str, Tuple[str, ...]] = {}) -> Dict[str, str]:
+    """``{name segment (lower case): role}`` of the table's query, key, value and fused rows (and
+    of the parts ``orders`` name)."""
+    wanted = {*PART_ROLES, "fusedqkv", *(r for o in orders.values() for r in o)}
     out: Dict[str, str] = {}
     for c in conventions():
-        if c.role in (*PART_ROLES, "fusedqkv"):
+        if c.role in wanted:
             for n in c.names:
                 if "/" not in n:
                     out.setdefault(n.lower(), c.role)
     return out
+
+
+def _order(roles: Mapping[str, str], orders: Mapping[str, Tuple[str, ...]], segment: str) -> Optional[Tuple[str, ...]]:
+    """The roles of a fused target's parts, in order, by its module's name; None for no fused module."""
+    if _role(roles, segment) == "fusedqkv":
+        return PART_ROLES
+    seg = segment.lower()
+    return orders.get(seg) or orders.get(seg.rsplit("_", 1)[-1])
 
 
 def _role(roles: Mapping[str, str], segment: str) -> Optional[str]:
@@ -124,12 +149,14 @@ def fused_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
         >>> p.concat.sources, p.concat.axis, p.review
         (('layer/0/attn/query/kernel', 'layer/0/attn/key/kernel', 'layer/0/attn/value/kernel'), 1, False)
     """
-    roles = _roles()
+    orders = _part_orders()
+    roles = _roles(orders)
     want = set(missing)
     fused = [t for t in plan.targets if t.name in want and len(t.name.split("/")) >= 2
-             and _role(roles, t.name.split("/")[-2]) == "fusedqkv"]
+             and _order(roles, orders, t.name.split("/")[-2]) is not None]
     if not fused:
         return []
+    every_part = {r for t in fused for r in _order(roles, orders, t.name.split("/")[-2]) or ()}
     taken = set(used)
     groups: Dict[Tuple[str, str], Dict[str, List[VariableInfo]]] = {}
     for n in plan.unused.get(src.label, ()):
@@ -138,7 +165,7 @@ def fused_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
         if v is None or n in taken or len(segs) < 2 or n in src.composed:
             continue
         role = roles.get(segs[-2].lower())  # (the whole segment only: 'attn_v' is no value)
-        if role in PART_ROLES:
+        if role in every_part:
             groups.setdefault(("/".join(segs[:-2]), segs[-1]), {}).setdefault(role, []).append(v)
     came_from = {a.target: a.name for a in plan.assignments.values() if a.source == src.label}
     came_from.update({t: n for n, t in matched.items()})
@@ -147,13 +174,14 @@ def fused_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
     found: List[Tuple[VariableInfo, List[Tuple[int, Concat, str]], int]] = []
     for t in fused:
         tsegs = t.name.split("/")
+        order = _order(roles, orders, tsegs[-2]) or PART_ROLES
         parent = "/".join(tsegs[:-2])
         siblings = [n.split("/") for tn, n in came_from.items() if parent and tn.startswith(parent + "/")]
         fits = []
         for (scope, leaf), g in groups.items():
-            if leaf != tsegs[-1] or any(len(g.get(r, ())) != 1 for r in PART_ROLES):
+            if leaf != tsegs[-1] or any(len(g.get(r, ())) != 1 for r in order):
                 continue
-            parts = [g[r][0] for r in PART_ROLES]
+            parts = [g[r][0] for r in order]
             if any(p.dtype != t.dtype for p in parts):
                 continue
             shapes = [tuple(p.shape) for p in parts]
@@ -177,12 +205,15 @@ def fused_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
         alone = len(fits) == 1 or (len(top) == 1 and n_siblings > 0 and best > 0)
         chosen = [f for f in fits if ranked.get(t.name) == f[1].name
                   or (alone and f[0] == best and claimed[f[1].name] == 1)]
+        order = _order(roles, orders, t.name.split("/")[-2]) or PART_ROLES
         for score, c, scope in chosen or fits:  # (a target decided shows its one Concat, else every candidate)
             by_rank = ranked.get(t.name) == c.name
             certain = bool(chosen)
             why = [f"shapes {' + '.join(str(tuple(src.variables[p].shape)) for p in c.sources)} join along axis "
                    f"{c.axis} into {tuple(t.shape)}",
-                   f"'{t.name.split('/')[-2]}' is a fused query/key/value; the parts are its query, key and value"]
+                   f"'{t.name.split('/')[-2]}' is a fused query/key/value; the parts are its query, key and value"
+                   if order == PART_ROLES else
+                   f"'{t.name.split('/')[-2]}' is fused ({', '.join(order)} in that order, by the fused table)"]
             if n_siblings and score:
                 why.append(f"the target's siblings came from {'/'.join(scope.split('/')[:score])!r}")
             if by_rank:
