@@ -233,3 +233,20 @@ def test_an_answer_shorter_than_the_range_asked_for_is_refused_not_taken_for_the
                            ) as info:
             cm.load(f"{server.url}/{name}")
         assert f"{server.url}/{name}" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [400, 500, 503])
+@pytest.mark.parametrize("name", ["model.safetensors", "arrays.npz"])
+def test_a_failed_index_probe_names_the_index_url_it_probed_redacted(server, status, name):
+    """To tell a TF prefix from a file, ckptmerge looks up '<url>.index' first: a 400 or 5xx on
+    that lookup (retried, then an error) names the .index URL, not only the URL given, keeps the
+    query after the suffix and shows none of its secrets, and says why it was looked up."""
+    server.fault(status=status, path=r"\.index$")
+    url = f"{server.url}/{name}?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIDSECRET&download=true"
+    r = run("ls", url)
+    probed = f"'{server.url}/{name}.index?X-Amz-Signature=***&X-Amz-Credential=***&download=true'"
+    assert_one_line_error(r, probed, f"HTTP {status}", "looks for that file beside the checkpoint named")
+    assert "SECRET" not in r.stderr
+    assert any(path.split("?")[0] == f"/{name}.index" for _, path, _ in server.requests)
+    server.faults.clear()  # the probe answered (404): the file itself is read
+    assert run("ls", url).exit_code == 0

@@ -259,6 +259,11 @@ def probe_isfile(path: str) -> bool:
     except AccessDeniedError:
         logger.info("%s: access denied; taken as absent (it was only looked for)", path)
         return False
+    except CheckpointFormatError as e:  # a 400, a 5xx, a timeout: say which URL was probed, and why
+        raise CheckpointFormatError(
+            f"{e} (ckptmerge looks for that file beside the checkpoint named, to tell what the checkpoint is; "
+            "the server must answer such a lookup, with 404 when there is no such file.)", path=e.path,
+            key=e.key) from None
 
 
 def remote_isdir(url: str) -> bool:
