@@ -7,7 +7,9 @@ own formulas, so no PyTorch install is needed.
 
 from __future__ import annotations
 
+import os
 import re
+
 import numpy as np
 import pytest
 import safetensors.numpy as st_numpy
@@ -233,3 +235,76 @@ def test_suggest_for_a_pytorch_model_writes_a_config_that_keeps_the_layout(torch
     suggestion.write(tmp_path / "warm.yaml")
     cm.warm_start(model, str(tmp_path / "warm.yaml"))
     _check_outputs(model, state)
+
+
+# -- transposes read from a file a band of rows at a time --------------------------------------
+
+_BANDED = {"fc1": (300, 130), "fc2": (129, 200), "fc3": (1, 40), "fc4": (5, 3), "fc5": (257, 64)}
+
+
+def _linear_state(dtype=np.float32):
+    state = {f"{k}.weight": _f32(*s).astype(dtype) for k, s in _BANDED.items()}
+    state.update({f"{k}.bias": _f32(s[0]).astype(dtype) for k, s in _BANDED.items()})
+    return state
+
+
+def _write_bundle(prefix, state):
+    from ckptmerge.formats.tf.writer import BundleWriter
+
+    with BundleWriter(prefix) as w:
+        for k, v in state.items():
+            w.add(k, v)
+    return prefix
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bundle"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_transposes_read_from_a_file_equal_numpys_and_restore_without_a_copy(tmp_path, fmt, dtype):
+    state = _linear_state(dtype)
+    if fmt == "safetensors":
+        path = str(tmp_path / "model.safetensors")
+        st_numpy.save_file(state, path)
+    else:
+        path = _write_bundle(str(tmp_path / "ckpt"), state)
+    h = cm.Source(path, layout="torch").open()
+    try:
+        got = h.read([f"{k}/kernel" for k in _BANDED] + ["fc1/bias"])
+    finally:
+        h.close()
+    for k in _BANDED:
+        v = got[f"{k}/kernel"]
+        np.testing.assert_array_equal(v, state[f"{k}.weight"].T)
+        assert v.dtype == dtype and v.flags.c_contiguous and v.ctypes.data % 64 == 0  # (the restore takes it as is)
+    np.testing.assert_array_equal(got["fc1/bias"], state["fc1.bias"])
+
+
+def test_a_corrupt_transposed_tensor_fails_its_checksum(tmp_path):
+    h = cm.Source(_write_bundle(str(tmp_path / "ckpt"), _linear_state()), layout="torch").open()
+    try:
+        data = next(tmp_path.glob("ckpt.data-*"))
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        with pytest.raises(cm.CkptMergeError, match="(?i)checksum|crc"):
+            h.read([f"{k}/kernel" for k in _BANDED])
+    finally:
+        h.close()
+
+
+def test_a_file_truncated_before_a_restore_leaves_every_variable_as_it_was(tmp_path):
+    import keras
+
+    state = _linear_state()
+    path = tmp_path / "model.safetensors"
+    st_numpy.save_file(state, str(path))
+    inputs = keras.Input((130,))
+    model = keras.Model(inputs, keras.layers.Dense(300, name="fc1")(inputs))
+    before = [w.numpy().copy() for w in model.weights]
+    plan = cm.plan(model, [cm.Source(str(path), layout="torch", map={"fc1/kernel": "fc1/kernel",
+                                                                     "fc1/bias": "fc1/bias"})])
+    header = int.from_bytes(path.read_bytes()[:8], "little")
+    os.truncate(path, 8 + header + 64)  # (every tensor's data cut short)
+    with pytest.raises(cm.RestoreError, match="ended early|truncated"):
+        plan.restore(strict=False)
+    for w, old in zip(model.weights, before):
+        np.testing.assert_array_equal(w.numpy(), old)

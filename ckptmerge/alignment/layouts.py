@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from .features import tokens
 from .fused import FusedConvention, fused_row, part_sizes
 
 __all__ = ["LayoutEntry", "Layout", "torch_layout", "flax_layout", "LAYOUTS", "layout_of", "apply_entry",
-           "likely_target", "transpose_into"]
+           "likely_target", "transpose_into", "transpose_rows_into"]
 
 #: The layouts ``Source(layout=...)`` accepts.
 LAYOUTS = ("torch", "flax")
@@ -396,15 +396,44 @@ def _reorder(value: np.ndarray, order: Sequence[int]) -> np.ndarray:
     return np.concatenate([blocks[i] for i in order], axis=0)
 
 
-#: Tile edge of :func:`transpose_into`: a 64 x 64 float32 tile and its target stay in L1/L2.
-_TILE = 64
+#: A large 2-D transpose goes :data:`_BAND` rows at a time through a buffer whose rows are
+#: :data:`_PAD` elements longer than the tensor's. Row strides such as 3 KiB and 12 KiB (768 and
+#: 3072 float32s, BERT's widths) put every row of a band into the same few cache sets, so the
+#: column-wise reads of a transpose keep evicting each other; padded rows spread them over the
+#: cache. On BERT-base's kernels this is about 2x faster than NumPy's copy of a transposed view
+#: (and than 64 x 64 tiles, which hit the same sets).
+_BAND, _PAD = 128, 32
+
+
+def transpose_rows_into(rows: Callable[[int, int], np.ndarray], shape: Sequence[int], dtype: Any,
+                        out: np.ndarray) -> np.ndarray:
+    """Write the transpose of a 2-D tensor into ``out``, reading the tensor a band of rows at a time.
+
+    Args:
+        rows: ``rows(start, stop)`` gives rows ``start:stop`` of the tensor, asked for in order
+            (a view of an array in memory, or a band just read from a file).
+        shape: the tensor's ``(rows, columns)``.
+        dtype: its dtype.
+        out: a C-contiguous array of shape ``(columns, rows)``.
+
+    Example:
+        >>> x = np.arange(6.0).reshape(2, 3)
+        >>> transpose_rows_into(lambda i, j: x[i:j], x.shape, x.dtype, np.empty((3, 2))).tolist()
+        [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    """
+    n, m = shape
+    band = np.empty((min(_BAND, n), m + _PAD), dtype)[:, :m]
+    for i in range(0, n, _BAND):
+        b = min(_BAND, n - i)
+        band[:b] = rows(i, i + b)
+        out[:, i:i + b] = band[:b].T
+    return out
 
 
 def transpose_into(value: np.ndarray, perm: Sequence[int], out: Optional[np.ndarray] = None) -> np.ndarray:
     """``np.transpose(value, perm)`` as a C-contiguous array, written into ``out`` when given.
 
-    A large 2-D transpose is copied in cache-sized tiles (about 2.5x faster than NumPy's copy of a
-    transposed view, which strides through memory a column at a time); other ranks are copied by
+    A large 2-D transpose goes through :func:`transpose_rows_into`; other ranks are copied by
     NumPy as they are.
 
     Example:
@@ -414,11 +443,8 @@ def transpose_into(value: np.ndarray, perm: Sequence[int], out: Optional[np.ndar
     view = np.transpose(value, perm)
     if out is None:
         out = np.empty(view.shape, view.dtype)
-    if value.ndim == 2 and tuple(perm) == (1, 0) and value.size >= 4 * _TILE * _TILE:
-        n, m = value.shape
-        for i in range(0, n, _TILE):
-            for j in range(0, m, _TILE):
-                out[j:j + _TILE, i:i + _TILE] = value[i:i + _TILE, j:j + _TILE].T
+    if value.ndim == 2 and tuple(perm) == (1, 0) and value.size >= _BAND * _BAND:
+        transpose_rows_into(lambda i, j: value[i:j], value.shape, value.dtype, out)
     else:
         np.copyto(out, view)
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import operator
 import os
 import sys
@@ -551,7 +552,9 @@ class CheckpointHandle(SourceHandle):
     def ranges(self, name: str) -> Any:
         """The reader's :meth:`~ckptmerge.formats.base.CheckpointReader.ranges` of ``name``."""
         ranges = getattr(self.reader, "ranges", None)
-        return ranges(self._key_of.get(name, name)) if ranges is not None else None
+        if ranges is None or name in self._supplied:  # (a supplied tensor is in memory, not in the file)
+            return None
+        return ranges(self._key_of.get(name, name))
 
     def close(self) -> None:
         """Close the reader's files."""
@@ -605,6 +608,8 @@ class MemoryHandle(SourceHandle):
 
 #: Bytes of layout outputs computed per batch while the next batch is read (see LayoutHandle.read).
 _LAYOUT_BATCH = 64 << 20
+#: Threads that read and transpose 2-D weights band by band (see LayoutHandle.read).
+_TRANSPOSERS = 4
 
 
 class LayoutHandle(SourceHandle):
@@ -681,7 +686,57 @@ class LayoutHandle(SourceHandle):
         return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Read the source tensors the named outputs need, then compute each output."""
+        """Read the source tensors the named outputs need, then compute each output.
+
+        A transposed 2-D weight that the wrapped source can read in ranges (a local file) is
+        read a band of rows at a time and transposed as it comes (no copy of it as stored), on
+        a few threads while this one reads the other tensors."""
+        streamed = {}
+        for n in names:
+            ranges = self._band_ranges(self.entries[n])
+            if ranges is not None:
+                streamed[n] = ranges
+        if not streamed:
+            return self._read_whole(names)
+        workers = min(len(streamed), _TRANSPOSERS, os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptmerge-layout")
+        try:
+            futures = {n: pool.submit(self._transposed, self.entries[n], r) for n, r in streamed.items()}
+            out = self._read_whole([n for n in names if n not in streamed])
+            for n, fut in futures.items():
+                out[n] = fut.result()
+        finally:  # (after an error, the transposes not begun are dropped)
+            pool.shutdown(wait=True, cancel_futures=True)
+        return out
+
+    def _band_ranges(self, e: Any) -> Any:
+        """The wrapped source's ranges of the tensor a plain 2-D transpose reads, else ``None``."""
+        if e.op != "transpose" or tuple(e.perm) != (1, 0) or len(e.info.shape) != 2:
+            return None
+        ranges = self.inner.ranges(self._by_key.get(e.sources[0], e.sources[0]))
+        if ranges is None or ranges.count != math.prod(e.info.shape) or not ranges.dtype.isnative:
+            return None
+        return ranges
+
+    @staticmethod
+    def _transposed(e: Any, ranges: Any) -> np.ndarray:
+        """The transpose of a stored ``(out, in)`` weight, read in bands from ``ranges``."""
+        from ..alignment.layouts import transpose_rows_into
+        from ..formats.base import aligned_empty
+
+        cols, rows = e.info.shape  # (the output's shape is the stored one reversed)
+        span, flat = ranges.span(0, ranges.count), None
+
+        def band(i: int, j: int) -> np.ndarray:
+            nonlocal flat
+            if flat is None:
+                flat = np.empty(min(j - i, rows) * cols, ranges.dtype)
+            return span.read(flat[:(j - i) * cols]).reshape(j - i, cols)
+
+        return transpose_rows_into(band, (rows, cols), ranges.dtype, aligned_empty(e.info.shape, ranges.dtype))
+
+    def _read_whole(self, names: Sequence[str]) -> Dict[str, Any]:
+        """Read whole source tensors, then compute each output from them."""
         from ..alignment.layouts import apply_entry
         from ..formats.base import aligned_empty
 
