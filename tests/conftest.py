@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,14 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A suite started as a background job of a non-interactive shell (`cmd &` in a script, CI steps)
+# inherits SIGINT as ignored: Python then installs no handler of its own, and every child started
+# with plain subprocess inherits the ignore, so the Ctrl-C tests' children never see their SIGINT
+# and time out. Python's own handler, as an interactive start gives it, puts SIGINT back: pytest
+# stops on Ctrl-C again, and as a handled signal it is reset to the default when a child execs.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config):

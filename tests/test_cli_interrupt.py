@@ -88,3 +88,13 @@ def test_ctrl_c_during_a_merge_exits_130_and_leaves_no_file(tmp_path, two_checkp
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.splitlines()[-1] == "Aborted!" and "Traceback" not in err, err
     assert os.listdir(out_dir) == []
+
+
+def test_a_plain_subprocess_child_gets_sigint_as_the_interpreter_sets_it():
+    """Regression: a suite started as a background job of a non-interactive shell inherited
+    SIGINT as ignored, and so did every child, so each Ctrl-C test above timed out. conftest.py
+    puts Python's own handler back, so a child starts with SIGINT at its default."""
+    out = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT).__name__)"],
+                         capture_output=True, text=True, timeout=60)
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    assert out.stdout.strip() == "default_int_handler", out
