@@ -15,6 +15,7 @@ Nothing here imports torch. Importing keras_hub imports Keras (and TF through th
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -62,6 +63,53 @@ def source_tensors(name: str) -> Dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     return load_file(weights_file(name))
+
+
+# -- the inverse direction: a Keras user's BERT names and the regex rules back onto the template --------
+
+#: The forward layout's BERT names -> KerasHub BertBackbone-like names (what a Keras user has).
+KERAS_HUB_BERT = [
+    (r"encoder/layer/(\d+)/attention/self/(query|key|value)/", r"transformer_layer_\1/self_attention/\2/"),
+    (r"encoder/layer/(\d+)/attention/output/dense/", r"transformer_layer_\1/self_attention/attention_output/"),
+    (r"encoder/layer/(\d+)/attention/output/LayerNorm/", r"transformer_layer_\1/self_attention_layer_norm/"),
+    (r"encoder/layer/(\d+)/intermediate/dense/", r"transformer_layer_\1/feedforward_intermediate_dense/"),
+    (r"encoder/layer/(\d+)/output/dense/", r"transformer_layer_\1/feedforward_output_dense/"),
+    (r"encoder/layer/(\d+)/output/LayerNorm/", r"transformer_layer_\1/feedforward_layer_norm/"),
+    (r"embeddings/word_embeddings/", "token_embedding/"), (r"embeddings/position_embeddings/", "position_embedding/"),
+    (r"embeddings/token_type_embeddings/", "segment_embedding/"), (r"embeddings/LayerNorm/", "embeddings_layer_norm/"),
+    (r"pooler/dense/", "pooled_dense/")]
+
+#: A user's regex rules from those names back onto the template, in each spelling: PyTorch's
+#: names, the layout's names, and a dotted scope followed by the layout's path.
+BERT_REGEX = [
+    (r"transformer_layer_(\d+)/self_attention/(query|key|value)/kernel", r"encoder.layer.\1.attention.self.\2.weight"),
+    (r"transformer_layer_(\d+)/self_attention/(query|key|value)/bias", r"encoder.layer.\1.attention.self.\2.bias"),
+    (r"transformer_layer_(\d+)/self_attention/attention_output/(kernel|bias)",
+     r"encoder/layer/\1/attention/output/dense/\2"),
+    (r"transformer_layer_(\d+)/self_attention_layer_norm/(gamma|beta)", r"encoder.layer.\1.attention.output.LayerNorm/\2"),
+    (r"transformer_layer_(\d+)/feedforward_intermediate_dense/(.*)", r"encoder.layer.\1.intermediate.dense/\2"),
+    (r"transformer_layer_(\d+)/feedforward_output_dense/(.*)", r"encoder.layer.\1.output.dense/\2"),
+    (r"transformer_layer_(\d+)/feedforward_layer_norm/(.*)", r"encoder.layer.\1.output.LayerNorm/\2"),
+    (r"token_embedding/embeddings", "embeddings.word_embeddings.weight"),
+    (r"position_embedding/embeddings", "embeddings.position_embeddings.weight"),
+    (r"segment_embedding/embeddings", "embeddings.token_type_embeddings.weight"),
+    (r"embeddings_layer_norm/gamma", "embeddings.LayerNorm.weight"),
+    (r"embeddings_layer_norm/beta", "embeddings.LayerNorm.bias"),
+    (r"pooled_dense/kernel", "pooler.dense.weight"), (r"pooled_dense/bias", "pooler.dense.bias")]
+
+
+def keras_hub_name(name: str) -> str:
+    """A forward-layout BERT name under the KerasHub-like name :data:`KERAS_HUB_BERT` gives it."""
+    for pattern, repl in KERAS_HUB_BERT:
+        new = re.sub("^" + pattern, repl, name)
+        if new != name:
+            return new
+    raise KeyError(name)
+
+
+def keras_hub_named(values: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """The BERT fixture's Keras-side tensors (the forward layout's names) under KerasHub-like names."""
+    return {keras_hub_name(n): v for n, v in values.items()}
 
 
 @dataclass(frozen=True)

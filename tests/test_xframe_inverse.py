@@ -150,13 +150,20 @@ def test_cli_merge_layout_torch_writes_the_template_names(restored, tmp_path):
 
 @pytest.mark.skipif(not os.path.exists(TORCH_PYTHON),
                     reason=f"needs torch in {TORCH_PYTHON} (torch and TF cannot share a process)")
-def test_pytorch_loads_every_output_strictly_in_its_own_process(written):
+def test_pytorch_loads_every_output_strictly_in_its_own_process(written, tmp_path):
     args = [f"{name}={X.fixture_dir(name)}={path}" for name, (path, _) in written.items()]
+    # and BERT under KerasHub-like names, written through regex rules onto PyTorch's names
+    # (tests/test_xframe_inverse_regex.py)
+    keras = tmp_path / "keras.safetensors"
+    cm.merge([cm.Source(X.weights_file("bert"), layout="torch")], keras)
+    cm.merge([cm.Source.from_values(X.keras_hub_named(tensors(keras)), regex=X.BERT_REGEX)],
+             tmp_path / "regex.safetensors", layout="torch", template=X.weights_file("bert"))
+    args.append(f"bert-regex={X.fixture_dir('bert')}={tmp_path / 'regex.safetensors'}")
     proc = subprocess.run([TORCH_PYTHON, str(REPO / "scripts" / "torch_load_check.py"), *args],
                           capture_output=True, text=True, timeout=300, check=False)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, (proc.stdout, proc.stderr[-2000:])
-    assert sorted(r["name"] for r in rows) == sorted(X.PAIRS)
+    assert sorted(r["name"] for r in rows) == sorted([*X.PAIRS, "bert-regex"])
     assert all(r["equal"] and not r["missing"] and not r["unexpected"] for r in rows), rows
 
 

@@ -10,6 +10,12 @@ checkpoint names, with the sources' creation order as evidence); then
 :func:`~ckptmerge.alignment.inverse.invert_layout` undoes every layout operation and reshape.
 What alignment leaves unpaired stays unresolved, with the reason: never a guess.
 
+A source's ``map`` and ``regex`` rules may name the template's tensors in PyTorch's spelling:
+:func:`template_views` reads every target they give as the template's (:class:`TemplateNames`),
+before anything is paired, and reports each one the template does not have with "did you mean".
+A Keras tensor named for a template tensor whose shape or dtype is not the one its layout needs is
+a mismatch (``TorchInverseHandle.mismatched``), never transposed or reshaped to fit.
+
 :func:`torch_inverse` returns a :class:`TorchInverseHandle`: a source whose names are the
 template's PyTorch names and whose values are computed from the Keras tensors as they are written.
 The merge then plans the template's tensors against it as against any source, so strictness,
@@ -21,24 +27,28 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..alignment.inverse import Recipe, apply_recipe, invert_layout
 from ..alignment.layouts import torch_layout
+from ..alignment.tensorops import glob_escape
+from ..errors import PlanError, RuleError, did_you_mean_text, suggest
 from ..planning.fusion import concat_entries_of
 from ..planning.planner import Plan, SourceView, make_plan
-from ..errors import RuleError
-from ..planning.rulekinds import MapRule
+from ..planning.rulekinds import MapRule, RegexRule
 from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
 from ..planning.transforms import cast_array, chain_apply, select
 from ..sources.source import Source, SourceHandle
 from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
-from ..text import quote_name
+from ..text import escape_name, plural, quote_name
 
-__all__ = ["TorchInverseHandle", "torch_inverse", "template_rules", "TEMPLATE_VIEW_LABEL"]
+__all__ = ["TorchInverseHandle", "torch_inverse", "TemplateNames", "TemplateRegex", "template_rules",
+           "template_views",
+           "TEMPLATE_VIEW_LABEL"]
 
 #: The label the template's layout entries carry while they are aligned.
 TEMPLATE_VIEW_LABEL = "template"
@@ -51,6 +61,8 @@ class TorchInverseHandle(SourceHandle):
         recipes: PyTorch name -> :class:`~ckptmerge.alignment.inverse.Recipe`.
         unresolved: ``{PyTorch name: why no value is made for it}``.
         keras_plan: the plan of the sources' own tensors (which source gives each Keras name).
+        mismatched: ``{PyTorch name: why}`` of the template tensors a Keras tensor of another shape
+            or dtype was named for (also in ``unresolved``).
     """
 
     def __init__(self, label: str, recipes: Dict[str, Recipe], bookkeeping: Dict[str, VariableInfo],
@@ -61,7 +73,7 @@ class TorchInverseHandle(SourceHandle):
                                   // max(math.prod(p.shape), 1) for p in r.pieces))
                  for n, r in recipes.items()]
         infos += [VariableInfo(n, v.shape, v.dtype, n, KIND_VARIABLE, v.nbytes) for n, v in bookkeeping.items()]
-        notes = {n: f"from {r.note}" for n, r in recipes.items()}
+        notes = {n: f"from {r.note}{_renamed(r, keras_plan)}" for n, r in recipes.items()}
         for n in bookkeeping:
             notes[n] = ("bookkeeping: the template's own value" if template is not None
                         else "bookkeeping: written as 0, PyTorch's value for a fresh module")
@@ -74,6 +86,7 @@ class TorchInverseHandle(SourceHandle):
         self._handles = {h.label: h for h in handles}
         self._views = {v.label: v for v in keras_plan.sources}
         self._template = template
+        self.mismatched: Dict[str, str] = {}  # (set by torch_inverse)
 
     def keras_value(self, name: str) -> np.ndarray:
         """One Keras tensor's value as the sources give it (their casts and transforms applied)."""
@@ -100,9 +113,61 @@ class TorchInverseHandle(SourceHandle):
                 out[n] = np.zeros(spec.shape, dtype=spec.dtype)
         return out
 
+    def check_mismatches(self, strict: bool, on_shape_mismatch: str, output: str) -> None:
+        """Raise one :class:`~ckptmerge.errors.PlanError` listing every template tensor a Keras
+        tensor of another shape or dtype was named for, where a strict merge that does not skip
+        mismatches is asked for (a mismatch blocks it as in the forward direction)."""
+        if not self.mismatched or not strict or on_shape_mismatch != "error":
+            return
+        lines = [f"  - {quote_name(n)}: {why}" for n, why in sorted(self.mismatched.items())]
+        more = [f"  ... and {len(lines) - 20} more"] if len(lines) > 20 else []
+        raise PlanError("\n".join([f"{plural(len(lines), 'template tensor')} with a Keras tensor of another shape or "
+                                   "dtype named for it (strict=True):", *lines[:20], *more,
+                                   f"Nothing was written to {quote_name(output)}."]), plan=self.keras_plan)
+
+    def allow_mismatched(self, allow_missing: Any) -> Any:
+        """``allow_missing`` with the mismatched template tensors added (``on_shape_mismatch='skip'``:
+        each is left as the template has it, or out); a value of the wrong type is kept for the
+        plan to reject."""
+        if not self.mismatched or not isinstance(allow_missing, (str, list, tuple)):
+            return allow_missing
+        given = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
+        return [*given, *map(glob_escape, sorted(self.mismatched))]
+
     def why(self, name: str, default: str) -> str:
         """Why the template tensor ``name`` has no value from the sources (``default`` if not known)."""
         return self.unresolved.get(name, default)
+
+
+def _include_hints(keras_plan: Plan, views: Sequence[SourceView], template_names: Sequence[str]) -> Plan:
+    """The sources' plan with each ``include`` that selects none of a source's tensors but some of
+    the template's names saying so: include and exclude select the sources' own (Keras) names."""
+    hints = {}
+    for u in keras_plan.unmatched_rules:
+        if u.kind != "include":
+            continue
+        view = next((v for v in views if v.label == u.source), None)
+        globs = view.rules.include if view is not None else ()
+        glob = next((g for g in globs if u.rule == f"include {quote_name(g.pattern)}"), None)
+        hits = sorted(set(glob.select(template_names))) if glob is not None else []
+        if hits:
+            hints[id(u)] = dataclasses.replace(u, reason=(
+                f"{u.reason}; it matches {plural(len(hits), 'name')} of the template (e.g. {quote_name(hits[0])}), but "
+                "include and exclude select the sources' own tensors (the Keras side): name the template's tensors "
+                "in map or regex targets"))
+    if not hints:
+        return keras_plan
+    return dataclasses.replace(keras_plan, unmatched_rules=[hints.get(id(u), u) for u in keras_plan.unmatched_rules])
+
+
+def _renamed(recipe: Recipe, keras_plan: Plan) -> str:
+    """``"; 'k' is A:'name' by <rule>"`` for each piece a source's rules renamed (or nothing)."""
+    out = ""
+    for p in recipe.pieces:
+        a = keras_plan.assignments[p.name]
+        if a.name != p.name:
+            out += f"; {quote_name(p.name)} is {a.source}:{quote_name(a.name)}" + (f" by {a.rule}" if a.rule else "")
+    return out
 
 
 def _keras_dtype(recipe: Recipe, keras_plan: Plan) -> str:
@@ -144,6 +209,7 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     keras = [t for t in keras_specs if t.name in keras_plan.assignments]
     shapes = {t.name: tuple(t.shape) for t in keras}
     layout = torch_layout(template) if layout is None else layout
+    keras_plan = _include_hints(keras_plan, views, [*(v.raw_key for v in template), *layout.entries])
     entries = [e.info for e in layout.entries.values() if e.info.kind != KIND_BOOKKEEPING]
     if cast:  # align across precisions: the template's floats as the Keras side's usual float
         floats = Counter(t.dtype for t in keras if _floating(t.dtype))
@@ -154,6 +220,15 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     view = SourceView(TEMPLATE_VIEW_LABEL, template_label, "the template through layout 'torch'", by_name(entries),
                       Rules.from_options())
     pairing = make_plan(keras, [view])
+    # A Keras tensor named for a template entry (by a rule, or as it is) whose shape or dtype is not
+    # the entry's is a mismatch: neither is given to alignment, so no other tensor takes the entry
+    # and the named one is never transposed or reshaped to fit.
+    named = {m.name: m for m in pairing.mismatched}
+    if named:
+        claimed = {m.target for m in named.values()}
+        keras = [t for t in keras if t.name not in claimed]
+        view = dataclasses.replace(view, variables=by_name([e for e in entries if e.name not in named]))
+        pairing = make_plan(keras, [view])
     if pairing.missing:
         order, inputs = _creation_order(handles, keras_plan)
         aligned = aligned_views(pairing, [view], [True], target_order=order, source_orders=[None],
@@ -170,6 +245,12 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
     for name, why in missing:
         if why.startswith("no Keras tensor"):
             unresolved[name] = why + _candidates(layout, name, left)
+    infos = {info.raw_key: info for info in template}
+    mismatched = {}
+    for entry, m in sorted(named.items()):
+        for key in layout.entries[entry].sources:
+            mismatched.setdefault(key, _mismatch_text(m, layout.entries[entry], infos[key], keras_plan))
+    unresolved.update(mismatched)
     bookkeeping = {}
     for info in template:
         if info.raw_key in recipes or info.raw_key in unresolved:
@@ -177,6 +258,7 @@ def torch_inverse(handles: Sequence[SourceHandle], views: Sequence[SourceView], 
         bookkeeping[info.raw_key] = info
     label = handles[0].label if len(handles) == 1 else "+".join(h.label for h in handles)
     handle = TorchInverseHandle(label, recipes, bookkeeping, unresolved, keras_plan, handles, template_reader)
+    handle.mismatched = mismatched
     return handle, keras_plan
 
 
@@ -194,46 +276,194 @@ def _fused_parts(view: SourceView, mapping: Dict[str, str], layout: Any,
     return out
 
 
-def template_rules(rules: Rules, layout: Any) -> Rules:
-    """A source's rules with each ``map`` target that names the template in PyTorch's own terms
-    turned into the name the template's layout gives it, the name the inverse pairs by.
+def _mismatch_text(m: Any, entry: Any, info: VariableInfo, keras_plan: Plan) -> str:
+    """Why a template tensor gets nothing from the Keras tensor named for it (a pairing's
+    :class:`~ckptmerge.planning.findings.Mismatch`: its target is the Keras tensor, its checkpoint
+    name the layout entry)."""
+    a = keras_plan.assignments[m.target]
+    what = {"shape": "shape", "dtype": "dtype"}.get(m.kind, "shape and dtype")
+    named = f" (named {quote_name(m.target)} by {a.rule})" if a.rule else ""
+    how = f" (its layout: {entry.note})" if entry.note else ""
+    fix = ("Pass cast=True to convert it" if what == "dtype" else
+           "It is not transposed or reshaped to fit: fix the rule, or give the source a cm.Transpose or cm.Reshape")
+    return (f"{what} mismatch: {a.source}:{quote_name(a.name)}{named} is {tuple(m.target_shape)} {m.target_dtype}; "
+            f"layout 'torch' makes PyTorch's {quote_name(info.raw_key)} {tuple(info.shape)} of a Keras "
+            f"{quote_name(m.name)} {tuple(m.source_shape)} {m.source_dtype}{how}. {fix}; or pass "
+            "on_shape_mismatch='skip' to leave it out")
 
-    A target may be a template tensor's raw key (``encoder.layer.0.attention.self.query.weight``:
-    the one tensor the layout makes of it, ``encoder/layer/0/attention/self/query/kernel``) or a
-    dotted scope of raw keys (``encoder.layer.0.``: ``encoder/layer/0/``), as well as the
-    layout's own names. Other targets (Keras names for alignment to pair) are kept as they are.
+
+class TemplateNames:
+    """How the inverse direction reads a rule's target as one of the template's tensors.
+
+    A rule (a ``map`` target, or what a ``regex`` makes of a name) may name a template tensor as
+    PyTorch saved it (``encoder.layer.0.attention.self.query.weight``), by the name the template's
+    layout gives it (``encoder/layer/0/attention/self/query/kernel``, what the inverse pairs by),
+    or as a dotted scope followed by the layout's path below it
+    (``encoder.layer.0.attention/self/query/kernel``, what a dotted scope entry of a map makes).
+    :meth:`resolve` turns each of those into the layout's name. A target in PyTorch's spelling
+    (with a ``.``) that names no template tensor is a problem, with "did you mean"; so is a
+    PyTorch name spelled with ``/`` (``.../query/weight``: the layout's name ends in ``kernel``), a
+    fused tensor the layout makes several tensors of, a bookkeeping tensor and one the layout cannot
+    decide. Other targets (Keras names, for alignment to pair) are kept as they are.
+
+    Example:
+        >>> names = TemplateNames(torch_layout([VariableInfo("fc.weight", (2, 3), "float32")]))
+        >>> names.resolve("fc.weight"), names.resolve("dense/kernel")
+        (('fc/kernel', ''), (None, ''))
+        >>> names.resolve("fc.wieght")[1]
+        "names no tensor of the template. Did you mean 'fc.weight'?"
+    """
+
+    def __init__(self, layout: Any) -> None:
+        self.entries = layout.entries
+        self.made: Dict[str, List[str]] = {}
+        for name, e in layout.entries.items():
+            for key in e.sources:
+                self.made.setdefault(key, []).append(name)
+        self.undecided = dict(layout.undecided)
+
+    def resolve(self, target: str) -> Tuple[Optional[str], str]:
+        """``(the layout's name, "")``; ``(None, "")`` for a name to keep as it is; ``(None, why)``
+        for a name that cannot be read as the template's (``why`` completes "the rule's target ...")."""
+        if target in self.entries:
+            return target, ""
+        outputs = self.made.get(target)
+        if outputs:
+            if len(outputs) > 1:
+                return None, (f"the template's {quote_name(target)} is made of {len(outputs)} tensors by layout "
+                              f"'torch' ({', '.join(map(quote_name, sorted(outputs)))}); map one Keras tensor onto "
+                              "each of those names instead")
+            if self.entries[outputs[0]].info.kind == KIND_BOOKKEEPING:
+                return None, (f"{quote_name(target)} is PyTorch bookkeeping (a BatchNorm's counter): the merge writes "
+                              "it from the template (or as 0), never from a Keras tensor; leave it out of the rule")
+            return outputs[0], ""
+        slash, dotted = target.replace(".", "/"), target.replace("/", ".")
+        if "." in target and slash in self.entries:
+            return slash, ""
+        if slash in self.undecided:
+            return None, f"layout 'torch' cannot decide how to write {quote_name(dotted)}: {self.undecided[slash]}"
+        if dotted in self.made:
+            ours = sorted(self.made[dotted])
+            return None, (f"spells the template's {quote_name(dotted)} with '/', but layout 'torch' names that tensor "
+                          f"{' and '.join(map(quote_name, ours))}.{did_you_mean_text([*ours, dotted])}")
+        if "." in target:
+            close = suggest(target, self.made) or suggest(slash, self.entries)
+            return None, "names no tensor of the template." + (did_you_mean_text(close) or (
+                " A name with '.' is read as PyTorch's; 'ckptmerge ls' on the template lists its names"))
+        return None, ""
+
+    def resolve_scope(self, target: str) -> Tuple[Optional[str], str]:
+        """:meth:`resolve` for a map's scope target (``encoder.layer.0.``: ``encoder/layer/0/``)."""
+        if not target.endswith("."):
+            return None, ""
+        if any(k.startswith(target) for k in self.made):
+            return target.replace(".", "/"), ""
+        scopes = {k[:i + 1] for k in self.made for i, c in enumerate(k) if c == "."}
+        return None, "names no scope of the template." + did_you_mean_text(suggest(target, scopes))
+
+
+@dataclass(frozen=True)
+class TemplateRegex(RegexRule):
+    """A source's regex rule in the inverse direction: what it makes of a name is read as the
+    template's (:meth:`TemplateNames.resolve`: the layout's name for a PyTorch name). Reports show
+    the user's rule as written.
+
+    Attributes:
+        names: ``{what the rule makes: the layout's name}``, for the outputs that differ.
+    """
+
+    names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def expand(self, match: Any) -> Optional[str]:
+        """The replacement for a match, as the template names it."""
+        out = super().expand(match)
+        return None if out is None else self.names.get(out, out)
+
+
+def template_rules(rules: Rules, layout: Any, *, names: Sequence[str] = (), label: str = "") -> Rules:
+    """A source's rules with each target that names the template in PyTorch's own terms turned into
+    the name the template's layout gives it, the name the inverse pairs by (see
+    :class:`TemplateNames` for the spellings read).
+
+    ``map`` targets are turned as written; what the ``regex`` rules make of the source's ``names``
+    (the names the view selected) is turned name by name (:class:`TemplateRegex`). Other targets
+    (Keras names for alignment to pair) are kept as they are.
 
     Raises:
-        RuleError: a target is a PyTorch tensor the layout makes several tensors of (a fused
-            ``c_attn.weight``: its query, key and value); each needs a Keras tensor of its own.
+        RuleError: listing every target that cannot be read as the template's: a PyTorch name the
+            template does not have (with "did you mean"), a PyTorch name spelled with ``/``, a
+            fused tensor the layout makes several tensors of (a ``c_attn.weight``: its query, key
+            and value each need a Keras tensor of their own), bookkeeping, an undecided tensor.
 
     Example:
         >>> lay = torch_layout([VariableInfo("fc.weight", (2, 3), "float32")])
         >>> template_rules(Rules.from_options(map={"dense/kernel": "fc.weight"}), lay).maps[0].target
         'fc/kernel'
+        >>> r = template_rules(Rules.from_options(regex=[("d/(.*)", r"fc.\\1")]), lay, names=["d/weight"])
+        >>> r.apply(["d/weight"]).mapping
+        {'d/weight': ('fc/kernel',)}
     """
-    if not any("." in m.target for m in rules.maps):
+    if not rules.renames:
         return rules
-    made: Dict[str, List[str]] = {}
-    for name, e in layout.entries.items():
-        for key in e.sources:
-            made.setdefault(key, []).append(name)
+    known = TemplateNames(layout)
+    where = f" in source {quote_name(label)}" if label else ""
+    problems: List[str] = []
     maps = []
     for m in rules.maps:
-        target = m.target
-        if target not in layout.entries:
-            outputs = made.get(target, ())
-            if len(outputs) > 1:
-                raise RuleError(f"map entry {quote_name(m.source)} -> {quote_name(target)}: the template's "
-                                f"{quote_name(target)} is made of {len(outputs)} tensors by layout 'torch' "
-                                f"({', '.join(map(quote_name, sorted(outputs)))}); map one Keras tensor onto each "
-                                "of those names instead.")
-            if outputs:
-                target = outputs[0]
-            elif target.endswith(".") and any(k.startswith(target) for k in made):
-                target = target.replace(".", "/")
-        maps.append(m if target == m.target else MapRule(m.source, target))
-    return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
+        target, why = known.resolve_scope(m.target) if m.is_scope else known.resolve(m.target)
+        if why:
+            problems.append(f"map entry {quote_name(m.source)} -> {quote_name(m.target)}{where}: {why}")
+        maps.append(m if target is None or target == m.target else MapRule(m.source, target))
+    regexes = rules.regexes
+    if regexes and names:
+        res = rules.apply(names)
+        made: Dict[str, Tuple[str, str]] = {}  # what a regex makes -> (the rule, one name it makes it of)
+        for (name, out), rule in res.via.items():
+            if isinstance(rule, RegexRule):
+                made.setdefault(out, (rule.describe(), name))
+        for amb in res.ambiguous:
+            for out, rule_text in zip(amb.targets, amb.rules):
+                if out is not None:
+                    made.setdefault(out, (rule_text, amb.name))
+        turned: Dict[str, str] = {}
+        for out, (rule_text, name) in sorted(made.items()):
+            target, why = known.resolve(out)
+            if why:
+                problems.append(f"{rule_text}{where} makes {quote_name(out)} of {quote_name(name)}: {why}")
+            elif target is not None and target != out:
+                turned[out] = target
+        if turned:
+            regexes = tuple(TemplateRegex(r.pattern, r.replacement, names=turned) for r in regexes)
+    if problems:
+        head = ("A rule's target names the template wrongly" if len(problems) == 1 else
+                f"{len(problems)} rule targets name the template wrongly")
+        shown = [f"  - {escape_name(p)}" for p in problems[:20]]
+        if len(problems) > 20:
+            shown.append(f"  ... and {len(problems) - 20} more")
+        raise RuleError("\n".join([f"{head} (layout 'torch' reads a target as the template's PyTorch name, "
+                                    "'encoder.layer.0.output.dense.weight', or as its own name for it, "
+                                    "'encoder/layer/0/output/dense/kernel'):", *shown]))
+    return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)), regexes=regexes)
+
+
+def template_views(handles: Sequence[SourceHandle], layout: Any) -> List[SourceView]:
+    """Each source's view with its rules read against the template (:func:`template_rules`).
+
+    Raises:
+        RuleError: every rule of every source that names the template wrongly, at once.
+    """
+    views, problems = [], []
+    for h in handles:
+        view = h.view(h.source.rules(None))
+        try:
+            rules = template_rules(view.rules, layout, names=list(view.variables), label=h.label)
+        except RuleError as e:
+            problems.append(str(e))
+            continue
+        views.append(view if rules is view.rules else dataclasses.replace(view, rules=rules))
+    if problems:
+        raise RuleError("\n".join(problems) + "\nNothing was written.")
+    return views
 
 
 def _candidates(layout: Any, key: str, left: Sequence[VariableInfo]) -> str:

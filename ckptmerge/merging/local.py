@@ -87,7 +87,13 @@ from ..specs import (
     trusted_info,
 )
 from ..text import escape_name, human_bytes, join_lines, plural, quote_name
-from .inverse import TorchInverseHandle, describe_unresolved, template_rules, template_specs, torch_inverse
+from .inverse import (
+    TorchInverseHandle,
+    describe_unresolved,
+    template_specs,
+    template_views,
+    torch_inverse,
+)
 from .jobs import (
     PIECE,
     TEMPLATE_LABEL,
@@ -570,7 +576,7 @@ def merge_local(
             if layout is not None:  # Keras tensors under the template's PyTorch names (merging/inverse.py)
                 targets = template_specs(treader.variables() if kind == "path" else tvalue)
                 tlayout = torch_layout(targets)  # (map targets may be its PyTorch names)
-                views = [h.view(template_rules(h.source.rules(None), tlayout)) for h in handles]
+                views = template_views(handles, tlayout)
                 produced = _produced_targets(views, on_conflict)
                 if tlayout.needs_targets:  # a fused module whose parts' sizes the Keras tensors give
                     tlayout = torch_layout(targets, targets=produced)
@@ -583,6 +589,9 @@ def merge_local(
                 except PlanError as e:
                     raise PlanError(f"The sources' own tensors: {e}\nNothing was written to {quote_name(given)}.",
                                     plan=e.plan) from None
+                inverse.check_mismatches(strict, on_shape_mismatch, given)
+                if on_shape_mismatch == "skip":  # left as the template has it (or out), as a skipped mismatch is
+                    allow_missing = inverse.allow_mismatched(allow_missing)
                 views, job_handles = [inverse.view(inverse.source.rules(None))], [inverse]
             else:
                 views = [h.view(h.source.rules(None)) for h in handles]
