@@ -21,7 +21,7 @@ from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
 from .methods import Method, TensorParams
 
-__all__ = ["FixedChunks", "Pieces", "blocked_chunks", "BLOCK", "TASK"]
+__all__ = ["FixedChunks", "Pieces", "aligned_step", "blocked_chunks", "BLOCK", "TASK"]
 
 #: Elements of each input read and added at once: the block, its float64 accumulator and the
 #: output block fit in a core's L2 cache (512 KiB here).
@@ -29,6 +29,50 @@ BLOCK = 1 << 15
 #: Elements of the pieces of a chunk the threads share out.
 TASK = 1 << 17
 _PLAIN = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))  # numpy's casts round as TF's
+
+
+def _largest_divisor(n: int, most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``most`` (``n``, ``most`` >= 1)."""
+    best, d = 1, 1
+    while d * d <= n:
+        if n % d == 0:
+            for c in (d, n // d):
+                if best < c <= most:
+                    best = c
+        d += 1
+    return best
+
+
+def aligned_step(shape: Tuple[int, ...], step: int) -> int:
+    """Elements per chunk (at most ``step``) of a tensor of ``shape`` at which every reader's
+    pieces fall on the chunks' bounds, so that :class:`FixedChunks` never keeps a rest.
+
+    Readers cut a tensor either flat (pieces of exactly ``max_elements``: TF bundles' single
+    entries, safetensors, NumPy files) or in runs of whole rows (HDF5 hyperslabs, partitioned
+    TF variables: :func:`~ckptmerge.formats.tf.regions.c_order_blocks`, whose runs are shorter
+    at the end of each row of the leading dimensions). Asked for this many elements, both cut
+    at the same places: runs of whole rows that divide the dimension they run along. With a
+    step of ``step`` a rest of up to a piece stays with every input between chunks (memory that
+    grows with the number of inputs); ``step`` itself is returned where no such run is at least
+    an eighth of it (a dimension with no divisor near the run: rare).
+
+    Example:
+        >>> aligned_step((3000, 1000), 1 << 16), aligned_step((4, 3000, 1000), 1 << 20)
+        (65000, 1000000)
+    """
+    size = 1
+    for d in shape:
+        size *= d
+    if size <= step:
+        return step
+    trailing, k = 1, len(shape)
+    while k > 0 and trailing * shape[k - 1] <= step:
+        k -= 1
+        trailing *= shape[k]
+    rows = step // trailing
+    if k > 1:  # runs restart at each index of the leading dimensions: they must divide the row
+        rows = _largest_divisor(shape[k - 1], rows)
+    return rows * trailing if rows * trailing * 8 >= step else step
 
 
 class FixedChunks:

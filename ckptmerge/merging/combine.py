@@ -42,7 +42,7 @@ from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.source import Source, SourceHandle
 from ..specs import VariableInfo, model_variables
 from ..text import plural, quote_name
-from .blocks import FixedChunks, blocked_chunks
+from .blocks import FixedChunks, aligned_step, blocked_chunks
 from .combine_report import CombineReport
 from .methods import METHODS, TensorParams, ema_weights
 
@@ -371,12 +371,16 @@ class CombinedHandle(SourceHandle):
         base_feed = ((lambda: FixedChunks(base.iter_chunks(e.base, step), step))
                      if (base is not None and e.base is not None) else None)
         ranges = self._ranges(e)
-        stats = m.prepare(p, size, feeds, base_feed)
+        stats = m.prepare(p, size, feeds, base_feed)  # (its passes keep the source's step: the same sums)
         if ranges is not None:
             yield from self._blocked(e, stats, *ranges)
             return
-        its = [f() for f in feeds]
-        bit = base_feed() if base_feed is not None else None
+        # chunks on which every input's pieces end, so no input keeps a rest between chunks (memory
+        # independent of the number of inputs); elementwise results do not depend on the chunks
+        step = aligned_step(e.spec.shape, step) if m.elementwise else step
+        its = [FixedChunks(self.inputs[j].iter_chunks(n, step), step) for j, n in e.inputs]
+        bit = (FixedChunks(base.iter_chunks(e.base, step), step)
+               if (base is not None and e.base is not None) else None)
         order: List[Iterator[np.ndarray]] = ([bit] if bit is not None else []) + its
         out_dt = e.spec.dtype
         try:
