@@ -4,8 +4,8 @@ datasets, ``.keras`` archives (stored and deflated), partitioned TF variables an
 
 Each case writes 8 small real inputs, combines the first 2 and then all 8 with a small chunk,
 and compares the peak of Python-traced memory (NumPy's buffers are traced) while every chunk
-is made. The tensor's rows (250 elements) do not divide the chunk (8192), so a reader cutting
-in whole rows and a chunk of 8192 leave a rest of a piece with every input between chunks:
+is made. The tensor's rows (250 elements) do not divide the chunk (32768), so a reader cutting
+in whole rows and a chunk of 32768 leave a rest of a piece with every input between chunks:
 memory that grew by a piece per input before the chunks were aligned to the rows.
 """
 
@@ -27,8 +27,8 @@ from ckptmerge.formats.tf.writer import BundleWriter
 
 from _reader_util import write_partitioned_bundle
 
-SHAPE = (400, 250)
-CHUNK = 1 << 13
+SHAPE = (1280, 250)
+CHUNK = 1 << 15
 N = 8
 PIECE = CHUNK * 4  # bytes of one float32 piece a reader hands out
 KINDS = ["h5 chunked", "h5 gzip", "keras stored", "keras deflated", "tf partitioned", "url"]
@@ -69,7 +69,7 @@ def write_inputs(d: Path, kind: str) -> list:
             out.append(write_keras(d / f"m{k}.keras", v,
                                    zipfile.ZIP_STORED if kind == "keras stored" else zipfile.ZIP_DEFLATED))
         elif kind == "tf partitioned":
-            rows = [(0, 120), (120, 280), (280, 400)]
+            rows = [(0, 400), (400, 900), (900, 1280)]
             out.append(write_partitioned_bundle(str(d / f"ckpt-{k}"), "w", SHAPE,
                                                 [(((a, b - a), (0, 250)), v[a:b]) for a, b in rows]))
         else:
@@ -135,6 +135,6 @@ def test_memory_while_combining_does_not_grow_with_the_number_of_inputs(tmp_path
     eight, got = peak_while_combining(inputs)
     want = np.mean([value(k).astype(np.float64) for k in range(N)], axis=0).astype(np.float32)
     np.testing.assert_array_equal(got, want)
-    # A rest of a piece kept per input would add 6 pieces; a whole tensor per input, 2.3 MiB
+    # A rest of a piece kept per input would add 6 pieces; a whole tensor per input, 7.3 MiB
     assert eight - two < 2 * PIECE, (kind, two, eight)
     assert eight < 16 * CHUNK * 8, (kind, eight)  # a few float64 chunks, whatever the inputs
