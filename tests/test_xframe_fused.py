@@ -271,3 +271,15 @@ def test_a_fused_keras_target_is_joined_from_separate_gate_and_up_projections(tm
     assert plan.missing == []
     gate_up = plan.assignments["layer_1/mlp/gate_up_proj/kernel"]
     assert gate_up.name == "model/layers/1/mlp/gate_proj/kernel+model/layers/1/mlp/up_proj/kernel"
+
+
+def test_meta_style_w1_is_the_gate_and_w3_the_up_projection():
+    # w2(silu(w1(x)) * w3(x)): Meta's Llama, Mixtral's experts, transformers' LFM2
+    names = [f32("layers/0/feed_forward/w1/kernel", 16, 40), f32("layers/0/feed_forward/w3/kernel", 16, 40),
+             f32("layers/0/feed_forward/w2/kernel", 40, 16)]
+    targets = [f32("transformer_layer_0/feedforward_gate_dense/kernel", 16, 40),
+               f32("transformer_layer_0/feedforward_intermediate_dense/kernel", 16, 40),
+               f32("transformer_layer_0/feedforward_output_dense/kernel", 40, 16)]
+    mapping = align(targets, names).mapping
+    assert mapping["layers/0/feed_forward/w1/kernel"] == "transformer_layer_0/feedforward_gate_dense/kernel"
+    assert mapping["layers/0/feed_forward/w3/kernel"] == "transformer_layer_0/feedforward_intermediate_dense/kernel"

@@ -102,10 +102,12 @@ CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm
     (("o_proj", "out_proj", "attention_output", "attention/output/dense", "attn/c_proj", "output_dense",
       "dense_out", "out_lin"),
      "attnout", "attention output projection"),
-    (("c_fc", "fc1", "up_proj", "intermediate/dense", "intermediate", "feedforward_intermediate_dense", "mlp/dense_1", "w1",
+    (("c_fc", "fc1", "up_proj", "intermediate/dense", "intermediate", "feedforward_intermediate_dense", "mlp/dense_1", "w3",
       "fc_in", "lin1"),
      "mlpin", "the MLP's first projection (intermediate)"),
-    (("gate_proj", "feedforward_gate_dense", "w3"), "mlpgate", "the MLP's gate projection"),
+    # (w1 is the gate and w3 the up projection where a SwiGLU MLP is written w2(silu(w1(x)) * w3(x)):
+    # Meta's Llama, Mixtral's experts, transformers' LFM2)
+    (("gate_proj", "feedforward_gate_dense", "w1"), "mlpgate", "the MLP's gate projection"),
     (("down_proj", "fc2", "mlp/c_proj", "feedforward_output_dense", "output/dense", "output", "mlp/dense_2", "w2",
       "fc_out", "lin2"),
      "mlpout", "the MLP's last projection"),
