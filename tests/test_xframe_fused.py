@@ -283,3 +283,34 @@ def test_meta_style_w1_is_the_gate_and_w3_the_up_projection():
     mapping = align(targets, names).mapping
     assert mapping["layers/0/feed_forward/w1/kernel"] == "transformer_layer_0/feedforward_gate_dense/kernel"
     assert mapping["layers/0/feed_forward/w3/kernel"] == "transformer_layer_0/feedforward_intermediate_dense/kernel"
+
+
+# -- the config key ---------------------------------------------------------------------------------
+
+def test_a_config_adds_fused_modules_and_round_trips_them(tmp_path):
+    from ckptmerge.config import load_config
+
+    data = {"sources": [{"path": str(tmp_path)}],
+            "conventions": [{"names": ["w13_cfg"], "parts": ["gate_proj", "up_proj"], "why": "mine"},
+                            {"names": ["wqkv_cfg"], "parts": ["query", "key", "value"], "equal": False}]}
+    cfg = load_config(data)
+    assert [type(c).__name__ for c in cfg.conventions] == ["FusedConvention", "FusedConvention"]
+    assert load_config(cfg.to_dict()) == cfg
+    assert cfg.to_dict()["conventions"][1] == {"names": ["wqkv_cfg"], "parts": ["query", "key", "value"],
+                                               "equal": False}
+    cfg.make_sources()
+    assert fused_row("w13_cfg").parts == ("gate_proj", "up_proj") and not fused_row("wqkv_cfg").equal
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"names": ["x"], "parts": ["gate_proj"]}, "two or more distinct parts"),
+    ({"names": ["x"], "parts": "gate_proj"}, "expected a list of part names"),
+    ({"names": ["x"], "parts": ["gate_proj", "up_proj"], "role": "mlpin"}, "'role' belongs to a naming convention"),
+    ({"names": ["x"], "parts": ["gate_proj", "up_proj"], "equal": "yes"}, "equal"),
+])
+def test_a_bad_fused_entry_in_a_config_says_what_is_wrong(tmp_path, entry, message):
+    from ckptmerge.config import load_config
+    from ckptmerge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config({"sources": [{"path": str(tmp_path)}], "conventions": [entry]})

@@ -28,8 +28,9 @@ __all__ = ["TOP_LEVEL_KEYS", "CONVENTION_KEYS", "COMBINE_KEYS", "SOURCE_KEYS", "
 #: Keys of the top-level mapping.
 TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
                   "strict", "target", "output", "record_paths", "conventions")
-#: Keys of one entry of ``conventions`` (:class:`ckptmerge.alignment.conventions.Convention`).
-CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf")
+#: Keys of one entry of ``conventions`` (:class:`ckptmerge.alignment.conventions.Convention`, or with
+#: ``parts`` a :class:`ckptmerge.alignment.fused.FusedConvention`).
+CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf", "parts", "equal")
 #: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
 COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
                 "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")

@@ -247,7 +247,8 @@ class Config:
             metadata (``ckptmerge.merge(..., record_paths=...)``; default ``True``).
         urls: every URL the config names (:class:`RemoteURL`), in file order. Not compared.
         conventions: rows for the naming-convention table of structural alignment
-            (:class:`~ckptmerge.alignment.conventions.Convention`), added to it by
+            (:class:`~ckptmerge.alignment.conventions.Convention`) and for the fused-module table
+            (:class:`~ckptmerge.alignment.fused.FusedConvention`, entries with ``parts``), added by
             :meth:`make_sources` (for every later alignment in the process, as
             :func:`ckptmerge.add_convention` does).
 
@@ -303,10 +304,15 @@ class Config:
 
         if self.conventions:
             from ..alignment.conventions import add_convention, conventions
+            from ..alignment.fused import add_fused_convention, fused_conventions
 
-            known = set(conventions())
+            known = set(conventions()) | set(fused_conventions())
             for row in self.conventions:
-                if row not in known:  # (a config loaded twice adds its rows once)
+                if row in known:  # (a config loaded twice adds its rows once)
+                    continue
+                if hasattr(row, "parts"):
+                    add_fused_convention(row.names, row.parts, equal=row.equal, why=row.why)
+                else:
                     add_convention(row.names, row.role, row.why, replace=row.replace, leaf=row.leaf)
         combined = [self.combine.make_source()] if self.combine is not None else []
         return combined + [Source(**kw) for kw in self.source_kwargs()]
@@ -339,7 +345,10 @@ class Config:
         if not self.record_paths:
             out["record_paths"] = False
         if self.conventions:
-            out["conventions"] = [{"names": list(c.names), "role": c.role, **({"why": c.why} if c.why else {}),
-                                   **({"replace": True} if c.replace else {}), **({"leaf": c.leaf} if c.leaf else {})}
-                                  for c in self.conventions]
+            out["conventions"] = [
+                {"names": list(c.names), "parts": list(c.parts), **({} if c.equal else {"equal": False}),
+                 **({"why": c.why} if c.why else {})} if hasattr(c, "parts") else
+                {"names": list(c.names), "role": c.role, **({"why": c.why} if c.why else {}),
+                 **({"replace": True} if c.replace else {}), **({"leaf": c.leaf} if c.leaf else {})}
+                for c in self.conventions]
         return out

@@ -291,6 +291,31 @@ def _get_ops(d: Mapping, path: KeyPath, ctx: Context) -> Tuple[Any, ...]:
     return tuple(out)
 
 
+def _fused_row(item: Mapping, names: List[str], q: Tuple[Any, ...], ctx: Context) -> Any:
+    """A ``conventions:`` entry with ``parts``: a row of the fused-module table, or None (reported)."""
+    from ..alignment.fused import FusedConvention  # (loaded only for a config that has some)
+
+    parts, why = item.get("parts"), item.get("why", "")
+    for key in ("role", "replace", "leaf"):
+        if key in item:
+            ctx.add(q + (key,), f"'{key}' belongs to a naming convention; an entry with 'parts' is a fused module "
+                                "(names, parts, equal, why).")
+            return None
+    if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):
+        ctx.add(q + ("parts",), f"expected a list of part names in the fused order (e.g. [gate_proj, up_proj]), "
+                                f"received {show(parts)}.")
+        return None
+    equal = get_bool(item, "equal", q, ctx, True)
+    if not isinstance(why, str):
+        ctx.add(q + ("why",), f"expected a string, received {show(why)}.")
+        return None
+    try:
+        return FusedConvention(tuple(names), tuple(parts), bool(equal), why)
+    except RuleError as e:
+        ctx.add(q, str(e).rstrip("."))
+        return None
+
+
 def _get_conventions(d: Mapping, ctx: Context) -> Tuple[Any, ...]:
     """The ``conventions:`` list: rows added to the naming-convention table for alignment."""
     from ..alignment.conventions import (
@@ -309,6 +334,11 @@ def _get_conventions(d: Mapping, ctx: Context) -> Tuple[Any, ...]:
             continue
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             ctx.add(q + ("names",), f"expected a list of name segments (strings), received {show(names)}.")
+            continue
+        if "parts" in item:  # a fused module: its parts, in order (ckptmerge.alignment.fused)
+            fused = _fused_row(item, names, q, ctx)
+            if fused is not None:
+                out.append(fused)
             continue
         role = get_name(item, "role", q, ctx, "role" not in suggested, "a role (lower-case words, e.g. mlpnorm)")
         why = item.get("why", "")
