@@ -342,6 +342,8 @@ class Restorer:
         try:
             if old.renamed:  # a Keras weights file named by the model's walk: the same names
                 handle.rename(old.renamed, old.notes)
+            if callable(getattr(handle, "name_targets", None)):  # (a layout's fused split follows the targets)
+                handle.name_targets(self.binding.targets.infos)
             why = _layout_change(old, handle, info)
         except BaseException:
             handle.close()

@@ -130,6 +130,25 @@ def test_follow_safetensors_step_folders(tf, tmp_path):
     assert got == [(100, 100.0, None), (200, 200.0, None)]
 
 
+def test_follow_a_torch_layout_whose_fused_split_needs_the_targets_keeps_its_plan(tf, tmp_path):
+    from safetensors.numpy import save_file
+
+    def qkv(step):  # Phi-3's grouped-query qkv_proj: query 8 rows, key and value 4 each
+        return {"attn.qkv_proj.weight": np.full((16, 8), step, np.float32)}
+
+    save_file(qkv(0), str(tmp_path / "template.safetensors"))
+    names = {"attention/query/kernel": (8, 8), "attention/key/kernel": (8, 4), "attention/value/kernel": (8, 4)}
+    target = {n: tf.Variable(np.zeros(s, np.float32)) for n, s in names.items()}
+    r = cm.Restorer(target, [cm.Source(str(tmp_path / "template.safetensors"), layout="torch", align="structure")])
+    assert sorted(r.plan.assignments) == sorted(names)
+    for s in (1, 2):
+        (tmp_path / "run" / f"checkpoint-{s}").mkdir(parents=True)
+        save_file(qkv(s), str(tmp_path / "run" / f"checkpoint-{s}" / "model.safetensors"))
+    got = [(rep.checkpoint.step, float(target["attention/key/kernel"].numpy()[0, 0]), rep.replanned)
+           for rep in r.follow(tmp_path / "run", timeout=0)]
+    assert got == [(1, 1.0, None), (2, 2.0, None)]
+
+
 def test_a_new_layout_the_plan_rejects_is_skipped_and_the_target_kept(tf, run):
     w = tf.Variable(np.zeros(4, np.float32))
     r = cm.Restorer({"w": w}, [cm.Source(run["template"])])
