@@ -329,6 +329,15 @@ def test_apply_unmatched_regex_hints_at_partial_matches():
     assert "must match whole names; it matches part of 'model/head/k'" in u.message()
 
 
+def test_apply_unmatched_regex_matching_no_part_of_a_name_has_no_partial_hint():
+    # (the hint named the first name whatever the pattern: a bool from UserPattern.search was
+    # compared with None)
+    res = Rules.from_options(regex=[("pooled_dense/kernel", "p")]).apply(["embeddings_layer_norm/beta"])
+    (u,) = res.unmatched
+    assert u.reason == "matched no checkpoint variable"
+    assert RegexRule("head", "h").search("model/head/k") and not RegexRule("head", "h").search("model/k")
+
+
 def test_apply_regex_shadowed_by_map_is_unmatched():
     res = Rules.from_options(map={"a": "x"}, regex=[("a", "y")]).apply(["a"])
     (u,) = res.unmatched

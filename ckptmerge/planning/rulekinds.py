@@ -202,7 +202,7 @@ class RegexRule:
 
     def search(self, name: str) -> bool:
         """Whether the pattern matches some part of ``name`` (used for hints)."""
-        return self._regex.search(name) is not None
+        return bool(self._regex.search(name))  # (UserPattern.search gives a bool, never None)
 
     def describe(self) -> str:
         """Display form, e.g. ``"regex '^head/(.*)' -> 'new_head/\\1'"`` or ``"... -> None (drop)"``."""
