@@ -170,6 +170,16 @@ def test_include_and_exclude_select_the_sources_own_names(keras_side, tmp_path):
     assert not out.exists()
 
 
+def test_allow_missing_names_the_template_in_either_spelling(keras_side, tmp_path):
+    values = {n: v for n, v in keras_side["keras_hub"].items() if not n.startswith("pooled_dense/")}
+    rules = [r for r in RULES if not r[0].startswith("pooled_dense/")]
+    for glob in ("pooler.*", "pooler/*"):  # PyTorch's names, and the layout's converted ones
+        out = tmp_path / f"{'dotted' if '.' in glob else 'converted'}.safetensors"
+        report = _merge(values, out, regex=rules, allow_missing=[glob])
+        assert sorted(n for n, _ in report.from_template) == ["pooler.dense.bias", "pooler.dense.weight"]
+        assert_same_tensors(tensors(out), tensors(X.weights_file("bert")))
+
+
 # -- a config file's regex and the CLI ---------------------------------------------------------------
 
 def _config(tmp_path, values, rules):
@@ -208,3 +218,11 @@ def test_cli_errors_of_a_config_regex(keras_side, tmp_path):
     assert result.exit_code == 1, result.output
     assert "'pooler.dense.weight': shape mismatch: " in result.stderr and "Nothing was written" in result.stderr
     assert not out.exists()
+    # the tensor left out (in the layout's spelling): the template's own value, exit 0
+    config = _config(tmp_path, {n: v for n, v in values.items() if n != "pooled_dense/kernel"},
+                     [r for r in RULES if r[0] != "pooled_dense/kernel"])
+    result = run("merge", config, "-o", out, "--layout", "torch", "--template", X.weights_file("bert"),
+                 "--allow-missing", "pooler/dense/kernel", "-q")
+    assert result.exit_code == 0, result.output
+    assert "(1 from the template)" in result.stdout
+    assert_same_tensors(tensors(out), tensors(X.weights_file("bert")))

@@ -38,7 +38,7 @@ from ..alignment.tensorops import glob_escape
 from ..errors import PlanError, RuleError, did_you_mean_text, suggest
 from ..planning.fusion import concat_entries_of
 from ..planning.planner import Plan, SourceView, make_plan
-from ..planning.rulekinds import MapRule, RegexRule
+from ..planning.rulekinds import GlobFilter, MapRule, RegexRule
 from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
 from ..planning.transforms import cast_array, chain_apply, select
@@ -47,7 +47,7 @@ from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
 from ..text import escape_name, plural, quote_name
 
 __all__ = ["TorchInverseHandle", "torch_inverse", "TemplateNames", "TemplateRegex", "template_rules",
-           "template_views",
+           "template_views", "template_globs",
            "TEMPLATE_VIEW_LABEL"]
 
 #: The label the template's layout entries carry while they are aligned.
@@ -464,6 +464,34 @@ def template_views(handles: Sequence[SourceHandle], layout: Any) -> List[SourceV
     if problems:
         raise RuleError("\n".join(problems) + "\nNothing was written.")
     return views
+
+
+def template_globs(allow_missing: Any, layout: Any, template: Sequence[VariableInfo]) -> Any:
+    """``allow_missing`` over the template's PyTorch names, a glob written in the layout's converted
+    spelling (``classifier/*``) standing for the PyTorch names of the tensors it matches
+    (``classifier.weight``, ``classifier.bias``). A glob that matches a PyTorch name is kept as it
+    is; one that matches neither is kept for the plan to report; a value of the wrong type too.
+
+    Example:
+        >>> lay = torch_layout([VariableInfo("fc.weight", (2, 3), "float32")])
+        >>> template_globs(["fc/*", "x.*"], lay, [VariableInfo("fc.weight", (2, 3), "float32")])
+        ['fc.weight', 'x.*']
+    """
+    if not isinstance(allow_missing, (str, list, tuple)) or not all(isinstance(g, str) for g in allow_missing):
+        return allow_missing
+    globs = [allow_missing] if isinstance(allow_missing, str) else list(allow_missing)
+    names = [t.name for t in template]
+    out: List[str] = []
+    for pattern in globs:
+        try:
+            glob = GlobFilter(pattern)
+        except RuleError:
+            out.append(pattern)  # (the plan says what is wrong with it)
+            continue
+        converted = [] if glob.select(names) else glob.select(list(layout.entries))
+        keys = sorted({k for e in converted for k in layout.entries[e].sources})
+        out.extend(map(glob_escape, keys) if keys else [pattern])
+    return out
 
 
 def _candidates(layout: Any, key: str, left: Sequence[VariableInfo]) -> str:

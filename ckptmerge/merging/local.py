@@ -90,6 +90,7 @@ from ..text import escape_name, human_bytes, join_lines, plural, quote_name
 from .inverse import (
     TorchInverseHandle,
     describe_unresolved,
+    template_globs,
     template_specs,
     template_views,
     torch_inverse,
@@ -590,6 +591,7 @@ def merge_local(
                     raise PlanError(f"The sources' own tensors: {e}\nNothing was written to {quote_name(given)}.",
                                     plan=e.plan) from None
                 inverse.check_mismatches(strict, on_shape_mismatch, given)
+                allow_missing = template_globs(allow_missing, tlayout, targets)  # (in either spelling)
                 if on_shape_mismatch == "skip":  # left as the template has it (or out), as a skipped mismatch is
                     allow_missing = inverse.allow_mismatched(allow_missing)
                 views, job_handles = [inverse.view(inverse.source.rules(None))], [inverse]
