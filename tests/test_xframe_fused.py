@@ -187,6 +187,10 @@ def test_a_fused_gate_up_no_convention_names_stays_unresolved_with_both_readings
     assert sorted(e.target for e in proposed) == sorted([GATE, UP]) and all(e.review for e in proposed)
     assert "index=0" in proposed[0].evidence[1] and "index=1" in proposed[0].evidence[1]
     assert fused not in src.map() and "review" in found.report()
+    # a reading is contiguous columns: the proposal warns of fusions interleaved head by head
+    assert "interleaves its parts head by head" in proposed[0].evidence[2]
+    assert "interleaves its parts head by head" in found.report(limit=None)
+    assert "interleaves its parts head by head" in found.to_yaml()
 
 
 def test_the_same_file_with_phi3s_own_name_is_split_gate_first():

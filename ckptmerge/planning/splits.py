@@ -59,6 +59,12 @@ def _fits(plan: Plan, src: SourceView, missing: Sequence[str], used: Iterable[st
     return out
 
 
+#: Said with every proposal: a reading is a run of whole columns, which a fusion that interleaves
+#: its parts head by head does not store, so for such a model every proposed reading is wrong.
+INTERLEAVED = ("each reading takes one run of whole columns: if the fusion interleaves its parts head by "
+               "head (GPT-NeoX and BLOOM query_key_value, Falcon, InternLM2 wqkv), every reading here is wrong")
+
+
 def _readings(v: VariableInfo, group: Sequence[VariableInfo]) -> List[Tuple[Tuple[str, int, int], ...]]:
     """Every order of the group along the tensor's columns: per reading, ``(target, first, last)``."""
     out = []
@@ -128,5 +134,5 @@ def split_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
             out.append(Entry(v.name, t.name, 0.0, (
                 f"shape {tuple(v.shape)}: its columns add up to the {n} missing kernels of "
                 f"{quote_name(t.name.rsplit('/', 2)[0] + '/')} ({' + '.join(str(tuple(x.shape)) for x in group)})",
-                " or ".join(splits) + ": no name says which"), 1, True))
+                " or ".join(splits) + ": no name says which", INTERLEAVED), 1, True))
     return out
