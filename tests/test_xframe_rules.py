@@ -242,6 +242,52 @@ def test_a_map_of_a_torch_layout_source_accepts_pytorch_dotted_names(tmp_path):
     assert plan.assignments["block/up/kernel"].spec.shape == (2, 4)  # transposed by the layout
 
 
+
+STORED_KEY_HINT = ("it matches the stored key 'model.layers.0.mlp.up_proj.weight', but rules match this "
+                   "source's names as its layout converts them: write it against 'model/layers/0/mlp/up_proj/kernel'")
+
+
+def _torch_file(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = str(tmp_path / "model.safetensors")
+    save_file({"model.layers.0.mlp.up_proj.weight": np.ones((4, 2), np.float32)}, path)
+    return path
+
+
+def test_a_regex_written_against_a_torch_sources_stored_keys_says_which_names_rules_match(tmp_path):
+    import ckptmerge as cm
+
+    path = _torch_file(tmp_path)
+    rx = [(r"model\.layers\.0\.mlp\.up_proj\.weight", "block/up/kernel")]
+    plan = cm.plan([f32("block/up/kernel", 2, 4)], [cm.Source(path, layout="torch", regex=rx)])
+    (rule,) = plan.unmatched_rules
+    assert "matched no checkpoint variable; " + STORED_KEY_HINT in rule.message()
+    # written against the converted name, the same rule renames it
+    ok = cm.plan([f32("block/up/kernel", 2, 4)],
+                 [cm.Source(path, layout="torch", regex=[(r"model/layers/0/mlp/up_proj/kernel", "block/up/kernel")])])
+    assert ok.ok and not ok.unmatched_rules
+    # a regex that matches no stored key either gets no such hint
+    other = cm.plan([f32("block/up/kernel", 2, 4)], [cm.Source(path, layout="torch", regex=[(r"nothing", "x")])])
+    assert "stored key" not in other.unmatched_rules[0].message()
+
+
+def test_the_cli_plan_shows_the_stored_key_hint_and_fails(tmp_path):
+    from safetensors.numpy import save_file
+
+    from tests._cli_util import run
+
+    path = _torch_file(tmp_path)
+    target = str(tmp_path / "target.safetensors")
+    save_file({"block/up/kernel": np.zeros((2, 4), np.float32)}, target)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"sources:\n  - path: {path}\n    layout: torch\n    regex:\n"
+                   "      - ['model\\.layers\\.0\\.mlp\\.up_proj\\.weight', 'block/up/kernel']\n")
+    result = run("plan", cfg, "--target", target)
+    assert result.exit_code == 1, result.output
+    assert STORED_KEY_HINT in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
 # -- tensor operations as config keys --------------------------------------------------------------------
 
 def test_a_config_source_takes_reshape_split_transpose_and_an_offset_slice():

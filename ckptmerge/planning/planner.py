@@ -134,13 +134,27 @@ _TARGET = operator.attrgetter("target")
 _KEY = operator.attrgetter("key")
 _NAME = operator.attrgetter("name")
 
+def _stored_key_hint(src: SourceView, rule: UnmatchedRule) -> str:
+    """For a regex that matched no name of a laid-out source (``layout="torch"``: names are the
+    converted ones) but matches a stored key whole: the hint to write it against the names."""
+    regex = next((r for r in src.rules.regexes if r.describe() == rule.rule), None)
+    if rule.kind != "regex" or regex is None:
+        return ""
+    for v in src.variables.values():
+        if v.raw_key != v.name and regex.matches(v.raw_key):
+            return (f"; it matches the stored key {quote_name(v.raw_key)}, but rules match this source's "
+                    f"names as its layout converts them: write it against {quote_name(v.name)}")
+    return ""
+
+
 def _match_source(src: SourceView, target_by_name: Mapping[str, VariableInfo],
                   on_conflict: str, model_root: Optional[str] = None) -> _SourceMatch:
     """Apply one source's rules and match the results against the target names."""
     res = src.rules._apply(list(src.variables), src.hidden, target_by_name)
     label = src.label
     target_names = list(target_by_name)
-    unmatched = [dataclasses.replace(u, source=label) for u in res.unmatched]
+    unmatched = [dataclasses.replace(u, source=label, reason=u.reason + _stored_key_hint(src, u))
+                 for u in res.unmatched]
     ambiguous: List[Ambiguity] = []
     drop = list(res.dropped)
     # The renames as columns (name, target, rule), sorted by name and target: no tuple per name.
