@@ -40,7 +40,7 @@ def _names(rng):
 def _positional_scanning_every_name(names):
     """conventions.positional as it was before the template scan: every name scanned."""
     joined = "\n".join(names)
-    _, roles, _, family, counted = C._compiled()
+    _, roles, _, family, counted = C._compiled()[:5]
     keep, members, bare = set(), {}, {}
     for m in family.finditer(joined):
         text = m.group(0).lower()

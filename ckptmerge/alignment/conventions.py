@@ -178,7 +178,7 @@ def _trie(words: Iterable[str]) -> str:
         node[""] = {}
 
     def build(node: Dict[str, dict]) -> str:
-        alts = [re.escape(ch) + build(node[ch]) for ch in sorted(node) if ch]
+        alts = [(_SEP if ch == "/" else re.escape(ch)) + build(node[ch]) for ch in sorted(node) if ch]
         if not alts:
             return ""
         body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
@@ -188,27 +188,78 @@ def _trie(words: Iterable[str]) -> str:
 
 
 _DIGIT_RUN = re.compile(r"[0-9]+")
+#: Where a name segment ends: ``/``, or ``.`` as PyTorch joins modules. A name half in each
+#: spelling (``encoder.layer.1.attention/output/LayerNorm``, as a regex into a dotted scope
+#: makes it) is read as its segments say: ``attention/output/LayerNorm`` there, never only its
+#: tail ``output/LayerNorm`` (the other norm of the layer).
+_SEP = "[/.]"
+_START, _END = r"(?<![^/.\n])", r"(?![^/.\n])"
+
+
+def _key(text: str) -> str:
+    """A matched run of segments as the table lists it (lower-case, joined by ``/``)."""
+    return text.lower().replace(".", "/")
+
+
+def _written(m: "re.Match[str]", roles: Dict[str, str], heads: Dict[str, Tuple[str, ...]]) -> str:
+    """What the table writes for a matched run of segments: its role, or the run as written with
+    its role joined (its own separators kept: ``attention.output.dense_attnout``); the run as it
+    is where it is the tail of a longer row whose head is glued to the words before it (see
+    :func:`_glued`)."""
+    text = m.group(0)
+    if heads and _glued(m, heads):
+        return text
+    role = roles[_key(text)]
+    return f"{text}_{role[1:]}" if role[0] == "+" else role
+
+
+def _glued(m: "re.Match[str]", heads: Dict[str, Tuple[str, ...]]) -> bool:
+    """Whether a match is the tail of a longer row (``output/LayerNorm`` of
+    ``attention/output/LayerNorm``) whose head ends the segment before it, glued to other words
+    (``encoder_layer_1_attention/output/LayerNorm``, ``crossattention/output/LayerNorm``). The
+    tail's own role (the MLP's norm) would be a guess there: the name may as well hold the longer
+    row (the attention's norm), so it is read by its words alone."""
+    tails = heads.get(_key(m.group(0)))
+    if not tails:
+        return False
+    before = _key(m.string[m.string.rfind("\n", 0, m.start()) + 1:m.start()])
+    for head in tails:
+        k = len(before) - len(head) - 1  # where the head would start
+        if k > 0 and before[k - 1] != "/" and before.endswith(head + "/"):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=1)
-def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]", "re.Pattern[str]", "re.Pattern[str]"]:
+def _compiled() -> Tuple["re.Pattern[str]", Dict[str, str], "re.Pattern[str]", "re.Pattern[str]", "re.Pattern[str]",
+                         Dict[str, Tuple[str, ...]]]:
     roles: Dict[str, str] = {}
     for row in conventions():
         for n in row.names:
             replace = row.replace or any(c.isdigit() for c in n)
-            roles[n.lower()] = (f"{row.role}/{row.leaf}" if row.leaf else row.role) if replace else f"{n}_{row.role}"
+            # (a role that joins the name's words is marked "+": it follows the name as written there)
+            roles[n.lower()] = (f"{row.role}/{row.leaf}" if row.leaf else row.role) if replace else f"+{row.role}"
+    # the rows that are the tail of a longer row: their heads (``output/layernorm``: ``attention``)
+    heads: Dict[str, Tuple[str, ...]] = {}
+    for n in roles:
+        parts = n.split("/")
+        for j in range(1, len(parts)):
+            tail = "/".join(parts[j:])
+            if tail in roles:
+                heads[tail] = heads.get(tail, ()) + ("/".join(parts[:j]),)
     # a whole segment (or run of segments) of a name, never part of one
-    pattern = re.compile(r"(?<![^/\n])" + _trie(roles) + r"(?![^/\n])", re.IGNORECASE)
+    pattern = re.compile(_START + _trie(roles) + _END, re.IGNORECASE)
     # the names holding digits, as digit templates show them (``ln_1`` -> ``ln_0``)
     with_digits = [n for n in roles if any(c.isdigit() for c in n)]
     digits = {_DIGIT_RUN.sub("0", n) for n in with_digits} or {"\0"}
     # ... and as a family: any number in their place (``ln_[0-9]+``), longest first
-    family = "|".join(_DIGIT_RUN.sub("[0-9]+", re.escape(n)) for n in sorted(with_digits, key=len, reverse=True))
+    family = "|".join(_DIGIT_RUN.sub("[0-9]+", re.escape(n)).replace("/", _SEP)
+                      for n in sorted(with_digits, key=len, reverse=True))
     # the names without digits, followed by a counter as Keras numbers default names (``layer_norm_2``)
     counted = _trie(n for n in roles if not any(c.isdigit() for c in n))
-    return (pattern, roles, re.compile(r"(?<![^/\n])" + _trie(digits) + r"(?![^/\n])", re.IGNORECASE),
-            re.compile(r"(?<![^/\n])(?:" + (family or "\0") + r")(?![^/\n])", re.IGNORECASE),
-            re.compile(r"(?<![^/\n])(" + counted + r")_[0-9]+(?![^/\n])", re.IGNORECASE))
+    return (pattern, roles, re.compile(_START + _trie(digits) + _END, re.IGNORECASE),
+            re.compile(_START + "(?:" + (family or "\0") + ")" + _END, re.IGNORECASE),
+            re.compile(_START + "(" + counted + r")_[0-9]+" + _END, re.IGNORECASE), heads)
 
 
 def _prefix(m: "re.Match[str]") -> str:
@@ -245,7 +296,7 @@ def positional(names: Iterable[str], templates: Optional[Sequence[str]] = None) 
         templates = _DIGIT_RUN.sub("0", "\n".join(names)).split("\n")
     if not names:
         return frozenset()
-    _, roles, _, family, counted = _compiled()
+    _, roles, _, family, counted, _ = _compiled()
     # Only names whose template holds a family or a counted name can hold one: those patterns
     # read digits only as whole runs (``[0-9]+`` between letters or segment edges), so a name
     # matches where its template does, at the same segments. Scanning the distinct templates
@@ -257,16 +308,16 @@ def positional(names: Iterable[str], templates: Optional[Sequence[str]] = None) 
     keep = set()
     members: Dict[Tuple[str, str], set] = {}
     for m in family.finditer("\n".join(n for n, t in zip(names, templates) if t in in_family) if in_family else ""):
-        text = m.group(0).lower()
+        text = _key(m.group(0))
         members.setdefault((_prefix(m), _DIGIT_RUN.sub("0", text)), set()).add(text)
     for (prefix, _), found in members.items():
         if not found <= roles.keys():
             keep.update((prefix, t) for t in found)
     bare: Dict[Tuple[str, str], List[str]] = {}
     for m in counted.finditer("\n".join(n for n, t in zip(names, templates) if t in counted_in) if counted_in else ""):
-        bare.setdefault((_prefix(m), m.group(1).lower()), []).append(m.group(0).lower())
+        bare.setdefault((_prefix(m), _key(m.group(1))), []).append(_key(m.group(0)))
     if bare:
-        present = {(_prefix(m), m.group(0).lower()) for m in _compiled()[0].finditer("\n".join(names))}
+        present = {(_prefix(m), _key(m.group(0))) for m in _compiled()[0].finditer("\n".join(names))}
         for key, numbered in bare.items():
             if key in present:
                 keep.add(key)
@@ -292,8 +343,8 @@ def rewrite(name: str) -> str:
         >>> rewrite("wte/embeddings")
         'wte_tokemb/embeddings'
     """
-    pattern, roles = _compiled()[:2]
-    return pattern.sub(lambda m: roles[m.group(0).lower()], name)
+    pattern, roles, heads = _compiled()[0], _compiled()[1], _compiled()[5]
+    return pattern.sub(lambda m: _written(m, roles, heads), name)
 
 
 def rewrite_all(names: Iterable[str], keep: FrozenSet[Tuple[str, str]] = frozenset()) -> List[str]:
@@ -303,14 +354,14 @@ def rewrite_all(names: Iterable[str], keep: FrozenSet[Tuple[str, str]] = frozens
     joined = "\n".join(names)
     if joined.count("\n") != max(len(names) - 1, 0):
         return [rewrite(n) for n in names]
-    pattern, roles = _compiled()[:2]
+    pattern, roles, heads = _compiled()[0], _compiled()[1], _compiled()[5]
     if keep:
         def role(m: "re.Match[str]") -> str:
-            text = m.group(0).lower()
-            return m.group(0) if (_prefix(m), text) in keep else roles[text]
+            text = m.group(0)
+            return text if (_prefix(m), _key(text)) in keep else _written(m, roles, heads)
     else:
         def role(m: "re.Match[str]") -> str:
-            return roles[m.group(0).lower()]
+            return _written(m, roles, heads)
     out = pattern.sub(role, joined)
     return out.split("\n") if names else []
 
