@@ -21,6 +21,7 @@ from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.formats.tf.table import crc32c
 from ckptmerge.formats.tf.writer import BundleWriter
+from ckptmerge.merging.combine import CombinedHandle
 from ckptmerge.merging.methods import combine_arrays
 
 from _reader_util import write_partitioned_bundle
@@ -328,3 +329,56 @@ def test_closing_early_leaves_nothing_running_on_the_files(run, small_blocks):
     finally:
         h.close()
     assert h._pool is None  # (close joined the worker: none of its reads outlives the handle)
+
+
+@pytest.mark.parametrize("method, opts", [
+    ("mean", {}),
+    ("mean", {"weights": [1, 2, 3]}),
+    ("ema", {"decay": 0.7}),
+    ("task_arithmetic", {"weights": [0.5, 0.3, 0.2], "scale": 0.8}),
+])
+def test_a_merge_starts_the_next_tensor_early_and_writes_the_same_values(run, tmp_path, small_blocks, monkeypatch,
+                                                                         method, opts):
+    base = run[0] if method == "task_arithmetic" else None
+    src = cm.combine(run[1:], method, base=base, chunk_elements=500, **opts)
+    started = []
+    real = CombinedHandle._start_after
+
+    def spy(self, name):
+        real(self, name)
+        if self._ahead is not None:
+            started.append(self._ahead[0])
+
+    monkeypatch.setattr(CombinedHandle, "_start_after", spy)
+    cm.merge(src, str(tmp_path / "merged"))
+    monkeypatch.undo()
+    names = ["a/bias", "a/kernel", "h/half", "one"]
+    # the merge's order is by name: a/bias, a/kernel, h/half, name, one, step; each combined tensor
+    # starts the next one (the string 'name' is copied from an input, so 'one' starts when asked)
+    assert started == ["a/kernel", "h/half"]
+    copied = ["name", "step"]  # (the last input's string and integer, as they are)
+    want = read_all(src, names + copied, streamed=True, monkeypatch=monkeypatch)
+    got = cm.load(str(tmp_path / "merged"), names + copied)
+    for n in names + copied:
+        np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+        assert got[n].dtype == want[n].dtype
+    assert got["name"].tolist() == [b"x", b"yz"] and int(got["step"]) == 3
+
+
+def test_tensors_asked_in_another_order_than_announced_are_made_all_the_same(run, small_blocks):
+    src = cm.combine(run, chunk_elements=500)
+    names = ["a/kernel", "a/bias", "h/half", "one"]
+    want = read_all(src, names)
+    h = src.open()
+    try:
+        h.read_order(names)
+        np.testing.assert_array_equal(np.concatenate(list(h.iter_chunks("a/kernel"))), want["a/kernel"].reshape(-1))
+        assert h._ahead is not None and h._ahead[0] == "a/bias"  # started while a/kernel's last chunk was made
+        got = np.concatenate(list(h.iter_chunks("h/half")))  # not the one started: that one is dropped
+        np.testing.assert_array_equal(got, want["h/half"].reshape(-1))
+        assert h._ahead is not None and h._ahead[0] == "one"
+        np.testing.assert_array_equal(np.concatenate(list(h.iter_chunks("one"))), want["one"].reshape(-1))
+        list(h.iter_chunks("a/kernel"))  # a/bias started again: closed while it may still be read
+    finally:
+        h.close()
+    assert h._ahead is None and h._pool is None

@@ -21,7 +21,7 @@ from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
 from .methods import Method, TensorParams
 
-__all__ = ["FixedChunks", "Pieces", "aligned_step", "blocked_chunks", "BLOCK", "TASK"]
+__all__ = ["BlockedChunks", "FixedChunks", "Pieces", "aligned_step", "blocked_chunks", "BLOCK", "TASK"]
 
 #: Elements of each input read and added at once: the block, its float64 accumulator and the
 #: output block fit in a core's L2 cache (512 KiB here).
@@ -159,6 +159,90 @@ class Pieces:
             wait([self.helper])
 
 
+class BlockedChunks:
+    """The output chunks of one tensor made by :func:`blocked_chunks`, as an object whose first
+    chunk may be started (:meth:`begin`) before it is iterated: a combination starts the next
+    tensor a merge will ask for while the merge writes this one's last chunk.
+
+    ``on_last()``, when given, is called once the last chunk is made, before it is handed out
+    (so a worker makes the next tensor while the caller writes this chunk, and no more threads
+    than the caller and one worker are busy). :meth:`abandon` stops the work of a stream never
+    iterated to its end.
+    """
+
+    def __init__(self, m: Method, p: TensorParams, stats: Any, ranges: List[TensorRanges],
+                 base: Optional[TensorRanges], size: int, step: int, out_name: str,
+                 submit: Callable[..., Future], on_last: Optional[Callable[[], None]] = None) -> None:
+        self.size, self.step, self.submit, self.on_last = size, step, submit, on_last
+        self.out_dt = numpy_dtype(out_name)
+        self.ahead: List[Pieces] = []
+        plain = self.out_dt in _PLAIN  # else cast_array rounds (bfloat16 and others through float32, as TF)
+        scratch = threading.local()
+
+        def buffers() -> Tuple[List[Tuple[np.ndarray, memoryview, int]], Optional[np.ndarray]]:
+            got = getattr(scratch, "bufs", None)
+            if got is None:  # this thread's: a block of each input dtype (and its bytes), and of the base
+                by_dtype: Dict[np.dtype, Tuple[np.ndarray, memoryview, int]] = {}
+                for r in ranges:
+                    if r.dtype not in by_dtype:
+                        buf = aligned_empty(BLOCK, r.dtype)
+                        by_dtype[r.dtype] = (buf, memoryview(buf.view(np.uint8)), r.dtype.itemsize)
+                got = scratch.bufs = ([by_dtype[r.dtype] for r in ranges],
+                                      aligned_empty(BLOCK, base.dtype) if base is not None else None)
+            return got
+
+        def piece(out: np.ndarray, first: int, lo: int, hi: int) -> None:
+            xs, bbuf = buffers()
+            spans = [(r.span(lo, hi), *x) for r, x in zip(ranges, xs)]
+            bspan = base.span(lo, hi) if base is not None else None
+            for s in range(lo, hi, BLOCK):
+                k = min(BLOCK, hi - s)
+                b = bspan.read(bbuf[:k]) if bspan is not None and bbuf is not None else None
+                acc = m.start(p, k)
+                for j, (span, buf, raw, itemsize) in enumerate(spans):
+                    m.add(acc, p, stats, j, span.read(buf[:k], raw[:k * itemsize]), b, s)
+                if plain:
+                    m.finish_into(acc, p, stats, b, out[s - first:s - first + k])
+                else:
+                    out[s - first:s - first + k] = cast_array(m.finish(acc, p, stats, b), out_name)
+
+        self.piece = piece
+
+    def _start(self, first: int) -> Pieces:
+        n = min(self.step, self.size - first)
+        work = Pieces(aligned_empty(n, self.out_dt),
+                      [(first, lo, min(lo + TASK, first + n)) for lo in range(first, first + n, TASK)], self.piece)
+        work.helper = self.submit(work.run)
+        return work
+
+    def begin(self) -> "BlockedChunks":
+        """Start making the first chunk (on a worker; once)."""
+        if not self.ahead and self.size:
+            self.ahead.append(self._start(0))
+        return self
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        ahead, size, step = self.ahead, self.size, self.step
+        self.begin()
+        try:
+            for first in range(0, size, step):
+                work = ahead.pop()
+                last = first + step >= size
+                if not last:
+                    ahead.append(self._start(first + step))
+                out = work.finish()
+                if last and self.on_last is not None:
+                    self.on_last()
+                yield out
+        finally:  # (closed early or failed: no piece is left running on the files)
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Make no more pieces; return once no read of this tensor is in flight."""
+        while self.ahead:
+            self.ahead.pop().abandon()
+
+
 def blocked_chunks(m: Method, p: TensorParams, stats: Any, ranges: List[TensorRanges], base: Optional[TensorRanges],
                    size: int, step: int, out_name: str, submit: Callable[..., Future]) -> Iterator[np.ndarray]:
     """The output chunks (``step`` elements, the last one shorter) of the elementwise method
@@ -168,8 +252,9 @@ def blocked_chunks(m: Method, p: TensorParams, stats: Any, ranges: List[TensorRa
     (``submit(fn)`` runs ``fn`` on one) claim in turn: the worker starts on the next chunk while
     the caller uses this one, and the caller never waits for a thread to be scheduled while a
     piece is left. A piece is made a :data:`BLOCK` at a time: that block of every input read,
-    checksummed and added, then finished and cast, so the reads, the accumulator and the output
-    stay in the CPU cache. The last chunk is given only once every input's checksum matched.
+    checksummed and added in input order, then finished and cast, so the reads, the accumulator
+    and the output stay in the CPU cache (and each element's sum is the same whichever thread
+    makes it). The last chunk is given only once every input's checksum matched.
 
     Example:
         >>> from concurrent.futures import ThreadPoolExecutor
@@ -186,51 +271,4 @@ def blocked_chunks(m: Method, p: TensorParams, stats: Any, ranges: List[TensorRa
         ...     [c.tolist() for c in chunks]
         [[2.0, 3.0], [4.5]]
     """
-    out_dt = numpy_dtype(out_name)
-    plain = out_dt in _PLAIN  # else cast_array rounds (bfloat16 and others through float32, as TF)
-    scratch = threading.local()
-
-    def buffers() -> Tuple[List[Tuple[np.ndarray, memoryview, int]], Optional[np.ndarray]]:
-        got = getattr(scratch, "bufs", None)
-        if got is None:  # this thread's: a block of each input dtype (and its bytes), and of the base
-            by_dtype: Dict[np.dtype, Tuple[np.ndarray, memoryview, int]] = {}
-            for r in ranges:
-                if r.dtype not in by_dtype:
-                    buf = aligned_empty(BLOCK, r.dtype)
-                    by_dtype[r.dtype] = (buf, memoryview(buf.view(np.uint8)), r.dtype.itemsize)
-            got = scratch.bufs = ([by_dtype[r.dtype] for r in ranges],
-                                  aligned_empty(BLOCK, base.dtype) if base is not None else None)
-        return got
-
-    def piece(out: np.ndarray, first: int, lo: int, hi: int) -> None:
-        xs, bbuf = buffers()
-        spans = [(r.span(lo, hi), *x) for r, x in zip(ranges, xs)]
-        bspan = base.span(lo, hi) if base is not None else None
-        for s in range(lo, hi, BLOCK):
-            k = min(BLOCK, hi - s)
-            b = bspan.read(bbuf[:k]) if bspan is not None and bbuf is not None else None
-            acc = m.start(p, k)
-            for j, (span, buf, raw, itemsize) in enumerate(spans):
-                m.add(acc, p, stats, j, span.read(buf[:k], raw[:k * itemsize]), b, s)
-            if plain:
-                m.finish_into(acc, p, stats, b, out[s - first:s - first + k])
-            else:
-                out[s - first:s - first + k] = cast_array(m.finish(acc, p, stats, b), out_name)
-
-    def start(first: int) -> Pieces:
-        n = min(step, size - first)
-        work = Pieces(aligned_empty(n, out_dt),
-                      [(first, lo, min(lo + TASK, first + n)) for lo in range(first, first + n, TASK)], piece)
-        work.helper = submit(work.run)
-        return work
-
-    ahead: List[Pieces] = [start(0)]
-    try:
-        for first in range(0, size, step):
-            work = ahead.pop()
-            if first + step < size:
-                ahead.append(start(first + step))
-            yield work.finish()
-    finally:  # (closed early or failed: no piece is left running on the files)
-        for work in ahead:
-            work.abandon()
+    return iter(BlockedChunks(m, p, stats, ranges, base, size, step, out_name, submit))

@@ -42,7 +42,7 @@ from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.source import Source, SourceHandle
 from ..specs import VariableInfo, model_variables
 from ..text import plural, quote_name
-from .blocks import FixedChunks, aligned_step, blocked_chunks
+from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .combine_report import CombineReport
 from .methods import METHODS, TensorParams, ema_weights
 
@@ -269,6 +269,8 @@ class CombinedHandle(SourceHandle):
         self.base = base
         self.method = METHODS[source.method]
         self._pool: Optional[ThreadPoolExecutor] = None
+        self._after: Dict[str, str] = {}  # read_order: the name asked for after each
+        self._ahead: Optional[Tuple[str, BlockedChunks]] = None  # the next tensor, started early
         entries, report = _line_up(source, inputs, base, self.method)
         self.entries = entries
         self._renamed: Dict[str, str] = {}
@@ -335,14 +337,39 @@ class CombinedHandle(SourceHandle):
         m.add(acc[h:], p, stats, j, x[h:], None if b is None else b[h:], off + h)
         lo.result()
 
+    def read_order(self, names: Sequence[str]) -> None:
+        """The names a merge will ask for, in order: while it writes the last chunk of one, the
+        first chunk of the next is made (elementwise methods of local files whose parameters
+        need no pass over the values: ``mean``, ``ema``, ``task_arithmetic``)."""
+        self._after = dict(zip(names, names[1:]))
+
     def iter_chunks(self, name: str, max_elements: int = 0) -> Iterator[np.ndarray]:
         """The combined values of ``name`` as flat chunks in C order, each made as it is asked
         for (``max_elements`` is ignored: the source's own chunk size applies)."""
         e = self.entries[name]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == name:
+                return iter(ahead[1])
+            ahead[1].abandon()  # (asked in another order than announced)
         if e.params is None:  # copied from one input, as it is
             j, n = e.inputs[0]
             return self.inputs[j].iter_chunks(n, self.step)
         return self._combined(e)
+
+    def _start_after(self, name: str) -> None:
+        """Start the first chunk of the tensor announced after ``name`` (see :meth:`read_order`)."""
+        nxt = self._after.get(name)
+        e = self.entries.get(nxt) if nxt is not None else None
+        if e is None or e.params is None or self.method.prepare_reads or self._ahead is not None:
+            return
+        try:
+            ranges = self._ranges(e)
+        except Exception:  # (raised again, to the caller, when the tensor is asked for)
+            return
+        if ranges is not None:
+            stats = self.method.prepare(e.params, e.spec.size, [], None)  # (prepare_reads: it reads nothing)
+            self._ahead = (e.spec.name, self._stream(e, stats, *ranges).begin())
 
     def _ranges(self, e: _Entry) -> Optional[Tuple[List[TensorRanges], Optional[TensorRanges]]]:
         """Every input's (and the base's) ranges of ``e``, when the method is elementwise and
@@ -409,15 +436,24 @@ class CombinedHandle(SourceHandle):
     def _blocked(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
                  base: Optional[TensorRanges]) -> Iterator[np.ndarray]:
         """The chunks of an elementwise combination of local files (see :func:`blocked_chunks`)."""
+        return iter(self._stream(e, stats, ranges, base))
+
+    def _stream(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+                base: Optional[TensorRanges]) -> BlockedChunks:
         assert e.params is not None
-        return blocked_chunks(self.method, e.params, stats, ranges, base, e.spec.size, self.step, e.spec.dtype,
-                              self._submit)
+        name = e.spec.name
+        return BlockedChunks(self.method, e.params, stats, ranges, base, e.spec.size, self.step, e.spec.dtype,
+                             self._submit, on_last=lambda: self._start_after(name))
 
     def read(self, names: Sequence[str]) -> Dict[str, Any]:
         """The combined values of ``names`` as whole arrays (64-byte aligned)."""
         out = {}
         for name in names:
             e = self.entries[name]
+            if e.params is None:  # one input's value, as it reads it (strings included)
+                j, n = e.inputs[0]
+                out[name] = self.inputs[j].read([n])[n]
+                continue
             arr = aligned_empty(e.spec.shape, numpy_dtype(e.spec.dtype))
             flat = arr.reshape(-1)
             pos = 0
@@ -429,6 +465,9 @@ class CombinedHandle(SourceHandle):
 
     def close(self) -> None:
         """Close every input and the base."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].abandon()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -643,6 +643,9 @@ def merge_local(
                 done = 0
                 if progress is not None:
                     progress(0, total)
+                for i, h in enumerate(job_handles):  # (jobs are sorted by source first)
+                    if h.streams:
+                        h.read_order([j.name for j in jobs if j.sort_key[0] == i and j.chunks is not None])
                 for job in jobs:
                     job.write(writer, buf, verify)
                     done += job.nbytes

@@ -99,6 +99,7 @@ class Method:
 
     name = ""
     elementwise = False  # add() of one element needs no other (so halves of a chunk may run at once)
+    prepare_reads = True  # prepare() passes over the values (False: it reads nothing, e.g. a mean's weights)
     needs_base = False
     min_inputs = 1
     max_inputs: Optional[int] = None
@@ -155,6 +156,7 @@ class Linear(Method):
     """A weighted sum ``sum(c_i x_i) + c_b b`` whose coefficients :meth:`coefficients` gives."""
 
     elementwise = True
+    prepare_reads = False
 
     def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
         raise NotImplementedError
@@ -492,6 +494,8 @@ def _reduce(pairs: Iterable[Tuple[np.ndarray, ...]], fn: Callable[..., Sequence[
 class Slerp(Linear):
     """Spherical interpolation ``t`` of the way from the first input to the second."""
 
+    prepare_reads = True  # (the angle between the inputs)
+
     name = "slerp"
     min_inputs = max_inputs = 2
     defaults = {"t": 0.5}
@@ -528,6 +532,8 @@ def slerp_coefficients(t: float, dot: float, na: float, nb: float) -> List[float
 
 class ModelStock(Linear):
     """Model Stock: the interpolation ratio from the angle between fine-tunes, toward the base."""
+
+    prepare_reads = True  # (the inputs' mean cosine)
 
     name = "model_stock"
     needs_base = True

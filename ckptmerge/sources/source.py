@@ -470,6 +470,11 @@ class SourceHandle:
         local checkpoints whose format stores the tensor in one piece give them."""
         return None
 
+    def read_order(self, names: Sequence[str]) -> None:
+        """A hint: the names a merge will ask :meth:`iter_chunks` for, in this order. A source
+        that makes its values (a combination) starts on the next one while the merge writes the
+        one before; this one ignores it (asking in another order is never wrong, only slower)."""
+
     def close(self) -> None:
         """Release files."""
 
