@@ -261,9 +261,10 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
     per_scope, per_tscope = collections.Counter(scopes), collections.Counter(tscopes)
     whole = {sc: ts for (sc, ts), c in collections.Counter(itertools.compress(zip(scopes, tscopes), keep_leaf)).items()
              if c > 1 and c == per_scope[sc] == per_tscope[ts] and sc not in blocked and ts not in blocked}
-    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1, False) for n, t, c, e, p, sc
-                                             in zip(names, targets, confidence, evidence, position, scopes)
-                                             if sc not in whole]))
+    alone = list(map(operator.not_, map(whole.__contains__, scopes)))  # (the matches no scope entry covers)
+    entries: List[Entry] = list(map(_ENTRY, [(n, t, c, e + (p,) if p else e, 1, False) for n, t, c, e, p in
+                                             itertools.compress(zip(names, targets, confidence, evidence, position),
+                                                                alone)])) if any(alone) else []
     summaries: Dict[Tuple[Tuple[str, ...], ...], Tuple[str, ...]] = {}
 
     def summary(key: Tuple[Tuple[str, ...], ...]) -> Tuple[str, ...]:
@@ -282,10 +283,9 @@ def scope_entries(matches: Sequence[Match], source_names: Iterable[str],
 
     # The scopes that move whole, as columns by size: the j-th match of every scope of size n is
     # column j, so each entry's fields come from C-speed passes, not a Python step per scope.
-    moving: Dict[str, List[int]] = {}
-    for i, sc in enumerate(scopes):
-        if sc in whole:
-            moving.setdefault(sc, []).append(i)
+    moving: Dict[str, List[int]] = {sc: [] for sc in whole}
+    others: List[int] = []  # (each index appended to its scope's list, in C: the rest go here)
+    collections.deque(map(list.append, map(moving.get, scopes, itertools.repeat(others)), range(len(scopes))), maxlen=0)
     by_size: Dict[int, List[str]] = {}
     for sc, c in per_scope.items():
         if sc in whole:

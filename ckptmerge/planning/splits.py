@@ -38,22 +38,24 @@ _MAX_PARTS = 3
 def _fits(plan: Plan, src: SourceView, missing: Sequence[str], used: Iterable[str]
           ) -> List[Tuple[VariableInfo, Tuple[VariableInfo, ...]]]:
     """``[(unused kernel, the missing sibling kernels its columns add up to)]``."""
+    kernels = []  # (looked for first: usually every checkpoint kernel is taken, and the targets need no pass)
+    for n in itertools.filterfalse(set(used).__contains__, plan.unused.get(src.label, ())):
+        v = src.variables.get(n)
+        if v is None or n in src.composed or len(v.shape) != 2 or n.rsplit("/", 1)[-1] != "kernel":
+            continue
+        kernels.append(v)
+    if not kernels:
+        return []
     want = set(missing)
     groups: Dict[Tuple[str, str, int, str], List[VariableInfo]] = {}
     for t in plan.targets:
-        segs = t.name.split("/")
-        if t.name in want and len(segs) >= 2 and len(t.shape) >= 2 and segs[-1] == "kernel":
+        if len(t.shape) >= 2 and t.name.endswith("/kernel") and t.name in want:  # (the cheap tests first)
+            segs = t.name.split("/")
             groups.setdefault(("/".join(segs[:-2]), segs[-1], int(t.shape[0]), t.dtype), []).append(t)
-    groups = {k: g for k, g in groups.items() if 2 <= len(g) <= _MAX_PARTS}
-    if not groups:
-        return []
-    taken = set(used)
+    found = sorted((k, g) for k, g in groups.items() if 2 <= len(g) <= _MAX_PARTS)
     out = []
-    for n in plan.unused.get(src.label, ()):
-        v = src.variables.get(n)
-        if v is None or n in taken or n in src.composed or len(v.shape) != 2 or n.rsplit("/", 1)[-1] != "kernel":
-            continue
-        for (_, _, fan_in, dtype), g in sorted(groups.items()):
+    for v in kernels:
+        for (_, _, fan_in, dtype), g in found:
             if fan_in == v.shape[0] and dtype == v.dtype and sum(math.prod(t.shape[1:]) for t in g) == v.shape[1]:
                 out.append((v, tuple(sorted(g, key=lambda t: t.name))))
     return out

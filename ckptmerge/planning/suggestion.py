@@ -316,7 +316,7 @@ def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_or
     names = list(map(variables.get, unused))
     # The usual case in C-speed passes: every unused name a variable under its own name, no
     # filter rules; anything else name by name.
-    if (rules.include or rules.exclude or rules.regexes or None in names
+    if (rules.include or rules.exclude or rules.regexes or any(map(operator.is_, names, itertools.repeat(None)))
             or list(map(_NAME, names)) != list(unused)):
         names = [variables[n] if variables[n].name == n else dataclasses.replace(variables[n], name=n)
                  for n in unused if n in variables and not _left_out(rules, n)]
