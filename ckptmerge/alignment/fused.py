@@ -158,9 +158,14 @@ def target_role(segment: str, roles: Optional[Dict[str, str]] = None) -> Optiona
     return roles.get(seg) or roles.get(seg.rsplit("_", 1)[-1])
 
 
-def part_roles(row: FusedConvention) -> Tuple[Optional[str], ...]:
-    """The roles of a row's parts (None for a part name the convention table does not know)."""
-    roles = _role_table()
+def part_roles(row: FusedConvention, roles: Optional[Dict[str, str]] = None) -> Tuple[Optional[str], ...]:
+    """The roles of a row's parts (None for a part name the convention table does not know).
+
+    Example:
+        >>> part_roles(fused_row("gate_up_proj"))
+        ('mlpgate', 'mlpin')
+    """
+    roles = _role_table() if roles is None else roles
     return tuple(roles.get(p.lower()) for p in row.parts)
 
 
@@ -185,10 +190,10 @@ def part_sizes(row: FusedConvention, rows: int, fan_in: int, targets: Iterable[V
         (16, 8, 8)
     """
     n = len(row.parts)
-    roles = part_roles(row)
+    table = _role_table()
+    roles = part_roles(row, table)
     found = set()
     if None not in roles:
-        table = _role_table()
         groups: Dict[str, Dict[str, List[int]]] = {}
         for t in targets:
             segs = t.name.split("/")

@@ -25,7 +25,7 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..alignment.conventions import conventions
-from ..alignment.fused import fused_conventions, part_roles
+from ..alignment.fused import fused_conventions, part_roles, target_role
 from ..alignment.tensorops import Concat
 from ..errors import TransformError
 from ..specs import KIND_VARIABLE, VariableInfo
@@ -79,16 +79,10 @@ def _roles(orders: Mapping[str, Tuple[str, ...]] = {}) -> Dict[str, str]:
 
 def _order(roles: Mapping[str, str], orders: Mapping[str, Tuple[str, ...]], segment: str) -> Optional[Tuple[str, ...]]:
     """The roles of a fused target's parts, in order, by its module's name; None for no fused module."""
-    if _role(roles, segment) == "fusedqkv":
+    if target_role(segment, roles) == "fusedqkv":  # (the whole segment, or its last word: block_0_qkv)
         return PART_ROLES
     seg = segment.lower()
     return orders.get(seg) or orders.get(seg.rsplit("_", 1)[-1])
-
-
-def _role(roles: Mapping[str, str], segment: str) -> Optional[str]:
-    """The role of a name segment: the whole of it, or its last ``_`` word (Keras's ``block_0_qkv``)."""
-    seg = segment.lower()
-    return roles.get(seg) or roles.get(seg.rsplit("_", 1)[-1])
 
 
 def _numbers(name: str) -> Tuple[int, ...]:
