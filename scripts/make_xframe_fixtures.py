@@ -102,6 +102,17 @@ def make_gpt2(out: str) -> None:
             {"sequence_output": o.last_hidden_state.numpy()})
 
 
+def save_decoder(model: torch.nn.Module, out: str, seed: int) -> None:
+    """Save a causal LM's folder with its decoder's outputs (``model.model``: the backbone KerasHub
+    builds) on token ids drawn with ``seed``."""
+    ids = np.random.default_rng(seed).integers(0, 50, (2, 8)).astype(np.int64)
+    mask = np.ones_like(ids)
+    with torch.no_grad():
+        o = model.model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    save_hf(model, out, {"token_ids": ids, "padding_mask": mask},
+            {"sequence_output": o.last_hidden_state.numpy()})
+
+
 def make_llama(out: str) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -111,12 +122,7 @@ def make_llama(out: str) -> None:
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(cfg).eval()  # with its untied lm_head, as Llama checkpoints are published
     randomise(model, SEED + 2)
-    ids = np.random.default_rng(SEED + 2).integers(0, 50, (2, 8)).astype(np.int64)
-    mask = np.ones_like(ids)
-    with torch.no_grad():
-        o = model.model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
-    save_hf(model, out, {"token_ids": ids, "padding_mask": mask},
-            {"sequence_output": o.last_hidden_state.numpy()})
+    save_decoder(model, out, SEED + 2)
 
 
 def make_phi3(out: str) -> None:
@@ -134,12 +140,7 @@ def make_phi3(out: str) -> None:
     torch.manual_seed(SEED)
     model = Phi3ForCausalLM(cfg).eval()  # with its untied lm_head (KerasHub's reverse_embeddings)
     randomise(model, SEED + 5)
-    ids = np.random.default_rng(SEED + 5).integers(0, 50, (2, 8)).astype(np.int64)
-    mask = np.ones_like(ids)
-    with torch.no_grad():
-        o = model.model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
-    save_hf(model, out, {"token_ids": ids, "padding_mask": mask},
-            {"sequence_output": o.last_hidden_state.numpy()})
+    save_decoder(model, out, SEED + 5)
 
 
 def make_vit(out: str) -> None:
