@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List
 
-from . import compat
-from .errors import (
+from .core import compat
+from .core.errors import (
     ArgumentError,
     ArgumentTypeError,
     CheckpointFormatError,
@@ -35,7 +35,7 @@ from .errors import (
     UnreadableTensorError,
     UnsafeCheckpointError,
 )
-from .specs import VariableInfo
+from .core.specs import VariableInfo
 
 compat.install()  # old module paths (ckptmerge.planner, ...) still import, with a warning
 
@@ -48,9 +48,9 @@ _LAZY: Dict[str, str] = {
     "load_config": ".config",
     "CheckpointInfo": ".sources.resolve",
     "checkpoints": ".sources.resolve",
-    "CombinedSource": ".merging.combine",
-    "CombineReport": ".merging.combine",
-    "combine": ".merging.combine",
+    "CombinedSource": ".combining.combine",
+    "CombineReport": ".combining.combine",
+    "combine": ".combining.combine",
     "MergeReport": ".merging.dispatch",
     "merge": ".merging.dispatch",
     "Plan": ".planning.planner",
@@ -78,7 +78,7 @@ _LAZY: Dict[str, str] = {
     "suggest": ".api",
     "Suggestion": ".planning.suggestion",
     "warm_start": ".api",
-    "watch": ".sources.watch",
+    "watch": ".following.watch",
 }
 
 __all__ = [
@@ -153,7 +153,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .alignment.tensorops import Concat, ExpandDims, Reshape, Split, Squeeze
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config
-    from .merging.combine import CombinedSource, CombineReport, combine
+    from .combining.combine import CombinedSource, CombineReport, combine
     from .merging.dispatch import MergeReport, merge
     from .planning.planner import Plan
     from .planning.suggestion import Suggestion
@@ -162,4 +162,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .restorer import Restorer, snapshot
     from .sources.resolve import CheckpointInfo, checkpoints
     from .sources.source import Source
-    from .sources.watch import watch
+    from .following.watch import watch

@@ -25,14 +25,14 @@ from typing import (
 
 import numpy as np
 
-from .args import (
+from .core.args import (
     check_bool,
     check_callable,
     check_names,
     check_options,
     check_specs,
 )
-from .gcpause import paused_gc
+from .core.gcpause import paused_gc
 from .planning.fusion import concat_entries_of
 from .planning.planner import Plan, make_plan
 from .restoring.backends.tensors import cast_value
@@ -44,7 +44,7 @@ from .sources.opening import (
 )
 from .sources.composed import ComposedHandle
 from .sources.source import Source, SourceHandle
-from .specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
+from .core.specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
 
 if TYPE_CHECKING:  # pragma: no cover
     from .planning.suggestion import Suggestion
@@ -203,7 +203,7 @@ def plan(
     check_unique_labels(srcs)
     allow = check_names(allow_missing, "allow_missing", noun="glob") or []
     check_bool(verify, "verify")
-    with paused_gc():  # see ckptmerge.gcpause: 100,000s of small objects, no cycles
+    with paused_gc():  # see ckptmerge.core.gcpause: 100,000s of small objects, no cycles
         return _plan(target, srcs, allow, on_conflict, on_shape_mismatch, cast, verify)
 
 
@@ -276,7 +276,7 @@ def suggest(target: Any = None, sources: SourcesArg = (), **plan_options: Any) -
     check_options(plan_options, PLAN_OPTIONS, "suggest()")
     p = plan(target, sources, **plan_options)
     try:
-        with paused_gc():  # the alignment's small objects have no cycles either: see ckptmerge.gcpause
+        with paused_gc():  # the alignment's small objects have no cycles either: see ckptmerge.core.gcpause
             found = make_suggestion(p, target_order=creation_order(target, p._binding.targets),
                                     source_orders=[h.order for h in p._binding.handles],
                                     target_inputs=input_layers(target, p._binding.targets))

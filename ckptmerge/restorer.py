@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 import numpy as np
 
 from .api import Binding, SourcesArg
-from .args import check_bool, check_callable, check_options, check_step, check_str
-from .errors import CkptMergeError, PlanError, RestoreError
-from .redact import get_logger
+from .core.args import check_bool, check_callable, check_options, check_step, check_str
+from .core.errors import CkptMergeError, PlanError, RestoreError
+from .core.redact import get_logger
 from .restoring.backends.tensors import join_parts, read_variable
 from .sources.composed import ComposedHandle, composed_like
 from .sources.opening import as_sources
 from .sources.resolved import CheckpointInfo
 from .sources.source import Source, SourceHandle
-from .sources.watch import WATCH_OPTIONS, check_watch_options, intact, watch_checked
-from .text import and_list, quote_name
+from .following.watch import WATCH_OPTIONS, check_watch_options, intact, watch_checked
+from .core.text import and_list, quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from .render.report import Report

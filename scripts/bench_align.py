@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 import ckptmerge as cm  # noqa: E402
 from ckptmerge.planning.planner import SourceView, make_plan  # noqa: E402
-from ckptmerge.specs import VariableInfo  # noqa: E402
+from ckptmerge.core.specs import VariableInfo  # noqa: E402
 from ckptmerge.planning.suggestion import aligned_views  # noqa: E402
 
 Pair = Tuple[List[VariableInfo], Dict[str, VariableInfo], Dict[str, str], Optional[List[str]], Optional[str]]

@@ -184,8 +184,8 @@ def bench_average(root: Path, n: int, size_mib: int) -> dict:
     files = data_files(prefixes)
     cat, cat_cpu = min(cat_times(files) for _ in range(2))
     out = root / "avg"
-    imports = ("import ckptmerge as cm, ckptmerge.merging.combine, ckptmerge.merging.dispatch, "
-               "ckptmerge.formats.tf.writer, ckptmerge.formats.safetensors_writer, ckptmerge.planning.planner")
+    imports = ("import ckptmerge as cm, ckptmerge.combining.combine, ckptmerge.merging.dispatch, "
+               "ckptmerge.formats.tf.writer, ckptmerge.formats.safetensors.writer, ckptmerge.planning.planner")
     load0 = os.getloadavg()[0]
     ours = measure(imports, f"cm.merge(cm.combine({str(root / 'run')!r}, last={n}), {str(out)!r}, overwrite=True)")
     # the same combination, its chunks made but not written: the write's share of the time
@@ -248,8 +248,8 @@ def bench_mergekit(root: Path, size_mib: int, venv: str) -> dict:
                     f"{str(ours_out)!r}, overwrite=True)")
         else:
             call = f"cm.merge(cm.combine({paths[1:]!r}, weights=[1.0, 2.0, 3.0]), {str(ours_out)!r}, overwrite=True)"
-        ours = measure("import ckptmerge as cm, ckptmerge.merging.combine, ckptmerge.merging.dispatch, "
-                       "ckptmerge.formats.safetensors_writer, ckptmerge.planning.planner", call)
+        ours = measure("import ckptmerge as cm, ckptmerge.combining.combine, ckptmerge.merging.dispatch, "
+                       "ckptmerge.formats.safetensors.writer, ckptmerge.planning.planner", call)
         diff = subprocess.run([py, "-c", textwrap.dedent(f"""
             import glob, numpy as np
             from safetensors.numpy import load_file

@@ -150,7 +150,7 @@ def bench_eager(prefixes, maps, rounds):
 def write_safetensors(prefixes) -> list:
     """The same tensors as each checkpoint, as ``<prefix>.safetensors`` (written once)."""
     import ckptmerge as cm
-    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+    from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
     paths = []
     for p in prefixes:

@@ -17,7 +17,7 @@ from _cli_util import run, save_tf1
 from _corpus import corpus
 from ckptmerge.alignment.align import align, natural_key, scope_entries, tokens
 from ckptmerge.planning.planner import SourceView, make_plan
-from ckptmerge.specs import VariableInfo as V
+from ckptmerge.core.specs import VariableInfo as V
 from ckptmerge.planning.suggestion import make_suggestion
 
 

@@ -18,7 +18,7 @@ import pytest
 import ckptmerge as cm
 from ckptmerge.alignment.align import align
 from ckptmerge.alignment.conventions import rewrite
-from ckptmerge.specs import VariableInfo as V
+from ckptmerge.core.specs import VariableInfo as V
 
 _MODULES = {  # BERT's layer as the torch layout names it: module -> {leaf: shape}
     "attention/self/query": {"kernel": (16, 16), "bias": (16,)},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.args import check_names
+from ckptmerge.core.args import check_names
 from ckptmerge import ArgumentError, ArgumentTypeError
 
 SPECS = [cm.VariableInfo("a1", (3, 4), "float32")]

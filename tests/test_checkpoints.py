@@ -25,7 +25,7 @@ from ckptmerge.sources.resolve import (
     read_state_file,
     resolve_checkpoint,
 )
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 
 BUNDLE_FOLDERS = [
     "keras2-tfweights-cp-charity",

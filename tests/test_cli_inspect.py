@@ -610,7 +610,7 @@ def test_diff_walk_splits_two_sorted_listings_as_sets_would():
     from hypothesis import strategies as st
 
     from ckptmerge.cli.inspect import _sorted_diff
-    from ckptmerge.specs import VariableInfo
+    from ckptmerge.core.specs import VariableInfo
 
     @settings(max_examples=300, deadline=None)
     @given(a=st.sets(st.text("abc/", max_size=4)), b=st.sets(st.text("abc/", max_size=4)))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import ArgumentError, CheckpointFormatError, CombineError
+from ckptmerge.core.errors import ArgumentError, CheckpointFormatError, CombineError
 from ckptmerge.formats.tf.writer import BundleWriter
-from ckptmerge.merging.methods import combine_arrays, ema_weights
+from ckptmerge.combining.methods import combine_arrays, ema_weights
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = (100, 200, 300, 400, 500)

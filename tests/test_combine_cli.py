@@ -15,8 +15,8 @@ from test_combine import STEPS, mean_of, values, write, write_run
 
 import ckptmerge as cm
 from ckptmerge.cli.combine import parse_params, parse_steps
-from ckptmerge.errors import ConfigError
-from ckptmerge.merging.methods import combine_arrays
+from ckptmerge.core.errors import ConfigError
+from ckptmerge.combining.methods import combine_arrays
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The merge methods' math (ckptmerge.merging.methods) against plain NumPy references of the
+"""The merge methods' math (ckptmerge.combining.methods) against plain NumPy references of the
 published formulas, whole and in chunks of every size (pure: no files, no TensorFlow)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from ckptmerge.errors import ArgumentError
-from ckptmerge.merging.methods import (
+from ckptmerge.core.errors import ArgumentError
+from ckptmerge.combining.methods import (
     DOT_THRESHOLD,
     METHODS,
     TensorParams,
@@ -124,7 +124,7 @@ def test_ties_keeps_exactly_k_the_first_of_equal_magnitudes():
 
 def test_ties_by_radix_selection_on_large_tensors_equals_the_reference():
     """Tensors larger than what is ranked in memory take the chunked radix selection."""
-    import ckptmerge.merging.methods as methods
+    import ckptmerge.combining.methods as methods
 
     base = RNG.standard_normal(50_000)
     xs = [base + RNG.standard_normal(50_000) * s for s in (0.01, 1.0, 100.0)]

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-import ckptmerge.merging.blocks as blocks
-from ckptmerge.errors import CheckpointFormatError
+import ckptmerge.combining.blocks as blocks
+from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.ranges import TensorRanges
 from ckptmerge.formats.tf.table import crc32c
 from ckptmerge.formats.tf.writer import BundleWriter
-from ckptmerge.merging.combine import CombinedHandle
-from ckptmerge.merging.methods import combine_arrays
+from ckptmerge.combining.combine import CombinedHandle
+from ckptmerge.combining.methods import combine_arrays
 
 from _reader_util import write_partitioned_bundle
 

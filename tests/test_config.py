@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptmerge.config import SOURCE_KEYS, TOP_LEVEL_KEYS, SourceConfig, load_config
-from ckptmerge.errors import CkptMergeError, ConfigError
+from ckptmerge.core.errors import CkptMergeError, ConfigError
 from ckptmerge.planning.transforms import Slice, VocabRemap
 
 

@@ -17,7 +17,7 @@ from _cli_util import run_subprocess
 from conftest import run_child
 
 from ckptmerge.config import MAX_CONFIG_BYTES, MAX_NESTING, load_config
-from ckptmerge.errors import ConfigError
+from ckptmerge.core.errors import ConfigError
 from ckptmerge.planning.transforms import TransformError, read_vocab
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import ckptmerge as cm
 from ckptmerge.config import load_config
-from ckptmerge.errors import ArgumentError, ConfigError, SettingError
+from ckptmerge.core.errors import ArgumentError, ConfigError, SettingError
 
 from _cli_util import assert_one_line_error, run
 
@@ -121,7 +121,7 @@ def test_problems_show_a_path_as_written_never_a_value(data, tmp_path):
 def test_an_allowed_value_is_shown_as_its_variable_wherever_the_url_is_shown(tmp_path):
     import fsspec
 
-    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+    from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
     token = "tok-" + os.urandom(8).hex()
     env = {"HF_TOKEN": token}

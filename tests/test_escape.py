@@ -19,9 +19,9 @@ from ckptmerge.merging.local import MergeReport
 from ckptmerge.planning.planner import SourceView, make_plan
 from ckptmerge.render.report import render_plan
 from ckptmerge.planning.rules import Rules
-from ckptmerge.specs import VariableInfo as V
-from ckptmerge.text import escape_name, escape_text, join_lines, quote_name
-from ckptmerge.errors import CheckpointFormatError, TransformError
+from ckptmerge.core.specs import VariableInfo as V
+from ckptmerge.core.text import escape_name, escape_text, join_lines, quote_name
+from ckptmerge.core.errors import CheckpointFormatError, TransformError
 from ckptmerge.planning.transforms import read_vocab
 
 #: The audit's forged row: a title-setting OSC sequence, then a newline and a fake table row.

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import PlanError, RestoreError
+from ckptmerge.core.errors import PlanError, RestoreError
 from ckptmerge.formats.io import fileio
 from ckptmerge.formats.tf.writer import BundleWriter
 

@@ -25,9 +25,9 @@ from _cli_util import REPO, assert_one_line_error, run, write_config
 from _reader_util import traced_peak
 
 import ckptmerge as cm
-from ckptmerge.errors import CheckpointFormatError, UnreadableTensorError, UnsafeCheckpointError
+from ckptmerge.core.errors import CheckpointFormatError, UnreadableTensorError, UnsafeCheckpointError
 from ckptmerge.formats import open_checkpoint
-from ckptmerge.formats.h5 import MAX_EXPANSION
+from ckptmerge.formats.keras.h5 import MAX_EXPANSION
 
 SECRET = b"TOP-SECRET-BYTES"
 KEY = "layers/dense/vars/0"

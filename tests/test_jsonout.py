@@ -1,4 +1,4 @@
-"""JSON written a piece at a time (ckptmerge.jsonout): the same text as writing it whole, lazy
+"""JSON written a piece at a time (ckptmerge.core.jsonout): the same text as writing it whole, lazy
 containers made while written, strict numbers."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptmerge.jsonout import Entries, Records, json_pieces, materialize
+from ckptmerge.core.jsonout import Entries, Records, json_pieces, materialize
 from ckptmerge.planning.planner import SourceView, make_plan
 from ckptmerge.planning.rules import Rules
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
                      st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=6))

@@ -14,7 +14,7 @@ import pytest
 import ckptmerge as cm
 from _cli_util import run
 from _corpus import corpus
-from ckptmerge.formats.kerasnames import archive_names, snake_case
+from ckptmerge.formats.keras.names import archive_names, snake_case
 
 
 def _churn():
@@ -296,7 +296,7 @@ def test_ambiguous_root_swap_is_a_finding_never_a_guess():
 
 def test_root_swap_findings_block_a_strict_plan():
     from ckptmerge.planning.planner import SourceView, make_plan
-    from ckptmerge.specs import VariableInfo
+    from ckptmerge.core.specs import VariableInfo
 
     spec = VariableInfo("m/k", (2,), "float32")
     targets = [VariableInfo("r/m/k", (2,), "float32"), VariableInfo("r/k", (2,), "float32")]

@@ -655,7 +655,7 @@ def test_legacy_h5_by_name_restores_what_load_weights_by_name_restores(keras, fo
 
 def test_both_shifts_at_once_are_undone_for_any_checkpoint_names():
     from ckptmerge.planning.planner import SourceView, make_plan
-    from ckptmerge.specs import VariableInfo
+    from ckptmerge.core.specs import VariableInfo
 
     names = ["s1/dense_1/kernel", "s1/dense_2/kernel", "s1/dense_1/bias", "s1/dense_2/bias"]
     targets = [VariableInfo(n.replace("s1/dense_1", "s2/dense_5").replace("s1/dense_2", "s2/dense_6"), (2,),

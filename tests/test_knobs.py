@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import OutputLockedError, SettingError
-from ckptmerge.knobs import FlagSetting, FloatSetting, IntSetting
+from ckptmerge.core.errors import OutputLockedError, SettingError
+from ckptmerge.core.knobs import FlagSetting, FloatSetting, IntSetting
 
 from _cli_util import REPO, assert_one_line_error, run
 
@@ -79,7 +79,7 @@ def test_a_setting_value_with_control_characters_is_escaped_and_cut_short():
 def memory_ckpt():
     import fsspec
 
-    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+    from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
     fs = fsspec.filesystem("memory")
     url = f"memory://knobs-{os.getpid()}/model.safetensors"
@@ -115,7 +115,7 @@ def test_a_remote_block_size_below_64_kib_is_refused_where_an_archive_is_opened(
 def test_a_bad_orbax_timeout_is_a_clear_error_when_a_url_is_waited_for(monkeypatch, raw):
     from concurrent.futures import Future
 
-    from ckptmerge.formats.orbax_store import Location, wait
+    from ckptmerge.formats.orbax.store import Location, wait
 
     done = Future()
     done.set_result(7)
@@ -128,14 +128,14 @@ def test_a_bad_orbax_timeout_is_a_clear_error_when_a_url_is_waited_for(monkeypat
 
 def test_every_ckptmerge_setting_is_a_checked_knob_and_documented():
     """No module reads the environment itself (a malformed value would crash it at import or
-    give a traceback): each CKPTMERGE_* setting is a ckptmerge.knobs setting, checked when it is
+    give a traceback): each CKPTMERGE_* setting is a ckptmerge.core.knobs setting, checked when it is
     used, and docs/ say what it accepts."""
     import ast
 
     knob_kinds = {"IntSetting", "FloatSetting", "FlagSetting"}
     # modules that may touch os.environ: the knobs themselves, config expansion ($VAR in paths),
     # and what only sets or passes it on (TF's log level, a child process's environment, a host name)
-    allowed = {"knobs.py", "config/load.py", "cli/workflow.py", "cli/follow.py", "formats/io/output_prefix.py"}
+    allowed = {"core/knobs.py", "config/load.py", "cli/workflow.py", "cli/follow.py", "formats/io/output_prefix.py"}
     raw, settings = [], set()
     for path in sorted((REPO / "ckptmerge").rglob("*.py")):
         rel = path.relative_to(REPO / "ckptmerge").as_posix()
@@ -146,7 +146,7 @@ def test_every_ckptmerge_setting_is_a_checked_knob_and_documented():
             if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") \
                     and isinstance(node.value, ast.Name) and node.value.id == "os" and rel not in allowed:
                 raw.append(f"ckptmerge/{rel}:{node.lineno}")
-    assert not raw, f"read the setting through ckptmerge.knobs (IntSetting, FloatSetting, FlagSetting) instead: {raw}"
+    assert not raw, f"read the setting through ckptmerge.core.knobs (IntSetting, FloatSetting, FlagSetting) instead: {raw}"
     assert set(REMOTE_SETTINGS) <= settings
     docs = "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))
     assert not [n for n in settings if n not in docs], "document each setting (docs/remote.md, Settings)"
@@ -194,7 +194,7 @@ def test_the_cli_reports_a_bad_remote_setting_in_one_line(memory_ckpt, monkeypat
 
 
 def test_local_commands_never_read_the_remote_settings(tmp_path, monkeypatch):
-    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+    from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
     path = tmp_path / "m.safetensors"
     with SafetensorsWriter(str(path), [("w", "float32", (2, 3))]) as w:
@@ -218,7 +218,7 @@ def _config(tmp_path, path):
 def test_import_and_help_work_whatever_the_settings_hold(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), **{n: "garbage" for n in REMOTE_SETTINGS})
     done = subprocess.run([sys.executable, "-c", "import ckptmerge, ckptmerge.formats.io.storage, "
-                           "ckptmerge.merging.dispatch, ckptmerge.formats.orbax_store; print('ok')"], env=env, capture_output=True, text=True,
+                           "ckptmerge.merging.dispatch, ckptmerge.formats.orbax.store; print('ok')"], env=env, capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
     done = subprocess.run([sys.executable, "-m", "ckptmerge", "--help"], env=env, capture_output=True, text=True,

@@ -25,13 +25,15 @@ LAYERS: List[Tuple[str, ...]] = [
     ("api", "restorer"),
     ("config",),
     ("merging",),
+    ("combining",),
+    ("following",),
     ("sources",),
     ("restoring",),
     ("render",),
     ("planning",),
     ("alignment",),
     ("formats",),
-    ("errors", "specs", "text", "args", "gcpause", "jsonout", "compat", "knobs", "redact"),
+    ("core",),
 ]
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 
@@ -164,6 +166,22 @@ def test_every_folder_says_what_it_holds_and_may_import(package):
     assert doc, f"{path} has no package docstring"
     if package.count(".") >= 1 and package != "ckptmerge.cli":
         assert "May import" in doc, f"{path}'s docstring does not say what the folder may import"
+
+
+def test_at_most_twelve_modules_sit_at_the_top_of_the_package():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at the top of ckptmerge/ (give the idea a folder): {top}"
+
+
+#: what every format family shares, and the only modules at the top of formats/
+FORMATS_SHARED = {"__init__", "base", "dtypes", "ranges", "whole"}
+
+
+def test_formats_are_one_folder_per_family():
+    loose = sorted(p.stem for p in (PACKAGE / "formats").glob("*.py") if p.stem not in FORMATS_SHARED)
+    assert not loose, f"formats/ modules outside a family folder (formats/<family>/): {loose}"
+    families = sorted(p.parent.name for p in (PACKAGE / "formats").glob("*/__init__.py"))
+    assert {"tf", "keras", "safetensors", "numpy", "orbax", "io"} <= set(families), families
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

@@ -17,7 +17,7 @@ import safetensors.numpy as st_numpy
 import ckptmerge as cm
 from _cli_util import run, write_config
 from ckptmerge.alignment.layouts import apply_entry, torch_layout
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 H, IN = 2, 3
 

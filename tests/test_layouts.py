@@ -16,7 +16,7 @@ import safetensors.numpy as st_numpy
 
 import ckptmerge as cm
 from ckptmerge.alignment.layouts import apply_entry, torch_layout
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 RNG = np.random.default_rng(2024)
 

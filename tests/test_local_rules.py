@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.args import local_path
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.args import local_path
+from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.io.localfile import NotARegularFileError, link_problem, open_regular
-from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
 from _cli_util import assert_one_line_error, run, run_subprocess
 

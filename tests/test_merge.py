@@ -25,7 +25,7 @@ import pytest
 
 import ckptmerge as cm
 from _reader_util import write_saver_checkpoint
-from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
+from ckptmerge.core.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
                               CkptMergeError, OutputExistsError, PlanError)
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.tf.writer import BundleWriter

@@ -1,4 +1,4 @@
-"""The tensorstore-free OCDBT reader (ckptmerge.formats.ocdbt): every value equals what tensorstore
+"""The tensorstore-free OCDBT reader (ckptmerge.formats.orbax.ocdbt): every value equals what tensorstore
 reads from databases tensorstore wrote (deep trees, out-of-line values, several commits, zstd or
 not), and hostile manifests and nodes are clear errors naming the file, never a crash, a hang or a
 huge allocation. An Orbax checkpoint whose database this reader does not implement (numbered
@@ -20,9 +20,9 @@ import pytest
 
 ts = pytest.importorskip("tensorstore", reason="the comparison needs tensorstore (pip install 'ckptmerge[orbax]')")
 
-from ckptmerge.errors import CheckpointFormatError  # noqa: E402
-from ckptmerge.formats.ocdbt import OcdbtError, OcdbtUnsupported, read_keys  # noqa: E402
-from ckptmerge.formats.orbax_store import Location  # noqa: E402
+from ckptmerge.core.errors import CheckpointFormatError  # noqa: E402
+from ckptmerge.formats.orbax.ocdbt import OcdbtError, OcdbtUnsupported, read_keys  # noqa: E402
+from ckptmerge.formats.orbax.store import Location  # noqa: E402
 
 
 class _Counting:
@@ -233,7 +233,7 @@ def orbax_item(tmp_path_factory):
 
 
 def test_a_damaged_manifest_of_an_orbax_checkpoint_is_a_clear_error(orbax_item, tmp_path):
-    from ckptmerge.formats.orbax import OrbaxReader
+    from ckptmerge.formats.orbax.reader import OrbaxReader
 
     copy = tmp_path / "copy"
     shutil.copytree(orbax_item, copy)
@@ -246,7 +246,7 @@ def test_a_damaged_manifest_of_an_orbax_checkpoint_is_a_clear_error(orbax_item, 
 
 
 def test_a_numbered_manifest_is_listed_through_tensorstore_with_the_reason_logged(orbax_item, tmp_path, caplog):
-    from ckptmerge.formats.orbax import OrbaxReader
+    from ckptmerge.formats.orbax.reader import OrbaxReader
 
     copy = tmp_path / "numbered"
     shutil.copytree(orbax_item, copy, ignore=shutil.ignore_patterns("manifest.ocdbt", "d", "ocdbt.process_*"))
@@ -256,7 +256,7 @@ def test_a_numbered_manifest_is_listed_through_tensorstore_with_the_reason_logge
     with ts.Transaction() as txn:
         for key in src.list().result():
             dst.with_transaction(txn)[key] = src[key]
-    with caplog.at_level(logging.INFO, logger="ckptmerge.formats.orbax"):
+    with caplog.at_level(logging.INFO, logger="ckptmerge.formats.orbax.reader"):
         with OrbaxReader(str(copy)) as r:
             assert r.info("params/w").shape == (3, 4) and r.info("params/b").dtype == "int8"
             assert r.get("params/w").tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]

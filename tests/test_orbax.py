@@ -26,11 +26,11 @@ from _cli_util import IN_PROCESS_CLI  # noqa: E402
 from _orbax_util import (LAYOUTS, copy_tree_to_memory, no_jax_from_ckptmerge, orbax_restore,  # noqa: E402,F401
                          refuse_jax_from_ckptmerge, sample_tree, write_orbax)
 
-from ckptmerge.errors import (ArgumentError, CheckpointFormatError, CheckpointNotFoundError,  # noqa: E402
+from ckptmerge.core.errors import (ArgumentError, CheckpointFormatError, CheckpointNotFoundError,  # noqa: E402
                               OutputExistsError, UnsafeCheckpointError)
 from ckptmerge.formats import open_checkpoint  # noqa: E402
-from ckptmerge.formats.orbax import OrbaxReader, is_orbax, orbax_steps  # noqa: E402
-from ckptmerge.formats.orbax_writer import OrbaxWriter  # noqa: E402
+from ckptmerge.formats.orbax.reader import OrbaxReader, is_orbax, orbax_steps  # noqa: E402
+from ckptmerge.formats.orbax.writer import OrbaxWriter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_iter_chunks_and_read_many_equal_get(written, layout):
 def test_iter_chunks_reads_one_stored_chunk_row_at_a_time(tmp_path):
     import tracemalloc
 
-    import ckptmerge.formats.orbax_writer as writer_module
+    import ckptmerge.formats.orbax.writer as writer_module
 
     big = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)  # 2 MiB, chunks of 64 KiB
     old = writer_module.CHUNK_BYTES
@@ -390,7 +390,7 @@ def test_a_memory_url_reads_as_the_local_folder(written, memory_copy, layout):
 def test_a_remote_read_that_outlasts_the_time_limit_is_a_clear_error(memory_copy, monkeypatch):
     import threading
 
-    import ckptmerge.formats.orbax_store as orbax_store
+    import ckptmerge.formats.orbax.store as orbax_store
     from ckptmerge.formats.io import storage
 
     url = f"{memory_copy}/zarr"
@@ -427,7 +427,7 @@ def test_a_missing_remote_chunk_names_the_url_not_the_loopback_bridge(memory_cop
 
 
 def test_the_bridge_serves_nothing_outside_a_registered_checkpoint(memory_copy):
-    from ckptmerge.formats.orbax_bridge import bridge
+    from ckptmerge.formats.orbax.bridge import bridge
 
     b = bridge()
     token = b.register(f"{memory_copy}/zarr")

@@ -19,7 +19,7 @@ from _orbax_util import no_jax_from_ckptmerge, refuse_jax_from_ckptmerge  # noqa
 from test_remote import local_run, s3  # noqa: E402,F401 - the S3 server fixtures
 
 import ckptmerge as cm  # noqa: E402
-from ckptmerge.errors import CheckpointFormatError  # noqa: E402
+from ckptmerge.core.errors import CheckpointFormatError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "tests" / "fixtures" / "flax" / "linen_mlp" / "ckpt"

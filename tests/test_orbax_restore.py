@@ -23,7 +23,7 @@ from _orbax_util import no_jax_from_ckptmerge, orbax_restore, refuse_jax_from_ck
 
 import ckptmerge as cm  # noqa: E402
 from ckptmerge.alignment.layouts import flax_layout  # noqa: E402
-from ckptmerge.specs import VariableInfo  # noqa: E402
+from ckptmerge.core.specs import VariableInfo  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FLAX = REPO / "tests" / "fixtures" / "flax"

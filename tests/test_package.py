@@ -26,7 +26,7 @@ def test_old_module_paths_import_the_moved_module_with_a_deprecation_warning():
     import importlib
     import warnings
 
-    from ckptmerge.compat import MOVED
+    from ckptmerge.core.compat import MOVED
 
     for old, new in sorted(MOVED.items()):
         sys.modules.pop(old, None)
@@ -36,6 +36,43 @@ def test_old_module_paths_import_the_moved_module_with_a_deprecation_warning():
         assert module is importlib.import_module(new), old
         assert [w.category for w in caught] == [DeprecationWarning], old
         assert new in str(caught[0].message), old
+
+
+def test_a_module_imported_by_its_old_path_keeps_the_spec_of_its_new_path():
+    code = ("import warnings; warnings.simplefilter('ignore', DeprecationWarning); "
+            "import ckptmerge.errors as old, ckptmerge.core.errors as new; "
+            "assert old is new and new.__spec__.name == 'ckptmerge.core.errors', new.__spec__")
+    subprocess.run([sys.executable, "-W", "error::ImportWarning", "-c", code], check=True)
+
+
+#: old module paths that are packages of their format family now -> the modules holding the old names
+OLD_MODULES_NOW_PACKAGES = {
+    "ckptmerge.formats.orbax": ("ckptmerge.formats.orbax.reader",),
+    "ckptmerge.formats.safetensors": ("ckptmerge.formats.safetensors.reader",),
+}
+
+
+def test_the_names_of_an_old_module_that_is_a_package_now_resolve_with_a_deprecation_warning():
+    import importlib
+    import warnings
+
+    for old, homes in OLD_MODULES_NOW_PACKAGES.items():
+        package = importlib.import_module(old)
+        for home in homes:
+            module = importlib.import_module(home)
+            for name in module.__all__:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    value = getattr(package, name)
+                assert value is getattr(module, name), (old, name)
+                assert [w.category for w in caught] == [DeprecationWarning], (old, name)
+                assert f"{home}.{name}" in str(caught[0].message), (old, name)
+        try:
+            package.no_such_name  # noqa: B018
+        except AttributeError as e:
+            assert "no_such_name" in str(e)
+        else:
+            raise AssertionError(f"{old}.no_such_name resolved")
 
 
 def test_an_old_path_that_never_existed_still_fails_to_import():

@@ -4,7 +4,7 @@ A config's ``path: ${DATA}/run/m.safetensors`` (or ``~/run/m``) is expanded befo
 read. A problem found later (a damaged or truncated file, a file that is no checkpoint, an output
 that exists, a missing shard) is raised by a reader that knows only the expanded path; every
 message, report and log line still names the path as the config wrote it
-(:func:`ckptmerge.redact.show_path_as`), never the variable's value. CLI runs assert the exit
+(:func:`ckptmerge.core.redact.show_path_as`), never the variable's value. CLI runs assert the exit
 code, no traceback and the spelling as written, for check, plan, merge and a restore.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from _cli_util import run
 
 import ckptmerge as cm
-from ckptmerge.redact import redact
+from ckptmerge.core.redact import redact
 
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptmerge.config import load_config
-from ckptmerge.errors import ConfigError, RuleError
+from ckptmerge.core.errors import ConfigError, RuleError
 from ckptmerge.planning.patterns import PatternError, compile_pattern
 from ckptmerge.planning.rules import RegexRule
 

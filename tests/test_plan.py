@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptmerge.errors import CkptMergeError, PlanError, RuleError
+from ckptmerge.core.errors import CkptMergeError, PlanError, RuleError
 from ckptmerge.planning.planner import Assignment, Conflict, Mismatch, OptionError, SourceView, make_plan
 from ckptmerge.planning.rules import Rules
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 from ckptmerge.planning.transforms import Slice
 
 
@@ -783,7 +783,7 @@ def test_keras_model_restores_a_checkpoint_saved_after_another_model_was_built(t
 @pytest.mark.parametrize("enabled", [True, False])
 def test_planning_leaves_the_garbage_collector_as_it_found_it(enabled):
     # make_plan pauses the cyclic collector while it builds its many small objects (see
-    # ckptmerge.gcpause); afterwards the collector is on or off exactly as before, errors included.
+    # ckptmerge.core.gcpause); afterwards the collector is on or off exactly as before, errors included.
     import gc
 
     t = [VariableInfo("x", (2,), "float32")]
@@ -805,7 +805,7 @@ def test_overlapping_pauses_in_two_threads_leave_the_collector_on_until_the_last
     import gc
     import threading
 
-    from ckptmerge.gcpause import paused_gc
+    from ckptmerge.core.gcpause import paused_gc
 
     was = gc.isenabled()
     gc.enable()
@@ -843,7 +843,7 @@ def test_specs_and_assignments_are_slotted_and_still_pickle_copy_replace_and_com
     import pickle
 
     from ckptmerge.planning.findings import trusted_assignment
-    from ckptmerge.specs import trusted_info
+    from ckptmerge.core.specs import trusted_info
 
     v = VariableInfo("d/k", (3, 4), "float32", "d/k", "variable", 48)
     fast = trusted_info("d/k", (3, 4), "float32", "d/k", "variable", 0)

@@ -23,7 +23,7 @@ import pytest
 import ckptmerge as cm
 from _cli_util import write_config
 from _forkserver import ForkServer
-from ckptmerge.errors import CheckpointNotFoundError, OutputExistsError
+from ckptmerge.core.errors import CheckpointNotFoundError, OutputExistsError
 from ckptmerge.formats.tf.writer import BundleWriter
 from ckptmerge.merging.dispatch import merge
 from conftest import save_tf1

@@ -17,7 +17,7 @@ import pytest
 import safetensors.numpy as st_numpy  # the reference writer (in the test extra)
 
 from _cli_util import IN_PROCESS_CLI, REPO, assert_one_line_error, run
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import NumpyReader, SafetensorsReader, open_checkpoint
 from ckptmerge.sources.resolve import FORMAT_NUMPY, FORMAT_SAFETENSORS, resolve_checkpoint
 
@@ -244,7 +244,7 @@ def test_restore_from_safetensors_and_merge_to_a_tf_checkpoint(tmp_path, st_file
 
 
 def test_safetensors_read_many_in_segments_equals_get(st_file, monkeypatch):
-    import ckptmerge.formats.safetensors as st_module
+    import ckptmerge.formats.safetensors.reader as st_module
 
     monkeypatch.setattr(st_module, "_SEGMENT", 8)  # many segments per tensor, read by several threads
     path, values = st_file

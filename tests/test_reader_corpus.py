@@ -13,7 +13,7 @@ import pytest
 from _corpus import corpus, corpus_folders
 from _reader_util import digest
 from ckptmerge.formats import BundleReader, open_checkpoint
-from ckptmerge.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE
+from ckptmerge.core.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE
 
 READABLE = corpus_folders()
 # keras3-*: one .weights.h5 file; tf0x-v1format-*: one V1 table file

@@ -17,7 +17,7 @@ import pytest
 from _corpus import corpus
 from _reader_util import (header_proto, random_value, table_bytes, write_float_bundle,
                           write_saver_checkpoint)
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
 
 

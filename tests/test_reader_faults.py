@@ -27,7 +27,7 @@ import pytest
 
 import ckptmerge as cm
 from _cli_util import assert_one_line_error, run, write_config
-from ckptmerge.errors import CheckpointFormatError, RuleError
+from ckptmerge.core.errors import CheckpointFormatError, RuleError
 from ckptmerge.formats import NumpyReader, open_checkpoint
 from ckptmerge.formats.base import shape_problem, too_large_for_numpy
 

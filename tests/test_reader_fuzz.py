@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _reader_util import block_spans, random_value, rechecksum, tf, write_saver_checkpoint
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.tf.objectgraph import parse_object_graph
 

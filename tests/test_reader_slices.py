@@ -20,7 +20,7 @@ import ckptmerge as cm
 from _cli_util import assert_one_line_error, run
 from _reader_util import (entry_proto, partitioned_entry_proto, random_value, tf, traced_peak, write_bundle,
                           write_partitioned_bundle, write_saver_checkpoint)
-from ckptmerge.errors import ArgumentError, CheckpointFormatError
+from ckptmerge.core.errors import ArgumentError, CheckpointFormatError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.tf.bundle import crc32c, encode_tensor_name_slice, mask_crc
 from ckptmerge.formats.dtypes import numpy_to_tf

@@ -22,7 +22,7 @@ import ckptmerge as cm
 from _cli_util import run
 from _corpus import corpus
 from _reader_util import random_value, same_value, table_bytes, tf, write_saver_checkpoint
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats import protowire as pw
 from ckptmerge.formats.dtypes import TF_DTYPE_NAMES, TF_TO_NUMPY
@@ -403,7 +403,7 @@ def test_a_pattern_of_zero_shards_is_not_found(tmp_path):
 
 
 def test_a_resource_tensor_is_listed_but_unreadable_and_diff_does_not_compare_it(tmp_path):
-    from ckptmerge.errors import UnreadableTensorError
+    from ckptmerge.core.errors import UnreadableTensorError
 
     meta = _meta(("h", (), 20, [()]), ("w", (2,), 1, [((0, -1),)]))
     paths = [_write(tmp_path / name, meta, ("w", ((0, -1),), _floats(1, 2))) for name in ("a", "b")]

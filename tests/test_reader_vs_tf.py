@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from _reader_util import (ALL_DTYPES, random_value, same_value, tf, tf_tensors,
                           write_saver_checkpoint)
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats import BundleReader, UnknownTensorError, list_variables, open_checkpoint
 from ckptmerge.formats.dtypes import dtype_name
-from ckptmerge.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE
+from ckptmerge.core.specs import KIND_BOOKKEEPING, KIND_OPTIMIZER, KIND_VARIABLE
 
 REPO = Path(__file__).resolve().parents[1]
 

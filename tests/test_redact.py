@@ -1,6 +1,6 @@
 """URL credentials (userinfo, signed query values) never appear in what ckptmerge prints or writes.
 
-The unit tests pin :func:`ckptmerge.redact.redact` on the URL shapes of every store (S3 presigned
+The unit tests pin :func:`ckptmerge.core.redact.redact` on the URL shapes of every store (S3 presigned
 V2 and V4, GCS signed V2 and V4, Azure SAS, CloudFront, basic auth, tokens). The end-to-end
 tests read checkpoints through ``memory://`` URLs whose names hold the secrets (fsspec's memory
 filesystem keeps userinfo and query as part of the path, so every remote code path runs) and
@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CheckpointWriteError,
     OutputExistsError,
     UnknownTensorError,
 )
-from ckptmerge.redact import MASK, get_logger, is_secret_parameter, redact
-from ckptmerge.text import command_hint, escape_name, quote_name
+from ckptmerge.core.redact import MASK, get_logger, is_secret_parameter, redact
+from ckptmerge.core.text import command_hint, escape_name, quote_name
 
 from _cli_util import run
 
@@ -157,11 +157,11 @@ def test_the_package_loggers_redact_messages_arguments_and_tracebacks():
 
 
 @pytest.mark.parametrize("module", ["ckptmerge.formats.io.storage", "ckptmerge.merging.remote", "ckptmerge.merging.local",
-                                    "ckptmerge.sources.local", "ckptmerge.formats.numpy_files", "ckptmerge.cli.common"])
+                                    "ckptmerge.sources.local", "ckptmerge.formats.numpy.reader", "ckptmerge.cli.common"])
 def test_the_modules_that_log_paths_use_the_redacting_logger(module):
     import importlib
 
-    from ckptmerge.redact import RedactingFilter
+    from ckptmerge.core.redact import RedactingFilter
 
     importlib.import_module(module)
     assert any(isinstance(f, RedactingFilter) for f in logging.getLogger(module).filters)
@@ -176,7 +176,7 @@ def test_every_module_logger_of_the_package_redacts():
              if any(isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "getLogger"
                     for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))))
              and p.name != "redact.py"]
-    assert not plain, f"modules that make a logger without ckptmerge.redact.get_logger: {plain}"
+    assert not plain, f"modules that make a logger without ckptmerge.core.redact.get_logger: {plain}"
 
 
 # -- end to end, through memory:// --------------------------------------------------------------
@@ -185,7 +185,7 @@ W = np.arange(6, dtype=np.float32).reshape(2, 3)
 
 
 def _safetensors_bytes(tmp_path, values) -> bytes:
-    from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+    from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
     path = tmp_path / "tmp.safetensors"
     with SafetensorsWriter(str(path), [(n, "float32", v.shape) for n, v in values.items()], overwrite=True) as w:

@@ -18,7 +18,7 @@ from _forkserver import ForkServer
 from _remote_util import start_s3, write_run
 
 import ckptmerge as cm
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     RestoreError,
@@ -219,7 +219,7 @@ def test_an_interrupted_upload_leaves_no_index_and_removes_its_objects(memory_ru
     import fsspec
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from ckptmerge.errors import CheckpointWriteError
+    from ckptmerge.core.errors import CheckpointWriteError
 
     real = MemoryFileSystem.put_file
     calls = []
@@ -324,7 +324,7 @@ def test_update_state_is_refused_for_a_safetensors_url(memory_run):
 def test_a_held_lock_on_s3_stops_a_second_merge_and_names_its_holder(s3):
     import fsspec
 
-    from ckptmerge.errors import OutputLockedError
+    from ckptmerge.core.errors import OutputLockedError
 
     fs = fsspec.filesystem("s3")
     out = "s3://ckpts/locked/model"
@@ -343,7 +343,7 @@ def test_a_held_lock_on_s3_stops_a_second_merge_and_names_its_holder(s3):
 def test_two_concurrent_merges_to_one_s3_prefix_one_fails_with_the_lock(s3):
     import fsspec
 
-    from ckptmerge.errors import OutputLockedError
+    from ckptmerge.core.errors import OutputLockedError
 
     out = "s3://ckpts/race/model"
     inside, release = threading.Event(), threading.Event()

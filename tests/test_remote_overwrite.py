@@ -26,7 +26,7 @@ import pytest
 from _remote_util import write_run
 
 import ckptmerge as cm
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     CheckpointFormatError,
     CheckpointWriteError,
     OutputLockedError,

@@ -9,7 +9,7 @@ import pytest
 from ckptmerge.planning.planner import OptionError, SourceView, make_plan
 from ckptmerge.render.report import Report, render_plan, verdict
 from ckptmerge.planning.rules import Rules
-from ckptmerge.specs import VariableInfo as V
+from ckptmerge.core.specs import VariableInfo as V
 
 
 def _mixed_plan(**options):

@@ -88,7 +88,7 @@ def test_an_exception_at_any_assignment_leaves_every_variable_as_it_was(module_a
 
 
 def test_assign_all_puts_back_the_variable_in_flight():
-    from ckptmerge.errors import RestoreError
+    from ckptmerge.core.errors import RestoreError
     from ckptmerge.restoring.backends.common import assign_all
 
     store = {"a": 0, "b": 0, "c": 0}

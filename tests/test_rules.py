@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptmerge.errors import RuleError
+from ckptmerge.core.errors import RuleError
 from ckptmerge.planning.rules import (Ambiguity, GlobFilter, MapRule, RegexRule, Rules, UnmatchedRule,
                              did_you_mean_text, suggest)
 
@@ -489,7 +489,7 @@ def test_dot_scopes_map_pytorch_names_like_slash_scopes():
 
 def test_dot_scope_map_in_a_plan_of_safetensors_names():
     from ckptmerge.planning.planner import SourceView, make_plan
-    from ckptmerge.specs import VariableInfo
+    from ckptmerge.core.specs import VariableInfo
 
     src = [VariableInfo("encoder.layer.0.weight", (2, 2), "float32"), VariableInfo("head.bias", (2,), "float32")]
     view = SourceView(label="st", path="st", note="", variables={v.name: v for v in src},

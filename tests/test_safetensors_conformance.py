@@ -26,7 +26,7 @@ import pytest
 import safetensors
 
 from _cli_util import assert_one_line_error, run
-from ckptmerge.errors import CheckpointFormatError, UnreadableTensorError
+from ckptmerge.core.errors import CheckpointFormatError, UnreadableTensorError
 from ckptmerge.formats import SafetensorsReader, list_variables, open_checkpoint
 
 
@@ -219,7 +219,7 @@ def test_the_safetensors_package_reads_f4_and_fnuz_as_we_do(tmp_path):
 
 
 def test_we_never_write_a_dtype_the_library_refuses(tmp_path):
-    from ckptmerge.formats.safetensors_writer import unsupported_dtypes
+    from ckptmerge.formats.safetensors.writer import unsupported_dtypes
 
     assert unsupported_dtypes([("c", "complex128", (1,)), ("f", "float4_e2m1fn", (2,))]) == [
         ("c", "complex128"), ("f", "float4_e2m1fn")]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import safetensors.numpy as st_numpy
 
-from ckptmerge.errors import ArgumentError, OutputExistsError
-from ckptmerge.formats.safetensors import SafetensorsReader
-from ckptmerge.formats.safetensors_writer import SafetensorsWriter
+from ckptmerge.core.errors import ArgumentError, OutputExistsError
+from ckptmerge.formats.safetensors.reader import SafetensorsReader
+from ckptmerge.formats.safetensors.writer import SafetensorsWriter
 
 VALUES = {
     "w": np.arange(12, dtype=np.float32).reshape(3, 4),

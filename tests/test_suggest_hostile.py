@@ -19,7 +19,7 @@ import yaml
 from ckptmerge.config import load_config
 from ckptmerge.planning.planner import SourceView, make_plan
 from ckptmerge.planning.suggestion import make_suggestion
-from ckptmerge.specs import VariableInfo as V
+from ckptmerge.core.specs import VariableInfo as V
 
 from _cli_util import run
 

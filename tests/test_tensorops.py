@@ -13,7 +13,7 @@ import pytest
 
 import ckptmerge as cm
 from ckptmerge.config import load_config
-from ckptmerge.errors import ConfigError, PlanError, TransformError
+from ckptmerge.core.errors import ConfigError, PlanError, TransformError
 
 RNG = np.random.default_rng(19)
 Q, K, V = (RNG.standard_normal((8, 4)).astype("float32") for _ in range(3))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ckptmerge.errors import CkptMergeError, RuleError
+from ckptmerge.core.errors import CkptMergeError, RuleError
 from ckptmerge.planning.transforms import (
     Slice,
     TransformError,

@@ -72,10 +72,10 @@ def test_basename_is_a_name_and_dirname_join_and_sibling_keep_the_query():
 
 
 def test_name_tests_of_the_package_look_at_the_path_not_the_query():
-    from ckptmerge.formats.kerasshards import is_keras_shards
+    from ckptmerge.formats.keras.shards import is_keras_shards
     from ckptmerge.formats.tf.v1 import v1_pattern, v1_shard_files
     from ckptmerge.sources.files import is_h5_name, step_of, v1_pattern_of
-    from ckptmerge.sources.watchscan import Candidate
+    from ckptmerge.following.scan import Candidate
 
     q = "?download=true"
     assert step_of("https://h/run/ckpt-200" + q) == 200 and step_of("https://h/run/ckpt-7.weights.h5" + q) == 7

@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats import open_checkpoint
 from ckptmerge.formats.tf.writer import BundleWriter
-from ckptmerge.sources import watch as watch_module
-from ckptmerge.sources.pins import PIN_PREFIX
-from ckptmerge.sources.watch import intact
+from ckptmerge.following import watch as watch_module
+from ckptmerge.following.pins import PIN_PREFIX
+from ckptmerge.following.watch import intact
 
 POLL = 0.02
 DEADLINE = 120.0  # seconds: generous, the machine is shared
@@ -390,7 +390,7 @@ def test_keras_weights_series_and_safetensors_files_are_followed_by_step(tmp_pat
 
 def test_orbax_step_folders_are_followed(tmp_path):
     pytest.importorskip("tensorstore")
-    from ckptmerge.formats.orbax_writer import OrbaxWriter
+    from ckptmerge.formats.orbax.writer import OrbaxWriter
 
     for s in (100, 200):  # what Orbax's CheckpointManager leaves: run/100, run/200 (renamed when whole)
         with OrbaxWriter(tmp_path / "run" / str(s), [("params/w", "float32", (4,))]) as w:
@@ -532,7 +532,7 @@ def test_every_complete_checkpoint_is_pinned_when_seen_so_none_is_skipped(tmp_pa
 
 
 def test_a_checkpoint_deleted_before_it_could_be_pinned_is_reported(tmp_path, monkeypatch):
-    import ckptmerge.sources.pins as pins
+    import ckptmerge.following.pins as pins
 
     bundle(tmp_path, 1)
     bundle(tmp_path, 2)
@@ -554,7 +554,7 @@ def test_a_checkpoint_deleted_before_it_could_be_pinned_is_reported(tmp_path, mo
 def test_where_links_are_impossible_the_bytes_are_read_instead(tmp_path, monkeypatch):
     import errno
 
-    import ckptmerge.sources.pins as pins
+    import ckptmerge.following.pins as pins
 
     def no_links(src, dst, **kw):
         raise OSError(errno.EXDEV, "Invalid cross-device link")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ckptmerge as cm
-from ckptmerge.errors import RestoreError
+from ckptmerge.core.errors import RestoreError
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.tf.writer import BundleWriter
 
@@ -74,8 +74,8 @@ def test_an_index_uploaded_before_its_data_is_waited_for(memory_dir, tmp_path):
 def test_an_orbax_step_where_orbax_commits_by_marker_is_waited_for_until_its_marker(memory_dir, tmp_path,
                                                                                       monkeypatch):
     pytest.importorskip("tensorstore")
-    from ckptmerge.formats.orbax_writer import OrbaxWriter
-    from ckptmerge.sources import watchscan
+    from ckptmerge.formats.orbax.writer import OrbaxWriter
+    from ckptmerge.following import scan as watchscan
 
     fs, url = memory_dir
     monkeypatch.setattr(watchscan, "ORBAX_COMMIT_SCHEMES", ("memory://",))  # memory:// stands in for gs://

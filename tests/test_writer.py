@@ -19,8 +19,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckptmerge.errors import CheckpointFormatError, CkptMergeError
-from ckptmerge.errors import ArgumentError, ArgumentTypeError
+from ckptmerge.core.errors import CheckpointFormatError, CkptMergeError
+from ckptmerge.core.errors import ArgumentError, ArgumentTypeError
 from ckptmerge.formats.tf.writer import BundleWriter, CheckpointWriteError, OutputExistsError
 from conftest import run_child
 

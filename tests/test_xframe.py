@@ -13,8 +13,8 @@ from ckptmerge.alignment.align import align
 from ckptmerge.alignment.conventions import Convention, add_convention, rewrite
 from ckptmerge.alignment.layouts import torch_layout
 from ckptmerge.alignment.tensorops import Reshape, Split, glob_escape, refines
-from ckptmerge.errors import RuleError, TransformError
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.errors import RuleError, TransformError
+from ckptmerge.core.specs import VariableInfo
 
 
 def f32(name, *shape):

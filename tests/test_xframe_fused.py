@@ -11,8 +11,8 @@ from ckptmerge.alignment.align import align
 from ckptmerge.alignment.fused import FusedConvention, add_fused_convention, fused_row, part_sizes
 from ckptmerge.alignment.inverse import apply_recipe, invert_layout
 from ckptmerge.alignment.layouts import apply_entry, torch_layout
-from ckptmerge.errors import RuleError
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.errors import RuleError
+from ckptmerge.core.specs import VariableInfo
 
 
 def f32(name, *shape):
@@ -314,7 +314,7 @@ def test_a_config_adds_fused_modules_and_round_trips_them(tmp_path):
 ])
 def test_a_bad_fused_entry_in_a_config_says_what_is_wrong(tmp_path, entry, message):
     from ckptmerge.config import load_config
-    from ckptmerge.errors import ConfigError
+    from ckptmerge.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         load_config({"sources": [{"path": str(tmp_path)}], "conventions": [entry]})

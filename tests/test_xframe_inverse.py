@@ -17,7 +17,7 @@ import ckptmerge as cm
 from _cli_util import REPO, run, write_config
 from ckptmerge.alignment.inverse import apply_recipe, invert_layout
 from ckptmerge.alignment.layouts import apply_entry, torch_layout
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 TORCH_PYTHON = "/work/venvs/torch/bin/python"
 

@@ -10,7 +10,7 @@ import pytest
 from ckptmerge.alignment.align import CONFIDENCE_FLOOR, align, below_floor
 from ckptmerge.planning.planner import SourceView, make_plan
 from ckptmerge.planning.suggestion import aligned_views, make_suggestion
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 
 def f32(name, *shape):
@@ -216,7 +216,7 @@ def test_a_config_extends_the_convention_table():
 ])
 def test_a_bad_convention_entry_is_a_config_error_naming_it(entry, message):
     from ckptmerge.config import load_config
-    from ckptmerge.errors import ConfigError
+    from ckptmerge.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="conventions") as e:
         load_config({"sources": [{"path": "."}], "conventions": [entry]})
@@ -314,7 +314,7 @@ def test_a_config_source_takes_reshape_split_transpose_and_an_offset_slice():
 ])
 def test_a_bad_tensor_operation_is_a_config_error_naming_it(entry, message):
     from ckptmerge.config import load_config
-    from ckptmerge.errors import ConfigError
+    from ckptmerge.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         load_config({"sources": [{"path": ".", **entry}]})

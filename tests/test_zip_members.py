@@ -21,9 +21,9 @@ import pytest
 
 from _cli_util import assert_one_line_error, run
 from _reader_util import traced_peak
-from ckptmerge.errors import CheckpointFormatError, UnsafeCheckpointError
+from ckptmerge.core.errors import CheckpointFormatError, UnsafeCheckpointError
 from ckptmerge.formats import open_checkpoint
-from ckptmerge.formats.zipmembers import MAX_EXPANSION, SMALL_MEMBER, check_member
+from ckptmerge.formats.io.zipmembers import MAX_EXPANSION, SMALL_MEMBER, check_member
 
 KEY = "layers/dense/vars/0"
 

@@ -6,5 +6,5 @@ unresolved groups, map entries), ``layouts`` (framework layouts such as PyTorch'
 ``conventions`` (the naming-convention table read as evidence) and ``tensorops`` (the reshapes and
 splits a transfer needs, each with its inverse).
 
-May import: ``formats`` (specs and dtypes only) and the bottom modules.
+May import: ``formats`` (specs and dtypes only) and the bottom layer (``core``).
 """

@@ -20,7 +20,7 @@ must lose score); pairs the evidence cannot separate are *unresolved*, never gue
 pairs are then folded into scope-to-scope entries (``{"dnn/hiddenlayer_0/": "h0/"}``) wherever a
 whole scope moves together.
 
-Pure: names and specs in (:class:`~ckptmerge.specs.VariableInfo`), results out; no file access, no
+Pure: names and specs in (:class:`~ckptmerge.core.specs.VariableInfo`), results out; no file access, no
 TensorFlow. :func:`ckptmerge.suggest` and ``Source(..., align="structure")`` are built on it.
 """
 
@@ -44,8 +44,8 @@ from typing import (
 
 import numpy as np
 
-from ..specs import VariableInfo
-from ..text import quote_name
+from ..core.specs import VariableInfo
+from ..core.text import quote_name
 from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries, scopes_of
 from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
 from .tensorops import refines

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import RuleError
+from ..core.errors import RuleError
 
 __all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
            "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES"]

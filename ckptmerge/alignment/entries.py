@@ -16,7 +16,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..text import plural, quote_name
+from ..core.text import plural, quote_name
 
 __all__ = ["Match", "Unresolved", "Alignment", "Columns", "match_columns", "scopes_of", "Entry", "scope_entries"]
 

@@ -29,8 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import RuleError
-from ..specs import VariableInfo
+from ..core.errors import RuleError
+from ..core.specs import VariableInfo
 from .conventions import conventions
 
 __all__ = ["FusedConvention", "FUSED", "add_fused_convention", "fused_conventions", "fused_row", "part_roles",

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..specs import KIND_BOOKKEEPING, VariableInfo
+from ..core.specs import KIND_BOOKKEEPING, VariableInfo
 from .layouts import Layout, LayoutEntry
 from .tensorops import Reshape, Split, glob_escape, unit_axis_op
 

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
-from ..specs import VariableInfo
-from ..text import quote_name
+from ..core.specs import VariableInfo
+from ..core.text import quote_name
 from .align import align
 
 __all__ = ["LayerEntries", "PathMatch", "PathAlignment", "align_paths"]

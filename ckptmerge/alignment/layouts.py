@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
+from ..core.specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
 from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
 from .features import tokens
 from .fused import FusedConvention, fused_row, part_sizes
@@ -180,7 +180,7 @@ def torch_layout(infos: Sequence[VariableInfo], *, rnn: str = "auto",
         A :class:`Layout`; tensors it does not know keep their values under ``/`` names.
 
     Example:
-        >>> from ckptmerge.specs import VariableInfo
+        >>> from ckptmerge.core.specs import VariableInfo
         >>> lay = torch_layout([VariableInfo("fc.weight", (3, 5), "float32"),
         ...                     VariableInfo("fc.bias", (3,), "float32")])
         >>> [(n, e.info.shape, e.note) for n, e in lay.entries.items()]
@@ -460,7 +460,7 @@ def apply_entry(entry: LayoutEntry, values: Sequence[np.ndarray], out: Optional[
             the source's own array, unless ``out`` is given).
 
     Example:
-        >>> from ckptmerge.specs import VariableInfo
+        >>> from ckptmerge.core.specs import VariableInfo
         >>> e = torch_layout([VariableInfo("fc.weight", (2, 3), "float32"),
         ...                   VariableInfo("fc.bias", (2,), "float32")]).entries["fc/kernel"]
         >>> apply_entry(e, [np.arange(6.0).reshape(2, 3)]).tolist()
@@ -527,7 +527,7 @@ def flax_layout(infos: Sequence[VariableInfo]) -> Layout:
     and ``BatchNorm_0/moving_mean``). Optimizer state keeps its names.
 
     Example:
-        >>> from ckptmerge.specs import VariableInfo
+        >>> from ckptmerge.core.specs import VariableInfo
         >>> lay = flax_layout([VariableInfo("params/LayerNorm_0/scale", (4,), "float32"),
         ...                    VariableInfo("params/Dense_0/kernel", (3, 4), "float32")])
         >>> [(n, e.note) for n, e in lay.entries.items()]

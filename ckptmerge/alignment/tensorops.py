@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import TransformError
-from ..text import quote_name
+from ..core.errors import TransformError
+from ..core.text import quote_name
 
 __all__ = ["Reshape", "Split", "Squeeze", "ExpandDims", "Concat", "refines", "glob_escape", "unit_axis_op", "OPS"]
 

@@ -2,7 +2,7 @@
 
 Each command parses its arguments, calls the library, and renders the result: fixed-width
 tables for people, ``--json`` for scripts. This package is the only part of ckptmerge that prints.
-Every :class:`~ckptmerge.errors.CkptMergeError` (and every ``OSError`` on input files) becomes
+Every :class:`~ckptmerge.core.errors.CkptMergeError` (and every ``OSError`` on input files) becomes
 one clear ``Error: ...`` message on stderr with exit code 2, never a traceback (config and plan
 errors list one problem per line). Exit codes: 0 ok, 1 findings or differences, 2 usage or
 input errors, 130 interrupted (Ctrl-C).

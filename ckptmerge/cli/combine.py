@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from ..merging.combine import ACCUMULATE, INTEGERS, KEYS
-from ..merging.methods import METHODS
+from ..combining.combine import ACCUMULATE, INTEGERS, KEYS
+from ..combining.methods import METHODS
 from .common import JSON_OPTION, CliError, ProgressBar, cli, echo_json, stderr_is_tty
 
 __all__ = ["parse_params", "parse_steps"]
@@ -112,7 +112,7 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
          integers: str, optimizer: bool, accumulate: str, include: Tuple[str, ...], exclude: Tuple[str, ...],
          out: Optional[str], force: bool, dry_run: bool, durable: bool, quiet: bool, out_format: Optional[str],
          as_json: bool) -> None:
-    from ..merging.combine import combine
+    from ..combining.combine import combine
     from ..merging.dispatch import merge
 
     if out is None and not dry_run:

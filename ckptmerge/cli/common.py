@@ -24,10 +24,10 @@ from typing import (
 import click
 
 from .. import __version__
-from ..errors import CkptMergeError, PlanError
-from ..jsonout import json_pieces
-from ..redact import get_logger
-from ..text import escape_name, escape_text, human_bytes, quoted_command
+from ..core.errors import CkptMergeError, PlanError
+from ..core.jsonout import json_pieces
+from ..core.redact import get_logger
+from ..core.text import escape_name, escape_text, human_bytes, quoted_command
 
 #: Exit code for findings (plan) or differences (diff).
 EXIT_FINDINGS = 1
@@ -52,7 +52,7 @@ STATS_CHUNK = 1 << 20
 class CliError(click.ClickException):
     """A user-facing error: printed as ``Error: <message>`` on stderr, exit code 2 (or given).
 
-    The message is escaped (:func:`~ckptmerge.text.escape_text`): names in library messages are
+    The message is escaped (:func:`~ckptmerge.core.text.escape_text`): names in library messages are
     escaped where they are built, and this is the net under every error the CLI prints.
     """
 
@@ -134,7 +134,7 @@ def _shape_text(shape: Tuple[int, ...]) -> str:
 
 def table(rows: Sequence[Sequence[str]], *, right: Sequence[int] = (), header: Optional[Sequence[str]] = None) -> str:
     """Fixed-width columns, two spaces apart; columns in ``right`` are right-aligned. Cells are
-    escaped (:func:`~ckptmerge.text.escape_name`), so a name is always one visible row.
+    escaped (:func:`~ckptmerge.core.text.escape_name`), so a name is always one visible row.
 
     Example:
         >>> print(table([["a", "1"], ["bb", "22"]], right=[1], header=["X", "N"]))
@@ -197,7 +197,7 @@ _JSON_PIECE = 1 << 16  # characters written at a time
 def echo_json(data: Any, *, expand: int = 2) -> None:
     """Print strict JSON (no NaN literals) that people can read too: the top levels one item
     per line, each record compact on its line (``expand=0``: all on one line). Written a piece
-    at a time (see :mod:`ckptmerge.jsonout`): ``data`` may hold records made while writing."""
+    at a time (see :mod:`ckptmerge.core.jsonout`): ``data`` may hold records made while writing."""
     pending: List[str] = []
     size = 0
     for piece in json_pieces(data, expand=expand):
@@ -257,7 +257,7 @@ class _EchoHandler(logging.Handler):
     """Library log records (warnings; info with -v) to whatever stderr is at the time.
 
     The arguments of a record (paths, names from files) are escaped one by one
-    (:func:`~ckptmerge.text.escape_name`), so a newline in one cannot start a line of its own;
+    (:func:`~ckptmerge.core.text.escape_name`), so a newline in one cannot start a line of its own;
     the message around them keeps its newlines (a traceback with -v)."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import click
 
-from ..text import escape_name, human_bytes, quote_name
+from ..core.text import escape_name, human_bytes, quote_name
 from .common import JSON_OPTION, cli, echo_json
 
 #: Environment variables the ``--exec`` command gets.
@@ -65,7 +65,7 @@ def watch_command(directory: str, as_json: bool, command: Optional[str], after: 
     With --exec, the command's output goes to stderr when --json is given. Stops at --timeout or
     --until-step (exit 0); Ctrl-C exits 130.
     """
-    from ..sources.watch import watch
+    from ..following.watch import watch
 
     def skipped(info: Any, err: BaseException) -> None:
         click.echo(f"Skipped: {escape_name(err)}", err=True)

@@ -22,16 +22,16 @@ from typing import (
 
 import click
 
-from ..errors import UnreadableTensorError, did_you_mean
+from ..core.errors import UnreadableTensorError, did_you_mean
 from ..formats.io.urlpath import relative_to
-from ..gcpause import paused_gc
-from ..jsonout import Records
-from ..formats.kerasnames import layer_of
+from ..core.gcpause import paused_gc
+from ..core.jsonout import Records
+from ..formats.keras.names import layer_of
 from ..planning.kerascompat import KerasVerdict, compare_legacy_files, compare_weights_files
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
-from ..redact import redact
-from ..specs import KIND_VARIABLE, VariableInfo, model_variables, normalize_name
-from ..text import escape_name, human_bytes, plural, quote_name
+from ..core.redact import redact
+from ..core.specs import KIND_VARIABLE, VariableInfo, model_variables, normalize_name
+from ..core.text import escape_name, human_bytes, plural, quote_name
 from .common import (
     EXIT_FINDINGS,
     JSON_OPTION,
@@ -524,7 +524,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
     except BaseException:
         oa.reader.close()
         raise
-    # (paused_gc: two listings of 100,000s of small acyclic objects; see ckptmerge.gcpause)
+    # (paused_gc: two listings of 100,000s of small acyclic objects; see ckptmerge.core.gcpause)
     with oa.reader as ra, ob.reader as rb, paused_gc():
         def pool(r: Any) -> List[VariableInfo]:
             return r.variables() if show_all else model_variables(r.variables())

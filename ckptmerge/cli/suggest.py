@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import click
 
-from ..text import command_hint, escape_name, quote_name, quoted_command
+from ..core.text import command_hint, escape_name, quote_name, quoted_command
 from .common import EXIT_FINDINGS, JSON_OPTION, CliError, cli, echo_json
 from .workflow import checkpoint_specs, model_target
 

@@ -20,10 +20,10 @@ from typing import (
 
 import click
 
-from ..errors import CkptMergeError, PlanError, did_you_mean
-from ..redact import redact
-from ..specs import VariableInfo
-from ..text import escape_name, plural, quote_name
+from ..core.errors import CkptMergeError, PlanError, did_you_mean
+from ..core.redact import redact
+from ..core.specs import VariableInfo
+from ..core.text import escape_name, plural, quote_name
 from .common import (
     ProgressBar,
     CONFIG_KEYS_HINT,

@@ -5,9 +5,9 @@ safety limits), ``schema`` (validation, with ``FILE:LINE KEYPATH`` problems), ``
 (:class:`Config`, :class:`SourceConfig`), ``env`` (``$VAR`` expansion and path resolution) and
 ``problems`` (key paths, line locators and the wording of problems).
 
-May import: ``sources``, ``restoring``, ``render``, ``planning``, ``alignment``, ``formats`` and the
-bottom modules (``errors``, ``specs``, ``text``, ``args``, ``gcpause``). Never ``cli``, ``api`` or
-``merging``.
+May import: ``combining`` (a ``combine:`` source), ``following``, ``sources``, ``restoring``,
+``render``, ``planning``, ``alignment``, ``formats`` and the bottom layer (``core``). Never
+``cli``, ``api`` or ``merging``.
 
 Example:
     >>> from ckptmerge.config import load_config

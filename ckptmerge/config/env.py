@@ -13,9 +13,9 @@ import os
 import re
 from typing import FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ..args import local_path
-from ..errors import ArgumentError, SettingError
-from ..text import quote_name
+from ..core.args import local_path
+from ..core.errors import ArgumentError, SettingError
+from ..core.text import quote_name
 from .problems import IDENT
 
 
@@ -115,7 +115,7 @@ def is_remote(path: str) -> bool:
 
 def resolve_path(path: str, base: str) -> str:
     """``path`` absolute (``~`` expanded, a relative path taken from ``base``); a ``file://`` URL
-    is the local path it names (:func:`ckptmerge.args.local_path`), any other URL is kept as it is.
+    is the local path it names (:func:`ckptmerge.core.args.local_path`), any other URL is kept as it is.
 
     Example:
         >>> resolve_path("runs/A", "/cfg"), resolve_path("file:///data/A", "/cfg"), resolve_path("s3://b/A", "/cfg")

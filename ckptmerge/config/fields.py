@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, FrozenSet, List, Mapping, Optional, Sequence
 
-from ..args import local_path
-from ..errors import did_you_mean
-from ..redact import mask_value, show_path_as
-from ..text import quote_name
+from ..core.args import local_path
+from ..core.errors import did_you_mean
+from ..core.redact import mask_value, show_path_as
+from ..core.text import quote_name
 from .env import ALLOW_ENV, expand_names, is_remote, resolve_path
 from .model import RemoteURL
 from .problems import KeyPath, Problems, keypath, show
@@ -217,7 +217,7 @@ def _check_url(v: str, url: str, names: List[str], p: KeyPath, ctx: Context) -> 
 
 def _show_as_written(written: str, resolved: str) -> None:
     """Show the folder the environment (or ``~``) made of ``written`` as written, in every message
-    from now on (:func:`ckptmerge.redact.show_path_as`): ``${DATA}/run/ckpt`` resolved to
+    from now on (:func:`ckptmerge.core.redact.show_path_as`): ``${DATA}/run/ckpt`` resolved to
     ``/mnt/d/run/ckpt`` shows ``/mnt/d`` as ``${DATA}``, so a later error about
     ``/mnt/d/run/ckpt.index`` reads ``${DATA}/run/ckpt.index``."""
     w = written[len("file://"):] if written.startswith("file://") else written

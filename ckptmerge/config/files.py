@@ -16,7 +16,7 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..formats.io.localfile import NotARegularFileError, read_regular_file
-from ..text import quote_name
+from ..core.text import quote_name
 from .problems import KeyPath, Locator, fail, map_locator
 
 #: The largest config file read (16 MiB): a config is a few hundred lines; anything larger, or

@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ..errors import ConfigError
-from ..redact import get_logger
+from ..core.errors import ConfigError
+from ..core.redact import get_logger
 from .env import allowed_variables
 from .fields import SLICE_KEYS, SOURCE_KEYS, TOP_LEVEL_KEYS, VOCAB_KEYS, Context
 from .files import MAX_CONFIG_BYTES, MAX_NESTING, parse_config_file

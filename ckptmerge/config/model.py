@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from ..planning.transforms import Slice, VocabRemap
-from ..redact import redacted_repr
+from ..core.redact import redacted_repr
 from .env import escape_dollars
 
 
@@ -172,8 +172,8 @@ class CombineConfig:
         return out
 
     def make_source(self) -> Any:
-        """The :class:`ckptmerge.merging.combine.CombinedSource` (nothing is opened yet)."""
-        from ..merging.combine import combine
+        """The :class:`ckptmerge.combining.combine.CombinedSource` (nothing is opened yet)."""
+        from ..combining.combine import combine
 
         kw = self.combine_kwargs()
         return combine(kw.pop("checkpoints"), kw.pop("method"), **kw)

@@ -12,8 +12,8 @@ import re
 import reprlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..errors import ConfigError
-from ..text import escape_name
+from ..core.errors import ConfigError
+from ..core.text import escape_name
 
 KeyPath = Tuple[Union[str, int], ...]
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from ..errors import RuleError, did_you_mean
+from ..core.errors import RuleError, did_you_mean
 from ..planning.patterns import PatternError, UserPattern, compile_pattern
 from ..planning.rules import MapRule
 from ..planning.transforms import (
@@ -22,7 +22,7 @@ from ..planning.transforms import (
     VocabRemap,
     read_vocab,
 )
-from ..text import quote_name
+from ..core.text import quote_name
 from .fields import (  # noqa: F401 - the key lists are re-exported: schema.SOURCE_KEYS, ...
     COMBINE_KEYS,
     CONVENTION_KEYS,
@@ -434,8 +434,8 @@ def _get_glob_values(v: Any, p: KeyPath, ctx: Context, check: Any, what: str) ->
 
 
 def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
-    from ..merging.combine import ACCUMULATE, INTEGERS, KEYS
-    from ..merging.methods import METHODS
+    from ..combining.combine import ACCUMULATE, INTEGERS, KEYS
+    from ..combining.methods import METHODS
 
     c = data["combine"]
     path: KeyPath = ("combine",)

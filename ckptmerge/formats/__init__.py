@@ -6,9 +6,9 @@ SavedModel ``variables/variables`` write) through :class:`~ckptmerge.formats.tf.
 TF V1 checkpoints (the single-file or ``-?????-of-NNNNN`` sharded table format of TF 0.x and
 ``Saver(write_version=V1)``) through :class:`~ckptmerge.formats.tf.v1.V1Reader`, and Keras weights
 files (``.weights.h5``, ``.h5``, and the weights inside a ``.keras`` archive) through
-:class:`~ckptmerge.formats.h5.H5Reader`, Keras 3 sharded weights (``*.weights.json`` with its
-``*_NNNNN.weights.h5`` shards) through :class:`~ckptmerge.formats.kerasshards.KerasShardsReader`,
-and Orbax step or item folders (JAX) through :class:`~ckptmerge.formats.orbax.OrbaxReader`
+:class:`~ckptmerge.formats.keras.h5.H5Reader`, Keras 3 sharded weights (``*.weights.json`` with its
+``*_NNNNN.weights.h5`` shards) through :class:`~ckptmerge.formats.keras.shards.KerasShardsReader`,
+and Orbax step or item folders (JAX) through :class:`~ckptmerge.formats.orbax.reader.OrbaxReader`
 (``tensorstore`` decodes the arrays).
 Every format is also read from object storage by URL (``s3://...``, ``memory://...``), by ranged
 reads through :mod:`ckptmerge.formats.io.storage`. Nothing here imports TensorFlow. Path resolution
@@ -20,7 +20,7 @@ Holds: one reader (and writer) per format: ``base`` (the reader interface), ``dt
 ``safetensors_writer``; ``whole`` (whether a file still being written is whole yet: footers and headers);
 ``tf/`` (TensorFlow's own formats) and ``io/`` (storage, safe files, atomic outputs).
 
-May import: the bottom modules (``errors``, ``specs``, ``text``, ``args``, ``gcpause``) only. Never
+May import: the bottom layer (``core``) only. Never
 TensorFlow, JAX or torch.
 """
 
@@ -29,16 +29,16 @@ from __future__ import annotations
 import os
 from typing import List
 
-from ckptmerge.args import local_path
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.args import local_path
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, UnknownTensorError
-from ckptmerge.formats.h5 import H5Reader, is_hdf5, is_keras_archive
+from ckptmerge.formats.keras.h5 import H5Reader, is_hdf5, is_keras_archive
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.urlpath import add_suffix, path_part, strip_suffix
-from ckptmerge.formats.kerasshards import KerasShardsReader, is_keras_shards
-from ckptmerge.formats.numpy_files import NumpyReader, holds_npy, is_npz
-from ckptmerge.formats.orbax import OrbaxReader, is_orbax
-from ckptmerge.formats.safetensors import (
+from ckptmerge.formats.keras.shards import KerasShardsReader, is_keras_shards
+from ckptmerge.formats.numpy.reader import NumpyReader, holds_npy, is_npz
+from ckptmerge.formats.orbax.reader import OrbaxReader, is_orbax
+from ckptmerge.formats.safetensors.reader import (
     INDEX_SUFFIX,
     SafetensorsReader,
     is_safetensors,
@@ -46,7 +46,7 @@ from ckptmerge.formats.safetensors import (
 from ckptmerge.formats.tf.bundle import BundleReader
 from ckptmerge.formats.tf.table import is_leveldb_table
 from ckptmerge.formats.tf.v1 import V1_PATTERN_RE, V1Reader
-from ckptmerge.specs import VariableInfo
+from ckptmerge.core.specs import VariableInfo
 
 __all__ = [
     "open_checkpoint",

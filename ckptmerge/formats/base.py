@@ -1,9 +1,9 @@
 """The reader interface every checkpoint format implements, and its lookup error.
 
 :class:`CheckpointReader` is what :func:`ckptmerge.formats.open_checkpoint` returns: a lazy,
-read-only view of one checkpoint that lists tensors as :class:`~ckptmerge.specs.VariableInfo`
+read-only view of one checkpoint that lists tensors as :class:`~ckptmerge.core.specs.VariableInfo`
 and reads them as numpy arrays. Subclasses (:class:`~ckptmerge.formats.tf.bundle.BundleReader`,
-:class:`~ckptmerge.formats.h5.H5Reader`) implement ``_entries()`` and ``_read()``; name
+:class:`~ckptmerge.formats.keras.h5.H5Reader`) implement ``_entries()`` and ``_read()``; name
 lookup, ``"did you mean"`` errors, ``read_many`` and the context-manager protocol live here.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List,
 
 import numpy as np
 
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     ArgumentError,
     ArgumentTypeError,
     UnknownTensorError,
@@ -25,8 +25,8 @@ from ckptmerge.errors import (
     did_you_mean,
 )
 from ckptmerge.formats.dtypes import as_dtype, tf_dtype_name
-from ckptmerge.specs import VariableInfo, by_name
-from ckptmerge.text import escape_name
+from ckptmerge.core.specs import VariableInfo, by_name
+from ckptmerge.core.text import escape_name
 
 if TYPE_CHECKING:  # (only a type hint: the readers that give ranges import it)
     from ckptmerge.formats.ranges import TensorRanges
@@ -126,7 +126,7 @@ def _filled(dtype: np.dtype, start: int, n: int, fill: Callable[[int, memoryview
 
 def unreadable_dtype_error(checkpoint: str, key: str, dtype_enum: int, path: str) -> UnreadableTensorError:
     """The error for a tensor whose dtype holds no plain data (``resource``, ``variant``, ...):
-    an :class:`~ckptmerge.errors.UnreadableTensorError`, which ``diff --values`` lists as not
+    an :class:`~ckptmerge.core.errors.UnreadableTensorError`, which ``diff --values`` lists as not
     compared.
 
     Example:

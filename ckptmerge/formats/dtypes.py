@@ -19,7 +19,7 @@ from typing import Any, Dict, Hashable, Iterator, Mapping, Optional
 
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.errors import CheckpointFormatError
 
 __all__ = [
     "TF_TO_NUMPY",

@@ -1,6 +1,6 @@
 """Element ranges of one tensor read straight into the caller's buffers, checksum included.
 
-A merge of many checkpoints (:mod:`ckptmerge.merging.combine`) reads one small block of each
+A merge of many checkpoints (:mod:`ckptmerge.combining.combine`) reads one small block of each
 input in turn and adds it at once, so that the block, the accumulator and the checksum work all
 stay in the CPU cache; two threads do so for two halves of each chunk. :class:`TensorRanges` is
 what a reader gives it for a tensor stored contiguously in a local file: each

@@ -27,9 +27,9 @@ import struct
 import zipfile
 from typing import Any, Callable, Optional
 
-from ckptmerge.formats.h5 import HDF5_SIGNATURE
+from ckptmerge.formats.keras.h5 import HDF5_SIGNATURE
 from ckptmerge.formats.io import storage
-from ckptmerge.formats.safetensors import MAX_HEADER
+from ckptmerge.formats.safetensors.reader import MAX_HEADER
 from ckptmerge.formats.tf.table import FOOTER_SIZE, TABLE_MAGIC
 
 __all__ = ["unfinished", "table_unfinished", "hdf5_unfinished", "safetensors_unfinished", "zip_unfinished"]

@@ -13,7 +13,7 @@ import dataclasses
 import os
 from typing import Optional, Sequence, Union
 
-from ..errors import ArgumentError
+from ..core.errors import ArgumentError
 from ..formats.io.storage import filesystem, is_url
 from ..render.report import Report
 from ..sources.opening import SourcesArg
@@ -80,7 +80,7 @@ def merge(
         format: ``"tf"`` (a TF checkpoint), ``"safetensors"`` (one ``.safetensors`` file whose
             metadata records the sources and the plan), ``"orbax"`` (an Orbax checkpoint folder
             at ``out_prefix`` that Orbax's V1 ``load`` and V0 ``PyTreeCheckpointer`` restore, names
-            split on ``/`` into the tree; see :mod:`ckptmerge.formats.orbax_writer`) or
+            split on ``/`` into the tree; see :mod:`ckptmerge.formats.orbax.writer`) or
             ``"keras-h5"`` (a Keras
             ``.weights.h5`` file: each name is a dataset path, as ckptmerge names the entries of
             a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back); default:

@@ -35,7 +35,7 @@ import numpy as np
 from ..alignment.inverse import Recipe, apply_recipe, invert_layout
 from ..alignment.layouts import torch_layout
 from ..alignment.tensorops import glob_escape
-from ..errors import PlanError, RuleError, did_you_mean_text, suggest
+from ..core.errors import PlanError, RuleError, did_you_mean_text, suggest
 from ..planning.fusion import concat_entries_of
 from ..planning.planner import Plan, SourceView, make_plan
 from ..planning.rulekinds import GlobFilter, MapRule, RegexRule
@@ -43,8 +43,8 @@ from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
 from ..planning.transforms import cast_array, chain_apply, select
 from ..sources.source import Source, SourceHandle
-from ..specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
-from ..text import escape_name, plural, quote_name
+from ..core.specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
+from ..core.text import escape_name, plural, quote_name
 
 __all__ = ["TorchInverseHandle", "torch_inverse", "TemplateNames", "TemplateRegex", "template_rules",
            "template_views", "template_globs",
@@ -114,7 +114,7 @@ class TorchInverseHandle(SourceHandle):
         return out
 
     def check_mismatches(self, strict: bool, on_shape_mismatch: str, output: str) -> None:
-        """Raise one :class:`~ckptmerge.errors.PlanError` listing every template tensor a Keras
+        """Raise one :class:`~ckptmerge.core.errors.PlanError` listing every template tensor a Keras
         tensor of another shape or dtype was named for, where a strict merge that does not skip
         mismatches is asked for (a mismatch blocks it as in the forward direction)."""
         if not self.mismatched or not strict or on_shape_mismatch != "error":

@@ -25,7 +25,7 @@ from typing import (
 
 import numpy as np
 
-from ..errors import (
+from ..core.errors import (
     CheckpointFormatError,
     CkptMergeError,
 )
@@ -47,12 +47,12 @@ from ..planning.transforms import (
 )
 from ..sources.composed import ComposedHandle
 from ..sources.source import CheckpointHandle, SourceHandle
-from ..specs import (
+from ..core.specs import (
     VariableInfo,
     frozen_slots,
     trusted_maker,
 )
-from ..text import escape_name, plural, quote_name
+from ..core.text import escape_name, plural, quote_name
 
 __all__ = ["Job", "RawFiles", "Tally", "build_jobs", "iter_jobs", "out_nbytes", "source_origin",
            "unassigned_reasons", "PIECE", "TEMPLATE_LABEL"]
@@ -241,7 +241,7 @@ def unassigned_reasons(plan: Plan) -> Dict[str, str]:
 
 
 #: ``_make_job(target, origin, name, nbytes, read, raw, key, cast, transforms, current, sort_key, chunks)``
-#: (every field, checked by the caller: see :func:`ckptmerge.specs.trusted_maker`).
+#: (every field, checked by the caller: see :func:`ckptmerge.core.specs.trusted_maker`).
 _make_job = trusted_maker(Job)
 
 

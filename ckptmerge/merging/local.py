@@ -16,7 +16,7 @@ What the output holds:
   source provides (``allow_missing``, or any finding with ``strict=False``) keeps the
   template's own value, and the template's values are the "current" values of transforms with
   ``init="keep"``.
-* **A template given as specs** (a list of :class:`~ckptmerge.specs.VariableInfo`, e.g. from a
+* **A template given as specs** (a list of :class:`~ckptmerge.core.specs.VariableInfo`, e.g. from a
   model built by ``ckptmerge merge --model``): exactly those names and shapes; a variable no
   source provides has no value to write, so it is left out of the output and listed in
   ``report.skipped`` (allow it with ``allow_missing``, or it blocks a strict merge).
@@ -52,7 +52,7 @@ from typing import (
 )
 
 from ..alignment.layouts import torch_layout
-from ..errors import (
+from ..core.errors import (
     ArgumentError,
     ArgumentTypeError,
     CheckpointWriteError,
@@ -66,7 +66,7 @@ from ..formats.tf.bundle import (
     DATA_RE,
 )
 from ..formats.tf.writer import BundleWriter
-from ..gcpause import paused_gc
+from ..core.gcpause import paused_gc
 from ..planning.planner import Plan, SourceView, make_plan
 from ..planning.transforms import (
     Slice,
@@ -74,19 +74,19 @@ from ..planning.transforms import (
     chain_output_shape,
     select,
 )
-from ..redact import get_logger, redact, redact_optional, redacted_repr
+from ..core.redact import get_logger, redact, redact_optional, redacted_repr
 from ..render.report import Report, section
 from ..sources.files import STATE_FILE, files_read, refuse_overwriting_inputs
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
 from ..sources.resolve import read_state_file, resolve_checkpoint
 from ..sources.source import SourceHandle
 from ..sources.state import state_file_text
-from ..specs import (
+from ..core.specs import (
     KIND_VARIABLE,
     VariableInfo,
     trusted_info,
 )
-from ..text import escape_name, human_bytes, join_lines, plural, quote_name
+from ..core.text import escape_name, human_bytes, join_lines, plural, quote_name
 from .inverse import (
     TorchInverseHandle,
     describe_unresolved,
@@ -440,7 +440,7 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
         return BundleWriter(given, overwrite=overwrite, durable=durable)
     specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     if fmt == FORMAT_KERAS_H5:
-        from ..formats.h5_writer import H5Writer, h5_unsupported
+        from ..formats.keras.h5_writer import H5Writer, h5_unsupported
 
         problems = h5_unsupported(specs)
         if problems:
@@ -450,9 +450,9 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
                                 "(Source(..., exclude=[...])), or write a TF checkpoint.")
         return H5Writer(given, specs, overwrite=overwrite, durable=durable)
     if fmt == FORMAT_ORBAX:
-        from ..formats.orbax_writer import OrbaxWriter, unsupported_dtypes
+        from ..formats.orbax.writer import OrbaxWriter, unsupported_dtypes
     else:
-        from ..formats.safetensors_writer import SafetensorsWriter, unsupported_dtypes
+        from ..formats.safetensors.writer import SafetensorsWriter, unsupported_dtypes
 
     bad = unsupported_dtypes(specs)
     if bad:
@@ -572,7 +572,7 @@ def merge_local(
     try:
         if kind == "path":
             treader = open_checkpoint(template_prefix, verify=verify)
-        with paused_gc():  # one small object per tensor, several times over: see ckptmerge.gcpause
+        with paused_gc():  # one small object per tensor, several times over: see ckptmerge.core.gcpause
             job_handles: Sequence[SourceHandle] = handles
             if layout is not None:  # Keras tensors under the template's PyTorch names (merging/inverse.py)
                 targets = template_specs(treader.variables() if kind == "path" else tvalue)

@@ -50,7 +50,7 @@ import tempfile
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from ..errors import (
+from ..core.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
     OutputExistsError,
@@ -75,11 +75,11 @@ from ..formats.io.storage import (
 )
 from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, sibling
 from ..formats.tf.writer import pad_shards
-from ..knobs import FlagSetting
-from ..redact import get_logger
+from ..core.knobs import FlagSetting
+from ..core.redact import get_logger
 from ..sources.files import DATA_RE, INDEX, refuse_overwriting_inputs
 from ..sources.state import state_file_text
-from ..text import escape_name, quote_name
+from ..core.text import escape_name, quote_name
 
 __all__ = ["merge_to_url"]
 

@@ -6,7 +6,7 @@ findings as data), ``findings``, ``nameshifts`` (Keras auto-name shifts), ``cast
 ``transforms`` (Slice, Transpose, VocabRemap) and ``suggestion`` (a plan plus an alignment as a
 reviewed config).
 
-May import: ``alignment``, ``formats`` (specs and dtypes only) and the bottom modules. The plan
+May import: ``alignment``, ``formats`` (specs and dtypes only) and the bottom layer (``core``). The plan
 reaches ``render`` and ``restoring`` only late-bound, by module name, for ``plan.report()`` and
 ``plan.restore()``.
 """

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from ..errors import TransformError, did_you_mean
+from ..core.errors import TransformError, did_you_mean
 
 __all__ = ["cast_array", "cast_problem", "numpy_dtype", "dtype_name"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from ..specs import VariableInfo, frozen_slots, trusted_maker
-from ..text import and_list, quote_name
+from ..core.specs import VariableInfo, frozen_slots, trusted_maker
+from ..core.text import and_list, quote_name
 
 __all__ = ["Assignment", "Mismatch", "Conflict"]
 
@@ -91,7 +91,7 @@ class Assignment:
 
 #: ``trusted_assignment(target, source, name, key, spec, target_spec, cast, rule, transforms, via)``:
 #: an :class:`Assignment` from checked fields (``transforms`` a tuple), built without its
-#: ``__init__`` (see :func:`ckptmerge.specs.trusted_maker`); a plan makes one per target.
+#: ``__init__`` (see :func:`ckptmerge.core.specs.trusted_maker`); a plan makes one per target.
 trusted_assignment = trusted_maker(Assignment)
 
 

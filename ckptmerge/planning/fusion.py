@@ -27,9 +27,9 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Seq
 from ..alignment.conventions import conventions
 from ..alignment.fused import fused_conventions, part_roles, target_role
 from ..alignment.tensorops import Concat
-from ..errors import TransformError
-from ..specs import KIND_VARIABLE, VariableInfo
-from ..text import quote_name
+from ..core.errors import TransformError
+from ..core.specs import KIND_VARIABLE, VariableInfo
+from ..core.text import quote_name
 from .model import Plan, SourceView
 
 __all__ = ["FusedProposal", "fused_proposals", "compose_view", "concat_entries_of", "part_label", "PART_ROLES"]

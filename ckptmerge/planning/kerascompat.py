@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..formats.kerasnames import layer_of
-from ..text import plural, quote_name
+from ..formats.keras.names import layer_of
+from ..core.text import plural, quote_name
 
 __all__ = ["KerasVerdict", "compare_weights_files", "compare_legacy_files", "shape_message", "count_message"]
 

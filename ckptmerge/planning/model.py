@@ -30,12 +30,12 @@ from typing import (
 )
 
 from ..alignment.keraspaths import PathAlignment
-from ..args import describe_value
-from ..errors import OptionError, PlanError
-from ..jsonout import Entries, Records
-from ..redact import get_logger, redact, redacted_repr
-from ..specs import VariableInfo
-from ..text import escape_name, quote_name
+from ..core.args import describe_value
+from ..core.errors import OptionError, PlanError
+from ..core.jsonout import Entries, Records
+from ..core.redact import get_logger, redact, redacted_repr
+from ..core.specs import VariableInfo
+from ..core.text import escape_name, quote_name
 from .findings import Assignment, Conflict, Mismatch
 from .kerascompat import KerasVerdict
 from .rules import Ambiguity, Rules, UnmatchedRule
@@ -62,7 +62,7 @@ def late(module: str, name: str) -> Any:
     module name at the call, so planning never imports them (tests/test_layout.py).
 
     Example:
-        >>> late("ckptmerge.text", "plural")(2, "target")
+        >>> late("ckptmerge.core.text", "plural")(2, "target")
         '2 targets'
     """
     return getattr(importlib.import_module(module), name)
@@ -78,7 +78,7 @@ class SourceView:
         label: unique display name, e.g. ``"A"`` or ``"base"``.
         path: resolved checkpoint prefix, or ``"<memory>"``.
         note: how it was resolved, e.g. ``"latest checkpoint per runs/A/checkpoint (step 10)"``.
-        variables: name -> :class:`~ckptmerge.specs.VariableInfo`, already filtered (e.g.
+        variables: name -> :class:`~ckptmerge.core.specs.VariableInfo`, already filtered (e.g.
             optimizer state left out); stored as a read-only mapping sorted by name (a
             ``types.MappingProxyType`` sorted by name is kept as it is, not copied).
         rules: the source's selection/rename rules (identity by default).
@@ -332,7 +332,7 @@ class Plan:
         return not self.blocking(strict=True)
 
     def check(self, strict: bool = True, *, action: str = "restore") -> "Plan":
-        """Raise one :class:`~ckptmerge.errors.PlanError` listing every blocking finding.
+        """Raise one :class:`~ckptmerge.core.errors.PlanError` listing every blocking finding.
 
         With ``strict=False``, the findings that are let through are logged as one warning.
 
@@ -503,10 +503,10 @@ class Plan:
 
     def to_dict(self, *, lazy: bool = False) -> dict:
         """JSON-ready dict (shapes as lists, everything sorted as in the plan). With ``lazy``,
-        the parts with one item per target or name are :class:`~ckptmerge.jsonout.Records` and
-        :class:`~ckptmerge.jsonout.Entries` that make their items while they are written
-        (:func:`~ckptmerge.jsonout.json_pieces`; ``ckptmerge plan --json`` writes a plan of
-        100,000 targets so), and :func:`~ckptmerge.jsonout.materialize` makes them plain.
+        the parts with one item per target or name are :class:`~ckptmerge.core.jsonout.Records` and
+        :class:`~ckptmerge.core.jsonout.Entries` that make their items while they are written
+        (:func:`~ckptmerge.core.jsonout.json_pieces`; ``ckptmerge plan --json`` writes a plan of
+        100,000 targets so), and :func:`~ckptmerge.core.jsonout.materialize` makes them plain.
 
         Schema::
 

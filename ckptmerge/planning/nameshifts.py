@@ -14,7 +14,7 @@ import functools
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..text import and_list, quote_name
+from ..core.text import and_list, quote_name
 
 __all__ = ["root_swaps", "series_shifts", "rerooted"]
 

@@ -37,8 +37,8 @@ import re
 import warnings
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
-from ..errors import RuleError
-from ..text import quote_name
+from ..core.errors import RuleError
+from ..core.text import quote_name
 
 __all__ = ["PatternError", "UserPattern", "Template", "compile_pattern"]
 

@@ -6,7 +6,7 @@ holding the :class:`Assignment` of every target that can be restored plus every 
 ``missing``, ``allowed_missing``, ``unused``, ``dropped``, ``mismatched`` (with ``skipped``),
 ``conflicts``, ``ambiguous`` and ``unmatched_rules``. Nothing is resolved silently:
 :meth:`Plan.blocking` turns the findings into one fix-it line each, and :meth:`Plan.check`
-raises one :class:`~ckptmerge.errors.PlanError` listing all of them.
+raises one :class:`~ckptmerge.core.errors.PlanError` listing all of them.
 
 Every target lands in exactly one of ``assignments``, ``missing``, ``allowed_missing``,
 ``skipped`` (a provider exists but does not fit) or :attr:`Plan.unresolved_conflicts`.
@@ -38,11 +38,11 @@ from typing import (
     Union,
 )
 
-from ..args import describe_value
-from ..errors import PlanError, RuleError
-from ..gcpause import paused_gc
-from ..specs import VariableInfo, by_name
-from ..text import quote_name
+from ..core.args import describe_value
+from ..core.errors import PlanError, RuleError
+from ..core.gcpause import paused_gc
+from ..core.specs import VariableInfo, by_name
+from ..core.text import quote_name
 from .findings import Assignment, Conflict, Mismatch, trusted_assignment  # noqa: F401 - re-exported
 from .model import CHECK_LIMIT, OptionError, Plan, SourceView  # noqa: F401 - re-exported
 from .nameshifts import rerooted, root_swaps, series_shifts
@@ -354,7 +354,7 @@ def make_plan(targets: Sequence[VariableInfo], sources: Sequence[SourceView], *,
         >>> make_plan(t, [a]).assignments["c/x1"].name
         'a1'
     """
-    with paused_gc():  # hundreds of thousands of small acyclic objects: see ckptmerge.gcpause
+    with paused_gc():  # hundreds of thousands of small acyclic objects: see ckptmerge.core.gcpause
         return _make_plan(targets, sources, allow_missing=allow_missing, on_conflict=on_conflict,
                           on_shape_mismatch=on_shape_mismatch, cast=cast, model_root=model_root)
 

@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
-from ..args import describe_value
-from ..errors import RuleError
-from ..specs import normalize_name
-from ..text import quote_name
+from ..core.args import describe_value
+from ..core.errors import RuleError
+from ..core.specs import normalize_name
+from ..core.text import quote_name
 from .patterns import Template, UserPattern, compile_pattern
 
 __all__ = ["MapRule", "RegexRule", "GlobFilter", "scopes_of", "SCOPE_ENDS"]

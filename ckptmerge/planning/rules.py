@@ -40,9 +40,9 @@ from typing import (
     Union,
 )
 
-from ..args import describe_value
-from ..errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
-from ..text import escape_name, quote_name
+from ..core.args import describe_value
+from ..core.errors import RuleError, did_you_mean_text, suggest  # noqa: F401 - re-exported for rules users
+from ..core.text import escape_name, quote_name
 from .rulekinds import SCOPE_ENDS, GlobFilter, MapRule, RegexRule, scopes_of  # noqa: F401 - re-exported
 
 __all__ = [

@@ -21,8 +21,8 @@ import math
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 from ..alignment.entries import Entry, Unresolved
-from ..specs import VariableInfo
-from ..text import quote_name
+from ..core.specs import VariableInfo
+from ..core.text import quote_name
 from .model import Plan, SourceView
 
 __all__ = ["split_groups", "split_proposals", "SPLIT_READINGS"]

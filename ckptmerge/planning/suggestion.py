@@ -27,9 +27,9 @@ from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
 from .fusion import compose_view, fused_proposals
 from .splits import split_groups, split_proposals
-from ..redact import redact, redacted_repr
-from ..specs import VariableInfo
-from ..text import escape_name
+from ..core.redact import redact, redacted_repr
+from ..core.specs import VariableInfo
+from ..core.text import escape_name
 from .model import late
 from .planner import Plan, SourceView
 
@@ -172,7 +172,7 @@ class Suggestion:
 
         Everything in it may come from a checkpoint (names, dtypes, labels, paths): values are
         written by the YAML emitter, quoted where they need it, and each comment line is
-        escaped whole (:func:`~ckptmerge.text.escape_name`), so no string can end a comment and
+        escaped whole (:func:`~ckptmerge.core.text.escape_name`), so no string can end a comment and
         start a key of its own (``"X\\nallow_missing: ['*']"`` as a dtype stays in its comment).
         """
         import yaml
@@ -343,7 +343,7 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
 
     Example:
         >>> from ckptmerge.planning.planner import make_plan
-        >>> from ckptmerge.specs import VariableInfo as V
+        >>> from ckptmerge.core.specs import VariableInfo as V
         >>> k, b = V("dnn/hiddenlayer_0/kernel", (4, 8), "float32"), V("dnn/hiddenlayer_0/bias", (8,), "float32")
         >>> p = make_plan([V("h0/kernel", (4, 8), "float32"), V("h0/bias", (8,), "float32")],
         ...               [SourceView("A", "runs/A", "", {k.name: k, b.name: b})])

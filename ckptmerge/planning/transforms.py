@@ -11,7 +11,7 @@ a glob). Two kinds exist, after TF's ``WarmStartSettings`` features people still
 
 Dtype casts are not a transform object: the plan's ``cast`` flag asks for them, and
 :func:`~ckptmerge.planning.casts.cast_array` / :func:`~ckptmerge.planning.casts.cast_problem` do the work (in
-:mod:`ckptmerge.planning.casts`; re-exported here, as is :class:`~ckptmerge.errors.TransformError`). A transform's result has the source's
+:mod:`ckptmerge.planning.casts`; re-exported here, as is :class:`~ckptmerge.core.errors.TransformError`). A transform's result has the source's
 dtype, except with ``init="keep"``: then it has the target's dtype (the kept values are copied,
 never round-tripped through a narrower source dtype), so the cast may come before or after.
 
@@ -38,10 +38,10 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
-from ..errors import TransformError, did_you_mean
+from ..core.errors import TransformError, did_you_mean
 from ..formats.io.localfile import NotARegularFileError, read_regular_file
-from ..redact import get_logger
-from ..text import quote_name
+from ..core.redact import get_logger
+from ..core.text import quote_name
 from .casts import cast_array, cast_problem, dtype_name, numpy_dtype
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any, Iterable, List, Sequence
 
-from ..text import plural
+from ..core.text import plural
 from .verdicts import align_hint, verdict
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..alignment.align import CONFIDENCE_FLOOR
-from ..args import describe_value
-from ..errors import OptionError
-from ..redact import redact, redacted_repr
-from ..text import escape_name, human_bytes, join_lines, plural, quote_name
+from ..core.args import describe_value
+from ..core.errors import OptionError
+from ..core.redact import redact, redacted_repr
+from ..core.text import escape_name, human_bytes, join_lines, plural, quote_name
 from .verdicts import align_hint, verdict
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,7 +28,7 @@ _SOURCE = operator.attrgetter("source")
 
 #: Valid values of :attr:`Report.mode`.
 RESTORE_MODES = ("graph", "eager", "keras", "offline")
-#: Fields of a report's per-source records that may hold a path (redacted: see ckptmerge.redact).
+#: Fields of a report's per-source records that may hold a path (redacted: see ckptmerge.core.redact).
 _SHOWN_PATHS = ("label", "path", "note")
 
 

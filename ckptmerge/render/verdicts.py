@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..text import plural, quote_name
+from ..core.text import plural, quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import Plan

@@ -33,9 +33,9 @@ import numpy as np
 from ..alignment.keraspaths import LayerEntries, align_paths
 from ..planning.casts import numpy_dtype
 from ..planning.kerascompat import KerasVerdict
-from ..specs import KIND_OPTIMIZER, KIND_VARIABLE
-from ..text import plural, quote_name
-from ..formats.kerasnames import layer_of
+from ..core.specs import KIND_OPTIMIZER, KIND_VARIABLE
+from ..core.text import plural, quote_name
+from ..formats.keras.names import layer_of
 from .keraswalk import FileEntries, KerasTree, Saveable, join, load_walk
 
 __all__ = ["name_weights_files", "model_root", "legacy_problem"]

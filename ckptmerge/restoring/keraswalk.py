@@ -33,9 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..errors import CkptMergeError
-from ..formats.kerasnames import layer_of
-from ..redact import get_logger
+from ..core.errors import CkptMergeError
+from ..formats.keras.names import layer_of
+from ..core.redact import get_logger
 
 __all__ = ["KerasTree", "Saveable", "FileEntries", "LoadWalk", "load_walk", "weights_file_keys",
            "keras_saving", "unique_name"]

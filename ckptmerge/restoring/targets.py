@@ -29,10 +29,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..args import received
-from ..errors import ArgumentTypeError, CkptMergeError, PlanError
-from ..specs import VariableInfo, normalize_name
-from ..text import quote_name
+from ..core.args import received
+from ..core.errors import ArgumentTypeError, CkptMergeError, PlanError
+from ..core.specs import VariableInfo, normalize_name
+from ..core.text import quote_name
 
 __all__ = ["TargetVariable", "TargetSet", "collect_targets", "creation_order", "input_layers", "import_tf",
            "keras_backend", "keras_model_variables"]

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Sequence, 
 
 import numpy as np
 
-from ..errors import TransformError, did_you_mean
+from ..core.errors import TransformError, did_you_mean
 from ..planning.fusion import part_label
 from ..planning.rules import MapRule, Rules
-from ..specs import KIND_VARIABLE, VariableInfo
-from ..text import quote_name
+from ..core.specs import KIND_VARIABLE, VariableInfo
+from ..core.text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..alignment.tensorops import Concat

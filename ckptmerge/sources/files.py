@@ -16,13 +16,13 @@ import re
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from ..errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, did_you_mean
+from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, did_you_mean
 from ..formats.io.storage import filesystem, is_url
 from ..formats.io.urlpath import add_suffix, basename, canonical_url, has_suffix, path_part, scheme_of, sibling, strip_suffix
 from ..formats.tf.bundle import (
     DATA_RE,  # the bundle format's data-file names (also imported from here)
 )
-from ..text import escape_name, quote_name, quoted_command
+from ..core.text import escape_name, quote_name, quoted_command
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -227,7 +227,7 @@ def size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> in
     ``.index`` and every data shard (``data_files`` when the caller listed the directory already)."""
     if fmt == FORMAT_KERAS_H5:
         if prefix.endswith(KERAS_SHARDS):  # the JSON and every shard it names
-            from ..formats.kerasshards import shard_files
+            from ..formats.keras.shards import shard_files
 
             folder = os.path.dirname(prefix)
             try:
@@ -387,11 +387,11 @@ def files_read(prefix: str, fmt: str) -> List[str]:
     named: List[str] = []
     try:
         if fmt == FORMAT_KERAS_H5 and has_suffix(prefix, KERAS_SHARDS):
-            from ..formats.kerasshards import shard_files
+            from ..formats.keras.shards import shard_files
 
             named = shard_files(prefix)[1]
         elif fmt == FORMAT_SAFETENSORS and has_suffix(prefix, ".safetensors.index.json"):
-            from ..formats.safetensors import read_json_file
+            from ..formats.safetensors.reader import read_json_file
 
             data = read_json_file(prefix, lambda problem, path: CkptMergeError(problem))
             weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -426,7 +426,7 @@ def output_overwrites(out: str, fmt: str, read: str) -> bool:
 
 def refuse_overwriting_inputs(out: str, shown: str, fmt: str, inputs: Iterable[Tuple[str, str]], *,
                               noun: str = "output prefix", then: str = "move") -> None:
-    """Raise :class:`~ckptmerge.errors.ArgumentError` when a merge's output ``out`` (named ``shown``
+    """Raise :class:`~ckptmerge.core.errors.ArgumentError` when a merge's output ``out`` (named ``shown``
     in the message) would write over one of ``inputs``, ``(label, file)`` pairs of every file a
     source or the template is read from: writing would destroy what is read.
 

@@ -13,15 +13,15 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import (
+from ..core.errors import (
     ArgumentError,
     CheckpointFormatError,
     CheckpointNotFoundError,
     format_list,
 )
-from ..formats.kerasshards import shard_set_of
-from ..redact import get_logger
-from ..text import escape_name, quote_name, quoted_command
+from ..formats.keras.shards import shard_set_of
+from ..core.redact import get_logger
+from ..core.text import escape_name, quote_name, quoted_command
 from .files import (
     DATA_RE,
     FORMAT_KERAS_H5,
@@ -208,7 +208,7 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
         return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")
     if abs_path.endswith(".keras"):
-        from ..formats.h5 import is_keras_archive
+        from ..formats.keras.h5 import is_keras_archive
 
         if is_keras_archive(abs_path):  # its weights are read in place, named from config.json
             return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
@@ -244,8 +244,8 @@ def _from_prefix(given: str, abs_prefix: str, note: str) -> ResolvedCheckpoint:
 
 def _array_file_format(path: str) -> str:
     """``FORMAT_SAFETENSORS`` or ``FORMAT_NUMPY`` for such a file, else ``""`` (by name, then content)."""
-    from ..formats.numpy_files import is_npz
-    from ..formats.safetensors import INDEX_SUFFIX, is_safetensors
+    from ..formats.numpy.reader import is_npz
+    from ..formats.safetensors.reader import INDEX_SUFFIX, is_safetensors
 
     if path.endswith((".safetensors", INDEX_SUFFIX)) or is_safetensors(path):
         return FORMAT_SAFETENSORS
@@ -257,7 +257,7 @@ def _array_file_format(path: str) -> str:
 def _array_dir_format(directory: str) -> str:
     """The format of a folder of safetensors shards or ``.npy`` files (in it, or in folders
     below it), else ``""``."""
-    from ..formats.numpy_files import holds_npy
+    from ..formats.numpy.reader import holds_npy
 
     try:
         fmt = array_dir_format(os.listdir(directory))

@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from ..args import received
-from ..errors import ArgumentError, ArgumentTypeError, CkptMergeError
-from ..text import quote_name
+from ..core.args import received
+from ..core.errors import ArgumentError, ArgumentTypeError, CkptMergeError
+from ..core.text import quote_name
 from .source import Source, SourceHandle
 
 __all__ = ["SourceArg", "SourcesArg", "as_sources", "check_unique_labels", "open_sources"]

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from typing import Dict, List, Optional
 
-from ..errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io.storage import (
     probe_isfile,
     read_small,
@@ -35,8 +35,8 @@ from ..formats.io.urlpath import (
     strip_slash,
     strip_suffix,
 )
-from ..formats.kerasshards import shard_set_of
-from ..text import quote_name, quoted_command
+from ..formats.keras.shards import shard_set_of
+from ..core.text import quote_name, quoted_command
 from .files import (
     DATA_RE,
     FORMAT_KERAS_H5,
@@ -211,9 +211,9 @@ def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
 
 def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     """A remote file that is not a TF prefix, by its name, then by its first or last bytes."""
-    from ..formats.h5 import is_hdf5, is_keras_archive
-    from ..formats.numpy_files import is_npz
-    from ..formats.safetensors import INDEX_SUFFIX, is_safetensors
+    from ..formats.keras.h5 import is_hdf5, is_keras_archive
+    from ..formats.numpy.reader import is_npz
+    from ..formats.safetensors.reader import INDEX_SUFFIX, is_safetensors
     from ..formats.tf.table import is_leveldb_table
 
     lower = path_part(url).lower()
@@ -244,7 +244,7 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
 
 def _shard_names(index: str) -> List[str]:
     """The shard file names a remote sharded set's JSON lists (none if it cannot be read)."""
-    from ..formats.kerasshards import shard_files
+    from ..formats.keras.shards import shard_files
 
     try:
         return shard_files(index)[1]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from ..args import check_path, check_step
-from ..errors import (
+from ..core.args import check_path, check_step
+from ..core.errors import (
     ArgumentError,
     ArgumentTypeError,
 )
@@ -39,7 +39,7 @@ from .files import (
 from .local import checkpoints_local, resolve_local
 from .orbax import FORMAT_ORBAX
 from .resolved import CheckpointInfo, ResolvedCheckpoint
-from ..redact import get_logger
+from ..core.redact import get_logger
 from .state import CheckpointState
 from .state import read_state_file as read_local_state_file
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..redact import redacted_repr
+from ..core.redact import redacted_repr
 
 __all__ = ["CheckpointInfo", "ResolvedCheckpoint"]
 

@@ -33,12 +33,12 @@ from typing import (
 
 import numpy as np
 
-from ..args import check_bool, check_path, check_step, check_str
-from ..errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
+from ..core.args import check_bool, check_path, check_step, check_str
+from ..core.errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
 from ..planning.rules import MapRule, Rules, map_pairs
-from ..redact import get_logger, redact_cached
-from ..specs import VariableInfo, by_name, model_variables, normalize_name
-from ..text import quote_name
+from ..core.redact import get_logger, redact_cached
+from ..core.specs import VariableInfo, by_name, model_variables, normalize_name
+from ..core.text import quote_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..planning.planner import SourceView

@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..args import check_path
-from ..errors import CheckpointFormatError
-from ..redact import get_logger
-from ..text import quote_name
+from ..core.args import check_path
+from ..core.errors import CheckpointFormatError
+from ..core.redact import get_logger
+from ..core.text import quote_name
 from .files import (
     STATE_FILE,
     PathArg,

@@ -5,5 +5,5 @@ Holds: ``storage`` (local files and URLs through fsspec, ranged reads), ``fileio
 (locks, temporary names and the atomic publish of outputs) and ``notify`` (waiting for a
 directory to change: inotify where there is one, else a timer).
 
-May import: the bottom modules only.
+May import: the bottom layer (``core``) only.
 """

@@ -12,8 +12,8 @@ import os
 import stat
 from typing import Optional, Union
 
-from ...errors import CkptMergeError
-from ...text import human_bytes, quote_name
+from ...core.errors import CkptMergeError
+from ...core.text import human_bytes, quote_name
 
 __all__ = ["NotARegularFileError", "read_regular_file", "describe_kind", "open_regular", "link_problem", "regular_size"]
 

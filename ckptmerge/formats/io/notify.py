@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any, Optional, Tuple
 
-from ckptmerge.redact import get_logger
+from ckptmerge.core.redact import get_logger
 
 __all__ = ["Waker"]
 

@@ -1,6 +1,6 @@
 """The files at a checkpoint output prefix: what exists there, the publish lock, temp names.
 
-Shared by the writers (:mod:`ckptmerge.formats.tf.writer`, :mod:`ckptmerge.formats.safetensors_writer`)
+Shared by the writers (:mod:`ckptmerge.formats.tf.writer`, :mod:`ckptmerge.formats.safetensors.writer`)
 and the merge: which files of a checkpoint exist at a prefix, refusing to replace them without
 being told to, the ``flock`` that serialises publishes to one prefix, how hidden temporary files
 are named, and the messages for I/O errors while writing.
@@ -15,10 +15,10 @@ from typing import Any, List, Optional
 import crc32c as _crc32c
 
 from ckptmerge.formats.io.interrupts import HeldInterrupts
-from ckptmerge.errors import CheckpointWriteError, OutputExistsError
+from ckptmerge.core.errors import CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.tf.bundle import DATA_RE
-from ckptmerge.redact import get_logger
-from ckptmerge.text import quote_name
+from ckptmerge.core.redact import get_logger
+from ckptmerge.core.text import quote_name
 
 logger = get_logger(__name__)
 

@@ -12,11 +12,11 @@ import math
 import os
 from typing import Any, Iterable, Optional, Sequence
 
-from ckptmerge.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
+from ckptmerge.core.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
                               OutputExistsError)
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.output_prefix import remove_quietly
-from ckptmerge.text import quote_name
+from ckptmerge.core.text import quote_name
 
 __all__ = ["SingleFileWriter", "publish_file", "temp_path"]
 

@@ -30,7 +30,7 @@ import socket
 from http import HTTPStatus
 from typing import Any, Dict, Iterator, Mapping, Optional
 
-from ckptmerge.knobs import FloatSetting
+from ckptmerge.core.knobs import FloatSetting
 
 __all__ = ["timeout_seconds", "deadline_seconds", "storage_options", "http_status", "is_timeout",
            "is_transient", "describe", "TIMEOUT", "DEADLINE", "TIMEOUT_VAR", "DEADLINE_VAR"]

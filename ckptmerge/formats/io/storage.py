@@ -12,8 +12,8 @@ gets a descriptor (safetensors, ``.npy``, V1 tables: a header, then each tensor'
 :func:`open_binary` / :func:`open_zip` give h5py and zipfile a seekable, block-cached remote file
 (Keras ``.h5``/``.keras``, ``.npz``); ``isfile``/``isdir``/``getsize``/``listdir`` answer for
 local paths and URLs alike. Credentials are each library's own business: ckptmerge passes
-none and reads none. Remote errors become :class:`~ckptmerge.errors.CheckpointFormatError` /
-:class:`~ckptmerge.errors.CheckpointNotFoundError` naming the URL and saying what happened
+none and reads none. Remote errors become :class:`~ckptmerge.core.errors.CheckpointFormatError` /
+:class:`~ckptmerge.core.errors.CheckpointNotFoundError` naming the URL and saying what happened
 ("Timed out", the HTTP status); transient ones (a timeout, throttling, a reset connection, a 5xx)
 are retried a bounded number of times with exponential backoff, within a deadline. Every
 filesystem is opened with a per-request timeout, and every read is bounded in time, retries
@@ -33,7 +33,7 @@ import zipfile
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CkptMergeError,
@@ -62,9 +62,9 @@ from ckptmerge.formats.io.urlpath import (
     sibling,
     strip_slash,
 )
-from ckptmerge.knobs import IntSetting
-from ckptmerge.redact import get_logger
-from ckptmerge.text import escape_name, quote_name
+from ckptmerge.core.knobs import IntSetting
+from ckptmerge.core.redact import get_logger
+from ckptmerge.core.text import escape_name, quote_name
 
 __all__ = ["is_url", "filesystem", "RemoteFile", "read_small", "remote_exists", "remote_isdir",
            "remote_listdir", "remote_size", "join", "basename", "dirname", "sibling", "strip_slash", "add_suffix",
@@ -161,7 +161,7 @@ def _with_retries(what: str, url: str, fn: Callable[[Optional[float]], T], *, ke
     """``fn(seconds left)``, retried on transient failures until ``CKPTMERGE_REMOTE_RETRIES``
     attempts or the ``CKPTMERGE_REMOTE_DEADLINE`` run out (``bounded=False``: uploads, which may
     rightly last longer, get no deadline, only the per-request timeout); every failure becomes a
-    :class:`~ckptmerge.errors.CkptMergeError` naming the URL and saying what happened."""
+    :class:`~ckptmerge.core.errors.CkptMergeError` naming the URL and saying what happened."""
     delay = 0.05
     attempts = RETRIES.get()
     start = time.monotonic()
@@ -467,7 +467,7 @@ def open_binary(path: str, block_size: Optional[int] = None) -> Any:
     a file that reads by ranges, keeping up to 32 blocks of ``block_size`` bytes (h5py and
     zipfile seek around: metadata, then the data they want; sniffing a format needs only
     :data:`SNIFF_BLOCK`). Its reads are those of :class:`RemoteFile`: retried, within the
-    deadline, and a failure is a :class:`~ckptmerge.errors.CkptMergeError` naming the URL.
+    deadline, and a failure is a :class:`~ckptmerge.core.errors.CkptMergeError` naming the URL.
 
     Raises:
         FileNotFoundError, OSError: as ``open`` does (readers turn them into their errors).

@@ -4,5 +4,5 @@ Holds: the V2 tensor bundle (``bundle``, ``bundleindex``, ``table``, ``table_wri
 its protobuf wire format (``protowire``, ``tfproto``), the object graph (``objectgraph``), the
 old V1 format (``v1``) and partitioned-variable slices (``slices``, ``regions``).
 
-May import: ``formats`` (``base``, ``dtypes``), ``formats.io`` and the bottom modules.
+May import: ``formats`` (``base``, ``dtypes``), ``formats.io`` and the bottom layer (``core``).
 """

@@ -12,7 +12,7 @@ without data listing its ``slices``, each slice stored under a key made with TF'
 keys and the check that slices tile their tensor are :mod:`ckptmerge.formats.tf.slices`.
 
 Every problem in a file (truncation, bad checksum, bad varint, out-of-range offset) raises
-:class:`~ckptmerge.errors.CheckpointFormatError` naming the file; sizes are always checked
+:class:`~ckptmerge.core.errors.CheckpointFormatError` naming the file; sizes are always checked
 against file lengths before anything is allocated, and a partitioned tensor is read only when
 its slices tile it exactly (see :mod:`ckptmerge.formats.tf.regions`).
 """
@@ -38,7 +38,7 @@ from typing import (
 
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import (
     CheckpointReader,
     aligned_empty,
@@ -96,9 +96,9 @@ from ckptmerge.formats.tf.table import (
     read_table,
     unmask_crc,
 )
-from ckptmerge.gcpause import paused_gc
-from ckptmerge.redact import get_logger
-from ckptmerge.specs import VariableInfo, trusted_info
+from ckptmerge.core.gcpause import paused_gc
+from ckptmerge.core.redact import get_logger
+from ckptmerge.core.specs import VariableInfo, trusted_info
 
 __all__ = [
     "BundleReader",
@@ -198,7 +198,7 @@ class BundleReader(CheckpointReader):
         except OSError as e:
             raise CheckpointFormatError(f"Cannot read checkpoint index {self.index_path!r}: {e}",
                                         path=self.index_path) from None
-        with paused_gc():  # one small object per tensor: see ckptmerge.gcpause
+        with paused_gc():  # one small object per tensor: see ckptmerge.core.gcpause
             self._load_index(data)
             self._check_shards()
             self.object_graph: Optional[ObjectGraph] = self._load_object_graph()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from ckptmerge.formats.tf.protowire import WIRE_BYTES, DecodeError, iter_fields
-from ckptmerge.specs import (
+from ckptmerge.core.specs import (
     KIND_BOOKKEEPING,
     KIND_OPTIMIZER,
     KIND_VARIABLE,

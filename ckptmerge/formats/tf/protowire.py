@@ -4,7 +4,7 @@ Checkpoint bundles store a few small protos (``BundleHeaderProto``, ``BundleEntr
 ``TrackableObjectGraph``). Reading them needs only the wire format: varints, fixed32/fixed64 and
 length-delimited fields (https://protobuf.dev/programming-guides/encoding/). Decoding is strict
 and bounds-checked: any malformed input raises :class:`DecodeError` (a
-:class:`~ckptmerge.errors.CheckpointFormatError`), never ``IndexError`` or ``struct.error``.
+:class:`~ckptmerge.core.errors.CheckpointFormatError`), never ``IndexError`` or ``struct.error``.
 The encoder helpers return ``bytes`` and are used by the bundle writer and by tests.
 """
 
@@ -15,7 +15,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.errors import CheckpointFormatError
 
 __all__ = [
     "DecodeError",

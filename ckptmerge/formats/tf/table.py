@@ -10,7 +10,7 @@ per data block) and a 48-byte footer ending in a magic number.
 block first, then data blocks on demand, so a V1 checkpoint of gigabytes is never held in memory
 at once. Every size is checked against the file length before anything is read or allocated,
 and every problem raises :class:`TableError`, which readers turn into a
-:class:`~ckptmerge.errors.CheckpointFormatError` naming their file.
+:class:`~ckptmerge.core.errors.CheckpointFormatError` naming their file.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import crc32c as _crc32c
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError
+from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats.io.storage import SNIFF_BLOCK, open_binary
 from ckptmerge.formats.tf.protowire import (
     DecodeError,
@@ -434,7 +434,7 @@ def read_table(data: bytes, *, verify: bool = True) -> List[Tuple[bytes, bytes]]
         >>> read_table(b"short")
         Traceback (most recent call last):
         ...
-        ckptmerge.errors.CheckpointFormatError: file is 5 bytes long, shorter than a table footer (48 bytes)
+        ckptmerge.core.errors.CheckpointFormatError: file is 5 bytes long, shorter than a table footer (48 bytes)
     """
     try:
         return Table(len(data), lambda offset, size: data[offset:offset + size], verify=verify).items()

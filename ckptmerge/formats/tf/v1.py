@@ -12,7 +12,7 @@ partitioned variable has one slice per partition, possibly in different shards.
 
 The reader opens the tables lazily (:class:`~ckptmerge.formats.tf.table.Table`) and reads a tensor's
 blocks only when the tensor is read; values come out bit for bit as ``tf.train.load_checkpoint``
-gives them. Every problem raises :class:`~ckptmerge.errors.CheckpointFormatError` naming the file
+gives them. Every problem raises :class:`~ckptmerge.core.errors.CheckpointFormatError` naming the file
 and the tensor; nothing is allocated before the data it describes has been read and checked.
 """
 
@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ckptmerge.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, too_large_for_numpy, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
 from ckptmerge.formats.io import storage
@@ -52,9 +52,9 @@ from ckptmerge.formats.tf.tfproto import (
     parse_shape,
     parse_slice,
 )
-from ckptmerge.redact import get_logger
-from ckptmerge.specs import VariableInfo
-from ckptmerge.text import escape_name
+from ckptmerge.core.redact import get_logger
+from ckptmerge.core.specs import VariableInfo
+from ckptmerge.core.text import escape_name
 
 __all__ = ["V1Reader", "V1_SHARD_RE", "V1_PATTERN_RE", "v1_pattern", "v1_shard_files"]
 

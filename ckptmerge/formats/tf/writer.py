@@ -35,7 +35,7 @@ without ``overwrite`` the next writer refuses, naming them. Publishes to one pre
 serialised by an exclusive ``flock`` on ``.<name>.ckptmerge-lock`` beside it (removed when
 released), held from the final existence check through the last step: two writers never
 interleave, and without ``overwrite`` exactly one of two racing writers publishes (the other
-raises :class:`~ckptmerge.errors.OutputExistsError`). A writer waits for the lock; it is held
+raises :class:`~ckptmerge.core.errors.OutputExistsError`). A writer waits for the lock; it is held
 only for the renames, not while tensors are written.
 
 The ``.index`` table itself is written by :mod:`ckptmerge.formats.tf.table_writer`; the files at an
@@ -62,7 +62,7 @@ from typing import (
 import crc32c as _crc32c
 import numpy as np
 
-from ckptmerge.errors import (
+from ckptmerge.core.errors import (
     ArgumentError,
     ArgumentTypeError,
     CheckpointFormatError,
@@ -99,8 +99,8 @@ from ckptmerge.formats.tf.protowire import (
 )
 from ckptmerge.formats.tf.table import read_table
 from ckptmerge.formats.tf.table_writer import TF_BLOCK_SIZE, U32, TableWriter
-from ckptmerge.redact import get_logger
-from ckptmerge.text import quote_name
+from ckptmerge.core.redact import get_logger
+from ckptmerge.core.text import quote_name
 
 __all__ = [
     "BundleWriter",

@@ -10,16 +10,16 @@ Holds: ``graph``, ``eager`` and ``keras_native`` (one backend each), ``tensors``
 tensors: casts, partitions) and ``common`` (progress, skipped targets, the report).
 
 May import: ``restoring.targets``, ``render``, ``planning``, ``alignment``, ``formats`` and the
-bottom modules. TensorFlow and Keras only inside functions.
+bottom layer (``core``). TensorFlow and Keras only inside functions.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from ...errors import CkptMergeError
+from ...core.errors import CkptMergeError
 from .common import Progress
-from ...redact import get_logger
+from ...core.redact import get_logger
 
 __all__ = ["run_plan", "Progress"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Sequence, Tuple
 
-from ...errors import RestoreError
+from ...core.errors import RestoreError
 from ...formats.io.interrupts import HeldInterrupts
-from ...text import quote_name
+from ...core.text import quote_name
 
 __all__ = ["Progress", "assign_all", "skipped_targets", "make_report"]
 
@@ -24,7 +24,7 @@ def assign_all(work: Sequence[Tuple[Any, Any]], assign: Callable[[Any, Any], Non
     whole loop and checked after each assignment; an interrupt, or any exception an assignment
     raises, puts back every variable assigned so far *and the one in flight* (it may have been
     changed before the error), then the interrupt is delivered (``KeyboardInterrupt``) or the
-    error raised as a :class:`~ckptmerge.errors.RestoreError`.
+    error raised as a :class:`~ckptmerge.core.errors.RestoreError`.
 
     Example:
         >>> store = {"a": 0, "b": 0}

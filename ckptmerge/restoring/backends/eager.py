@@ -16,9 +16,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...errors import CkptMergeError, RestoreError
-from ...redact import get_logger
-from ...text import quote_name
+from ...core.errors import CkptMergeError, RestoreError
+from ...core.redact import get_logger
+from ...core.text import quote_name
 from .common import Progress, assign_all, make_report
 from .tensors import part_value, read_variable, to_numpy, to_tensor
 

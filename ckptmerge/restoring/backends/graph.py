@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...errors import CkptMergeError
-from ...text import quote_name
+from ...core.errors import CkptMergeError
+from ...core.text import quote_name
 from .common import Progress, make_report
 from .eager import prepare_values, read_sources
 

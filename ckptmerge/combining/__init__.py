@@ -1,0 +1,15 @@
+"""Checkpoint arithmetic: averages, EMAs, soups and task-vector merges of many checkpoints, as a source.
+
+``cm.combine([...])`` returns a :class:`~ckptmerge.CombinedSource`, a source like any other: it is
+planned and restored through ``cm.plan``/``cm.restore`` and written by ``cm.merge`` (``merging/``),
+streamed tensor by tensor and chunk by chunk.
+
+Holds: ``combine`` (finding the inputs, lining up their names, the policies, the streaming),
+``methods`` (the math of every method, pure NumPy over one chunk), ``blocks`` (chunks made from
+the inputs' chunks or element ranges in bounded memory) and ``report`` (what a combination did,
+as text and HTML).
+
+May import: ``following`` (a run's checkpoints), ``sources``, ``restoring`` (never TF),
+``render``, ``planning``, ``alignment``, ``formats`` and the bottom layer (``core``). Never
+``cli``, ``api``, ``config`` or ``merging``.
+"""

@@ -1,0 +1,793 @@
+"""Checkpoint arithmetic as a source: :func:`combine` averages, EMAs, soups and task-vector
+merges of many checkpoints, streamed tensor by tensor and chunk by chunk.
+
+``cm.combine([...])`` returns a :class:`CombinedSource`, usable wherever a source is: planned and
+restored into a live model (``cm.plan`` / ``cm.restore`` / :class:`~ckptmerge.Restorer`, with
+every finding), or written by ``cm.merge(combined, out)`` as a TF checkpoint, a
+``.safetensors`` or a ``.weights.h5`` file (atomically, as every merge). Nothing is read until
+a tensor is asked for; then each output chunk is made from one chunk of each input in turn
+(the next input's chunk read by a second thread meanwhile), or, for elementwise methods of local
+files, a cache-sized block of every input at a time (:meth:`CombinedHandle._blocked`), so memory
+holds a few chunks whatever the number of inputs. The math lives in :mod:`ckptmerge.combining.methods` (pure NumPy);
+this module finds the inputs, lines up their names, applies the policies (key sets, integers,
+dtypes, optimizer state) and streams. No TensorFlow.
+
+Example:
+    >>> import ckptmerge as cm
+    >>> avg = cm.combine("runs/A", last=5)                                     # doctest: +SKIP
+    >>> print(avg.report())                                                    # doctest: +SKIP
+    >>> cm.merge(avg, "runs/A/avg-last5")                                      # doctest: +SKIP
+    >>> cm.restore(model, [avg])                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..core.args import describe_value
+from ..core.errors import ArgumentError, ArgumentTypeError, CombineError, did_you_mean
+from ..formats.base import CHUNK_ELEMENTS, aligned_empty
+from ..formats.ranges import TensorRanges
+from ..planning.casts import cast_array, numpy_dtype
+from ..planning.rulekinds import GlobFilter
+from ..sources.files import step_of
+from ..sources.opening import as_sources, check_unique_labels, open_sources
+from ..sources.resolve import checkpoints as list_checkpoints
+from ..sources.source import Source, SourceHandle
+from ..core.specs import VariableInfo, model_variables
+from ..core.text import plural, quote_name
+from .blocks import BlockedChunks, FixedChunks, aligned_step
+from .report import CombineReport
+from .methods import METHODS, TensorParams, ema_weights
+
+__all__ = ["combine", "CombinedSource", "CombinedHandle", "CombineReport", "KEYS", "INTEGERS", "ACCUMULATE"]
+
+KEYS = ("strict", "intersection", "union")
+INTEGERS = ("last", "first", "error")
+ACCUMULATE = ("float64", "float32")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+_HALF = ("float16", "bfloat16")
+_SPLIT = 1 << 16  # chunks at least this long are added in two halves at once
+
+ParamValue = Union[float, int, str, bool, Mapping[str, Any]]
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments
+# --------------------------------------------------------------------------------------------
+
+
+def _choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ArgumentError(f"{what} must be one of {', '.join(map(repr, choices))}. Received: {what}="
+                            f"{describe_value(value)}.{did_you_mean(str(value), choices, cutoff=0.5)}")
+    return value
+
+
+def _glob_value(value: Any, what: str) -> Union[Any, List[Tuple[GlobFilter, Any]]]:
+    """A parameter: a plain value, or ``{glob: value}`` (first matching glob wins) as a list."""
+    if isinstance(value, Mapping):
+        if not value:
+            raise ArgumentError(f"{what} is an empty dict: give a value, or {{glob: value}} with at least one glob "
+                                "(end with '*' for the rest).")
+        return [(GlobFilter(g), v) for g, v in value.items()]
+    return value
+
+
+def _pick(value: Any, name: str, default: Any) -> Tuple[Any, str]:
+    """The value of a (possibly per-glob) parameter for ``name``, and the glob that chose it."""
+    if isinstance(value, list):
+        for glob, v in value:
+            if glob.matches(name):
+                return v, glob.pattern
+        return default, ""
+    return value, ""
+
+
+def _select_steps(infos: List[Any], last: Optional[int], steps: Any, every: Optional[int], where: str) -> List[Any]:
+    """The checkpoints of a directory a selection keeps (steps, then every, then last)."""
+    picked = list(infos)
+    if steps is not None:
+        if isinstance(steps, range):
+            keep = set(steps)
+            picked = [c for c in picked if c.step is not None and c.step in keep]
+        elif isinstance(steps, (tuple, list)) and len(steps) == 2 and not isinstance(steps, list):
+            lo, hi = steps
+            picked = [c for c in picked if c.step is not None and (lo is None or c.step >= lo)
+                      and (hi is None or c.step <= hi)]
+        elif isinstance(steps, (list, tuple, set, frozenset)):
+            keep = {int(s) for s in steps}
+            missing = sorted(keep - {c.step for c in picked})
+            if missing:
+                have = [c.step for c in infos if c.step is not None]
+                raise CombineError(f"{where} has no checkpoint of step {', '.join(map(str, missing))}; it has steps "
+                                   f"{', '.join(map(str, have[:20]))}{' ...' if len(have) > 20 else ''}.")
+            picked = [c for c in picked if c.step in keep]
+        else:
+            raise ArgumentTypeError("steps must be a range (range(1000, 5001)), a (low, high) tuple (inclusive, "
+                                    f"either may be None) or a list of steps. Received: steps={describe_value(steps)}")
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ArgumentError(f"every must be a positive int (keep the steps divisible by it). Received: every={every!r}")
+        picked = [c for c in picked if c.step is not None and c.step % every == 0]
+    if last is not None:
+        if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+            raise ArgumentError(f"last must be a positive int. Received: last={last!r}")
+        if len(picked) < last:
+            raise CombineError(f"{where} has {plural(len(picked), 'checkpoint')} matching the selection, fewer than "
+                               f"last={last}. Run 'ckptmerge checkpoints {where}' to list them.")
+        picked = picked[-last:]
+    if not picked:
+        raise CombineError(f"No checkpoint of {where} matches the selection (last={last}, steps={steps!r}, every={every}). "
+                           f"Run 'ckptmerge checkpoints {where}' to list them.")
+    return picked
+
+
+def _inputs(checkpoints: Any, last: Optional[int], steps: Any, every: Optional[int]) -> List[Source]:
+    """The input sources: a directory expanded by its selection, or the paths/sources given."""
+    if isinstance(checkpoints, (str, os.PathLike)):
+        where = os.fspath(checkpoints)
+        infos = list_checkpoints(where)
+        if not infos:
+            raise CombineError(f"{quote_name(where)} holds no checkpoint to combine. Pass a directory of a training run "
+                               "(with last=N, steps=..., every=K), or a list of checkpoints.")
+        chosen = _select_steps(infos, last, steps, every, where)
+        return [Source(c.path, name=os.path.basename(c.path)) for c in chosen]
+    if last is not None or steps is not None or every is not None:
+        raise ArgumentError("last, steps and every select checkpoints of one training directory: pass the directory "
+                            "as checkpoints (cm.combine('runs/A', last=5)), not a list.")
+    if isinstance(checkpoints, Source) or not isinstance(checkpoints, (list, tuple)):
+        raise ArgumentTypeError("checkpoints must be a training directory or a list of checkpoint paths, URLs or "
+                                f"ckptmerge.Source objects. Received: checkpoints={describe_value(checkpoints)}")
+    return as_sources(list(checkpoints))
+
+
+# --------------------------------------------------------------------------------------------
+# The source
+# --------------------------------------------------------------------------------------------
+
+
+class CombinedSource(Source):
+    """A source whose values are a combination of checkpoints (see :func:`combine`).
+
+    It is not one checkpoint on disk: a :class:`~ckptmerge.Restorer` restores it again by
+    reading its inputs again, but cannot switch it to another step, and graph-mode ``Saver``
+    objects cannot restore it (``plan.restore()`` does).
+
+    Example:
+        >>> avg = combine(["runs/A/ckpt-1", "runs/A/ckpt-2"])            # doctest: +SKIP
+        >>> avg.label                                                     # doctest: +SKIP
+        'mean of 2'
+    """
+
+    def __init__(self, inputs: List[Source], method: str, *, base: Optional[Source], weights: List[Any],
+                 dtype: Optional[str], keys: str, integers: str, optimizer: bool, accumulate: str,
+                 params: Dict[str, Any], chunk_elements: int, order: str, **rules: Any) -> None:
+        rules.setdefault("name", f"{method} of {len(inputs)}")
+        super().__init__(None, _values={}, optimizer=optimizer, **rules)
+        self.inputs = inputs
+        self.method = method
+        self.base = base
+        self.weights = weights
+        self.dtype = dtype
+        self.keys = keys
+        self.integers = integers
+        self.accumulate = accumulate
+        self.params = params
+        self.chunk_elements = chunk_elements
+        self.order = order
+
+    @property
+    def in_memory(self) -> bool:
+        """True: the values are computed here, not read as they are from one checkpoint (so a
+        Restorer does not switch it, and Savers do not restore it)."""
+        return True
+
+    def resolve(self) -> Any:
+        """``None``: a combination is not one checkpoint (its inputs resolve when it is opened)."""
+        return None
+
+    def read_sources(self) -> List[Source]:
+        """The base (if any) and the inputs: what a merge must not write over."""
+        return ([self.base] if self.base is not None else []) + list(self.inputs)
+
+    def __repr__(self) -> str:
+        return f"CombinedSource({self.method!r}, {len(self.inputs)} inputs{', base' if self.base else ''})"
+
+    def open(self, *, verify: bool = True, resolved: Any = None) -> SourceHandle:
+        """Open every input (and the base), line their names up and check the policies; no
+        tensor is read.
+
+        Raises:
+            CombineError: the inputs differ under ``keys="strict"`` (every difference listed),
+                an integer tensor under ``integers="error"``, too few inputs for the method, ...
+            CheckpointNotFoundError, CheckpointFormatError: an input cannot be found or read.
+        """
+        everything = ([self.base] if self.base is not None else []) + list(self.inputs)
+        handles = open_sources(everything, verify=verify)
+        try:
+            base = handles[0] if self.base is not None else None
+            ins = handles[1:] if self.base is not None else handles
+            handle: SourceHandle = CombinedHandle(self, ins, base)
+        except BaseException:
+            for h in handles:
+                h.close()
+            raise
+        if self.layout is not None:
+            from ..sources.source import LayoutHandle
+
+            handle = LayoutHandle(handle)
+        return handle
+
+    def report(self, *, verify: bool = True) -> CombineReport:
+        """What this combination would do (inputs resolved, names lined up; no tensor read).
+
+        Example:
+            >>> print(cm.combine("runs/A", last=3).report())                 # doctest: +SKIP
+            mean of 3 inputs: 12 tensors
+        """
+        h = self.open(verify=verify)
+        try:
+            inner = getattr(h, "inner", h)
+            return inner.report
+        finally:
+            h.close()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One output tensor: where each input holds it, and how it is made."""
+
+    spec: VariableInfo                      # the output's name, shape, dtype
+    inputs: Tuple[Tuple[int, str], ...]    # (input index, name in that input)
+    base: Optional[str]                    # name in the base
+    params: Optional[TensorParams]         # None: copied from inputs[0] (integers policy)
+
+
+def _spec_text(v: VariableInfo) -> str:
+    return f"{v.dtype} {tuple(v.shape)}"
+
+
+class CombinedHandle(SourceHandle):
+    """An opened :class:`CombinedSource`: the combined names, and their values on demand.
+
+    Attributes:
+        report: the :class:`~ckptmerge.combining.report.CombineReport`.
+        inputs: the opened inputs (combining order); ``base`` the opened base or ``None``.
+    """
+
+    streams = True
+
+    def __init__(self, source: CombinedSource, inputs: List[SourceHandle], base: Optional[SourceHandle]) -> None:
+        self.inputs = inputs
+        self.base = base
+        self.method = METHODS[source.method]
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._after: Dict[str, str] = {}  # read_order: the name asked for after each
+        self._ahead: Optional[Tuple[str, BlockedChunks]] = None  # the next tensor, started early
+        entries, report = _line_up(source, inputs, base, self.method)
+        self.entries = entries
+        self._renamed: Dict[str, str] = {}
+        self.report = report
+        infos = [e.spec for e in entries.values()]
+        note = report.summary()
+        findings = []
+        if report.fewer:
+            findings.append(f"{quote_name(source.label)}: {plural(len(report.fewer), 'name')} combined over fewer "
+                            f"inputs than {len(inputs)} (keys={source.keys!r}); its report lists them")
+        if report.left_out:
+            findings.append(f"{quote_name(source.label)}: {plural(len(report.left_out), 'name')} left out of the "
+                            "combination; its report lists them")
+        super().__init__(source, f"<{source.label}>", note, infos, findings=findings)
+        steps = source.chunk_elements // max(1, self.method.state)
+        self.step = max(1, steps)
+
+    @property
+    def format(self) -> Optional[str]:
+        """The inputs' format when they all share one (a combination of Keras weights files is
+        named by a Keras model's walk as each of them would be), else ``None``."""
+        kinds = {h.format for h in self.inputs}
+        return kinds.pop() if len(kinds) == 1 else None
+
+    @property
+    def renamed(self) -> Dict[str, str]:
+        """``{combined name: name}`` of the tensors :meth:`rename` renamed."""
+        return dict(self._renamed)
+
+    def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
+        """Give combined tensors new names (``{name: new name}``, e.g. by a Keras model's walk)."""
+        entries: Dict[str, _Entry] = {}
+        for old, e in self.entries.items():
+            new = names.get(old, old)
+            if new != old:
+                self._renamed[old] = new
+                spec = e.spec
+                e = _Entry(VariableInfo(new, spec.shape, spec.dtype, old, spec.kind, spec.nbytes), e.inputs, e.base,
+                           e.params)
+            entries[e.spec.name] = e
+        self.entries = entries
+        self.all_variables = sorted((e.spec for e in entries.values()), key=lambda v: v.name)
+        self.notes.update(notes)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._pool is None:  # one thread reads ahead, one adds half of a chunk
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptmerge-combine")
+        return self._pool.submit(fn, *args)
+
+    def _next(self, it: Iterator[np.ndarray]) -> Future:
+        return self._submit(next, it)
+
+    def _add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, b: Optional[np.ndarray],
+             off: int) -> None:
+        """``method.add`` for one chunk: elementwise methods add the two halves on two threads
+        (NumPy releases the GIL), so the arithmetic keeps up with the reads."""
+        m, n = self.method, x.size
+        if not m.elementwise or n < _SPLIT or isinstance(acc, list):
+            m.add(acc, p, stats, j, x, b, off)
+            return
+        h = n // 2
+        lo = self._submit(m.add, acc[:h], p, stats, j, x[:h], None if b is None else b[:h], off)
+        m.add(acc[h:], p, stats, j, x[h:], None if b is None else b[h:], off + h)
+        lo.result()
+
+    def read_order(self, names: Sequence[str]) -> None:
+        """The names a merge will ask for, in order: while it writes the last chunk of one, the
+        first chunk of the next is made (elementwise methods of local files whose parameters
+        need no pass over the values: ``mean``, ``ema``, ``task_arithmetic``)."""
+        self._after = dict(zip(names, names[1:]))
+
+    def iter_chunks(self, name: str, max_elements: int = 0) -> Iterator[np.ndarray]:
+        """The combined values of ``name`` as flat chunks in C order, each made as it is asked
+        for (``max_elements`` is ignored: the source's own chunk size applies)."""
+        e = self.entries[name]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == name:
+                return iter(ahead[1])
+            ahead[1].abandon()  # (asked in another order than announced)
+        if e.params is None:  # copied from one input, as it is
+            j, n = e.inputs[0]
+            return self.inputs[j].iter_chunks(n, self.step)
+        return self._combined(e)
+
+    def _start_after(self, name: str) -> None:
+        """Start the first chunk of the tensor announced after ``name`` (see :meth:`read_order`)."""
+        nxt = self._after.get(name)
+        e = self.entries.get(nxt) if nxt is not None else None
+        if e is None or e.params is None or self.method.prepare_reads or self._ahead is not None:
+            return
+        try:
+            ranges = self._ranges(e)
+        except Exception:  # (raised again, to the caller, when the tensor is asked for)
+            return
+        if ranges is not None:
+            stats = self.method.prepare(e.params, e.spec.size, [], None)  # (prepare_reads: it reads nothing)
+            self._ahead = (e.spec.name, self._stream(e, stats, *ranges).begin())
+
+    def _ranges(self, e: _Entry) -> Optional[Tuple[List[TensorRanges], Optional[TensorRanges]]]:
+        """Every input's (and the base's) ranges of ``e``, when the method is elementwise and
+        all of them are local files that store it in one piece; else ``None``."""
+        if not self.method.elementwise or not e.spec.size:
+            return None
+        got = []
+        for j, n in e.inputs:
+            r = self.inputs[j].ranges(n)
+            if r is None:
+                return None
+            got.append(r)
+        b = None
+        if self.base is not None and e.base is not None:
+            b = self.base.ranges(e.base)
+            if b is None:
+                return None
+        return got, b
+
+    def _combined(self, e: _Entry) -> Iterator[np.ndarray]:
+        m, p, step = self.method, e.params, self.step
+        assert p is not None
+        size = e.spec.size
+        feeds = [(lambda h=self.inputs[j], n=n: FixedChunks(h.iter_chunks(n, step), step)) for j, n in e.inputs]
+        base = self.base
+        base_feed = ((lambda: FixedChunks(base.iter_chunks(e.base, step), step))
+                     if (base is not None and e.base is not None) else None)
+        ranges = self._ranges(e)
+        stats = m.prepare(p, size, feeds, base_feed)  # (its passes keep the source's step: the same sums)
+        if ranges is not None:
+            yield from self._blocked(e, stats, *ranges)
+            return
+        # chunks on which every input's pieces end, so no input keeps a rest between chunks (memory
+        # independent of the number of inputs); elementwise results do not depend on the chunks
+        step = aligned_step(e.spec.shape, step) if m.elementwise else step
+        its = [FixedChunks(self.inputs[j].iter_chunks(n, step), step) for j, n in e.inputs]
+        bit = (FixedChunks(base.iter_chunks(e.base, step), step)
+               if (base is not None and e.base is not None) else None)
+        order: List[Iterator[np.ndarray]] = ([bit] if bit is not None else []) + its
+        out_dt = e.spec.dtype
+        try:
+            pending = self._next(order[0]) if size else None
+            for off in range(0, size, step):
+                n = min(step, size - off)
+                acc = m.start(p, n)
+                b = None
+                for k in range(len(order)):  # read the next input while this one is added
+                    assert pending is not None
+                    x = pending.result()
+                    nxt = order[k + 1] if k + 1 < len(order) else (order[0] if off + step < size else None)
+                    pending = self._next(nxt) if nxt is not None else None
+                    if bit is not None and k == 0:
+                        b = x
+                        continue
+                    self._add(acc, p, stats, k - (1 if bit is not None else 0), x, b, off)
+                    del x
+                yield cast_array(m.finish(acc, p, stats, b), out_dt)
+        finally:
+            for it in order:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+
+    def _blocked(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+                 base: Optional[TensorRanges]) -> Iterator[np.ndarray]:
+        """The chunks of an elementwise combination of local files (see :func:`blocked_chunks`)."""
+        return iter(self._stream(e, stats, ranges, base))
+
+    def _stream(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+                base: Optional[TensorRanges]) -> BlockedChunks:
+        assert e.params is not None
+        name = e.spec.name
+        return BlockedChunks(self.method, e.params, stats, ranges, base, e.spec.size, self.step, e.spec.dtype,
+                             self._submit, on_last=lambda: self._start_after(name))
+
+    def read(self, names: Sequence[str]) -> Dict[str, Any]:
+        """The combined values of ``names`` as whole arrays (64-byte aligned)."""
+        out = {}
+        for name in names:
+            e = self.entries[name]
+            if e.params is None:  # one input's value, as it reads it (strings included)
+                j, n = e.inputs[0]
+                out[name] = self.inputs[j].read([n])[n]
+                continue
+            arr = aligned_empty(e.spec.shape, numpy_dtype(e.spec.dtype))
+            flat = arr.reshape(-1)
+            pos = 0
+            for chunk in self.iter_chunks(name):
+                flat[pos:pos + chunk.size] = chunk
+                pos += chunk.size
+            out[name] = arr
+        return out
+
+    def close(self) -> None:
+        """Close every input and the base."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].abandon()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for h in ([self.base] if self.base is not None else []) + list(self.inputs):
+            h.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Lining up the inputs' names
+# --------------------------------------------------------------------------------------------
+
+
+def _produced(h: SourceHandle, optimizer: bool) -> Tuple[Dict[str, Tuple[str, VariableInfo]], List[str], int]:
+    """``{output name: (name in the input, spec)}`` after the input's own rules, the names two
+    of its names both map to, and how many optimizer names were left out."""
+    variables = h.all_variables if optimizer else model_variables(h.all_variables)
+    left = len(h.all_variables) - len(variables)
+    specs = {v.name: v for v in variables}
+    res = h.source.rules(None).apply(sorted(specs))
+    out: Dict[str, Tuple[str, VariableInfo]] = {}
+    clashes = []
+    for name, targets in res.mapping.items():
+        for t in targets:
+            if t in out:
+                clashes.append(t)
+            out[t] = (name, specs[name])
+    for amb in res.ambiguous:
+        clashes.append(amb.name)
+    return out, sorted(set(clashes)), left
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in _FLOATS
+
+
+def _line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[SourceHandle],
+             method: Any) -> Tuple[Dict[str, _Entry], CombineReport]:
+    labels = [h.label for h in inputs]
+    produced = [_produced(h, src.optimizer) for h in inputs]
+    base_names = _produced(base, src.optimizer)[0] if base is not None else {}
+    n = len(inputs)
+    problems: List[str] = []
+    for h, (_, clashes, _) in zip(inputs, produced):
+        for c in clashes:
+            problems.append(f"{quote_name(c)}: two names of input {quote_name(h.label)} map to it (its rules)")
+    every = sorted(set().union(*(p[0] for p in produced)))
+    entries: Dict[str, _Entry] = {}
+    fewer: List[Tuple[str, int, int]] = []
+    copied: List[Tuple[str, str, str]] = []
+    left_out: List[Tuple[str, str]] = []
+    dtypes: List[Tuple[str, str, str]] = []
+    families: Dict[str, List[str]] = {}
+    integer_names: List[str] = []
+    weights = [_glob_value(w, f"weights[{i}]") for i, w in enumerate(src.weights)]
+    params = {k: _glob_value(v, k) for k, v in src.params.items()}
+    strict = src.keys == "strict"
+    nbytes_out = nbytes_read = 0
+    for name in every:
+        holders = [(j, produced[j][0][name]) for j in range(n) if name in produced[j][0]]
+        specs = [s for _, (_, s) in holders]
+        if len(holders) < n:
+            where = [labels[j] for j in range(n) if name not in produced[j][0]]
+            if strict:
+                problems.append(f"{quote_name(name)} is missing from {', '.join(map(quote_name, where))}")
+                continue
+            if src.keys == "intersection":
+                left_out.append((name, f"in {len(holders)} of {n} inputs (keys='intersection')"))
+                continue
+        shapes = {tuple(s.shape) for s in specs}
+        kinds = {s.dtype for s in specs}
+        if len(shapes) > 1 or (len(kinds) > 1 and not all(map(_is_float, kinds))) or (strict and len(kinds) > 1):
+            text = "; ".join(f"{_spec_text(s)} in {quote_name(labels[j])}" for j, (_, s) in holders)
+            if strict:
+                problems.append(f"{quote_name(name)} differs: {text}")
+            else:
+                left_out.append((name, f"shapes or dtypes differ: {text}"))
+            continue
+        first = specs[0]
+        is_float = all(map(_is_float, kinds))
+        if not is_float:  # integers, bools, strings: one input's value, as the policy says
+            integer_names.append(name)
+            if src.integers == "error":
+                continue
+            j, (iname, ispec) = holders[-1] if src.integers == "last" else holders[0]
+            entries[name] = _Entry(VariableInfo(name, tuple(ispec.shape), ispec.dtype, name, ispec.kind, ispec.nbytes),
+                                   ((j, iname),), None, None)
+            copied.append((name, src.integers, labels[j]))
+            nbytes_out += ispec.nbytes
+            nbytes_read += ispec.nbytes
+            continue
+        base_name = None
+        if method.needs_base:
+            got = base_names.get(name)
+            if got is None or tuple(got[1].shape) != tuple(first.shape) or not _is_float(got[1].dtype):
+                why = ("not in the base" if got is None else
+                       f"the base holds it as {_spec_text(got[1])}, the inputs as {_spec_text(first)}")
+                if strict:
+                    problems.append(f"{quote_name(name)}: {why}")
+                else:
+                    left_out.append((name, why))
+                continue
+            base_name = got[0]
+        if len(holders) < method.min_inputs:
+            left_out.append((name, f"in {len(holders)} of {n} inputs; {src.method} needs {method.min_inputs}"))
+            continue
+        if len(holders) < n:
+            fewer.append((name, len(holders), n))
+        out_dtype = src.dtype or first.dtype
+        if len(kinds) > 1:
+            dtypes.append((name, out_dtype, ", ".join(f"{s.dtype} in {labels[j]}" for j, (_, s) in holders)))
+        acc = "float32" if (src.accumulate == "float32" and all(k in _HALF for k in kinds)) else "float64"
+        chosen: Dict[str, Any] = {}
+        globs: List[str] = []
+        for key, default in method.defaults.items():
+            v, g = _pick(params.get(key, default), name, default)
+            chosen[key] = v
+            if g:
+                globs.append(f"{key} by {g!r}")
+        ws = []
+        for j, _ in holders:
+            w, g = _pick(weights[j], name, 1.0) if weights else (1.0, "")
+            ws.append(float(w))
+        if src.method == "ema":
+            ws = ema_weights(len(holders), float(chosen["decay"]))
+        bad = method.check(chosen)
+        if bad:
+            problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
+            continue
+        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders))
+        fam = method.describe(p) if src.method not in ("mean", "ema") else ""
+        wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "weights uniform"
+        family = "; ".join(x for x in (wtext if src.method in ("mean", "ema", "task_arithmetic", "ties", "dare") else "",
+                                       fam, f"accumulate {acc}", ", ".join(globs)) if x)
+        families.setdefault(family, []).append(name)
+        nbytes = first.size * numpy_dtype(out_dtype).itemsize
+        entries[name] = _Entry(VariableInfo(name, tuple(first.shape), out_dtype, name, first.kind,
+                                            sum(s.nbytes for s in specs) + (base_names[name][1].nbytes if base_name else 0)),
+                               tuple((j, iname) for j, (iname, _) in holders), base_name, p)
+        nbytes_out += nbytes
+        nbytes_read += entries[name].spec.nbytes
+    if integer_names and src.integers == "error":
+        problems.append(f"{plural(len(integer_names), 'integer or bool tensor')} cannot be averaged and "
+                        f"integers='error': {', '.join(map(quote_name, integer_names[:10]))}"
+                        + (f" ... and {len(integer_names) - 10} more" if len(integer_names) > 10 else "")
+                        + "; pass integers='last' or 'first' to take one input's value, or exclude them")
+    if problems:
+        raise CombineError(
+            f"Cannot combine {plural(n, 'input')} with {src.method!r} (keys={src.keys!r}): "
+            f"{plural(len(problems), 'difference')}:\n  " + "\n  ".join(problems[:200])
+            + (f"\n  ... and {len(problems) - 200} more" if len(problems) > 200 else "")
+            + ("\nPass keys='intersection' (only the names every input holds) or keys='union' (each name over the "
+               "inputs that hold it), or give the inputs rules (include/exclude/map) so they line up."
+               if strict else ""), differences=problems)
+    if not entries:
+        raise CombineError(f"Nothing to combine: the {plural(n, 'input')} share no tensor "
+                           f"({len(left_out)} left out, e.g. {quote_name(left_out[0][0]) if left_out else '-'}).")
+
+    def describe(h: SourceHandle, weight: Any) -> Dict[str, Any]:
+        return {"label": h.label, "path": h.path, "note": h.note, "step": _step_of(h), "weight": weight}
+
+    ins = [describe(h, (src.weights[i] if src.weights else None)) for i, h in enumerate(inputs)]
+    report = CombineReport(
+        method=src.method, inputs=ins, base=describe(base, None) if base is not None else None,
+        options={"dtype": src.dtype, "accumulate": src.accumulate, "keys": src.keys, "integers": src.integers,
+                 "optimizer": src.optimizer, "order": src.order, **{k: v for k, v in src.params.items()}},
+        families=[(f, len(names), names[:5]) for f, names in families.items()],
+        fewer=fewer, copied=copied, left_out=left_out, dtypes=dtypes, tensors=len(entries),
+        nbytes_out=nbytes_out, nbytes_read=nbytes_read, optimizer_left_out=max(p[2] for p in produced))
+    return entries, report
+
+
+def _step_of(h: SourceHandle) -> Optional[int]:
+    return step_of(h.path) if h.path and not h.path.startswith("<") else None
+
+
+# --------------------------------------------------------------------------------------------
+# combine()
+# --------------------------------------------------------------------------------------------
+
+
+def combine(
+    checkpoints: Any,
+    method: str = "mean",
+    *,
+    base: Any = None,
+    weights: Optional[Sequence[Any]] = None,
+    dtype: Optional[str] = None,
+    keys: str = "strict",
+    integers: str = "last",
+    optimizer: bool = False,
+    accumulate: str = "float64",
+    last: Optional[int] = None,
+    steps: Any = None,
+    every: Optional[int] = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    map: Any = None,  # noqa: A002 - the rule keywords of Source
+    regex: Any = None,
+    include: Any = None,
+    exclude: Any = None,
+    layout: Optional[str] = None,
+    name: Optional[str] = None,
+    cast: Optional[bool] = None,
+    transforms: Sequence[Any] = (),
+    align: Optional[str] = None,
+    **params: ParamValue,
+) -> CombinedSource:
+    """Combine many checkpoints into one source: average, EMA, soup or task-vector merge.
+
+    Args:
+        checkpoints: a list of checkpoint paths, URLs or :class:`~ckptmerge.Source` objects (with
+            their own rules, applied before combining), of any format ckptmerge reads; or a
+            training directory (local or URL) whose checkpoints ``last``, ``steps``, ``every`` select.
+        method: ``"mean"``, ``"ema"``, ``"task_arithmetic"``, ``"ties"``, ``"dare"``, ``"slerp"``
+            or ``"model_stock"`` (see :mod:`ckptmerge.combining.methods` for the formulas).
+        base: the base checkpoint (path, URL or Source) of the task-vector methods
+            (``task_arithmetic``, ``ties``, ``dare``, ``model_stock``; required there).
+        weights: one weight per input (``mean``, ``task_arithmetic``, ``ties``, ``dare``); each a
+            number or ``{glob: number}`` (first matching glob wins).
+        dtype: the output dtype of float tensors (default: the inputs' dtype).
+        keys: ``"strict"`` (the inputs hold the same names, shapes and dtypes, otherwise one
+            error lists every difference), ``"intersection"`` (the names all inputs hold) or
+            ``"union"`` (each name over the inputs that hold it, listed in the report).
+        integers: integer, bool and string tensors (``global_step``, counters) are not averaged:
+            ``"last"`` or ``"first"`` input's value, or ``"error"``.
+        optimizer: also combine optimizer slots and bookkeeping (left out by default).
+        accumulate: ``"float64"``; ``"float32"`` accumulates float16/bfloat16 tensors in float32.
+        last: with a directory: its last N checkpoints (after ``steps`` and ``every``).
+        steps: with a directory: the steps in a ``range``, a ``(low, high)`` tuple (inclusive,
+            either may be ``None``) or a list.
+        every: with a directory: the steps divisible by K.
+        chunk_elements: accumulator elements per chunk (memory: a few chunks of float64).
+        map: as for :class:`~ckptmerge.Source`, on the combined names (so are the next ones).
+        regex: rename rules on the combined names.
+        include: glob(s) of the combined names to keep.
+        exclude: glob(s) of the combined names to leave out.
+        layout: ``"torch"`` reads the combined names as a PyTorch ``state_dict``.
+        name: the source's label (default ``"<method> of <n>"``).
+        cast: per-source override of the plan's ``cast``.
+        transforms: value transforms applied to the combined values.
+        align: ``"structure"``: structural alignment for the targets nothing else reaches.
+        **params: the method's parameters, each a value or ``{glob: value}`` per tensor:
+            ``decay`` (ema, 0.999), ``scale`` (task_arithmetic/ties/dare, 1.0), ``density``
+            (ties/dare, 0.5), ``seed`` (dare, 0), ``consensus`` (dare: ``"none"`` or ``"ties"``),
+            ``normalize`` (ties True, dare False), ``t`` (slerp, 0.5).
+
+    Returns:
+        A :class:`CombinedSource`; ``.report()`` describes it without reading a tensor.
+
+    Raises:
+        ArgumentError: an unknown method or parameter, a bad option, a missing base.
+        CombineError: (when opened) the inputs do not line up; see ``keys``.
+
+    Example:
+        >>> import ckptmerge as cm
+        >>> avg = cm.combine("runs/A", last=5)                                       # doctest: +SKIP
+        >>> cm.merge(avg, "runs/A/avg.safetensors")                                  # doctest: +SKIP
+        >>> soup = cm.combine(["ft1", "ft2", "ft3"], "ties", base="pretrained",
+        ...                   density={"*attention*": 0.3, "*": 0.5})                 # doctest: +SKIP
+        >>> cm.restore(model, [soup])                                                # doctest: +SKIP
+    """
+    m = METHODS.get(method) if isinstance(method, str) else None
+    if m is None:
+        _choice(method, "method", list(METHODS))
+    assert m is not None
+    keys = _choice(keys, "keys", KEYS)
+    integers = _choice(integers, "integers", INTEGERS)
+    accumulate = _choice(accumulate, "accumulate", ACCUMULATE)
+    if not isinstance(optimizer, bool):
+        raise ArgumentTypeError(f"optimizer must be True or False. Received: optimizer={optimizer!r}")
+    if dtype is not None:
+        dtype = _choice(getattr(dtype, "name", dtype), "dtype", _FLOATS)
+    if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
+        raise ArgumentError(f"chunk_elements must be a positive int. Received: chunk_elements={chunk_elements!r}")
+    unknown = sorted(set(params) - set(m.defaults))
+    if unknown:
+        hint = did_you_mean(unknown[0], list(m.defaults) + ["weights", "base", "dtype", "keys"], cutoff=0.6)
+        raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in m.defaults) or 'none'}; "
+                            f"received {', '.join(repr(k) for k in unknown)}.{hint}")
+    for k, v in params.items():  # a value, or {glob: value}: checked per tensor when opened
+        _glob_value(v, k)
+    srcs = _inputs(checkpoints, last, steps, every)
+    base_src = None
+    if base is not None:
+        base_src = as_sources([base])[0]
+        if base_src.name is None and isinstance(base, (str, os.PathLike)):
+            base_src = Source(os.fspath(base), name="base") if os.fspath(base) in [s.label for s in srcs] else base_src
+    if m.needs_base and base_src is None:
+        raise ArgumentError(f"method {method!r} needs base=<the checkpoint the inputs were fine-tuned from>.")
+    if not m.needs_base and base_src is not None and method != "slerp":
+        raise ArgumentError(f"method {method!r} takes no base; the task-vector methods (task_arithmetic, ties, dare, "
+                            "model_stock) do.")
+    if method == "slerp" and base_src is not None:  # mergekit's form: from the base toward the other model
+        srcs = [base_src] + srcs
+        base_src = None
+    if len(srcs) < m.min_inputs or (m.max_inputs is not None and len(srcs) > m.max_inputs):
+        want = (f"exactly {m.min_inputs}" if m.max_inputs == m.min_inputs else f"at least {m.min_inputs}")
+        raise ArgumentError(f"method {method!r} combines {want} inputs{' besides the base' if m.needs_base else ''}; "
+                            f"received {len(srcs)}.")
+    check_unique_labels(srcs + ([base_src] if base_src is not None else []))
+    if weights is not None:
+        if method in ("ema", "slerp", "model_stock"):
+            raise ArgumentError(f"method {method!r} takes no weights ("
+                                + {"ema": "they come from decay", "slerp": "t sets the mix",
+                                   "model_stock": "its ratio comes from the inputs' angle"}[method] + ").")
+        weights = list(weights)
+        if len(weights) != len(srcs):
+            raise ArgumentError(f"weights has {len(weights)} entries for {plural(len(srcs), 'input')}; give one per input.")
+        for i, w in enumerate(weights):
+            vals = list(w.values()) if isinstance(w, Mapping) else [w]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
+                raise ArgumentTypeError(f"weights[{i}] must be a finite number or {{glob: number}}. Received: {w!r:.80}")
+    order = "given"
+    if method == "ema":
+        steps_of = [s.resolve() for s in srcs]
+        if all(r is not None and r.step is not None for r in steps_of):
+            pairs = sorted(zip([r.step for r in steps_of], range(len(srcs))))
+            srcs = [srcs[i] for _, i in pairs]
+            order = "by step"
+    rules = {k: v for k, v in dict(map=map, regex=regex, include=include, exclude=exclude, layout=layout, name=name,
+                                   cast=cast, transforms=transforms, align=align).items() if v is not None}
+    return CombinedSource(srcs, method, base=base_src, weights=list(weights or []), dtype=dtype, keys=keys,
+                          integers=integers, optimizer=optimizer, accumulate=accumulate, params=dict(params),
+                          chunk_elements=chunk_elements, order=order, **rules)

@@ -1,0 +1,608 @@
+"""Checkpoint arithmetic, one tensor (or one chunk of one) at a time: the merge methods' math.
+
+Pure NumPy, no file access: :mod:`ckptmerge.combining.combine` feeds these units flat chunks of
+one tensor, input by input, so memory holds a few chunks whatever the number of inputs. Each
+method is one small class (mergekit's ``merge_methods`` are the model) with three steps:
+
+* :meth:`Method.prepare`: whole-tensor statistics, from passes over the chunks (TIES's
+  magnitude threshold per input, SLERP's angle, Model Stock's mean cosine); most methods need
+  none.
+* :meth:`Method.start` / :meth:`Method.add`: accumulate one chunk of each input in turn, in the
+  accumulation dtype (float64 unless asked otherwise).
+* :meth:`Method.finish`: the chunk's result (still in the accumulation dtype: the caller casts).
+
+The formulas (``x_i`` the inputs, ``b`` the base, ``w_i`` the weights, ``d_i = x_i - b``):
+
+* ``mean``: ``sum(w_i x_i) / sum(w_i)``; ``ema`` is a mean whose weights come from ``decay``
+  over the inputs in step order (``w_1 = decay**(n-1)``, ``w_i = (1-decay) decay**(n-i)``).
+* ``task_arithmetic``: ``b + scale * sum(w_i d_i)``.
+* ``ties`` (Yadav et al. 2023): keep the ``density`` fraction of largest ``|d_i|`` of each input,
+  elect each element's sign as the sign of ``sum(w_i t_i)`` (positive on a tie), and take the
+  weighted mean of the kept ``w_i t_i`` that agree with it: ``b + scale * mean``.
+* ``dare`` (Yu et al. 2023): drop each element of ``d_i`` with probability ``1 - density``,
+  rescale the rest by ``1/density``, then add as task arithmetic (or elect signs as TIES with
+  ``consensus="ties"``). The draws come from a Philox generator seeded by ``(seed, tensor
+  name, input)``, in element order, so a seed gives the same result whatever the chunk size.
+* ``slerp``: spherical interpolation ``t`` of the way from the first input to the second, over
+  the whole tensor as one vector; linear when the two are near-parallel (``|cos| > 0.9995``)
+  or one is zero.
+* ``model_stock`` (Jang et al. 2024): ``t = k cos / (1 + (k-1) cos)`` from the mean pairwise
+  cosine of the fine-tunes' offsets ``d_i`` (k of them), then ``t * mean(x_i) + (1-t) b``
+  (``t = 0`` where the denominator vanishes).
+
+Example:
+    >>> import numpy as np
+    >>> combine_arrays("mean", [np.ones(3, np.float32), np.zeros(3, np.float32)]).tolist()
+    [0.5, 0.5, 0.5]
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..core.errors import ArgumentError
+
+__all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs", "tie_cut",
+           "DOT_THRESHOLD"]
+
+#: SLERP interpolates linearly when the cosine between the two tensors exceeds this (as mergekit).
+DOT_THRESHOLD = 0.9995
+
+Chunks = Callable[[], Iterable[np.ndarray]]  # a fresh pass over one tensor's flat chunks
+
+
+@dataclass(frozen=True)
+class TensorParams:
+    """What one tensor's combination needs: its name, the weights of the inputs that hold it
+    (in input order), the method's parameters resolved for this tensor, and the accumulation dtype.
+    """
+
+    name: str
+    weights: Tuple[float, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    acc: str = "float64"
+    inputs: Tuple[int, ...] = ()  # the inputs' positions among all inputs (DARE's seeds)
+
+    def get(self, key: str) -> Any:
+        return self.params[key]
+
+
+def ema_weights(n: int, decay: float) -> List[float]:
+    """The weights an exponential moving average over ``n`` values in order gives each.
+
+    ``ema = x_1``, then ``ema = decay * ema + (1 - decay) * x_i``, which is ``sum(w_i x_i)``.
+
+    Example:
+        >>> ema_weights(3, 0.5)
+        [0.25, 0.25, 0.5]
+    """
+    if n <= 0:
+        return []
+    return [decay ** (n - 1)] + [(1 - decay) * decay ** (n - i) for i in range(2, n + 1)]
+
+
+class Method:
+    """One merge method: parameters, the inputs it takes, and its three steps (see the module).
+
+    Attributes:
+        name: the method's name (``"mean"``, ``"ties"``, ...).
+        needs_base: whether a base checkpoint is required.
+        min_inputs, max_inputs: how many inputs (besides the base) it combines.
+        defaults: its parameters and their defaults.
+        state: float accumulators it keeps per element (to size chunks).
+    """
+
+    name = ""
+    elementwise = False  # add() of one element needs no other (so halves of a chunk may run at once)
+    prepare_reads = True  # prepare() passes over the values (False: it reads nothing, e.g. a mean's weights)
+    needs_base = False
+    min_inputs = 1
+    max_inputs: Optional[int] = None
+    defaults: Mapping[str, Any] = {}
+    state = 1
+
+    def check(self, params: Mapping[str, Any]) -> List[str]:
+        """Problems with one tensor's parameter values (empty when they are fine)."""
+        return []
+
+    def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
+        """Whole-tensor statistics from passes over the chunks; ``None`` when none are needed."""
+        return None
+
+    def start(self, p: TensorParams, n: int) -> Any:
+        return np.zeros(n, p.acc)
+
+    def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
+            offset: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        return acc
+
+    def finish_into(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray], out: np.ndarray) -> None:
+        """:meth:`finish`, cast into ``out`` (float16, float32 or float64: NumPy's rounding)."""
+        np.copyto(out, self.finish(acc, p, stats, base), casting="unsafe")
+
+    def describe(self, p: TensorParams) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(p.params.items()))
+
+
+#: Scaled adds go through temporaries of at most this many elements (their memory stays small).
+_BLOCK = 1 << 16
+
+
+def _add_scaled(acc: np.ndarray, x: np.ndarray, w: float, first: bool = False) -> None:
+    """``acc += w * x`` in the accumulator's dtype, with no temporary for ``w == 1`` (and small
+    ones otherwise); ``first``: ``acc = w * x`` (the accumulator was not initialised)."""
+    if first:
+        if w == 1.0:
+            np.copyto(acc, x, casting="unsafe")
+        else:
+            np.multiply(x, w, out=acc, dtype=acc.dtype, casting="unsafe")
+    elif w == 1.0:
+        np.add(acc, x, out=acc, casting="unsafe")
+    else:
+        for s in range(0, acc.size, _BLOCK):
+            part = acc[s:s + _BLOCK]
+            np.add(part, np.multiply(x[s:s + _BLOCK], w, dtype=acc.dtype), out=part)
+
+
+class Linear(Method):
+    """A weighted sum ``sum(c_i x_i) + c_b b`` whose coefficients :meth:`coefficients` gives."""
+
+    elementwise = True
+    prepare_reads = False
+
+    def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
+        raise NotImplementedError
+
+    def start(self, p: TensorParams, n: int) -> Any:
+        return np.empty(n, p.acc)  # (the first input initialises it)
+
+    def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
+            offset: int) -> None:
+        _add_scaled(acc, x, stats[0][j], first=j == 0)
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        if stats[1] and base is not None:
+            _add_scaled(acc, base, stats[1])
+        return acc
+
+    def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
+        return self.coefficients(p, None)
+
+
+class Mean(Linear):
+    """``sum(w_i x_i) / sum(w_i)``: a uniform or weighted average (a model soup)."""
+
+    name = "mean"
+
+    def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
+        total = math.fsum(p.weights)
+        if total == 0:
+            raise ArgumentError(f"the weights of tensor {p.name!r} sum to 0; a weighted mean needs a nonzero sum.")
+        if len(set(p.weights)) == 1:  # uniform: sum, then one division
+            return [1.0] * len(p.weights), 0.0
+        return [w / total for w in p.weights], 0.0
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        if len(set(p.weights)) == 1:
+            acc /= len(p.weights)
+        return acc
+
+    def finish_into(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray], out: np.ndarray) -> None:
+        if len(set(p.weights)) == 1:  # the float64 quotient, rounded once into out (one pass, not two)
+            np.divide(acc, len(p.weights), out=out, casting="unsafe")
+        else:
+            np.copyto(out, acc, casting="unsafe")
+
+
+class Ema(Mean):
+    """An exponential moving average over the inputs in step order (weights from ``decay``)."""
+
+    name = "ema"
+    defaults = {"decay": 0.999}
+
+    def check(self, params: Mapping[str, Any]) -> List[str]:
+        d = params["decay"]
+        return [] if 0 <= d < 1 else [f"decay must be in [0, 1), received {d!r}"]
+
+
+class TaskArithmetic(Linear):
+    """``b + scale * sum(w_i (x_i - b))``."""
+
+    name = "task_arithmetic"
+    needs_base = True
+    defaults = {"scale": 1.0}
+
+    def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
+        s = p.get("scale")
+        return [s * w for w in p.weights], 1.0 - s * math.fsum(p.weights)
+
+    def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
+            offset: int) -> None:
+        if j == 0:
+            np.subtract(x, base, out=acc, dtype=acc.dtype)  # deltas, as the formula: exact for x == b
+            acc *= stats[0][j]
+            return
+        d = np.subtract(x, base, dtype=acc.dtype)
+        d *= stats[0][j]
+        acc += d
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        np.add(acc, base, out=acc, casting="unsafe")
+        return acc
+
+
+def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarray, int], np.ndarray],
+                    *, whole_limit: int = 1 << 20, equal: bool = False) -> Tuple[Any, ...]:
+    """The ``k``-th largest ``|value|`` of a tensor given as chunks, exactly, in bounded memory,
+    and how many magnitudes are strictly larger (the values equal to it make up the rest of the
+    ``k``); with ``equal=True`` also how many are equal to it.
+
+    ``passes()`` starts a pass over the tensor's chunks (``(chunk, offset)`` pairs) and
+    ``delta(chunk, offset)`` turns one into the float64 values ranked. A tensor of at most
+    ``whole_limit`` elements is ranked in memory (``np.partition``); a larger one by a radix
+    selection on the bit patterns of the magnitudes (non-negative float64 values order as their
+    uint64 bits): 16 bits a pass, until the candidates fit in ``whole_limit``.
+
+    Example:
+        >>> x = np.array([3.0, -7.0, 1.0, 5.0, -5.0])
+        >>> kth_largest_abs(lambda: [(x, 0)], 5, 2, lambda c, o: c)
+        (5.0, 1)
+    """
+    if k <= 0:
+        return (math.inf, 0, 0) if equal else (math.inf, 0)
+    if size <= whole_limit:
+        a = np.abs(np.concatenate([delta(c, o) for c, o in passes()])) if size else np.zeros(0)
+        thr = float(np.partition(a, size - k)[size - k])
+        above = int(np.count_nonzero(a > thr))
+        return (thr, above, int(np.count_nonzero(a == thr))) if equal else (thr, above)
+    prefix, shift, rank = 0, 64, k  # the k-th largest has bits `prefix` above `shift`
+    while True:
+        shift -= 16
+        counts = np.zeros(1 << 16, np.int64)
+        for c, o in passes():
+            bits = np.abs(delta(c, o)).view(np.uint64)
+            if shift + 16 < 64:
+                bits = bits[(bits >> np.uint64(shift + 16)) == np.uint64(prefix)]
+            counts += np.bincount(((bits >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.int64),
+                                  minlength=1 << 16)
+        above = np.cumsum(counts[::-1])  # elements in this bin or a higher one
+        top = int(np.searchsorted(above, rank))  # first count from the top reaching `rank`
+        b = (1 << 16) - 1 - top
+        rank -= int(above[top - 1]) if top else 0
+        prefix = (prefix << 16) | b
+        if counts[b] <= whole_limit or shift == 0:
+            break
+    keep = []
+    for c, o in passes():
+        bits = np.abs(delta(c, o)).view(np.uint64)
+        keep.append(bits[(bits >> np.uint64(shift)) == np.uint64(prefix)])
+    cand = np.concatenate(keep).view(np.float64)  # (every magnitude equal to the k-th is among them)
+    thr = float(np.partition(cand, cand.size - rank)[cand.size - rank])
+    above = (k - rank) + int(np.count_nonzero(cand > thr))
+    return (thr, above, int(np.count_nonzero(cand == thr))) if equal else (thr, above)
+
+
+def tie_cut(passes: Chunks, thr: float, need: int) -> int:
+    """The element index just past the ``need``-th magnitude equal to ``thr`` in element order
+    (``passes()`` as for :func:`kth_largest_abs`): keeping ``|d| > thr``, and ``|d| == thr`` only
+    before that index, keeps the first ``need`` of the tied magnitudes.
+
+    Example:
+        >>> x = np.array([2.0, -1.0, 1.0, 3.0, 1.0])
+        >>> tie_cut(lambda: [(x[:2], 0), (x[2:], 2)], 1.0, 2)
+        3
+    """
+    if need <= 0:
+        return 0
+    seen = end = 0
+    for c, o in passes():
+        at = np.flatnonzero(np.abs(c) == thr)
+        if seen + at.size >= need:
+            return o + int(at[need - seen - 1]) + 1
+        seen += at.size
+        end = o + c.size
+    return end  # (fewer than `need`: all of them)
+
+
+class TaskVectors(Method):
+    """The task-vector family: sparsify each ``d_i`` (``magnitude`` or ``random``), optionally
+    elect signs (``consensus``), sum with weights, optionally divide by the agreeing weights."""
+
+    needs_base = True
+    sparsify = ""           # "magnitude" (TIES) or "random" (DARE)
+    normalize_default = True
+
+    def check(self, params: Mapping[str, Any]) -> List[str]:
+        d = params["density"]
+        out = [] if 0 < d <= 1 else [f"density must be in (0, 1], received {d!r}"]
+        if params.get("consensus", "ties") not in ("ties", "none"):
+            out.append(f"consensus must be 'ties' or 'none', received {params['consensus']!r}")
+        return out
+
+    @property
+    def state(self) -> int:  # type: ignore[override]
+        return 5  # P, Q, their weights, and one scratch array
+
+    def consensus(self, p: TensorParams) -> bool:
+        return True
+
+    def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
+        density = p.get("density")
+        if self.sparsify != "magnitude" or density >= 1:
+            return None
+        k = max(1, int(density * size)) if size else 0
+        assert base is not None
+        thresholds = []
+        for chunks in inputs:
+            def passes(chunks: Chunks = chunks) -> Iterator[Tuple[np.ndarray, int]]:
+                off = 0
+                for x, b in zip(chunks(), base()):
+                    yield np.subtract(x, b, dtype=np.float64), off
+                    off += x.size
+            thr, above, equal = kth_largest_abs(passes, size, k, lambda c, o: c, equal=True)
+            # Of the magnitudes equal to thr, the first k - above in element order are kept: those
+            # before index `cut` (found by one more pass only when some of them are left out), so
+            # any element's fate depends on nothing but its value and index (any chunk, any thread).
+            need = k - above
+            cut = size if need >= equal else tie_cut(passes, thr, need)
+            thresholds.append((thr, cut))
+        return thresholds
+
+    def sparse(self, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: np.ndarray, offset: int,
+               dt: Any) -> np.ndarray:
+        d = np.subtract(x, base, dtype=dt)
+        density = p.get("density")
+        if density >= 1:
+            return d
+        if self.sparsify == "magnitude":
+            # Exactly the k largest magnitudes: of those equal to the k-th, the ones before the
+            # index `cut` (the first ones in element order).
+            thr, cut = stats[j]
+            mag = np.abs(d)
+            n = d.size
+            if cut >= offset + n:
+                keep = mag >= thr
+            else:
+                keep = mag > thr
+                if cut > offset:
+                    keep[:cut - offset] |= mag[:cut - offset] == thr
+            return np.where(keep, d, d.dtype.type(0))  # (a select: far faster than d[~keep] = 0)
+        keep = dare_uniform(p, j, offset, d.size) < density
+        d *= keep
+        d /= density
+        return d
+
+    def start(self, p: TensorParams, n: int) -> Any:
+        if not self.consensus(p):
+            return np.zeros(n, p.acc)
+        return [np.zeros(n, p.acc) for _ in range(4)]  # P, Q, Pw, Qw
+
+    def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
+            offset: int) -> None:
+        assert base is not None
+        w = p.weights[j]
+        t = self.sparse(p, stats, j, x, base, offset, p.acc)
+        if w != 1.0:
+            t *= w
+        if not isinstance(acc, list):
+            np.add(acc, t, out=acc, casting="unsafe")
+            return
+        # The sums of the positive and of the negative values and of their weights, as plain
+        # adds (a masked add runs element by element): the other elements add a zero, which
+        # changes no sum (P, Q, Pw and Qw start at +0 and never become -0), and NaN adds 0, as
+        # it is neither positive nor negative.
+        P, Q, Pw, Qw = acc
+        zero, wt = t.dtype.type(0), t.dtype.type(w)
+        np.add(P, np.fmax(t, zero), out=P)
+        np.add(Q, np.fmin(t, zero), out=Q)
+        np.add(Pw, np.where(t > 0, wt, zero), out=Pw)
+        np.add(Qw, np.where(t < 0, wt, zero), out=Qw)
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        normalize = p.params.get("normalize", self.normalize_default)
+        if isinstance(acc, list):
+            P, Q, Pw, Qw = acc
+            up = (P + Q) >= 0  # the elected sign: positive on a tie, as mergekit's "sum" consensus
+            mixed = np.where(up, P, Q)
+            if normalize:
+                div = np.where(up, Pw, Qw)
+                div[div == 0] = 1
+                mixed /= div
+        else:
+            mixed = acc
+            if normalize:
+                total = math.fsum(p.weights)
+                mixed /= total if abs(total) >= 1e-8 else 1.0
+        scale = p.get("scale")
+        if scale != 1:
+            mixed *= scale
+        np.add(mixed, base, out=mixed, casting="unsafe")
+        return mixed
+
+
+#: DARE draws its random numbers in blocks of this many elements, each from its own generator,
+#: so any chunk of a tensor sees the same draws whatever the chunk size.
+DARE_BLOCK = 1 << 16
+
+
+def dare_uniform(p: TensorParams, j: int, offset: int, n: int) -> np.ndarray:
+    """Uniform [0, 1) draws for elements ``offset .. offset + n`` of input ``j`` of tensor
+    ``p.name``: block ``k`` of :data:`DARE_BLOCK` elements comes from a Philox generator seeded by
+    ``(seed, crc32(name), input, k)``.
+
+    Example:
+        >>> p = TensorParams("w", (1.0,), {"seed": 0})
+        >>> bool((dare_uniform(p, 0, 0, 10)[4:] == dare_uniform(p, 0, 4, 6)).all())
+        True
+    """
+    seed = int(p.get("seed")) & (2 ** 63 - 1)
+    where = p.inputs[j] if p.inputs else j
+    tag = zlib.crc32(p.name.encode("utf-8"))
+    out = np.empty(n, np.float64)
+    pos = offset
+    while pos < offset + n:
+        block = pos // DARE_BLOCK
+        lo = block * DARE_BLOCK
+        hi = min(lo + DARE_BLOCK, offset + n)
+        draws = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, tag, where, block]))).random(hi - lo)
+        out[pos - offset:hi - offset] = draws[pos - lo:]
+        pos = hi
+    return out
+
+
+class Ties(TaskVectors):
+    """TIES-merging: trim by magnitude (``density``), elect signs, disjoint mean."""
+
+    elementwise = True  # (after prepare: each element is kept by its magnitude and index)
+
+    name = "ties"
+    sparsify = "magnitude"
+    defaults = {"density": 0.5, "scale": 1.0, "normalize": True}
+
+
+class Dare(TaskVectors):
+    """DARE: random drop with ``p = 1 - density`` and rescale by ``1/density`` (seeded), then a
+    task-arithmetic sum (``consensus="ties"``: TIES's sign election and disjoint sum)."""
+
+    elementwise = True
+
+    name = "dare"
+    sparsify = "random"
+    normalize_default = False
+    defaults = {"density": 0.5, "scale": 1.0, "seed": 0, "consensus": "none", "normalize": False}
+
+    def consensus(self, p: TensorParams) -> bool:
+        return p.get("consensus") == "ties"
+
+
+def _reduce(pairs: Iterable[Tuple[np.ndarray, ...]], fn: Callable[..., Sequence[float]], n: int) -> List[float]:
+    totals = [0.0] * n
+    for chunk in pairs:
+        for i, v in enumerate(fn(*chunk)):
+            totals[i] += v
+    return totals
+
+
+class Slerp(Linear):
+    """Spherical interpolation ``t`` of the way from the first input to the second."""
+
+    prepare_reads = True  # (the angle between the inputs)
+
+    name = "slerp"
+    min_inputs = max_inputs = 2
+    defaults = {"t": 0.5}
+
+    def check(self, params: Mapping[str, Any]) -> List[str]:
+        t = params["t"]
+        return [] if 0 <= t <= 1 else [f"t must be in [0, 1], received {t!r}"]
+
+    def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
+        def parts(a: np.ndarray, b: np.ndarray) -> Sequence[float]:
+            a, b = a.astype(np.float64), b.astype(np.float64)
+            return float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b))
+
+        dot, na, nb = _reduce(zip(inputs[0](), inputs[1]()), parts, 3)
+        return slerp_coefficients(p.get("t"), dot, na, nb), 0.0
+
+
+def slerp_coefficients(t: float, dot: float, na: float, nb: float) -> List[float]:
+    """``[c_a, c_b]`` with ``slerp(a, b) = c_a a + c_b b`` from ``a.b``, ``a.a`` and ``b.b``.
+
+    Example:
+        >>> [round(c, 6) for c in slerp_coefficients(0.5, 0.0, 1.0, 1.0)]  # a quarter circle
+        [0.707107, 0.707107]
+    """
+    if na <= 0 or nb <= 0:
+        return [1 - t, t]
+    cos = max(-1.0, min(1.0, dot / math.sqrt(na * nb)))
+    if abs(cos) > DOT_THRESHOLD:
+        return [1 - t, t]
+    theta = math.acos(cos)
+    s = math.sin(theta)
+    return [math.sin((1 - t) * theta) / s, math.sin(t * theta) / s]
+
+
+class ModelStock(Linear):
+    """Model Stock: the interpolation ratio from the angle between fine-tunes, toward the base."""
+
+    prepare_reads = True  # (the inputs' mean cosine)
+
+    name = "model_stock"
+    needs_base = True
+    min_inputs = 2
+
+    def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
+        assert base is not None
+        k = len(inputs)
+        norms = []
+        for chunks in inputs:  # pass 1: |d_i|, one input at a time
+            total = 0.0
+            for x, b in zip(chunks(), base()):
+                d = np.subtract(x, b, dtype=np.float64)
+                total += float(np.dot(d, d))
+            norms.append(math.sqrt(total))
+        # pass 2: |sum u_i|^2 with u_i = d_i/|d_i|: sum over pairs of cos_ij = (|U|^2 - sum |u_i|^2) / 2
+        iters = [iter(c()) for c in inputs]
+        u2 = 0.0
+        for b in base():
+            acc = np.zeros(b.size, np.float64)
+            for it, nrm in zip(iters, norms):
+                x = next(it)
+                if nrm > 1e-6:
+                    acc += np.subtract(x, b, dtype=np.float64) / nrm
+            u2 += float(np.dot(acc, acc))
+        unit = sum(1 for nrm in norms if nrm > 1e-6)
+        cos = (u2 - unit) / (k * (k - 1))
+        cos = max(-1.0, min(1.0, cos))
+        den = 1 + (k - 1) * cos
+        t = 0.0 if abs(den) < 1e-6 else k * cos / den
+        return [t / k] * k, 1.0 - t
+
+    def describe(self, p: TensorParams) -> str:
+        return "t from the fine-tunes' angle"
+
+
+#: Every method by name.
+METHODS: Dict[str, Method] = {m.name: m for m in (Mean(), Ema(), TaskArithmetic(), Ties(), Dare(), Slerp(),
+                                                  ModelStock())}
+
+
+def combine_arrays(method: str, inputs: Sequence[Any], base: Any = None, *, weights: Optional[Sequence[float]] = None,
+                   name: str = "x", acc: str = "float64", chunk: Optional[int] = None, **params: Any) -> np.ndarray:
+    """Combine whole arrays with a method (the streaming units over one tensor in memory), in
+    the accumulation dtype; ``chunk`` splits it into pieces of that many elements as a stream would.
+
+    Example:
+        >>> a, b = np.array([1.0, -2.0]), np.array([3.0, 2.0])
+        >>> combine_arrays("task_arithmetic", [a], np.zeros(2)).tolist()
+        [1.0, -2.0]
+    """
+    m = METHODS[method]
+    xs = [np.asarray(x).reshape(-1) for x in inputs]
+    shape = np.shape(inputs[0])
+    b = None if base is None else np.asarray(base).reshape(-1)
+    size = xs[0].size
+    step = chunk or max(size, 1)
+    ps = {**m.defaults, **params}
+    p = TensorParams(name, tuple(weights or [1.0] * len(xs)), ps, acc, tuple(range(len(xs))))
+
+    def pieces(a: np.ndarray) -> Chunks:
+        return lambda: (a[s:s + step] for s in range(0, size, step))
+
+    stats = m.prepare(p, size, [pieces(x) for x in xs], pieces(b) if b is not None else None)
+    out = []
+    for s in range(0, size, step):
+        part = m.start(p, min(step, size - s))
+        bb = b[s:s + step] if b is not None else None
+        for j, x in enumerate(xs):
+            m.add(part, p, stats, j, x[s:s + step], bb, s)
+        out.append(m.finish(part, p, stats, bb))
+    return (np.concatenate(out) if out else np.zeros(0, acc)).reshape(shape)
