@@ -4,7 +4,8 @@
 planned and restored through ``cm.plan``/``cm.restore`` and written by ``cm.merge`` (``merging/``),
 streamed tensor by tensor and chunk by chunk.
 
-Holds: ``combine`` (finding the inputs, lining up their names, the policies, the streaming),
+Holds: ``combine`` (:func:`~ckptmerge.combine`, the source and its streaming), ``inputs`` (which
+checkpoints a combination takes, how their names line up, the policies),
 ``methods`` (the math of every method, pure NumPy over one chunk), ``blocks`` (chunks made from
 the inputs' chunks or element ranges in bounded memory) and ``report`` (what a combination did,
 as text and HTML).

@@ -9,8 +9,9 @@ a tensor is asked for; then each output chunk is made from one chunk of each inp
 (the next input's chunk read by a second thread meanwhile), or, for elementwise methods of local
 files, a cache-sized block of every input at a time (:meth:`CombinedHandle._blocked`), so memory
 holds a few chunks whatever the number of inputs. The math lives in :mod:`ckptmerge.combining.methods` (pure NumPy);
-this module finds the inputs, lines up their names, applies the policies (key sets, integers,
-dtypes, optimizer state) and streams. No TensorFlow.
+which inputs a combination takes and how their names line up (the policies: key sets, integers,
+dtypes, optimizer state) is :mod:`ckptmerge.combining.inputs`; this module checks the arguments,
+makes the source and streams. No TensorFlow.
 
 Example:
     >>> import ckptmerge as cm
@@ -25,127 +26,31 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..core.args import describe_value
-from ..core.errors import ArgumentError, ArgumentTypeError, CombineError, did_you_mean
+from ..core.errors import ArgumentError, ArgumentTypeError, did_you_mean
 from ..formats.base import CHUNK_ELEMENTS, aligned_empty
 from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
-from ..planning.rulekinds import GlobFilter
-from ..sources.files import step_of
 from ..sources.opening import as_sources, check_unique_labels, open_sources
-from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.source import Source, SourceHandle
-from ..core.specs import VariableInfo, model_variables
+from ..core.specs import VariableInfo
 from ..core.text import plural, quote_name
 from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .report import CombineReport
-from .methods import METHODS, TensorParams, ema_weights
+from .inputs import FLOATS, Entry, choice, glob_value, line_up, select_inputs
+from .methods import METHODS, TensorParams
 
 __all__ = ["combine", "CombinedSource", "CombinedHandle", "CombineReport", "KEYS", "INTEGERS", "ACCUMULATE"]
 
 KEYS = ("strict", "intersection", "union")
 INTEGERS = ("last", "first", "error")
 ACCUMULATE = ("float64", "float32")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-_HALF = ("float16", "bfloat16")
 _SPLIT = 1 << 16  # chunks at least this long are added in two halves at once
 
 ParamValue = Union[float, int, str, bool, Mapping[str, Any]]
-
-
-# --------------------------------------------------------------------------------------------
-# Arguments
-# --------------------------------------------------------------------------------------------
-
-
-def _choice(value: Any, what: str, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ArgumentError(f"{what} must be one of {', '.join(map(repr, choices))}. Received: {what}="
-                            f"{describe_value(value)}.{did_you_mean(str(value), choices, cutoff=0.5)}")
-    return value
-
-
-def _glob_value(value: Any, what: str) -> Union[Any, List[Tuple[GlobFilter, Any]]]:
-    """A parameter: a plain value, or ``{glob: value}`` (first matching glob wins) as a list."""
-    if isinstance(value, Mapping):
-        if not value:
-            raise ArgumentError(f"{what} is an empty dict: give a value, or {{glob: value}} with at least one glob "
-                                "(end with '*' for the rest).")
-        return [(GlobFilter(g), v) for g, v in value.items()]
-    return value
-
-
-def _pick(value: Any, name: str, default: Any) -> Tuple[Any, str]:
-    """The value of a (possibly per-glob) parameter for ``name``, and the glob that chose it."""
-    if isinstance(value, list):
-        for glob, v in value:
-            if glob.matches(name):
-                return v, glob.pattern
-        return default, ""
-    return value, ""
-
-
-def _select_steps(infos: List[Any], last: Optional[int], steps: Any, every: Optional[int], where: str) -> List[Any]:
-    """The checkpoints of a directory a selection keeps (steps, then every, then last)."""
-    picked = list(infos)
-    if steps is not None:
-        if isinstance(steps, range):
-            keep = set(steps)
-            picked = [c for c in picked if c.step is not None and c.step in keep]
-        elif isinstance(steps, (tuple, list)) and len(steps) == 2 and not isinstance(steps, list):
-            lo, hi = steps
-            picked = [c for c in picked if c.step is not None and (lo is None or c.step >= lo)
-                      and (hi is None or c.step <= hi)]
-        elif isinstance(steps, (list, tuple, set, frozenset)):
-            keep = {int(s) for s in steps}
-            missing = sorted(keep - {c.step for c in picked})
-            if missing:
-                have = [c.step for c in infos if c.step is not None]
-                raise CombineError(f"{where} has no checkpoint of step {', '.join(map(str, missing))}; it has steps "
-                                   f"{', '.join(map(str, have[:20]))}{' ...' if len(have) > 20 else ''}.")
-            picked = [c for c in picked if c.step in keep]
-        else:
-            raise ArgumentTypeError("steps must be a range (range(1000, 5001)), a (low, high) tuple (inclusive, "
-                                    f"either may be None) or a list of steps. Received: steps={describe_value(steps)}")
-    if every is not None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ArgumentError(f"every must be a positive int (keep the steps divisible by it). Received: every={every!r}")
-        picked = [c for c in picked if c.step is not None and c.step % every == 0]
-    if last is not None:
-        if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-            raise ArgumentError(f"last must be a positive int. Received: last={last!r}")
-        if len(picked) < last:
-            raise CombineError(f"{where} has {plural(len(picked), 'checkpoint')} matching the selection, fewer than "
-                               f"last={last}. Run 'ckptmerge checkpoints {where}' to list them.")
-        picked = picked[-last:]
-    if not picked:
-        raise CombineError(f"No checkpoint of {where} matches the selection (last={last}, steps={steps!r}, every={every}). "
-                           f"Run 'ckptmerge checkpoints {where}' to list them.")
-    return picked
-
-
-def _inputs(checkpoints: Any, last: Optional[int], steps: Any, every: Optional[int]) -> List[Source]:
-    """The input sources: a directory expanded by its selection, or the paths/sources given."""
-    if isinstance(checkpoints, (str, os.PathLike)):
-        where = os.fspath(checkpoints)
-        infos = list_checkpoints(where)
-        if not infos:
-            raise CombineError(f"{quote_name(where)} holds no checkpoint to combine. Pass a directory of a training run "
-                               "(with last=N, steps=..., every=K), or a list of checkpoints.")
-        chosen = _select_steps(infos, last, steps, every, where)
-        return [Source(c.path, name=os.path.basename(c.path)) for c in chosen]
-    if last is not None or steps is not None or every is not None:
-        raise ArgumentError("last, steps and every select checkpoints of one training directory: pass the directory "
-                            "as checkpoints (cm.combine('runs/A', last=5)), not a list.")
-    if isinstance(checkpoints, Source) or not isinstance(checkpoints, (list, tuple)):
-        raise ArgumentTypeError("checkpoints must be a training directory or a list of checkpoint paths, URLs or "
-                                f"ckptmerge.Source objects. Received: checkpoints={describe_value(checkpoints)}")
-    return as_sources(list(checkpoints))
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,20 +145,6 @@ class CombinedSource(Source):
             h.close()
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """One output tensor: where each input holds it, and how it is made."""
-
-    spec: VariableInfo                      # the output's name, shape, dtype
-    inputs: Tuple[Tuple[int, str], ...]    # (input index, name in that input)
-    base: Optional[str]                    # name in the base
-    params: Optional[TensorParams]         # None: copied from inputs[0] (integers policy)
-
-
-def _spec_text(v: VariableInfo) -> str:
-    return f"{v.dtype} {tuple(v.shape)}"
-
-
 class CombinedHandle(SourceHandle):
     """An opened :class:`CombinedSource`: the combined names, and their values on demand.
 
@@ -271,7 +162,7 @@ class CombinedHandle(SourceHandle):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._after: Dict[str, str] = {}  # read_order: the name asked for after each
         self._ahead: Optional[Tuple[str, BlockedChunks]] = None  # the next tensor, started early
-        entries, report = _line_up(source, inputs, base, self.method)
+        entries, report = line_up(source, inputs, base, self.method)
         self.entries = entries
         self._renamed: Dict[str, str] = {}
         self.report = report
@@ -302,13 +193,13 @@ class CombinedHandle(SourceHandle):
 
     def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
         """Give combined tensors new names (``{name: new name}``, e.g. by a Keras model's walk)."""
-        entries: Dict[str, _Entry] = {}
+        entries: Dict[str, Entry] = {}
         for old, e in self.entries.items():
             new = names.get(old, old)
             if new != old:
                 self._renamed[old] = new
                 spec = e.spec
-                e = _Entry(VariableInfo(new, spec.shape, spec.dtype, old, spec.kind, spec.nbytes), e.inputs, e.base,
+                e = Entry(VariableInfo(new, spec.shape, spec.dtype, old, spec.kind, spec.nbytes), e.inputs, e.base,
                            e.params)
             entries[e.spec.name] = e
         self.entries = entries
@@ -371,7 +262,7 @@ class CombinedHandle(SourceHandle):
             stats = self.method.prepare(e.params, e.spec.size, [], None)  # (prepare_reads: it reads nothing)
             self._ahead = (e.spec.name, self._stream(e, stats, *ranges).begin())
 
-    def _ranges(self, e: _Entry) -> Optional[Tuple[List[TensorRanges], Optional[TensorRanges]]]:
+    def _ranges(self, e: Entry) -> Optional[Tuple[List[TensorRanges], Optional[TensorRanges]]]:
         """Every input's (and the base's) ranges of ``e``, when the method is elementwise and
         all of them are local files that store it in one piece; else ``None``."""
         if not self.method.elementwise or not e.spec.size:
@@ -389,7 +280,7 @@ class CombinedHandle(SourceHandle):
                 return None
         return got, b
 
-    def _combined(self, e: _Entry) -> Iterator[np.ndarray]:
+    def _combined(self, e: Entry) -> Iterator[np.ndarray]:
         m, p, step = self.method, e.params, self.step
         assert p is not None
         size = e.spec.size
@@ -433,12 +324,12 @@ class CombinedHandle(SourceHandle):
                 if close is not None:
                     close()
 
-    def _blocked(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+    def _blocked(self, e: Entry, stats: Any, ranges: List[TensorRanges],
                  base: Optional[TensorRanges]) -> Iterator[np.ndarray]:
         """The chunks of an elementwise combination of local files (see :func:`blocked_chunks`)."""
         return iter(self._stream(e, stats, ranges, base))
 
-    def _stream(self, e: _Entry, stats: Any, ranges: List[TensorRanges],
+    def _stream(self, e: Entry, stats: Any, ranges: List[TensorRanges],
                 base: Optional[TensorRanges]) -> BlockedChunks:
         assert e.params is not None
         name = e.spec.name
@@ -473,174 +364,6 @@ class CombinedHandle(SourceHandle):
             self._pool = None
         for h in ([self.base] if self.base is not None else []) + list(self.inputs):
             h.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Lining up the inputs' names
-# --------------------------------------------------------------------------------------------
-
-
-def _produced(h: SourceHandle, optimizer: bool) -> Tuple[Dict[str, Tuple[str, VariableInfo]], List[str], int]:
-    """``{output name: (name in the input, spec)}`` after the input's own rules, the names two
-    of its names both map to, and how many optimizer names were left out."""
-    variables = h.all_variables if optimizer else model_variables(h.all_variables)
-    left = len(h.all_variables) - len(variables)
-    specs = {v.name: v for v in variables}
-    res = h.source.rules(None).apply(sorted(specs))
-    out: Dict[str, Tuple[str, VariableInfo]] = {}
-    clashes = []
-    for name, targets in res.mapping.items():
-        for t in targets:
-            if t in out:
-                clashes.append(t)
-            out[t] = (name, specs[name])
-    for amb in res.ambiguous:
-        clashes.append(amb.name)
-    return out, sorted(set(clashes)), left
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype in _FLOATS
-
-
-def _line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[SourceHandle],
-             method: Any) -> Tuple[Dict[str, _Entry], CombineReport]:
-    labels = [h.label for h in inputs]
-    produced = [_produced(h, src.optimizer) for h in inputs]
-    base_names = _produced(base, src.optimizer)[0] if base is not None else {}
-    n = len(inputs)
-    problems: List[str] = []
-    for h, (_, clashes, _) in zip(inputs, produced):
-        for c in clashes:
-            problems.append(f"{quote_name(c)}: two names of input {quote_name(h.label)} map to it (its rules)")
-    every = sorted(set().union(*(p[0] for p in produced)))
-    entries: Dict[str, _Entry] = {}
-    fewer: List[Tuple[str, int, int]] = []
-    copied: List[Tuple[str, str, str]] = []
-    left_out: List[Tuple[str, str]] = []
-    dtypes: List[Tuple[str, str, str]] = []
-    families: Dict[str, List[str]] = {}
-    integer_names: List[str] = []
-    weights = [_glob_value(w, f"weights[{i}]") for i, w in enumerate(src.weights)]
-    params = {k: _glob_value(v, k) for k, v in src.params.items()}
-    strict = src.keys == "strict"
-    nbytes_out = nbytes_read = 0
-    for name in every:
-        holders = [(j, produced[j][0][name]) for j in range(n) if name in produced[j][0]]
-        specs = [s for _, (_, s) in holders]
-        if len(holders) < n:
-            where = [labels[j] for j in range(n) if name not in produced[j][0]]
-            if strict:
-                problems.append(f"{quote_name(name)} is missing from {', '.join(map(quote_name, where))}")
-                continue
-            if src.keys == "intersection":
-                left_out.append((name, f"in {len(holders)} of {n} inputs (keys='intersection')"))
-                continue
-        shapes = {tuple(s.shape) for s in specs}
-        kinds = {s.dtype for s in specs}
-        if len(shapes) > 1 or (len(kinds) > 1 and not all(map(_is_float, kinds))) or (strict and len(kinds) > 1):
-            text = "; ".join(f"{_spec_text(s)} in {quote_name(labels[j])}" for j, (_, s) in holders)
-            if strict:
-                problems.append(f"{quote_name(name)} differs: {text}")
-            else:
-                left_out.append((name, f"shapes or dtypes differ: {text}"))
-            continue
-        first = specs[0]
-        is_float = all(map(_is_float, kinds))
-        if not is_float:  # integers, bools, strings: one input's value, as the policy says
-            integer_names.append(name)
-            if src.integers == "error":
-                continue
-            j, (iname, ispec) = holders[-1] if src.integers == "last" else holders[0]
-            entries[name] = _Entry(VariableInfo(name, tuple(ispec.shape), ispec.dtype, name, ispec.kind, ispec.nbytes),
-                                   ((j, iname),), None, None)
-            copied.append((name, src.integers, labels[j]))
-            nbytes_out += ispec.nbytes
-            nbytes_read += ispec.nbytes
-            continue
-        base_name = None
-        if method.needs_base:
-            got = base_names.get(name)
-            if got is None or tuple(got[1].shape) != tuple(first.shape) or not _is_float(got[1].dtype):
-                why = ("not in the base" if got is None else
-                       f"the base holds it as {_spec_text(got[1])}, the inputs as {_spec_text(first)}")
-                if strict:
-                    problems.append(f"{quote_name(name)}: {why}")
-                else:
-                    left_out.append((name, why))
-                continue
-            base_name = got[0]
-        if len(holders) < method.min_inputs:
-            left_out.append((name, f"in {len(holders)} of {n} inputs; {src.method} needs {method.min_inputs}"))
-            continue
-        if len(holders) < n:
-            fewer.append((name, len(holders), n))
-        out_dtype = src.dtype or first.dtype
-        if len(kinds) > 1:
-            dtypes.append((name, out_dtype, ", ".join(f"{s.dtype} in {labels[j]}" for j, (_, s) in holders)))
-        acc = "float32" if (src.accumulate == "float32" and all(k in _HALF for k in kinds)) else "float64"
-        chosen: Dict[str, Any] = {}
-        globs: List[str] = []
-        for key, default in method.defaults.items():
-            v, g = _pick(params.get(key, default), name, default)
-            chosen[key] = v
-            if g:
-                globs.append(f"{key} by {g!r}")
-        ws = []
-        for j, _ in holders:
-            w, g = _pick(weights[j], name, 1.0) if weights else (1.0, "")
-            ws.append(float(w))
-        if src.method == "ema":
-            ws = ema_weights(len(holders), float(chosen["decay"]))
-        bad = method.check(chosen)
-        if bad:
-            problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
-            continue
-        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders))
-        fam = method.describe(p) if src.method not in ("mean", "ema") else ""
-        wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "weights uniform"
-        family = "; ".join(x for x in (wtext if src.method in ("mean", "ema", "task_arithmetic", "ties", "dare") else "",
-                                       fam, f"accumulate {acc}", ", ".join(globs)) if x)
-        families.setdefault(family, []).append(name)
-        nbytes = first.size * numpy_dtype(out_dtype).itemsize
-        entries[name] = _Entry(VariableInfo(name, tuple(first.shape), out_dtype, name, first.kind,
-                                            sum(s.nbytes for s in specs) + (base_names[name][1].nbytes if base_name else 0)),
-                               tuple((j, iname) for j, (iname, _) in holders), base_name, p)
-        nbytes_out += nbytes
-        nbytes_read += entries[name].spec.nbytes
-    if integer_names and src.integers == "error":
-        problems.append(f"{plural(len(integer_names), 'integer or bool tensor')} cannot be averaged and "
-                        f"integers='error': {', '.join(map(quote_name, integer_names[:10]))}"
-                        + (f" ... and {len(integer_names) - 10} more" if len(integer_names) > 10 else "")
-                        + "; pass integers='last' or 'first' to take one input's value, or exclude them")
-    if problems:
-        raise CombineError(
-            f"Cannot combine {plural(n, 'input')} with {src.method!r} (keys={src.keys!r}): "
-            f"{plural(len(problems), 'difference')}:\n  " + "\n  ".join(problems[:200])
-            + (f"\n  ... and {len(problems) - 200} more" if len(problems) > 200 else "")
-            + ("\nPass keys='intersection' (only the names every input holds) or keys='union' (each name over the "
-               "inputs that hold it), or give the inputs rules (include/exclude/map) so they line up."
-               if strict else ""), differences=problems)
-    if not entries:
-        raise CombineError(f"Nothing to combine: the {plural(n, 'input')} share no tensor "
-                           f"({len(left_out)} left out, e.g. {quote_name(left_out[0][0]) if left_out else '-'}).")
-
-    def describe(h: SourceHandle, weight: Any) -> Dict[str, Any]:
-        return {"label": h.label, "path": h.path, "note": h.note, "step": _step_of(h), "weight": weight}
-
-    ins = [describe(h, (src.weights[i] if src.weights else None)) for i, h in enumerate(inputs)]
-    report = CombineReport(
-        method=src.method, inputs=ins, base=describe(base, None) if base is not None else None,
-        options={"dtype": src.dtype, "accumulate": src.accumulate, "keys": src.keys, "integers": src.integers,
-                 "optimizer": src.optimizer, "order": src.order, **{k: v for k, v in src.params.items()}},
-        families=[(f, len(names), names[:5]) for f, names in families.items()],
-        fewer=fewer, copied=copied, left_out=left_out, dtypes=dtypes, tensors=len(entries),
-        nbytes_out=nbytes_out, nbytes_read=nbytes_read, optimizer_left_out=max(p[2] for p in produced))
-    return entries, report
-
-
-def _step_of(h: SourceHandle) -> Optional[int]:
-    return step_of(h.path) if h.path and not h.path.startswith("<") else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -730,15 +453,15 @@ def combine(
     """
     m = METHODS.get(method) if isinstance(method, str) else None
     if m is None:
-        _choice(method, "method", list(METHODS))
+        choice(method, "method", list(METHODS))
     assert m is not None
-    keys = _choice(keys, "keys", KEYS)
-    integers = _choice(integers, "integers", INTEGERS)
-    accumulate = _choice(accumulate, "accumulate", ACCUMULATE)
+    keys = choice(keys, "keys", KEYS)
+    integers = choice(integers, "integers", INTEGERS)
+    accumulate = choice(accumulate, "accumulate", ACCUMULATE)
     if not isinstance(optimizer, bool):
         raise ArgumentTypeError(f"optimizer must be True or False. Received: optimizer={optimizer!r}")
     if dtype is not None:
-        dtype = _choice(getattr(dtype, "name", dtype), "dtype", _FLOATS)
+        dtype = choice(getattr(dtype, "name", dtype), "dtype", FLOATS)
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
         raise ArgumentError(f"chunk_elements must be a positive int. Received: chunk_elements={chunk_elements!r}")
     unknown = sorted(set(params) - set(m.defaults))
@@ -747,8 +470,8 @@ def combine(
         raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in m.defaults) or 'none'}; "
                             f"received {', '.join(repr(k) for k in unknown)}.{hint}")
     for k, v in params.items():  # a value, or {glob: value}: checked per tensor when opened
-        _glob_value(v, k)
-    srcs = _inputs(checkpoints, last, steps, every)
+        glob_value(v, k)
+    srcs = select_inputs(checkpoints, last, steps, every)
     base_src = None
     if base is not None:
         base_src = as_sources([base])[0]
