@@ -29,7 +29,8 @@ from _orbax_util import (LAYOUTS, copy_tree_to_memory, no_jax_from_ckptmerge, or
 from ckptmerge.core.errors import (ArgumentError, CheckpointFormatError, CheckpointNotFoundError,  # noqa: E402
                               OutputExistsError, UnsafeCheckpointError)
 from ckptmerge.formats import open_checkpoint  # noqa: E402
-from ckptmerge.formats.orbax.reader import OrbaxReader, is_orbax, orbax_steps  # noqa: E402
+from ckptmerge.formats.orbax.layout import is_orbax, orbax_steps  # noqa: E402
+from ckptmerge.formats.orbax.reader import OrbaxReader  # noqa: E402
 from ckptmerge.formats.orbax.writer import OrbaxWriter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -47,7 +47,7 @@ def test_a_module_imported_by_its_old_path_keeps_the_spec_of_its_new_path():
 
 #: old module paths that are packages of their format family now -> the modules holding the old names
 OLD_MODULES_NOW_PACKAGES = {
-    "ckptmerge.formats.orbax": ("ckptmerge.formats.orbax.reader",),
+    "ckptmerge.formats.orbax": ("ckptmerge.formats.orbax.reader", "ckptmerge.formats.orbax.layout"),
     "ckptmerge.formats.safetensors": ("ckptmerge.formats.safetensors.reader",),
 }
 

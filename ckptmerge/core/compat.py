@@ -150,7 +150,8 @@ def moved_names(package: str, modules: Sequence[str]) -> Callable[[str], Any]:
 
     Args:
         package: the package's dotted path (its ``__name__``), once the path of a module.
-        modules: the modules that hold that module's names now, looked up in order.
+        modules: the modules that hold that module's names now: the one whose ``__all__`` has
+            the name first, then in order.
 
     Returns:
         A function to bind as the package's ``__getattr__`` (PEP 562).
@@ -167,8 +168,10 @@ def moved_names(package: str, modules: Sequence[str]) -> Callable[[str], Any]:
 
     def __getattr__(name: str) -> Any:
         if not name.startswith("__"):
-            for path in modules:
-                module = importlib.import_module(path)
+            found = [importlib.import_module(path) for path in modules]
+            # the module that exports the name first (a name one of them imports from another
+            # is named at its home), then any module that has it
+            for path, module in sorted(zip(modules, found), key=lambda pm: name not in getattr(pm[1], "__all__", ())):
                 if hasattr(module, name):
                     warnings.warn(f"{package}.{name} moved to {path}.{name}; import it from there (the "
                                   "old path goes away in the next release)", DeprecationWarning, stacklevel=2)

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
 from ..formats.io import storage
-from ..formats.orbax.reader import COMMIT_FILE
+from ..formats.orbax.layout import COMMIT_FILE
 from ..formats.tf.bundle import DATA_RE
 from ..formats.whole import safetensors_unfinished, table_unfinished, unfinished
 from ..core.text import escape_name, quote_name, quoted_command

@@ -37,7 +37,8 @@ from ckptmerge.formats.io import storage
 from ckptmerge.formats.io.urlpath import add_suffix, path_part, strip_suffix
 from ckptmerge.formats.keras.shards import KerasShardsReader, is_keras_shards
 from ckptmerge.formats.numpy.reader import NumpyReader, holds_npy, is_npz
-from ckptmerge.formats.orbax.reader import OrbaxReader, is_orbax
+from ckptmerge.formats.orbax.layout import is_orbax
+from ckptmerge.formats.orbax.reader import OrbaxReader
 from ckptmerge.formats.safetensors.reader import (
     INDEX_SUFFIX,
     SafetensorsReader,

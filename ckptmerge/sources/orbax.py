@@ -2,7 +2,7 @@
 finalised step of a CheckpointManager root.
 
 Used by :mod:`ckptmerge.sources.local` and :mod:`ckptmerge.sources.remote` for local paths and URLs
-alike (the folder questions go through :mod:`ckptmerge.formats.orbax.reader`). Only finalised steps
+alike (the folder questions go through :mod:`ckptmerge.formats.orbax.layout`). Only finalised steps
 count: never a folder under Orbax's temporary name, nor a step without its commit marker where
 Orbax uses one (GCS); "latest" is the highest finalised step, as Orbax's CheckpointManager has it.
 """
@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from ..core.errors import ArgumentError, CheckpointNotFoundError
 from ..formats.io import storage
-from ..formats.orbax.reader import CHECKPOINT_METADATA_FILE, METADATA_FILE, is_orbax, orbax_steps
+from ..formats.orbax.layout import CHECKPOINT_METADATA_FILE, METADATA_FILE, is_orbax, orbax_steps
 from ..core.text import quote_name, quoted_command
 
 __all__ = ["orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
