@@ -71,7 +71,7 @@ class Binding:
     _indexes: Optional[Dict[str, Any]] = field(default=None, repr=False)
 
     def _transforms(self, assignment: Any) -> List[Any]:
-        from .planning.transforms import TransformIndex, select
+        from .planning.chains import TransformIndex, select
 
         if self.view_transforms and assignment.source in self.view_transforms:
             if self._indexes is None:
@@ -96,7 +96,7 @@ class Binding:
         transforms = self._transforms(assignment)
         if not transforms:
             return value
-        from .planning.transforms import chain_apply
+        from .planning.chains import chain_apply
 
         needs = any(getattr(t, "needs_current", True) for t in transforms)
         if needs and current is None:

@@ -12,13 +12,11 @@ from ckptmerge.planning.transforms import (
     VocabRemap,
     cast_array,
     cast_problem,
-    chain_apply,
-    chain_output_shape,
     dtype_name,
     numpy_dtype,
     read_vocab,
-    select,
 )
+from ckptmerge.planning.chains import chain_apply, chain_output_shape, select
 
 OLD = ["a", "b", "c", "d"]
 NEW = ["d", "x", "a", "c", "y"]  # reordered (d, a, c), added (x, y), removed (b)

@@ -245,7 +245,8 @@ def test_tiled_transposes_equal_numpy_for_any_shape():
 
 def test_the_transform_index_selects_what_select_does():
     from ckptmerge.alignment.tensorops import Reshape, glob_escape
-    from ckptmerge.planning.transforms import Slice, TransformIndex, literal_glob, select
+    from ckptmerge.planning.transforms import Slice
+    from ckptmerge.planning.chains import TransformIndex, literal_glob, select
 
     ts = [Reshape(glob_escape("a[0]/k*"), (2, 2)), Slice("head/*", 0), Reshape("enc/q"), Slice("enc/q", 1),
           Reshape("x[ab]")]

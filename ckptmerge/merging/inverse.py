@@ -41,7 +41,8 @@ from ..planning.planner import Plan, SourceView, make_plan
 from ..planning.rulekinds import GlobFilter, MapRule, RegexRule
 from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
-from ..planning.transforms import cast_array, chain_apply, select
+from ..planning.transforms import cast_array
+from ..planning.chains import chain_apply, select
 from ..sources.source import Source, SourceHandle
 from ..core.specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
 from ..core.text import escape_name, plural, quote_name

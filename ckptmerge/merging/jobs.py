@@ -39,12 +39,8 @@ from ..formats.tf.bundle import (
 from ..formats.tf.objectgraph import OBJECT_GRAPH_KEY
 from ..formats.tf.writer import BundleWriter
 from ..planning.planner import Plan
-from ..planning.transforms import (
-    TransformError,
-    cast_array,
-    chain_apply,
-    numpy_dtype,
-)
+from ..planning.transforms import TransformError, cast_array, numpy_dtype
+from ..planning.chains import chain_apply
 from ..sources.composed import ComposedHandle
 from ..sources.source import CheckpointHandle, SourceHandle
 from ..core.specs import (

@@ -68,12 +68,8 @@ from ..formats.tf.bundle import (
 from ..formats.tf.writer import BundleWriter
 from ..core.gcpause import paused_gc
 from ..planning.planner import Plan, SourceView, make_plan
-from ..planning.transforms import (
-    Slice,
-    TransformError,
-    chain_output_shape,
-    select,
-)
+from ..planning.transforms import Slice, TransformError
+from ..planning.chains import chain_output_shape, select
 from ..core.redact import get_logger, redact, redact_optional, redacted_repr
 from ..render.report import Report, section
 from ..sources.files import STATE_FILE, files_read, refuse_overwriting_inputs

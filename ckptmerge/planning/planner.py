@@ -56,7 +56,8 @@ from .rules import (
     scopes_of,
     suggest,
 )
-from .transforms import TransformError, TransformIndex, cast_problem, chain_output_shape
+from .transforms import TransformError, cast_problem
+from .chains import TransformIndex, chain_output_shape
 
 __all__ = [
     "OptionError",

@@ -34,7 +34,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -45,8 +45,6 @@ from ..core.text import quote_name
 from .casts import cast_array, cast_problem, dtype_name, numpy_dtype
 
 __all__ = [
-    "TransformIndex",
-    "literal_glob",
     "TransformError",
     "VocabRemap",
     "Slice",
@@ -55,9 +53,6 @@ __all__ = [
     "VOCAB_INITS",
     "SLICE_INITS",
     "read_vocab",
-    "select",
-    "chain_output_shape",
-    "chain_apply",
     "cast_array",
     "cast_problem",
     "numpy_dtype",
@@ -691,103 +686,3 @@ class Transpose:
 
 #: Any value transform.
 Transform = Union[VocabRemap, Slice, Transpose]
-
-
-def select(transforms: Iterable[Transform], name: str) -> List[Transform]:
-    """The transforms (in order) that apply to the target variable ``name``.
-
-    Example:
-        >>> [t.target for t in select([Slice("head/*", 0), Slice("enc/k", 1)], "head/bias")]
-        ['head/*']
-    """
-    return [t for t in transforms if t.applies_to(name)]
-
-
-def literal_glob(pattern: Any) -> Optional[str]:
-    """The one name an ``fnmatch`` glob matches when it has no wildcard (``[c]`` classes of one
-    character, as :func:`ckptmerge.alignment.tensorops.glob_escape` writes them, included), else ``None``.
-
-    Example:
-        >>> literal_glob("a[[]0]/k[*]"), literal_glob("enc/*")
-        ('a[0]/k*', None)
-    """
-    if not isinstance(pattern, str):
-        return None
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        if c == "[":
-            if i + 2 < n and pattern[i + 2] == "]" and pattern[i + 1] not in "!^":
-                out.append(pattern[i + 1])
-                i += 3
-                continue
-            return None
-        if c in "*?":
-            return None
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
-class TransformIndex:
-    """:func:`select` for many names over one list of transforms: transforms whose target is a
-    plain name (the reshapes alignment adds, one per target) are looked up, not matched one by
-    one, so a plan of N targets and N such transforms costs N, not N squared.
-
-    Example:
-        >>> index = TransformIndex([Slice("head/*", 0), Slice("enc/k", 1)])
-        >>> [t.target for t in index.select("enc/k")], index.select("x")
-        (['enc/k'], [])
-    """
-
-    def __init__(self, transforms: Iterable[Any]) -> None:
-        from ..alignment.tensorops import OPS
-
-        known = (VocabRemap, Slice, Transpose, *OPS.values())  # those whose applies_to is fnmatch's
-        self.transforms = tuple(transforms)
-        self._exact: dict = {}
-        self._other: List[int] = []
-        for i, t in enumerate(self.transforms):
-            name = literal_glob(getattr(t, "target", None)) if type(t) in known else None
-            if name is None:
-                self._other.append(i)
-            else:
-                self._exact.setdefault(name, []).append(i)
-
-    def select(self, name: str) -> List[Any]:
-        """The transforms (in their order) that apply to ``name``."""
-        hits = self._exact.get(name, [])
-        if self._other:
-            hits = sorted(hits + [i for i in self._other if self.transforms[i].applies_to(name)])
-        return [self.transforms[i] for i in hits]
-
-
-def chain_output_shape(transforms: Sequence[Transform], source_shape: Sequence[int],
-                       target_shape: Sequence[int]) -> Shape:
-    """The shape after applying ``transforms`` in order; the planner compares it to the target.
-
-    Raises:
-        TransformError: a transform does not fit (report it as a mismatch).
-
-    Example:
-        >>> chain_output_shape([Slice("b", 0)], (10,), (12,))
-        (12,)
-    """
-    shape = tuple(int(d) for d in source_shape)
-    for t in transforms:
-        shape = t.output_shape(shape, target_shape)
-    return shape
-
-
-def chain_apply(transforms: Sequence[Transform], value: np.ndarray, current: Optional[np.ndarray] = None,
-                *, target_shape: Optional[Sequence[int]] = None) -> np.ndarray:
-    """Apply ``transforms`` in order (each gets the target's ``current`` value).
-
-    Example:
-        >>> import numpy as np
-        >>> chain_apply([Slice("b", 0, init="zeros")], np.ones(2), target_shape=(3,)).tolist()
-        [1.0, 1.0, 0.0]
-    """
-    for t in transforms:
-        value = t.apply(value, current, target_shape=target_shape)
-    return value
