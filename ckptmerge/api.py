@@ -43,7 +43,8 @@ from .sources.opening import (
     open_sources,
 )
 from .sources.composed import ComposedHandle
-from .sources.source import Source, SourceHandle
+from .sources.source import Source
+from .sources.handles import SourceHandle
 from .core.specs import KIND_VARIABLE, VariableInfo, by_name, model_variables
 
 if TYPE_CHECKING:  # pragma: no cover

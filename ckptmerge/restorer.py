@@ -28,7 +28,8 @@ from .restoring.backends.tensors import join_parts, read_variable
 from .sources.composed import ComposedHandle, composed_like
 from .sources.opening import as_sources
 from .sources.resolved import CheckpointInfo
-from .sources.source import Source, SourceHandle
+from .sources.source import Source
+from .sources.handles import SourceHandle
 from .following.watch import WATCH_OPTIONS, check_watch_options, intact, watch_checked
 from .core.text import and_list, quote_name
 

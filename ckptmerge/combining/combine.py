@@ -35,7 +35,8 @@ from ..formats.base import CHUNK_ELEMENTS, aligned_empty
 from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
 from ..sources.opening import as_sources, check_unique_labels, open_sources
-from ..sources.source import Source, SourceHandle
+from ..sources.source import Source
+from ..sources.handles import SourceHandle
 from ..core.specs import VariableInfo
 from ..core.text import plural, quote_name
 from .blocks import BlockedChunks, FixedChunks, aligned_step
@@ -125,7 +126,7 @@ class CombinedSource(Source):
                 h.close()
             raise
         if self.layout is not None:
-            from ..sources.source import LayoutHandle
+            from ..sources.layout import LayoutHandle
 
             handle = LayoutHandle(handle)
         return handle

@@ -23,7 +23,8 @@ from ..planning.rulekinds import GlobFilter
 from ..sources.files import step_of
 from ..sources.opening import as_sources
 from ..sources.resolve import checkpoints as list_checkpoints
-from ..sources.source import Source, SourceHandle
+from ..sources.source import Source
+from ..sources.handles import SourceHandle
 from .methods import TensorParams, ema_weights
 from .report import CombineReport
 

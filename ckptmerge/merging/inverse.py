@@ -43,7 +43,8 @@ from ..planning.rules import Rules
 from ..planning.suggestion import aligned_views
 from ..planning.transforms import cast_array
 from ..planning.chains import chain_apply, select
-from ..sources.source import Source, SourceHandle
+from ..sources.source import Source
+from ..sources.handles import SourceHandle
 from ..core.specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo, by_name
 from ..core.text import escape_name, plural, quote_name
 

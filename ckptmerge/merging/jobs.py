@@ -42,7 +42,7 @@ from ..planning.planner import Plan
 from ..planning.transforms import TransformError, cast_array, numpy_dtype
 from ..planning.chains import chain_apply
 from ..sources.composed import ComposedHandle
-from ..sources.source import CheckpointHandle, SourceHandle
+from ..sources.handles import CheckpointHandle, SourceHandle
 from ..core.specs import (
     VariableInfo,
     frozen_slots,

@@ -75,7 +75,7 @@ from ..render.report import Report, section
 from ..sources.files import STATE_FILE, files_read, refuse_overwriting_inputs
 from ..sources.opening import SourcesArg, as_sources, check_unique_labels, open_sources
 from ..sources.resolve import read_state_file, resolve_checkpoint
-from ..sources.source import SourceHandle
+from ..sources.handles import SourceHandle
 from ..sources.state import state_file_text
 from ..core.specs import (
     KIND_VARIABLE,

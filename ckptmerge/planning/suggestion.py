@@ -334,7 +334,7 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
         plan: a plan (e.g. from :func:`ckptmerge.plan`); only its names and specs are used.
         target_order: target names in creation order, if known (evidence for order).
         source_orders: per source, its names in saving order where known (see
-            :attr:`SourceHandle.order <ckptmerge.sources.source.SourceHandle.order>`); else each view's ``order``.
+            :attr:`SourceHandle.order <ckptmerge.sources.handles.SourceHandle.order>`); else each view's ``order``.
         target_inputs: per target, the targets of the layer that feeds its layer, where known
             (see :func:`ckptmerge.restoring.targets.input_layers`).
 

@@ -53,7 +53,7 @@ def composed_like(old: Any, new: Any) -> Any:
 
 
 class ComposedHandle:
-    """A source handle (:class:`~ckptmerge.sources.source.SourceHandle`) seen with its
+    """A source handle (:class:`~ckptmerge.sources.handles.SourceHandle`) seen with its
     :class:`~ckptmerge.alignment.tensorops.Concat` entries joined (see the module docstring). Its
     listing (``all_variables``) and everything else are the wrapped handle's: renames by a Keras
     model's walk, layout entries, findings; only the plan's view and reads see the joined tensors."""

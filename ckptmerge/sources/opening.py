@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from ..core.args import received
 from ..core.errors import ArgumentError, ArgumentTypeError, CkptMergeError
 from ..core.text import quote_name
-from .source import Source, SourceHandle
+from .source import Source
+from .handles import SourceHandle
 
 __all__ = ["SourceArg", "SourcesArg", "as_sources", "check_unique_labels", "open_sources"]
 

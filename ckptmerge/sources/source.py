@@ -4,25 +4,17 @@ A :class:`Source` is a description: a path (or in-memory values) and the rename/
 that say which checkpoint variable feeds which target. It is validated when it is made (a bad
 regex fails at once), and opened when a plan is made: :meth:`Source.open` resolves the path
 (latest checkpoint, a step, a SavedModel, ...), opens a TensorFlow-free reader and lists the
-variables, keeping optimizer state and bookkeeping out unless ``optimizer=True``.
+variables, keeping optimizer state and bookkeeping out unless ``optimizer=True``; the opened
+handles are :mod:`ckptmerge.sources.handles` (and :mod:`ckptmerge.sources.layout` for a framework
+layout).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import math
-import operator
 import os
-import sys
-import types
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import (
-    TYPE_CHECKING,
     Any,
     Dict,
-    Iterator,
     List,
     Mapping,
     Optional,
@@ -35,15 +27,14 @@ import numpy as np
 
 from ..core.args import check_bool, check_path, check_step, check_str
 from ..core.errors import ArgumentTypeError, CkptMergeError, RuleError, did_you_mean
-from ..planning.rules import MapRule, Rules, map_pairs
+from ..planning.rules import Rules, map_pairs
 from ..core.redact import get_logger, redact_cached
-from ..core.specs import VariableInfo, by_name, model_variables, normalize_name
+from ..core.specs import normalize_name
 from ..core.text import quote_name
+from .handles import CheckpointHandle, MemoryHandle, SourceHandle
+from .layout import LayoutHandle
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..planning.planner import SourceView
-
-__all__ = ["Source", "SourceHandle"]
+__all__ = ["Source"]
 
 log = get_logger(__name__)
 
@@ -222,13 +213,13 @@ class Source:
         self._check_map_keys()
         self.rules(None)
 
-    def _map_items(self) -> List[Tuple[Any, Any]]:
+    def map_items(self) -> List[Tuple[Any, Any]]:
         if self.map is None:
             return []
         return list(self.map.items()) if isinstance(self.map, dict) else list(self.map)
 
     def _check_map_keys(self) -> None:
-        for k, _ in self._map_items():
+        for k, _ in self.map_items():
             if not isinstance(k, str):
                 raise RuleError(f"map keys must be checkpoint names (str). Received key {k!r} in map={self.map!r:.120}")
 
@@ -291,7 +282,7 @@ class Source:
         mapping = None
         if self.map is not None:
             mapping = []
-            for k, value in self._map_items():
+            for k, value in self.map_items():
                 names: List[str] = []
                 for v in _map_values(value):
                     if isinstance(v, str):
@@ -363,437 +354,3 @@ class Source:
 
             handle = ComposedHandle(handle, concat_entries(self.transforms))
         return handle
-
-
-@dataclass
-class SourceHandle:
-    """An opened source: what it resolved to and the variables it offers.
-
-    Attributes:
-        source: the :class:`Source` it came from.
-        path: the resolved checkpoint prefix (or ``"<memory>"``).
-        note: how the path was resolved, for reports.
-        all_variables: every tensor, optimizer state and bookkeeping included.
-        findings: structure findings (see :class:`~ckptmerge.planning.model.SourceView`), with
-            ``finding_targets`` and ``finding_names`` saying what settles each.
-        superseded: names left out because the format's own load overwrites them with others.
-        keras: what Keras's ``load_weights`` would do with this source (a Keras weights file
-            restored into a Keras model), else ``None``.
-        drift: for such a source with ``align="structure"``, which file layer fed which model
-            layer (a :class:`~ckptmerge.alignment.keraspaths.PathAlignment`), else ``None``.
-    """
-
-    source: Source
-    path: str
-    note: str
-    all_variables: List[VariableInfo] = field(default_factory=list)
-    notes: Dict[str, str] = field(default_factory=dict)
-    findings: List[str] = field(default_factory=list)
-    finding_targets: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
-    finding_names: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
-    superseded: Tuple[str, ...] = ()
-    keras: Any = None
-    drift: Any = None
-
-    @property
-    def label(self) -> str:
-        """The source's report label."""
-        return self.source.label
-
-    @property
-    def renamed(self) -> Dict[str, str]:
-        """``{raw key: name}`` of the tensors :meth:`CheckpointHandle.rename` renamed."""
-        return {}
-
-    @property
-    def format(self) -> Optional[str]:
-        """The checkpoint format the names come from (``"keras-h5"``, ``"tf-bundle"``, ...), or ``None``."""
-        return getattr(getattr(self, "reader", None), "format", None)
-
-    @property
-    def order(self) -> Optional[Tuple[str, ...]]:
-        """Names in the order the checkpoint saved them, where it records one (see
-        :meth:`CheckpointHandle.order`); evidence for structural alignment."""
-        return None
-
-    def supersede(self, names: Sequence[str]) -> None:
-        """Leave out tensors that the format's own load overwrites with another (by name)."""
-        self.superseded = tuple(sorted(set(self.superseded) | set(names)))
-
-    def selectable(self) -> Dict[str, VariableInfo]:
-        """Variables the rules may use: all of them with ``optimizer=True``, else model variables;
-        never the :attr:`superseded` ones (entries a later one overwrites in the format's own load)."""
-        chosen = by_name(self.all_variables if self.source.optimizer else model_variables(self.all_variables))
-        for name in self.superseded:
-            chosen.pop(name, None)
-        return chosen
-
-    def view(self, rules: Rules) -> "SourceView":
-        """What the planner needs of this source: label, path, note, variables, rules, ...
-
-        ``rules`` are this source's compiled rules (map values that were variables already
-        named, see :meth:`Source.rules`). The saving :attr:`order` is left out: alignment, the
-        only one to use it, asks for it when it runs.
-        """
-        from ..planning.planner import SourceView
-
-        selectable = self.selectable()
-        names = [v.name for v in self.all_variables] if len(selectable) != len(self.all_variables) else []
-        hidden = tuple(itertools.compress(names, map(operator.not_, map(selectable.__contains__, names))))
-        # (a read-only view of a dict nothing else holds: SourceView keeps it without a copy)
-        return SourceView(label=self.label, path=self.path, note=self.note,
-                          variables=types.MappingProxyType(selectable),
-                          rules=rules, transforms=tuple(self.source.transforms), cast=self.source.cast,
-                          hidden=hidden, notes=self.notes, findings=tuple(self.findings),
-                          finding_targets=self.finding_targets, finding_names=self.finding_names,
-                          keras=self.keras, drift=self.drift)
-
-    def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Read the named tensors (numpy arrays, 64-byte aligned where possible)."""
-        raise NotImplementedError
-
-    #: Whether :meth:`iter_chunks` streams (a merge then writes the tensor piece by piece).
-    streams = False
-
-    def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
-        """The values of ``name`` in C order, as flat pieces of at most ``max_elements``.
-
-        This one reads the whole value, then hands it out in pieces; checkpoints stream from
-        their files (see :meth:`ckptmerge.formats.base.CheckpointReader.iter_chunks`).
-        """
-        flat = np.asarray(self.read([name])[name]).reshape(-1)
-        return map(flat.__getitem__, (slice(s, s + max_elements) for s in range(0, flat.size, max_elements)))
-
-    def ranges(self, name: str) -> Any:
-        """``name`` as :class:`~ckptmerge.formats.ranges.TensorRanges` (ranges of elements read
-        straight into the caller's buffers), or ``None``: then use :meth:`iter_chunks`. Only
-        local checkpoints whose format stores the tensor in one piece give them."""
-        return None
-
-    def read_order(self, names: Sequence[str]) -> None:
-        """A hint: the names a merge will ask :meth:`iter_chunks` for, in this order. A source
-        that makes its values (a combination) starts on the next one while the merge writes the
-        one before; this one ignores it (asking in another order is never wrong, only slower)."""
-
-    def close(self) -> None:
-        """Release files."""
-
-
-class CheckpointHandle(SourceHandle):
-    """A source backed by a checkpoint on disk, read with ckptmerge's TF-free reader."""
-
-    def __init__(self, source: Source, path: str, note: str, reader: Any) -> None:
-        super().__init__(source, path, note, list(reader.variables()))
-        self.reader = reader
-        self._key_of: Dict[str, str] = {}
-        self._supplied: Dict[str, np.ndarray] = {}
-
-    @property
-    def renamed(self) -> Dict[str, str]:
-        """``{raw key: name}`` of the tensors :meth:`rename` renamed."""
-        return {k: n for n, k in self._key_of.items()}
-
-    @property
-    def order(self) -> Optional[Tuple[str, ...]]:
-        """A TF2 object-based checkpoint's names in saving order: its object graph walked from
-        the root, children in the order they were tracked (layers in the order they were built).
-        ``None`` for checkpoints without an object graph."""
-        graph = getattr(self.reader, "object_graph", None)
-        if graph is None:
-            return None
-        name_of = {v.raw_key: v.name for v in self.all_variables}
-        return tuple(name_of[k] for k in graph.saving_order() if k in name_of)
-
-    def rename(self, names: Mapping[str, str], notes: Mapping[str, str] = {}) -> None:
-        """Give tensors new names (``{raw key: name}``, e.g. by a Keras model's own walk).
-
-        Reads go by raw key, so the reader is unaffected; ``notes`` (by new name) are shown
-        beside the assignments.
-        """
-        renamed = []
-        for v in self.all_variables:
-            new = names.get(v.raw_key)
-            if new is not None and new != v.name:
-                self._key_of[new] = v.raw_key
-                v = VariableInfo(new, v.shape, v.dtype, v.raw_key, v.kind, v.nbytes)
-            renamed.append(v)
-        self.all_variables = sorted(renamed, key=lambda v: v.name)
-        self.notes.update(notes)
-
-    def supply(self, values: Mapping[str, np.ndarray], notes: Mapping[str, str] = {}) -> None:
-        """Offer values the file does not hold but its format's own load writes (``{name: array}``,
-        e.g. the zeros Keras's ``load_weights`` gives a LoRA layer's factors); ``notes`` (by
-        name) say why, beside the assignments. Each is read from memory, never from the file.
-
-        Example:
-            >>> handle.supply({"dense/lora_kernel_a": np.zeros((4, 2), np.float32)})  # doctest: +SKIP
-        """
-        taken = {v.name for v in self.all_variables}
-        for name, value in values.items():
-            if name in taken:
-                raise CkptMergeError(f"cannot supply {quote_name(name)}: source {quote_name(self.label)} "
-                                     "holds a tensor of that name already")
-            self._supplied[name] = value
-            self.all_variables.append(VariableInfo(name, tuple(value.shape), str(value.dtype), name,
-                                                   nbytes=int(value.nbytes)))
-        self.all_variables.sort(key=lambda v: v.name)
-        self.notes.update(notes)
-
-    def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Read the named tensors with CRC checks; see ``CheckpointReader.read_many``."""
-        names = list(names)
-        supplied = {n: self._supplied[n].copy() for n in names if n in self._supplied}
-        if supplied:
-            names = [n for n in names if n not in supplied]
-        if not self._key_of:
-            return {**self.reader.read_many(names), **supplied}
-        arrays = self.reader.read_many([self._key_of.get(n, n) for n in names])
-        return {**{n: arrays[self._key_of.get(n, n)] for n in names}, **supplied}
-
-    def iter_chunks(self, name: str, max_elements: int) -> Iterator[np.ndarray]:
-        """The values of ``name`` as flat pieces, read from the file as they are asked for."""
-        return self.reader.iter_chunks(self._key_of.get(name, name), max_elements)
-
-    def ranges(self, name: str) -> Any:
-        """The reader's :meth:`~ckptmerge.formats.base.CheckpointReader.ranges` of ``name``."""
-        ranges = getattr(self.reader, "ranges", None)
-        if ranges is None or name in self._supplied:  # (a supplied tensor is in memory, not in the file)
-            return None
-        return ranges(self._key_of.get(name, name))
-
-    def close(self) -> None:
-        """Close the reader's files."""
-        self.reader.close()
-
-
-def _is_keras_variable(v: Any) -> bool:
-    keras = sys.modules.get("keras")
-    return keras is not None and isinstance(v, getattr(keras, "Variable", ()))
-
-
-def _value_info(name: str, value: Any) -> VariableInfo:
-    shape = tuple(int(d) for d in getattr(value, "shape", np.shape(value)))
-    dtype = getattr(value, "dtype", None)
-    dname = getattr(dtype, "name", None) or np.asarray(value).dtype.name
-    if dname in ("object", "bytes_") or dname.startswith("bytes") or dname.startswith("str"):
-        dname = "string"
-    nbytes = int(getattr(value, "nbytes", 0) or 0)
-    return VariableInfo(name=name, shape=shape, dtype=dname, key=name, nbytes=nbytes)
-
-
-class MemoryHandle(SourceHandle):
-    """A source whose values live in memory (numpy arrays or TF tensors)."""
-
-    def __init__(self, source: Source, values: Mapping[str, Any]) -> None:
-        infos = sorted((_value_info(normalize_name(k), v) for k, v in values.items()), key=lambda i: i.name)
-        super().__init__(source, "<memory>", "values held in memory", infos)
-        self.values = {normalize_name(k): v for k, v in values.items()}
-
-    @property
-    def order(self) -> Optional[Tuple[str, ...]]:
-        """A live model's variable names in creation order (see :attr:`Source.order`), else ``None``."""
-        return self.source.order
-
-    def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Return the held values themselves (no copy); variables are read now."""
-        out = {}
-        for n in names:
-            v = self.values[n]
-            if hasattr(v, "read_value") or type(v).__name__ == "ShardedVariable":
-                from ..restoring.backends.tensors import read_variable
-
-                v = read_variable(v)
-            elif _is_keras_variable(v):  # a Keras variable on another backend: its value, on the host
-                from ..restoring.backends.keras_native import keras_numpy
-
-                v = np.array(keras_numpy(v))
-            out[n] = v
-        return out
-
-
-#: Bytes of layout outputs computed per batch while the next batch is read (see LayoutHandle.read).
-_LAYOUT_BATCH = 64 << 20
-#: Threads that read and transpose 2-D weights band by band (see LayoutHandle.read).
-_TRANSPOSERS = 4
-
-
-class LayoutHandle(SourceHandle):
-    """A source seen through a framework layout (``Source(..., layout="torch")``): renamed, with
-    kernels transposed and RNN gates reordered on the way (see :mod:`ckptmerge.alignment.layouts`)."""
-
-    def __init__(self, inner: SourceHandle) -> None:
-        from ..alignment.layouts import layout_of
-
-        layout = self._settle(layout_of(inner.source.layout, inner.all_variables), inner.source)
-        infos, notes = self._listing(layout, inner)
-        super().__init__(inner.source, inner.path, inner.note, infos, notes,
-                         [*inner.findings, *layout.findings(inner.label)])
-        self.inner = inner
-        self.entries = layout.entries
-        self._layout = layout
-        self._by_key = {v.raw_key: v.name for v in inner.all_variables}
-
-    @staticmethod
-    def _settle(layout: Any, src: Source) -> Any:
-        # An undecided 2-D weight is settled by the user: a Transpose on its target, or a map
-        # onto an Embedding's 'embeddings'.
-        layout.undecided = [(n, why) for n, why in layout.undecided if not _settled(src, n)]
-        return layout
-
-    @staticmethod
-    def _listing(layout: Any, inner: SourceHandle) -> Tuple[List[VariableInfo], Dict[str, str]]:
-        infos = sorted((e.info for e in layout.entries.values()), key=lambda v: v.name)
-        stored = {v.raw_key: tuple(v.shape) for v in inner.all_variables}
-        notes = {n: f"layout: {', '.join(e.sources)} {stored.get(e.sources[0], ())}: {e.note}"
-                 for n, e in layout.entries.items() if e.note}
-        return infos, {**inner.notes, **notes}
-
-    def name_targets(self, targets: Sequence[VariableInfo]) -> None:
-        """Let the layout's findings name the target each undecided tensor most likely belongs to,
-        and split the fused modules whose parts' sizes only the targets give (a grouped-query
-        ``qkv_proj``: see :mod:`ckptmerge.alignment.fused`)."""
-        if self._layout.needs_targets:
-            from ..alignment.layouts import torch_layout
-
-            layout = self._settle(torch_layout(self.inner.all_variables, targets=targets), self.source)
-            self.all_variables, self.notes = self._listing(layout, self.inner)
-            self.entries, self._layout = layout.entries, layout
-            self.findings = [*self.inner.findings, *layout.findings(self.inner.label)]
-        if self._layout.undecided:
-            self.findings = [*self.inner.findings, *self._layout.findings(self.inner.label, targets)]
-
-    def view(self, rules: Rules) -> "SourceView":
-        """As :meth:`SourceHandle.view`, naming the layout and the tensors it could not decide.
-
-        ``map`` keys may be PyTorch's own names: a raw key that the layout turns into one tensor
-        (``model.embed_tokens.weight`` -> ``model/embed_tokens/embeddings``) stands for it, and a
-        dotted scope (``model.layers.0.``) for the ``/`` scope the layout writes."""
-        return dataclasses.replace(super().view(self._torch_names(rules)), layout=self.source.layout,
-                                   undecided=tuple(n for n, _ in self._layout.undecided))
-
-    def _torch_names(self, rules: Rules) -> Rules:
-        if not rules.maps or not any("." in m.source for m in rules.maps):
-            return rules
-        outputs: Dict[str, List[str]] = {}
-        for name, e in self.entries.items():
-            for k in e.sources:
-                outputs.setdefault(k, []).append(name)
-        raw = set(self._by_key)
-        maps = []
-        for m in rules.maps:
-            source = m.source
-            if source not in self.entries:
-                if len(outputs.get(source, ())) == 1:
-                    source = outputs[source][0]
-                elif source.endswith(".") and any(k.startswith(source) for k in raw):
-                    source = source.replace(".", "/")
-            maps.append(m if source == m.source else MapRule(source, m.target))
-        return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
-
-    def read(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Read the source tensors the named outputs need, then compute each output.
-
-        A transposed 2-D weight that the wrapped source can read in ranges (a local file) is
-        read a band of rows at a time and transposed as it comes (no copy of it as stored), on
-        a few threads while this one reads the other tensors."""
-        streamed = {}
-        for n in names:
-            ranges = self._band_ranges(self.entries[n])
-            if ranges is not None:
-                streamed[n] = ranges
-        if not streamed:
-            return self._read_whole(names)
-        workers = min(len(streamed), _TRANSPOSERS, os.cpu_count() or 1)
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptmerge-layout")
-        try:
-            futures = {n: pool.submit(self._transposed, self.entries[n], r) for n, r in streamed.items()}
-            out = self._read_whole([n for n in names if n not in streamed])
-            for n, fut in futures.items():
-                out[n] = fut.result()
-        finally:  # (after an error, the transposes not begun are dropped)
-            pool.shutdown(wait=True, cancel_futures=True)
-        return out
-
-    def _band_ranges(self, e: Any) -> Any:
-        """The wrapped source's ranges of the tensor a plain 2-D transpose reads, else ``None``."""
-        if e.op != "transpose" or tuple(e.perm) != (1, 0) or len(e.info.shape) != 2:
-            return None
-        ranges = self.inner.ranges(self._by_key.get(e.sources[0], e.sources[0]))
-        if ranges is None or ranges.count != math.prod(e.info.shape) or not ranges.dtype.isnative:
-            return None
-        return ranges
-
-    @staticmethod
-    def _transposed(e: Any, ranges: Any) -> np.ndarray:
-        """The transpose of a stored ``(out, in)`` weight, read in bands from ``ranges``."""
-        from ..alignment.layouts import transpose_rows_into
-        from ..formats.base import aligned_empty
-
-        cols, rows = e.info.shape  # (the output's shape is the stored one reversed)
-        span, flat = ranges.span(0, ranges.count), None
-
-        def band(i: int, j: int) -> np.ndarray:
-            nonlocal flat
-            if flat is None:
-                flat = np.empty(min(j - i, rows) * cols, ranges.dtype)
-            return span.read(flat[:(j - i) * cols]).reshape(j - i, cols)
-
-        return transpose_rows_into(band, (rows, cols), ranges.dtype, aligned_empty(e.info.shape, ranges.dtype))
-
-    def _read_whole(self, names: Sequence[str]) -> Dict[str, Any]:
-        """Read whole source tensors, then compute each output from them."""
-        from ..alignment.layouts import apply_entry
-        from ..formats.base import aligned_empty
-
-        batches: List[List[Tuple[str, Any]]] = [[]]
-        size = 0
-        for n in names:  # about _LAYOUT_BATCH bytes each, so reading and transposing overlap
-            e = self.entries[n]
-            if size >= _LAYOUT_BATCH:
-                batches.append([])
-                size = 0
-            batches[-1].append((n, e))
-            size += e.info.nbytes
-        out: Dict[str, Any] = {}
-
-        def compute(batch: List[Tuple[str, Any]], raw: Mapping[str, Any]) -> None:
-            for n, e in batch:
-                values = [np.asarray(raw[self._by_key.get(k, k)]) for k in e.sources]
-                # fresh arrays go straight into the aligned buffers restores take without a copy
-                buffer = None if e.op == "copy" else aligned_empty(e.info.shape, np.result_type(*values))
-                out[n] = apply_entry(e, values, buffer)
-
-        def read(batch: List[Tuple[str, Any]]) -> Mapping[str, Any]:
-            return self.inner.read(sorted({self._by_key.get(k, k) for _, e in batch for k in e.sources}))
-
-        if len(batches) == 1:
-            compute(batches[0], read(batches[0]))
-            return out
-        # The next batch is read (by the reader's own threads) while this one is transposed.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptmerge-layout") as pool:
-            pending = None
-            for batch in batches:
-                raw = read(batch)
-                if pending is not None:
-                    pending.result()
-                pending = pool.submit(compute, batch, raw)
-            pending.result()
-        return out
-
-    def close(self) -> None:
-        """Close the wrapped source."""
-        self.inner.close()
-
-
-def _settled(source: Source, name: str) -> bool:
-    """Whether the user decided an undecided layout tensor: its map target has a Transpose, or is
-    an Embedding's ``embeddings``."""
-    mapping = dict(source._map_items())
-    target = mapping.get(name, mapping.get(name.replace("/", ".")))  # (its own name, or PyTorch's)
-    if not isinstance(target, str):
-        return False
-    if target.rsplit("/", 1)[-1] == "embeddings":
-        return True
-    from ..planning.transforms import Transpose
-
-    return any(isinstance(t, Transpose) and t.applies_to(target) for t in source.transforms)
