@@ -74,7 +74,7 @@ from ..formats.io.storage import (
     write_object,
 )
 from ..formats.io.urlpath import add_suffix, basename, dirname, has_suffix, sibling
-from ..formats.tf.writer import pad_shards
+from ..formats.tf.entries import pad_shards
 from ..core.knobs import FlagSetting
 from ..core.redact import get_logger
 from ..sources.files import DATA_RE, INDEX, refuse_overwriting_inputs

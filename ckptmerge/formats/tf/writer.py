@@ -91,13 +91,8 @@ from ckptmerge.formats.io.output_prefix import (
 )
 from ckptmerge.formats.tf.bundle import DATA_RE, data_file_name, mask_crc
 from ckptmerge.formats.tf.crc import string_lengths_crc
-from ckptmerge.formats.tf.protowire import (
-    encode_varint,
-    field_bytes,
-    field_fixed32,
-    field_varint,
-)
-from ckptmerge.formats.tf.table import read_table
+from ckptmerge.formats.tf.entries import entry_proto, header_proto, pad_shards
+from ckptmerge.formats.tf.protowire import encode_varint
 from ckptmerge.formats.tf.table_writer import TF_BLOCK_SIZE, U32, TableWriter
 from ckptmerge.core.redact import get_logger
 from ckptmerge.core.text import quote_name
@@ -107,82 +102,13 @@ __all__ = [
     "OutputExistsError",
     "CheckpointWriteError",
     "TF_BLOCK_SIZE",
-    "pad_shards",
+    "pad_shards",  # its home is ckptmerge.formats.tf.entries
 ]
 
 logger = get_logger(__name__)
-_TF_BUNDLE_VERSION = 1
 
 ShapeArg = Sequence[int]
 BytesLike = Union[bytes, bytearray, memoryview]
-
-
-# --------------------------------------------------------------------------------------------
-# protos
-
-
-def _shape_proto(shape: Sequence[int]) -> bytes:
-    return b"".join(field_bytes(2, field_varint(1, d) if d else b"") for d in shape)
-
-
-def _entry_proto(dtype: int, shape: Sequence[int], shard: int, offset: int, size: int, crc: int) -> bytes:
-    # proto3: fields equal to their default are omitted; the shape is always present.
-    out = field_varint(1, dtype) + field_bytes(2, _shape_proto(shape))
-    if shard:
-        out += field_varint(3, shard)
-    if offset:
-        out += field_varint(4, offset)
-    if size:
-        out += field_varint(5, size)
-    if crc:
-        out += field_fixed32(6, crc)
-    return out
-
-
-def _header_proto(num_shards: int) -> bytes:
-    # endianness LITTLE (0) is the default and omitted; version {producer: 1}.
-    out = field_varint(1, num_shards) if num_shards else b""
-    return out + field_bytes(3, field_varint(1, _TF_BUNDLE_VERSION))
-
-
-def pad_shards(prefix: str, num_shards: int) -> List[str]:
-    """Give the finished local checkpoint at ``prefix`` ``num_shards`` data shards (more than it
-    has): its shards are renamed to ``-of-<num_shards>`` names, empty trailing shards are added and
-    the index is rewritten with the new count (its entries, shards and offsets unchanged), so its
-    data files take names another checkpoint at the same prefix does not use. Returns the data
-    files, in order. The files must be private to the caller (a temporary folder): this is not an
-    atomic publish.
-
-    Raises:
-        OSError: a file cannot be read, renamed or written.
-
-    Example:
-        >>> pad_shards("/tmp/upload/merged", 2)  # doctest: +SKIP
-        ['/tmp/upload/merged.data-00000-of-00002', '/tmp/upload/merged.data-00001-of-00002']
-    """
-    index = prefix + ".index"
-    with open(index, "rb") as f:
-        items = read_table(f.read())
-    folder, base = os.path.split(prefix)
-    counts = sorted({shard_count(n) for n in os.listdir(folder or ".")
-                     if n.startswith(base) and DATA_RE.fullmatch(n[len(base):])})
-    if len(counts) != 1 or counts[0] > num_shards:
-        raise ValueError(f"{prefix!r} has data files of {counts} shards; cannot pad it to {num_shards}")
-    natural = counts[0]
-    files = [data_file_name(prefix, i, num_shards) for i in range(num_shards)]
-    for i in range(num_shards):
-        if i < natural:
-            os.replace(data_file_name(prefix, i, natural), files[i])
-        else:
-            open(files[i], "xb").close()
-    tmp = index + ".padded"
-    with open(tmp, "wb") as f:
-        table = TableWriter(f, TF_BLOCK_SIZE)
-        for key, value in items:
-            table.add(key, _header_proto(num_shards) if key == b"" else value)
-        table.finish()
-    os.replace(tmp, index)
-    return files
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,7 +344,7 @@ class BundleWriter:
     def _record(self, kb: bytes, dtype: int, shape: Sequence[int], n: int, crc: int) -> None:
         offset = self._shard_sizes[-1]
         self._shard_sizes[-1] += n
-        self._entries[kb] = _entry_proto(dtype, shape, len(self._shards) - 1, offset, n,
+        self._entries[kb] = entry_proto(dtype, shape, len(self._shards) - 1, offset, n,
                                          mask_crc(crc))
 
     # -- public API --------------------------------------------------------------------------
@@ -670,7 +596,7 @@ class BundleWriter:
         try:
             with open(tmp_index, "xb") as f:
                 table = TableWriter(f, self._block_size)
-                table.add(b"", _header_proto(num))
+                table.add(b"", header_proto(num))
                 for kb in sorted(self._entries):
                     table.add(kb, self._entries[kb])
                 table.finish()
