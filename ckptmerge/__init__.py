@@ -144,7 +144,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names only (``dir(ckptmerge)``, tab completion): what ``__all__`` lists."""
+    return sorted(set(__all__) | {"__version__"} & set(globals()))
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs

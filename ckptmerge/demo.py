@@ -24,12 +24,15 @@ class DemoResult:
     """What the demo did: the rendered plans and reports, and every value check.
 
     Attributes:
-        workdir: where checkpoints A and B were written.
+        workdir: where checkpoints A and B were written (a temporary folder, removed when the demo
+            ends, unless a ``workdir`` was given).
+        kept: whether ``workdir`` is still there (the caller's folder) or was removed.
         steps: ``(title, text)`` pairs in order, for the CLI to print.
         checks: ``(description, passed)`` pairs.
     """
 
     workdir: str
+    kept: bool = True
     steps: List[Tuple[str, str]] = field(default_factory=list)
     checks: List[Tuple[str, bool]] = field(default_factory=list)
 
@@ -120,14 +123,23 @@ def _keras_scenario(root: str, result: DemoResult) -> None:
 
 
 def run_demo(workdir: Optional[str] = None, *, on_step: Optional[Callable[[str, str], None]] = None) -> DemoResult:
-    """Run the demo in ``workdir`` (default: a new temporary folder) and return what happened.
+    """Run the demo in ``workdir`` and return what happened. Without ``workdir`` the demo writes
+    into a new temporary folder and removes it when it ends (``result.kept`` is then ``False``).
 
     Example:
         >>> res = run_demo()          # doctest: +SKIP
         >>> res.ok                    # doctest: +SKIP
         True
     """
-    root = workdir or tempfile.mkdtemp(prefix="ckptmerge-demo-")
+    if workdir is None:
+        with tempfile.TemporaryDirectory(prefix="ckptmerge-demo-") as root:
+            result = _run_in(root, on_step)
+        result.kept = False
+        return result
+    return _run_in(workdir, on_step)
+
+
+def _run_in(root: str, on_step: Optional[Callable[[str, str], None]]) -> DemoResult:
     result = DemoResult(workdir=root)
     _graph_scenario(root, result)
     _keras_scenario(root, result)

@@ -233,12 +233,18 @@ def test_plan_target_step_picks_a_step_of_the_target_directory(ws):
     assert [t["name"] for t in json.loads(r.stdout)["targets"]] == ["a1", "a2", "a3"]
 
 
-def test_demo_as_a_program_prints_no_tensorflow_start_up_chatter(tmp_path):
+def test_demo_as_a_program_prints_no_tensorflow_start_up_chatter_and_removes_its_temporary_folder(tmp_path):
+    import os
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "ckptmerge", "demo", "--dir", str(tmp_path / "d")],
-                       capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "ckptmerge", "demo"], capture_output=True, text=True, timeout=300,
+                       env=env)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == ["Running the ckptmerge demo (imports TensorFlow: a few seconds) ..."]
     assert r.stdout.rstrip().endswith("All 5 checks passed.")
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"Demo folder: {tmp_path}{os.sep}ckptmerge-demo-") and first.endswith(
+        " (temporary, removed; pass --dir to keep it)")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("ckptmerge-demo-")]

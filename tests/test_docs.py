@@ -46,6 +46,8 @@ def test_site_builds_strict_without_a_warning(tmp_path):
     assert "Quick start" in home and 'href="restore/' in home  # the README, its links made relative
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
     assert 'id="ckptmerge.Source"' in reference and 'id="ckptmerge.PlanError"' in reference
+    for page in (home, reference):  # the site works offline: no web fonts, no font CDN
+        assert "fonts.googleapis" not in page and "fonts.gstatic" not in page
 
 
 def test_strict_build_fails_on_a_broken_anchor_and_an_unknown_reference(tmp_path):

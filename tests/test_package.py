@@ -12,6 +12,13 @@ def test_every_name_in_all_resolves_to_the_public_object():
         assert not isinstance(obj, type(sys)), f"ckptmerge.{name} is a module, not the API object"
 
 
+def test_dir_shows_the_public_names_only():
+    names = dir(ckptmerge)
+    assert set(ckptmerge.__all__) <= set(names)
+    assert [n for n in names if n.startswith("_")] == ["__version__"]
+    assert not set(names) - set(ckptmerge.__all__) - {"__version__"}, "helpers of the package leak into dir()"
+
+
 def test_public_names_stay_the_api_objects_after_every_module_is_imported():
     # A subpackage named like a public function (ckptmerge.merge, ckptmerge.restore) would replace
     # the function as an attribute of the package the moment it is imported.

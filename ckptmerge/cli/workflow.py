@@ -64,7 +64,10 @@ def demo_command(workdir: Optional[str]) -> None:
 
         tf.constant(0)  # device set-up, with its own chatter
     result = run_demo(workdir)
-    click.echo(f"Demo folder: {escape_name(result.workdir)}")
+    if result.kept:
+        click.echo(f"Demo folder: {escape_name(result.workdir)}")
+    else:
+        click.echo(f"Demo folder: {escape_name(result.workdir)} (temporary, removed; pass --dir to keep it)")
     for title, text in result.steps:
         click.echo(f"\n== {title} ==\n{text}")
     click.echo("\n== Checks ==")
