@@ -26,6 +26,8 @@ import pytest
 import safetensors
 
 from _cli_util import assert_one_line_error, run
+from _torch import REASON as TORCH_REASON
+from _torch import torch_python
 from ckptmerge.core.errors import CheckpointFormatError, UnreadableTensorError
 from ckptmerge.formats import SafetensorsReader, list_variables, open_checkpoint
 
@@ -188,15 +190,7 @@ _TORCH_READ = textwrap.dedent("""
 """)
 
 
-def _torch_python() -> str:
-    for candidate in (Path(__file__).resolve().parents[2] / "venvs" / "torch" / "bin" / "python",
-                      Path("/work/venvs/torch/bin/python")):
-        if candidate.exists():
-            return str(candidate)
-    return ""
-
-
-@pytest.mark.skipif(not _torch_python(), reason="needs a Python with torch (the torch venv) to read F4 and FNUZ")
+@pytest.mark.skipif(not torch_python(), reason=TORCH_REASON)
 def test_the_safetensors_package_reads_f4_and_fnuz_as_we_do(tmp_path):
     """The package's own reading (torch: ``float4_e2m1fn_x2`` keeps the packed bytes, one per pair)."""
     path = tmp_path / "m.safetensors"
@@ -204,7 +198,7 @@ def test_the_safetensors_package_reads_f4_and_fnuz_as_we_do(tmp_path):
                             "n": {"dtype": "F8_E4M3FNUZ", "shape": [2], "data_offsets": [4, 6]},
                             "m": {"dtype": "F8_E5M2FNUZ", "shape": [2], "data_offsets": [6, 8]}},
                            bytes(range(0x12, 0x9a, 0x22)) + b"\x12\x80\x7f\x01"))
-    done = subprocess.run([_torch_python(), "-c", _TORCH_READ, str(path)], capture_output=True, text=True,
+    done = subprocess.run([torch_python(), "-c", _TORCH_READ, str(path)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = json.loads(done.stdout.splitlines()[-1])

@@ -6,7 +6,6 @@ pure inverse of every layout operation on literal arrays."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import numpy as np
@@ -15,11 +14,13 @@ import pytest
 import _xframe as X
 import ckptmerge as cm
 from _cli_util import REPO, run, write_config
+from _torch import REASON as TORCH_REASON
+from _torch import torch_python
 from ckptmerge.alignment.inverse import apply_recipe, invert_layout
 from ckptmerge.alignment.layouts import apply_entry, torch_layout
 from ckptmerge.core.specs import VariableInfo
 
-TORCH_PYTHON = "/work/venvs/torch/bin/python"
+TORCH_PYTHON = torch_python()
 
 #: Template tensors the Keras side has no counterpart of: ViTBackbone has no classifier head.
 NO_COUNTERPART = {"vit": ["classifier.*"]}
@@ -148,8 +149,7 @@ def test_cli_merge_layout_torch_writes_the_template_names(restored, tmp_path):
     assert "(2 from the template)" in allowed.stdout
 
 
-@pytest.mark.skipif(not os.path.exists(TORCH_PYTHON),
-                    reason=f"needs torch in {TORCH_PYTHON} (torch and TF cannot share a process)")
+@pytest.mark.skipif(not TORCH_PYTHON, reason=TORCH_REASON)
 def test_pytorch_loads_every_output_strictly_in_its_own_process(written, tmp_path):
     args = [f"{name}={X.fixture_dir(name)}={path}" for name, (path, _) in written.items()]
     # and BERT under KerasHub-like names, written through regex rules onto PyTorch's names
