@@ -43,6 +43,8 @@ setup(
                  "fsspec>=2023.1", "s3fs>=2023.1", "moto[server]>=5.0", "gcsfs>=2023.1", "adlfs>=2024.12",
                  # The docs site, built with --strict by tests/test_docs.py (docs/architecture.md).
                  "mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings-python>=2.0",
+                 # mkdocstrings wraps the reference's signatures with ruff's formatter, when installed.
+                 "ruff>=0.4",
                  # The cross-framework tests (tests/test_xframe_*.py) read KerasHub's converters.
                  "keras-hub>=0.32",
                  "tensorstore>=0.1.60", "msgpack>=1.0", "orbax-checkpoint>=0.12.8"],

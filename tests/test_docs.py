@@ -46,6 +46,9 @@ def test_site_builds_strict_without_a_warning(tmp_path):
     assert "Quick start" in home and 'href="restore/' in home  # the README, its links made relative
     reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
     assert 'id="ckptmerge.Source"' in reference and 'id="ckptmerge.PlanError"' in reference
+    # signatures are wrapped, one parameter a line (ruff formats them), not one long line
+    signature = reference[reference.index('id="ckptmerge.plan"'):].split("</code>", 1)[0]
+    assert '<span class="nf">plan</span><span class="p">(</span>\n    <span class="n">target</span>' in signature
     for page in (home, reference):  # the site works offline: no web fonts, no font CDN
         assert "fonts.googleapis" not in page and "fonts.gstatic" not in page
 
