@@ -105,7 +105,7 @@ def test_missing_step_lists_the_steps_there_and_never_falls_back(in_corpus):
     with pytest.raises(CheckpointNotFoundError) as err:
         resolve_checkpoint(EST, step=7)
     assert str(err.value) == (
-        f"no checkpoint of step 7 in {EST}; steps there: 0, 5000. "
+        f"no checkpoint of step 7 in '{EST}'; steps there: 0, 5000. "
         f"Run 'ckptmerge checkpoints {EST}' to list them."
     )
     assert isinstance(err.value, FileNotFoundError) and err.value.path == EST

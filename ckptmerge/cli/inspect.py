@@ -689,12 +689,15 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
     Times are local, ISO 8601. --json prints a list of objects with name (relative to DIR),
     path, step, time (epoch seconds), time_iso, size (bytes) and latest.
     """
+    from ..core.args import local_path
     from ..sources.resolve import checkpoints
+    from ..sources.runs import duplicate_steps
 
     infos = checkpoints(directory)
+    where = local_path(directory)  # (a file:// URL is the local folder: names relative to it)
 
     def rel(p: str) -> str:
-        return relative_to(p, directory)
+        return relative_to(p, where)
 
     if as_json:
         echo_json([{"name": redact(rel(c.path)), "path": redact(c.path), "step": c.step, "time": c.time,
@@ -708,14 +711,28 @@ def checkpoints_command(directory: str, as_json: bool) -> None:
              human_bytes(c.size), rel(c.path)] for c in infos]
     total = f"{plural(len(infos), 'checkpoint')}, {human_bytes(sum(c.size for c in infos))}"
     if not any(c.latest for c in infos):
+        import os
+
+        from ..formats.io.urlpath import is_url
+        from ..sources.files import prefix_exists
         from ..sources.resolve import read_state_file
 
         state = read_state_file(directory)
         named = state.model_checkpoint_path if state is not None else None
-        if named:
+        recorded = state.recorded_model_checkpoint_path if state is not None else None
+        if named and not is_url(named) and (prefix_exists(named) or os.path.lexists(named)):  # there, but left out
+            total += (f"; the 'checkpoint' state file names {quote_name(rel(named))} as latest, which is left out "
+                      f"(a file of it leads outside {quote_name(directory)})")
+        elif named:
             total += f"; the 'checkpoint' state file names {quote_name(rel(named))} as latest, which is missing"
+        elif recorded and recorded in state.outside:  # type: ignore[union-attr]
+            total += (f"; the 'checkpoint' state file names {quote_name(recorded)} as latest, which is outside "
+                      f"{quote_name(directory)} (not used)")
         else:
             total += "; no latest recorded (no 'checkpoint' state file naming one)"
+    for step, paths in duplicate_steps(infos):
+        total += (f"\n{len(paths)} checkpoints of step {step} ({', '.join(quote_name(rel(p)) for p in paths)}): a "
+                  f"command that picks step {step} refuses it")
     click.echo(table(rows, right=[1, 3], header=["LATEST", "STEP", "TIME", "SIZE", "NAME"]) + "\n" + total)
 
 

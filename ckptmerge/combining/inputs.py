@@ -23,6 +23,7 @@ from ..planning.rulekinds import GlobFilter
 from ..sources.files import step_of
 from ..sources.opening import as_sources
 from ..sources.resolve import checkpoints as list_checkpoints
+from ..sources.runs import select_steps
 from ..sources.source import Source
 from ..sources.handles import SourceHandle
 from .methods import TensorParams, ema_weights
@@ -78,45 +79,6 @@ def pick(value: Any, name: str, default: Any) -> Tuple[Any, str]:
     return value, ""
 
 
-def select_steps(infos: List[Any], last: Optional[int], steps: Any, every: Optional[int], where: str) -> List[Any]:
-    """The checkpoints of a directory a selection keeps (steps, then every, then last)."""
-    picked = list(infos)
-    if steps is not None:
-        if isinstance(steps, range):
-            keep = set(steps)
-            picked = [c for c in picked if c.step is not None and c.step in keep]
-        elif isinstance(steps, (tuple, list)) and len(steps) == 2 and not isinstance(steps, list):
-            lo, hi = steps
-            picked = [c for c in picked if c.step is not None and (lo is None or c.step >= lo)
-                      and (hi is None or c.step <= hi)]
-        elif isinstance(steps, (list, tuple, set, frozenset)):
-            keep = {int(s) for s in steps}
-            missing = sorted(keep - {c.step for c in picked})
-            if missing:
-                have = [c.step for c in infos if c.step is not None]
-                raise CombineError(f"{where} has no checkpoint of step {', '.join(map(str, missing))}; it has steps "
-                                   f"{', '.join(map(str, have[:20]))}{' ...' if len(have) > 20 else ''}.")
-            picked = [c for c in picked if c.step in keep]
-        else:
-            raise ArgumentTypeError("steps must be a range (range(1000, 5001)), a (low, high) tuple (inclusive, "
-                                    f"either may be None) or a list of steps. Received: steps={describe_value(steps)}")
-    if every is not None:
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ArgumentError(f"every must be a positive int (keep the steps divisible by it). Received: every={every!r}")
-        picked = [c for c in picked if c.step is not None and c.step % every == 0]
-    if last is not None:
-        if isinstance(last, bool) or not isinstance(last, int) or last < 1:
-            raise ArgumentError(f"last must be a positive int. Received: last={last!r}")
-        if len(picked) < last:
-            raise CombineError(f"{where} has {plural(len(picked), 'checkpoint')} matching the selection, fewer than "
-                               f"last={last}. Run 'ckptmerge checkpoints {where}' to list them.")
-        picked = picked[-last:]
-    if not picked:
-        raise CombineError(f"No checkpoint of {where} matches the selection (last={last}, steps={steps!r}, every={every}). "
-                           f"Run 'ckptmerge checkpoints {where}' to list them.")
-    return picked
-
-
 def select_inputs(checkpoints: Any, last: Optional[int], steps: Any, every: Optional[int]) -> List[Source]:
     """The input sources: a directory expanded by its selection, or the paths/sources given."""
     if isinstance(checkpoints, (str, os.PathLike)):
@@ -125,7 +87,7 @@ def select_inputs(checkpoints: Any, last: Optional[int], steps: Any, every: Opti
         if not infos:
             raise CombineError(f"{quote_name(where)} holds no checkpoint to combine. Pass a directory of a training run "
                                "(with last=N, steps=..., every=K), or a list of checkpoints.")
-        chosen = select_steps(infos, last, steps, every, where)
+        chosen = select_steps(infos, last=last, steps=steps, every=every, where=where)
         return [Source(c.path, name=os.path.basename(c.path)) for c in chosen]
     if last is not None or steps is not None or every is not None:
         raise ArgumentError("last, steps and every select checkpoints of one training directory: pass the directory "

@@ -9,12 +9,16 @@ delete it mid-read. What it guarantees:
 - **Complete, never torn.** A checkpoint is yielded only when every file is whole and it opens
   with its own reader (:mod:`ckptmerge.following.scan`); one still being written, or copied
   shard by shard in any order, is waited for: never yielded, never an error.
-- **None skipped** (``backlog="all"``, the default). A thread looks at the directory while the
-  caller works and pins each complete checkpoint as soon as it sees it, so a checkpoint deleted
+- **None skipped** (``backlog="all"``, the default). The first look pins every complete
+  checkpoint there before the first one is yielded, and a thread goes on looking while the
+  caller works, pinning each complete checkpoint as soon as it sees it, so a checkpoint deleted
   by ``max_to_keep`` after it was seen is still yielded, readable. Only a checkpoint written and
   deleted between two looks is never seen (with notifications a look follows each finished file
-  within milliseconds); one seen but gone before its pin is reported. ``backlog="latest"`` is TF's
-  behaviour: only the newest, older ones dropped.
+  within milliseconds); one seen but gone before its pin is reported by name. ``backlog="latest"``
+  is TF's behaviour: only the newest, older ones dropped.
+- **Only the run's own files**: a checkpoint with a file that leads outside the directory (a
+  symbolic link out of it, anywhere below a step folder too) is never read: it is reported and
+  skipped, as is a step held by two checkpoints (``model-007`` beside ``model-7``), naming both.
 - **New means a higher step**, not another path: steps are the numbers checkpoints are named by
   (``ckpt-10``, ``checkpoint-500/``); a lower step completing late is not yielded after a higher.
   While a lower step is still being written (its files changed in the last :data:`HOLD_BACK`
@@ -53,7 +57,7 @@ from ..core.redact import get_logger
 from ..core.text import quote_name, quoted_command
 from .pins import FilesChanged, LinksImpossible, Pin, PinFolders, pin_of
 from ..sources.resolved import CheckpointInfo
-from .scan import COMPLETE, FAILING, INCOMPLETE, KIND_FOLDER, Candidate, check, scan
+from .scan import COMPLETE, FAILING, INCOMPLETE, Candidate, Listing, check, scan
 
 __all__ = ["watch", "watch_checked", "check_watch_options", "intact", "BACKLOGS", "HOLD_BACK", "SETTLE",
            "WATCH_OPTIONS"]
@@ -259,6 +263,8 @@ class _Watch:
         self._states: Dict[str, _State] = {}
         self._skips: List[Tuple[CheckpointInfo, BaseException]] = []
         self._warned: Set[str] = set()
+        self._reported: Set[str] = set()  # paths reported once: a link out, a step held twice, vanished
+        self._yielded: Optional[str] = None  # the path of the last step yielded
         self._error: Optional[BaseException] = None  # fatal: raised to the caller
         self._list_error: Optional[BaseException] = None  # the last look failed (transient)
         self._started = 0  # looks started
@@ -305,6 +311,9 @@ class _Watch:
             with self._cond:
                 if self._error is not None:
                     raise self._error
+                if self._done == 0:  # the first look pins the whole backlog before anything is yielded
+                    self._cond.wait(1.0)
+                    continue
                 ready, wake_at = (None, None) if self._skips else self._pick()
                 skips, self._skips = self._skips, []
                 if ready is None and not skips:
@@ -360,24 +369,21 @@ class _Watch:
                     f"Checkpoint {quote_name(key)} (step {b.step}) stayed incomplete ({_detail(b)}) while step "
                     f"{low} is complete; it was skipped, as steps are yielded in increasing order.", path=key)))
             ready = self._queue.pop(low)
-        self._last = ready.cand.step
+        self._last, self._yielded = ready.cand.step, ready.cand.path
         for key in [k for k, s in self._states.items() if s.step <= ready.cand.step]:
             del self._states[key]
         return ready, None
 
     def _info(self, c: Candidate, pin: Optional[Pin]) -> CheckpointInfo:
-        sig = c.files.get(c.main_file)
-        mtime = c.newest if sig is None or c.kind == KIND_FOLDER else (
-            sig[3] / 1e9 if isinstance(sig[3], int) else float(sig[3]))
         pinned = pin.read_path if pin is not None and pin.how != "none" else None
-        return CheckpointInfo(path=c.path, step=c.step, time=float(mtime), size=c.size, latest=self._is_latest(c.path),
-                              pinned=pinned)
+        return CheckpointInfo(path=c.path, step=c.step, time=float(c.time or c.newest), size=c.size,
+                              latest=self._is_latest(c.path), pinned=pinned)
 
     def _is_latest(self, path: str) -> bool:
         """Whether the directory's ``checkpoint`` state file names ``path`` as the latest."""
         try:
             if self.remote:
-                from ..sources.remote import read_state_url
+                from ..sources.listing import read_state_url
 
                 state = read_state_url(self.directory)
             else:
@@ -459,7 +465,9 @@ class _Watch:
         with self._cond:
             floor = self._floor()
             queued = {r.cand.path for r in self._queue.values()}
-        listing = scan(self.directory, floor)
+            last, yielded = self._last, self._yielded
+        # (the last step yielded is looked at too: a second checkpoint of it is reported)
+        listing = scan(self.directory, None if floor is None else floor - 1)
         if self._waker.notifying:
             self._waker.watch(self.directory if listing.exists else os.path.dirname(self.directory))
             for folder in listing.folders:
@@ -469,13 +477,20 @@ class _Watch:
             logger.warning("watching %s: %s has no step in its name (like ckpt-10), so it is not followed",
                            self.given, name)
         changed = False
+        by_step: Dict[int, List[Candidate]] = {}
+        for c in listing.candidates.values():
+            by_step.setdefault(c.step, []).append(c)  # type: ignore[arg-type]
         with self._cond:  # forget what is gone; report what vanished after it was found complete
             for key in [k for k, s in self._states.items() if k not in listing.candidates]:
                 s = self._states.pop(key)
                 changed = True
                 if s.verdict == _VANISHED and not s.final and (floor is None or s.step > floor):
+                    self._reported.add(key)
                     self._skips.append((CheckpointInfo(key, s.step, s.newest, 0, False), s.detail))
-        order = sorted(listing.candidates.values(), key=lambda c: c.step, reverse=self.backlog == "latest")
+            changed = self._report_listing(listing, by_step, floor, last, yielded) or changed
+        order = sorted((c for c in listing.candidates.values() if (floor is None or c.step > floor)
+                        and len(by_step[c.step]) == 1),  # type: ignore[index]
+                       key=lambda c: c.step, reverse=self.backlog == "latest")
         for c in order:
             if c.path in queued:
                 continue
@@ -484,6 +499,58 @@ class _Watch:
             if outcome == _QUEUED and self.backlog == "latest":
                 break  # the newest complete one is queued: older ones do not matter
         return changed
+
+    def _report_listing(self, listing: Listing, by_step: Dict[int, List[Candidate]], floor: Optional[int],
+                        last: Optional[int], yielded: Optional[str]) -> bool:
+        """(under the lock) Report, once each, what the look leaves out by name: checkpoints with
+        a file that leads outside the directory, ones that vanished while they were looked at,
+        steps held by two checkpoints (and a second checkpoint of the step just yielded)."""
+        found = False
+
+        def skip(path: str, step: Optional[int], err: BaseException) -> None:
+            nonlocal found
+            self._reported.add(path)
+            self._skips.append((CheckpointInfo(path, step, 0.0, 0, False), err))
+            found = True
+
+        def above(step: Optional[int]) -> bool:
+            return step is not None and (floor is None or step > floor)
+
+        for u in listing.unsafe:
+            if u.path not in self._reported and above(u.step):
+                skip(u.path, u.step, u.error(self.given))
+        for path, step in listing.vanished:
+            if path not in self._reported and above(step) and path not in {r.cand.path for r in self._queue.values()}:
+                skip(path, step, CheckpointNotFoundError(
+                    f"Checkpoint {quote_name(path)} (step {step}) was deleted while it was being looked at, before it "
+                    "could be pinned for reading; a trainer's cleanup (max_to_keep) removes old checkpoints. Keep more "
+                    "checkpoints to read every one.", path=path))
+        for step, cands in by_step.items():
+            paths = sorted(c.path for c in cands)
+            if step == last and yielded is not None:
+                for p in paths:
+                    if p != yielded and p not in self._reported:
+                        skip(p, step, ArgumentError(
+                            f"Checkpoint {quote_name(p)} is a second checkpoint of step {step}, which was yielded as "
+                            f"{quote_name(yielded)}; it is not followed (one checkpoint per step). Move it out of "
+                            f"{quote_name(self.given)}, or read it by its path."))
+                continue
+            if len(cands) < 2 or not above(step) or all(p in self._reported for p in paths):
+                continue
+            queued = self._queue.get(step)
+            if queued is not None and queued.cand.path in paths:
+                del self._queue[step]
+                _release(queued)
+            for p in paths:
+                self._states.pop(p, None)
+            err = ArgumentError(
+                f"{len(paths)} checkpoints of step {step} in {quote_name(self.given)}: "
+                f"{', '.join(quote_name(p) for p in paths)}. watch cannot tell which one is step {step}, so it "
+                "follows neither; move the other out of the directory.")
+            for p in paths:
+                self._reported.add(p)
+            skip(paths[0], step, err)
+        return found
 
     def _consider(self, c: Candidate) -> Optional[str]:
         """Check ``c`` if it is new or changed and queue it when complete: ``_QUEUED``,
@@ -554,7 +621,8 @@ class _Watch:
 
 def _through(c: Candidate, pin: Pin) -> Candidate:
     """``c`` as its pin holds it: the same checkpoint under the pin folder's names."""
-    return Candidate(pin.read_path, c.step, c.kind, {pin.files[f][0]: sig for f, sig in c.files.items()}, c.newest)
+    return Candidate(pin.read_path, c.step, c.kind, c.format, {pin.files[f][0]: sig for f, sig in c.files.items()},
+                     c.newest, c.time)
 
 
 def _release(ready: _Ready) -> None:

@@ -3,20 +3,22 @@
 :func:`resolve_local` and :func:`checkpoints_local` are what :mod:`ckptmerge.sources.resolve`
 calls for a path that is not a URL (URLs go to :mod:`ckptmerge.sources.remote`). What is on disk
 (file names, formats sniffed from bytes, sizes) is :mod:`ckptmerge.sources.files`; the state file
-is :mod:`ckptmerge.sources.state`. Nothing here reads tensors or imports TensorFlow.
+is :mod:`ckptmerge.sources.state`; what a directory holds, the checkpoints of its run, is
+:mod:`ckptmerge.sources.runs`. Nothing here reads tensors or imports TensorFlow.
 """
 
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..core.errors import (
     ArgumentError,
     CheckpointFormatError,
     CheckpointNotFoundError,
+    CkptMergeError,
+    UnsafeCheckpointError,
     format_list,
 )
 from ..formats.keras.shards import shard_set_of
@@ -31,29 +33,25 @@ from .files import (
     FORMAT_TF_V1,
     INDEX,
     KERAS_SHARDS,
-    NOT_V1_SUFFIXES,
     STATE_FILE,
     array_dir_format,
-    data_files_by_base,
     display_path,
     index_exists,
     is_h5_name,
     is_hdf5,
-    keras_weight_files,
     not_found_error,
     prefix_exists,
     shown_path,
-    size_of,
     step_of,
-    v1_files,
     v1_format,
     v1_pattern_exists,
     v1_pattern_of,
     v1_shard,
 )
-from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .listing import list_run
 from .orbax import FORMAT_ORBAX, orbax_folder, orbax_listing, orbax_root
-from .state import CheckpointState, read_state
+from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .runs import KIND_FOLDER, Run, RunCheckpoint
 
 __all__ = ["checkpoints_local", "resolve_local"]
 
@@ -61,41 +59,7 @@ logger = get_logger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
-# scanning a directory
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    prefix: str  # absolute
-    format: str
-    step: Optional[int]
-
-
-def _scan(directory: str) -> List[_Candidate]:
-    """Checkpoints directly in ``directory``: ``*.index`` prefixes, V1 files and sets, ``.h5`` files
-    and Keras sharded sets (their ``.weights.json``)."""
-    abs_dir = os.path.abspath(directory)
-    out = []
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return []
-    keras = set(keras_weight_files(names))
-    for name in names:
-        full = os.path.join(abs_dir, name)
-        if name.endswith(INDEX) and len(name) > len(INDEX) and os.path.isfile(full):
-            prefix = full[: -len(INDEX)]
-            out.append(_Candidate(prefix, FORMAT_TF_BUNDLE, step_of(prefix)))
-        elif name in keras and os.path.isfile(full):
-            out.append(_Candidate(full, FORMAT_KERAS_H5, step_of(full)))
-        elif is_h5_name(name):
-            continue  # a shard of a Keras sharded set: the set's JSON stands for it
-        elif not name.startswith(".") and name != STATE_FILE and not name.endswith(NOT_V1_SUFFIXES) \
-                and DATA_RE.search(name) is None:
-            v1 = v1_format(full)
-            if v1 is not None and all(c.prefix != v1 for c in out):
-                out.append(_Candidate(v1, FORMAT_TF_V1, step_of(v1)))
-    return out
+# listing a directory: the checkpoints of its run (ckptmerge.sources.runs)
 
 
 def _saved_model_prefix(directory: str) -> Optional[str]:
@@ -104,37 +68,6 @@ def _saved_model_prefix(directory: str) -> Optional[str]:
     ):
         return os.path.join(os.path.abspath(directory), "variables", "variables")
     return None
-
-
-def _candidates_with_state(directory: str, state: Optional[CheckpointState]) -> List[_Candidate]:
-    """Union of the state file's existing checkpoints and the directory's own, by prefix."""
-    found: Dict[str, _Candidate] = {}
-    if state is not None:
-        paths = list(state.all_model_checkpoint_paths)
-        if state.model_checkpoint_path:
-            paths.append(state.model_checkpoint_path)
-        for p in paths:
-            if index_exists(p):
-                found.setdefault(p, _Candidate(p, FORMAT_TF_BUNDLE, step_of(p)))
-            elif os.path.isfile(p) and (is_h5_name(p) or p.endswith(KERAS_SHARDS)):
-                found.setdefault(p, _Candidate(p, FORMAT_KERAS_H5, step_of(p)))
-            elif v1_format(p) is not None:
-                v1 = v1_format(p) or p
-                found.setdefault(v1, _Candidate(v1, FORMAT_TF_V1, step_of(v1)))
-            else:
-                logger.debug("state file lists %s but it does not exist", p)
-    for c in _scan(directory):
-        found.setdefault(c.prefix, c)
-    return list(found.values())
-
-
-def _sort_key(c: _Candidate) -> tuple:
-    return (c.step is None, c.step if c.step is not None else 0, c.prefix)
-
-
-def _steps_text(cands: List[_Candidate]) -> str:
-    steps = sorted({c.step for c in cands if c.step is not None})
-    return ", ".join(str(s) for s in steps) if steps else "none"
 
 
 def checkpoints_local(given: str) -> List[CheckpointInfo]:
@@ -156,36 +89,13 @@ def checkpoints_local(given: str) -> List[CheckpointInfo]:
             f"{quote_name(given)} is not a directory. Pass the directory holding the checkpoints; "
             f"{quoted_command('ls', given)} (or ckptmerge.list_variables) inspects a single checkpoint."
         )
-    state = read_state(given, given)
-    cands = _candidates_with_state(given, state)
-    sm = _saved_model_prefix(given)
-    if not cands and sm is None:  # a CheckpointManager root of Orbax steps?
+    run = list_run(given)
+    if not run.checkpoints:  # a CheckpointManager root of Orbax steps its look does not recognise?
         orbax = orbax_listing(given)
         if orbax:
             return [CheckpointInfo(path=o.path, step=o.step, time=o.time, size=o.size, latest=o.latest)
                     for o in orbax]
-    if sm is not None and index_exists(sm) and all(c.prefix != sm for c in cands):
-        cands.append(_Candidate(sm, FORMAT_TF_BUNDLE, None))
-    latest = state.model_checkpoint_path if state is not None else None
-    infos = []
-    shards: Dict[str, Dict[str, List[str]]] = {}  # directory -> its data files by base: one listing each
-    for c in sorted(cands, key=_sort_key):
-        ts = state.timestamp_of(c.prefix) if state is not None else None
-        stat_path = {FORMAT_KERAS_H5: c.prefix, FORMAT_TF_V1: v1_files(c.prefix)[0]}.get(
-            c.format, c.prefix + INDEX)
-        directory, base = os.path.split(c.prefix)
-        if directory not in shards:
-            shards[directory] = data_files_by_base(directory)
-        try:
-            t = ts if ts is not None else os.path.getmtime(stat_path)
-            size = size_of(c.prefix, c.format, shards[directory].get(base, []))
-        except OSError:  # deleted while we looked
-            continue
-        infos.append(CheckpointInfo(
-            path=c.prefix, step=c.step, time=float(t), size=size,
-            latest=latest is not None and os.path.normpath(latest) == c.prefix,
-        ))
-    return infos
+    return run.infos()
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,7 +176,7 @@ def _array_dir_format(directory: str) -> str:
     return fmt or (FORMAT_NUMPY if holds_npy(directory) else "")
 
 
-def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, prefix: str,
+def _resolve_recorded(given_dir: str, abs_dir: str, run: Run, prefix: str,
                       recorded: str, what: str) -> Tuple[str, str, str]:
     """Check that a checkpoint named by the state file exists; return (prefix, format,
     relocation note)."""
@@ -286,16 +196,15 @@ def _resolve_recorded(given_dir: str, abs_dir: str, state: CheckpointState, pref
             local = display_path(given_dir, os.path.basename(recorded.rstrip("/\\"))) + INDEX
             if local != shown_index:
                 also = f" (nor does {quote_name(local)})"
-        others = [c for c in _candidates_with_state(given_dir, state)]
         raise CheckpointNotFoundError(
             f"{quote_name(shown_state)} names {quote_name(recorded)} as the {what}, but its index file "
             f"{quote_name(shown_index)} does not exist{also}: deleted, moved, or still being written? "
-            f"Steps there: {_steps_text(others)}. Pass a step (e.g. step=N) or a checkpoint "
+            f"Steps there: {run.steps_text()}. Pass a step (e.g. step=N) or a checkpoint "
             f"prefix, or run {quoted_command('checkpoints', given_dir)} to list them.",
             path=given_dir,
         )
     reloc = ""
-    if os.path.isabs(recorded) and os.path.normpath(recorded) != located:
+    if os.path.normpath(os.path.join(abs_dir, recorded)) != located:
         reloc = f"; recorded as {quote_name(recorded)}, found in {given_dir}"
     return prefix, fmt, reloc
 
@@ -322,35 +231,27 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
             )
         return ResolvedCheckpoint(sm, FORMAT_TF_BUNDLE, None, f"variables of SavedModel {given}")
 
-    state = read_state(given, given)
+    run = list_run(given)
+    state = run.state
     shown_state = display_path(given, STATE_FILE)
 
     if step is not None:
-        cands = _candidates_with_state(given, state)
-        matching = sorted({c.prefix: c for c in cands if c.step == step}.values(), key=_sort_key)
-        orbax = orbax_root(given, step) if not cands else None  # a CheckpointManager root of Orbax steps
+        orbax = orbax_root(given, step) if not run.checkpoints or run.orbax_root else None  # a manager root
         if orbax is not None:
             return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
-        if not matching:
-            raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {escape_name(given)}; steps there: {_steps_text(cands)}. "
-                f"Run {quoted_command('checkpoints', given)} to list them.",
-                path=given,
-            )
-        if len(matching) > 1:
-            shown = [shown_path(c.prefix, abs_dir, given) for c in matching]
-            raise ArgumentError(
-                f"several checkpoints of step {step} in {escape_name(given)}: {format_list(shown)}. Pass "
-                "the one you mean as a prefix instead of the directory."
-            )
-        c = matching[0]
-        return ResolvedCheckpoint(c.prefix, c.format, c.step, f"step {step} of {given}")
+        return _resolved(run.pick(step), f"step {step} of {given}")
 
-    if state is not None and state.model_checkpoint_path:
-        prefix = state.model_checkpoint_path
-        prefix, fmt, reloc = _resolve_recorded(given, abs_dir, state, prefix,
-                                       state.recorded_model_checkpoint_path or "",
-                                       "latest checkpoint")
+    if state is not None and state.recorded_model_checkpoint_path:
+        recorded = state.recorded_model_checkpoint_path
+        if state.model_checkpoint_path is None:  # it names a checkpoint outside the directory
+            raise _outside_latest(given, abs_dir, run, recorded)
+        unsafe = {u.path: u for u in run.unsafe}  # checkpoints whose files lead outside: never read
+        if state.model_checkpoint_path in unsafe:
+            raise unsafe[state.model_checkpoint_path].error(given)
+        prefix, fmt, reloc = _resolve_recorded(given, abs_dir, run, state.model_checkpoint_path, recorded,
+                                               "latest checkpoint")
+        if prefix in unsafe:
+            raise unsafe[prefix].error(given)
         s = step_of(prefix)
         detail = f"step {s}" if s is not None else os.path.basename(prefix)
         return ResolvedCheckpoint(prefix, fmt, s,
@@ -359,32 +260,13 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         logger.warning("%s names no model_checkpoint_path; looking at the files instead",
                        shown_state)
 
-    cands = _scan(given)
-    bundles = [c for c in cands if c.format in (FORMAT_TF_BUNDLE, FORMAT_TF_V1)]
-    pool = bundles or cands  # prefer TF checkpoints over stray .h5 files
+    orbax = orbax_root(given, None) if run.orbax_root else None  # Orbax's own rule: its latest finalised step
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     why = "no 'checkpoint' state file" if state is None else f"{shown_state} names no latest checkpoint"
-    if len(pool) == 1:
-        c = pool[0]
-        return ResolvedCheckpoint(c.prefix, c.format, c.step,
-                                  f"only checkpoint in {given} ({why})")
-    if len(pool) > 1:
-        stepped = [c for c in pool if c.step is not None]
-        shown = [shown_path(c.prefix, abs_dir, given) for c in sorted(pool, key=_sort_key)]
-        if stepped:
-            top = max(c.step for c in stepped)
-            best = [c for c in stepped if c.step == top]
-            if len(best) == 1:
-                c = best[0]
-                logger.info("%s: %s; taking the highest step %d", given, why, top)
-                return ResolvedCheckpoint(
-                    c.prefix, c.format, c.step,
-                    f"{why} in {given}; took the highest step {top} of {len(pool)} checkpoints",
-                )
-        raise ArgumentError(
-            f"{quote_name(given)} holds {len(pool)} checkpoints ({format_list(shown)}) and {why}, so "
-            "ckptmerge cannot tell which one you mean. Pass one of them as a prefix, or a step "
-            f"(run {quoted_command('checkpoints', given)} to list them)."
-        )
+    chosen = run.choose(why)
+    if chosen is not None:
+        return _resolved(*chosen)
 
     fmt = _array_dir_format(given)
     if fmt:
@@ -399,9 +281,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         subdirs = sorted(n for n in os.listdir(given) if os.path.isdir(os.path.join(given, n)))
     except OSError:
         subdirs = []
-    holding = [display_path(given, n) for n in subdirs
-               if _scan(os.path.join(given, n)) or os.path.isfile(os.path.join(given, n, STATE_FILE))
-               or _saved_model_prefix(os.path.join(given, n))]
+    holding = [display_path(given, n) for n in subdirs if _holds_checkpoints(os.path.join(given, n))]
     if holding:
         sub_hint = f" Its subdirectories {format_list(holding)} hold checkpoints; pass one of them."
     raise CheckpointNotFoundError(
@@ -414,6 +294,38 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
 
 
 _DIR_HINT = " Pass the directory a training run saved its checkpoints to, or a checkpoint prefix."
+
+
+def _holds_checkpoints(folder: str) -> bool:
+    try:
+        return bool(list_run(folder, state=False).checkpoints) or os.path.isfile(os.path.join(folder, STATE_FILE)) \
+            or _saved_model_prefix(folder) is not None or bool(_array_dir_format(folder))
+    except (CkptMergeError, OSError):
+        return False
+
+
+def _resolved(c: RunCheckpoint, note: str) -> ResolvedCheckpoint:
+    """The checkpoint of a run as resolution returns it (a step folder: what it holds)."""
+    if c.kind == KIND_FOLDER:
+        inner = resolve_local(c.path, None)
+        return ResolvedCheckpoint(inner.prefix, inner.format, c.step, note)
+    return ResolvedCheckpoint(c.path, c.format, c.step, note)
+
+
+def _outside_latest(given: str, abs_dir: str, run: Run, recorded: str) -> CkptMergeError:
+    """The error for a state file whose latest lies outside its directory."""
+    located = os.path.normpath(os.path.join(abs_dir, recorded))
+    if not (prefix_exists(located) or os.path.isdir(located)):
+        try:  # nowhere at all: say so, naming both places looked at
+            _resolve_recorded(given, abs_dir, run, located, recorded, "latest checkpoint")
+        except CheckpointNotFoundError as e:
+            return e
+    return UnsafeCheckpointError(
+        f"{quote_name(display_path(given, STATE_FILE))} names {quote_name(recorded)} as the latest checkpoint, which "
+        f"is outside {quote_name(given)} ({escape_name(os.path.realpath(located))}): ckptmerge reads only checkpoints "
+        "inside the directory whose state file names them (TensorFlow would follow the path). Steps there: "
+        f"{run.steps_text()}. Pass a step (step=N), pass that checkpoint itself if you mean it, or run "
+        f"{quoted_command('checkpoints', given)} to list the directory's own.", path=given)
 
 
 def resolve_local(given: str, step: Optional[int]) -> ResolvedCheckpoint:

@@ -3,31 +3,29 @@
 The same rules as :mod:`ckptmerge.sources.resolve` for local paths, over fsspec listings: a URL is a
 checkpoint prefix (``s3://b/run/ckpt-10``, its ``.index`` beside it), one of its files, or a
 directory: its ``checkpoint`` state file names the latest, ``step=N`` picks a step, and without a
-state file the only checkpoint or the highest step is taken. A state file written on another
-machine names absolute local paths (``/home/me/run/ckpt-10``): as TensorFlow does, the checkpoint
-is looked up by base name in the directory the state file is in. Each directory is listed once.
+state file the only checkpoint or the highest step is taken: the run's checkpoints are those
+:mod:`ckptmerge.sources.runs` defines, listed once (:func:`~ckptmerge.sources.listing.list_run`).
+A state file written on another machine names absolute local paths (``/home/me/run/ckpt-10``):
+the checkpoint is looked up by base name in the directory the state file is in; any other path
+outside the directory is not used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, UnsafeCheckpointError
 from ..formats.io.storage import (
     probe_isfile,
-    read_small,
     remote_exists,
     remote_isdir,
-    remote_listdir,
 )
 from ..formats.io.urlpath import (
     add_suffix,
     basename,
     dirname,
     has_suffix,
-    is_url,
     join,
     path_part,
     search_path,
@@ -50,61 +48,17 @@ from .files import (
     V1_SHARD_RE,
     array_dir_format,
     is_h5_name,
-    keras_weight_files,
     step_of,
     v1_pattern_of,
 )
-from .resolved import CheckpointInfo, ResolvedCheckpoint
-from .state import CheckpointState, state_from_text
+from .listing import list_run, read_state_url
 from .orbax import FORMAT_ORBAX, ORBAX_MARKERS, orbax_folder, orbax_listing, orbax_root
+from .resolved import CheckpointInfo, ResolvedCheckpoint
+from .runs import KIND_FOLDER, RunCheckpoint
 
 __all__ = ["resolve_url", "checkpoints_url", "read_state_url"]
 
 _KERAS_NAMES = (".h5", ".hdf5", ".keras")
-
-
-def _locate(recorded: str, directory: str) -> str:
-    """A recorded checkpoint path as a URL: a relative one is relative to the state file's
-    directory; an absolute local one (written on another machine) is looked up by base name there,
-    as TensorFlow does for a moved directory; a URL stays as written."""
-    if is_url(recorded):
-        return recorded
-    path = recorded.replace("\\", "/")
-    if path.startswith("/") or re.match(r"^[A-Za-z]:/", path):
-        return join(directory, basename(path))
-    return join(directory, path)
-
-
-def read_state_url(directory: str) -> Optional[CheckpointState]:
-    """Parse a remote directory's ``checkpoint`` state file; ``None`` when there is none.
-
-    Paths are URLs (see :func:`_locate`); the ``recorded_*`` fields keep the strings as written.
-
-    Raises:
-        CheckpointFormatError: the state file cannot be read or parsed.
-
-    Example:
-        >>> read_state_url("s3://bucket/run").model_checkpoint_path  # doctest: +SKIP
-        's3://bucket/run/ckpt-200'
-    """
-    directory = strip_slash(directory)
-    return _read_state_at(directory) if remote_exists(join(directory, STATE_FILE)) else None
-
-
-def _read_state_at(directory: str) -> CheckpointState:
-    """:func:`read_state_url` of a directory known to hold a state file (no existence check)."""
-
-    url = join(directory, STATE_FILE)
-    return state_from_text(read_small(url, 1 << 24).decode("utf-8", "surrogateescape"), url, url, directory,
-                           _locate)
-
-
-def _latest_name(directory: str, names: Dict[str, dict]) -> Optional[str]:
-    """The base name the directory's state file names as latest, if there is a state file."""
-    if STATE_FILE not in names:
-        return None
-    latest = _read_state_at(strip_slash(directory)).model_checkpoint_path
-    return basename(latest) if latest else None
 
 
 def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
@@ -134,59 +88,47 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
             f"there. Check the URL, or run {quoted_command('checkpoints', dirname(url))} to list the "
             "checkpoints of its parent.",
             path=given)
-    names = {e["name"]: e for e in remote_listdir(url)}
-    orbax = orbax_folder(url, step) if ORBAX_MARKERS.intersection(names) else None
+    run = list_run(url, given=given)
+    orbax = orbax_folder(url, step) if ORBAX_MARKERS.intersection(run.names) else None
     if orbax is not None:
         return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
-    prefixes = sorted(n[: -len(INDEX)] for n in names if n.endswith(INDEX) and len(n) > len(INDEX))
-    # (name, format) of each checkpoint there: TF prefixes, and Keras weights files as in a local directory
-    bundles = [(p, FORMAT_TF_BUNDLE) for p in prefixes]
-    h5 = [(n, FORMAT_KERAS_H5) for n in keras_weight_files(names)]
-    steps = sorted({s for s in (step_of(n) for n, _ in bundles + h5) if s is not None})
-    shown_steps = ", ".join(map(str, steps)) or "none"
     if step is not None:
-        match = [c for c in bundles + h5 if step_of(c[0]) == step]
-        orbax = orbax_root(url, step) if not bundles and not h5 else None
+        orbax = orbax_root(url, step) if not run.checkpoints or run.orbax_root else None
         if orbax is not None:
             return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
-        if len(match) != 1:
-            raise CheckpointNotFoundError(
-                f"no checkpoint of step {step} in {quote_name(given)}; steps there: {shown_steps}. Run "
-                f"{quoted_command('checkpoints', given)} to list them." if not match else
-                f"several checkpoints of step {step} in {quote_name(given)}: "
-                f"{', '.join(quote_name(n) for n, _ in match)}; pass one as a prefix.",
-                path=given)
-        return ResolvedCheckpoint(join(url, match[0][0]), match[0][1], step, f"step {step} of {given}")
-    latest = _latest_name(url, names)
-    if latest is not None:
-        other = _resolve_single(given, join(url, latest)) if latest not in prefixes else None
+        return _resolved(run.pick(step), f"step {step} of {given}")
+    state = run.state
+    shown_state = join(given, STATE_FILE)
+    if state is not None and state.recorded_model_checkpoint_path:
+        recorded = state.recorded_model_checkpoint_path
+        if state.model_checkpoint_path is None:
+            raise UnsafeCheckpointError(
+                f"{quote_name(shown_state)} names {quote_name(recorded)} as the latest checkpoint, which is outside "
+                f"{quote_name(given)}: ckptmerge reads only checkpoints inside the directory whose state file names "
+                f"them (TensorFlow would follow the path). Steps there: {run.steps_text()}. Pass a step (step=N), "
+                f"pass that checkpoint itself if you mean it, or run {quoted_command('checkpoints', given)} to list "
+                "the directory's own.", path=given)
+        latest = run.latest
+        if latest is not None and latest.kind != KIND_FOLDER:
+            s = latest.step
+            return ResolvedCheckpoint(latest.path, latest.format, s, f"latest checkpoint per {shown_state} "
+                                      f"({'step ' + str(s) if s is not None else basename(latest.path)})")
+        other = _resolve_single(given, state.model_checkpoint_path)
         if other is not None:  # the state file names a V1 checkpoint (a file, or a set's pattern)
-            return dataclasses.replace(other, note=f"latest checkpoint per {join(given, STATE_FILE)}")
-        if latest not in prefixes:
-            raise CheckpointNotFoundError(
-                f"{quote_name(join(url, STATE_FILE))} names {quote_name(latest)} as the latest checkpoint, but "
-                f"{quote_name(add_suffix(join(url, latest), INDEX))} "
-                f"does not exist: deleted, or still being uploaded? Steps there: {shown_steps}. Pass a step.",
-                path=given)
-        s = step_of(latest)
-        return ResolvedCheckpoint(join(url, latest), FORMAT_TF_BUNDLE, s,
-                                  f"latest checkpoint per {join(given, STATE_FILE)} "
-                                  f"({'step ' + str(s) if s is not None else latest})")
-    pool = bundles or h5  # TF checkpoints before stray Keras files, as in a local directory
-    if len(pool) == 1:
-        return ResolvedCheckpoint(join(url, pool[0][0]), pool[0][1], step_of(pool[0][0]),
-                                  f"only checkpoint in {given} (no 'checkpoint' state file)")
-    pool_steps = sorted(s for s in (step_of(n) for n, _ in pool) if s is not None)
-    if pool_steps:
-        top = [c for c in pool if step_of(c[0]) == pool_steps[-1]]
-        if len(top) == 1:
-            return ResolvedCheckpoint(join(url, top[0][0]), top[0][1], pool_steps[-1],
-                                      f"no 'checkpoint' state file in {given}; took the highest step "
-                                      f"{pool_steps[-1]} of {len(pool)} checkpoints")
-    if pool:
-        raise ArgumentError(f"{quote_name(given)} holds {len(pool)} checkpoints and no 'checkpoint' state "
-                            "file; pass one of them as a prefix, or a step.")
-    fmt = array_dir_format(names)
+            return dataclasses.replace(other, note=f"latest checkpoint per {shown_state}")
+        name = basename(state.model_checkpoint_path)
+        raise CheckpointNotFoundError(
+            f"{quote_name(join(url, STATE_FILE))} names {quote_name(name)} as the latest checkpoint, but "
+            f"{quote_name(add_suffix(state.model_checkpoint_path, INDEX))} "
+            f"does not exist: deleted, or still being uploaded? Steps there: {run.steps_text()}. Pass a step.",
+            path=given)
+    orbax = orbax_root(url, None) if run.orbax_root else None  # Orbax's own rule: its latest finalised step
+    if orbax is not None:
+        return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
+    chosen = run.choose("no 'checkpoint' state file")
+    if chosen is not None:
+        return _resolved(*chosen)
+    fmt = array_dir_format(run.names)
     if fmt:
         return ResolvedCheckpoint(url, fmt, None, f"{fmt} directory {given}")
     orbax = orbax_root(url, None)
@@ -194,6 +136,14 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object and no "
                                   "'checkpoint' state file there.", path=given)
+
+
+def _resolved(c: RunCheckpoint, note: str) -> ResolvedCheckpoint:
+    """The checkpoint of a run as resolution returns it (a step folder: what it holds)."""
+    if c.kind == KIND_FOLDER:
+        inner = resolve_url(c.path, None)
+        return ResolvedCheckpoint(inner.prefix, inner.format, c.step, note)
+    return ResolvedCheckpoint(c.path, c.format, c.step, note)
 
 
 def _resolve_single(given: str, url: str) -> Optional[ResolvedCheckpoint]:
@@ -242,18 +192,9 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
         "Keras '.h5'/'.keras' file.", path=given)
 
 
-def _shard_names(index: str) -> List[str]:
-    """The shard file names a remote sharded set's JSON lists (none if it cannot be read)."""
-    from ..formats.keras.shards import shard_files
-
-    try:
-        return shard_files(index)[1]
-    except CkptMergeError:
-        return []
-
-
 def checkpoints_url(directory: str) -> List[CheckpointInfo]:
-    """The checkpoints of a remote directory, sorted by step: one listing for all of them.
+    """The checkpoints of a remote directory, sorted by step (the run :func:`~ckptmerge.sources.listing.list_run`
+    finds: one listing, and one per step folder).
 
     Example:
         >>> [c.step for c in checkpoints_url("s3://bucket/run")]  # doctest: +SKIP
@@ -263,29 +204,9 @@ def checkpoints_url(directory: str) -> List[CheckpointInfo]:
     if not remote_isdir(url):
         raise CheckpointNotFoundError(f"{quote_name(directory)} is not a directory (no objects below it).",
                                       path=directory)
-    names = {e["name"]: e for e in remote_listdir(url)}
-    if not any(n.endswith(INDEX) or is_h5_name(n) for n in names):  # a CheckpointManager root of Orbax steps?
+    run = list_run(url, given=directory)
+    if not run.checkpoints:  # a CheckpointManager root of Orbax steps its look does not recognise?
         orbax = orbax_listing(url)
         if orbax:
             return [CheckpointInfo(o.path, o.step, o.time, o.size, o.latest) for o in orbax]
-    latest = _latest_name(url, names)
-    data: Dict[str, int] = {}  # prefix -> bytes of its data shards, in one pass (linear in the listing)
-    for n, e in names.items():
-        m = DATA_RE.search(n)
-        if m:
-            data[n[: m.start()]] = data.get(n[: m.start()], 0) + e["size"]
-    out = []
-    keras = set(keras_weight_files(names))
-    for n, e in names.items():
-        if n in keras:  # a Keras weights file (a sharded set by its JSON), as a local listing shows it
-            size = e["size"]
-            if n.endswith(KERAS_SHARDS):
-                size += sum(names[f]["size"] for f in _shard_names(join(url, n)) if f in names)
-            out.append(CheckpointInfo(join(url, n), step_of(n), e["mtime"] or 0.0, size, False))
-            continue
-        if not n.endswith(INDEX) or len(n) == len(INDEX):
-            continue
-        prefix = n[: -len(INDEX)]
-        size = e["size"] + data.get(prefix, 0)
-        out.append(CheckpointInfo(join(url, prefix), step_of(prefix), e["mtime"] or 0.0, size, prefix == latest))
-    return sorted(out, key=lambda c: (c.step is None, c.step or 0, c.path))
+    return run.infos()

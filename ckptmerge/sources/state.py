@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..core.args import check_path
 from ..core.errors import CheckpointFormatError
 from ..core.redact import get_logger
+from ..formats.io.localfile import link_problem
 from ..core.text import quote_name
 from .files import (
     STATE_FILE,
@@ -34,10 +35,12 @@ logger = get_logger(__name__)
 class CheckpointState:
     """The content of a directory's ``checkpoint`` state file (TF's ``CheckpointState``).
 
-    Paths are resolved the way TensorFlow resolves them (relative ones against the
-    directory) with one addition: an absolute path that does not exist on this machine (a
-    directory copied from elsewhere) is replaced by the same base name inside the directory
-    when that exists. The ``recorded_*`` fields keep the strings as written.
+    Paths are resolved as TensorFlow resolves them (relative ones against the directory), with
+    one rule TensorFlow does not have: a state file names checkpoints **inside** its directory
+    (links resolved). A path outside it (``../elsewhere/ckpt-99``, an absolute path, a link out)
+    is replaced by the same base name inside the directory when that exists (a run copied or
+    moved from elsewhere), and is otherwise not used: it is left out of the resolved fields and
+    listed in ``outside``. The ``recorded_*`` fields keep the strings as written.
 
     Attributes:
         path: absolute path of the state file.
@@ -49,6 +52,8 @@ class CheckpointState:
             ``keep_checkpoint_every_n_hours``, or ``None``.
         recorded_model_checkpoint_path: ``model_checkpoint_path`` as written.
         recorded_all_model_checkpoint_paths: ``all_model_checkpoint_paths`` as written.
+        outside: the recorded paths that point outside the directory and were not used, in
+            the order written (the latest included).
 
     Example:
         >>> read_state_file("runs/A").model_checkpoint_path  # doctest: +SKIP
@@ -63,6 +68,7 @@ class CheckpointState:
     last_preserved_timestamp: Optional[float]
     recorded_model_checkpoint_path: Optional[str]
     recorded_all_model_checkpoint_paths: Tuple[str, ...]
+    outside: Tuple[str, ...] = ()
 
     def timestamp_of(self, prefix: str) -> Optional[float]:
         """Return the recorded save time of ``prefix`` (absolute), or ``None``."""
@@ -172,18 +178,33 @@ def _parse_state_text(text: str, shown_path: str) -> Dict[str, list]:
     return fields
 
 
-def _locate(recorded: str, abs_dir: str) -> str:
-    """Resolve a recorded checkpoint path against the state file's directory."""
-    if not os.path.isabs(recorded):
-        return os.path.normpath(os.path.join(abs_dir, recorded))
-    if prefix_exists(recorded):
-        return os.path.normpath(recorded)
-    # An absolute path from another machine (or a moved directory): try the base name here.
-    local = os.path.join(abs_dir, os.path.basename(recorded.rstrip("/\\")))
-    if prefix_exists(local):
-        logger.info("state file path %s does not exist; using %s", recorded, local)
-        return os.path.normpath(local)
-    return os.path.normpath(recorded)
+class _Locate:
+    """Resolve the recorded checkpoint paths of one state file against its directory: ``None``
+    for a path outside the directory (links resolved) when the directory holds no checkpoint of
+    its base name (a run copied or moved from elsewhere, or from another machine, uses its own)."""
+
+    def __init__(self, abs_dir: str) -> None:
+        self.real_dir = os.path.realpath(abs_dir)
+        self._folders: Dict[str, str] = {}  # folder -> its real path (most paths share one folder)
+
+    def inside(self, path: str) -> bool:
+        """Whether the checkpoint ``path`` is in a folder inside the directory (its own files are
+        confined where they are read: a link out of the directory is never followed)."""
+        folder = os.path.dirname(path)
+        real = self._folders.get(folder)
+        if real is None:
+            real = self._folders[folder] = os.path.realpath(folder)
+        return real == self.real_dir or real.startswith(self.real_dir.rstrip(os.sep) + os.sep)
+
+    def __call__(self, recorded: str, abs_dir: str) -> Optional[str]:
+        path = os.path.normpath(os.path.join(abs_dir, recorded))  # (an absolute ``recorded`` stays itself)
+        if self.inside(path):
+            return path
+        local = os.path.join(abs_dir, os.path.basename(recorded.rstrip("/\\")))
+        if prefix_exists(local):
+            logger.info("state file path %s is outside %s; using %s", recorded, abs_dir, local)
+            return os.path.normpath(local)
+        return None
 
 
 def read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
@@ -191,6 +212,11 @@ def read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
     if not os.path.isfile(state_path):
         return None
     shown_path = display_path(shown_dir, STATE_FILE)
+    if os.path.islink(state_path):
+        why = link_problem(directory, state_path)
+        if why is not None:  # a state file the directory leads to: confined like any file of the run
+            logger.warning("%s %s: not read as the directory's state file", shown_path, why)
+            return None
     try:
         with open(state_path, "rb") as f:
             data = f.read()
@@ -200,34 +226,48 @@ def read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
             "Check its permissions, or pass the checkpoint prefix itself.",
             path=shown_path,
         ) from e
+    abs_dir = os.path.abspath(directory)
     return state_from_text(data.decode("utf-8", "surrogateescape"), shown_path, os.path.abspath(state_path),
-                           os.path.abspath(directory), _locate)
+                           abs_dir, _Locate(abs_dir))
 
 
 def state_from_text(text: str, shown_path: str, path: str, directory: str,
-                    locate: Callable[[str, str], str]) -> CheckpointState:
+                    locate: Callable[[str, str], Optional[str]]) -> CheckpointState:
     """The :class:`CheckpointState` a state file's ``text`` describes: ``path`` and ``directory``
-    are where it lives (local or URL), ``locate(recorded, directory)`` finds a recorded path there,
-    and problems name the file as ``shown_path``.
+    are where it lives (local or URL), ``locate(recorded, directory)`` finds a recorded path in
+    the directory (``None``: it points outside; see :class:`CheckpointState`), and problems name
+    the file as ``shown_path``.
 
     Example:
         >>> state_from_text('model_checkpoint_path: "ckpt-2"', "checkpoint", "/run/checkpoint", "/run",
         ...                 lambda p, d: d + "/" + p).model_checkpoint_path
         '/run/ckpt-2'
+        >>> state_from_text('model_checkpoint_path: "../x/ckpt-9"', "checkpoint", "/run/checkpoint", "/run",
+        ...                 lambda p, d: None).outside
+        ('../x/ckpt-9',)
     """
     fields = _parse_state_text(text, shown_path)
     latest = fields["model_checkpoint_path"][-1] if fields["model_checkpoint_path"] else None
     recorded_all = tuple(fields["all_model_checkpoint_paths"])
+    stamps = tuple(fields["all_model_checkpoint_timestamps"])
     last = fields["last_preserved_timestamp"]
+    located = [locate(p, directory) for p in recorded_all]
+    outside = [p for p, at in zip(recorded_all, located) if at is None]
+    if len(stamps) == len(recorded_all):  # times stay beside their paths
+        stamps = tuple(t for t, at in zip(stamps, located) if at is not None)
+    latest_at = locate(latest, directory) if latest else None
+    if latest and latest_at is None and latest not in outside:
+        outside.append(latest)
     return CheckpointState(
         path=path,
         directory=directory,
-        model_checkpoint_path=locate(latest, directory) if latest else None,
-        all_model_checkpoint_paths=tuple(locate(p, directory) for p in recorded_all),
-        all_model_checkpoint_timestamps=tuple(fields["all_model_checkpoint_timestamps"]),
+        model_checkpoint_path=latest_at,
+        all_model_checkpoint_paths=tuple(at for at in located if at is not None),
+        all_model_checkpoint_timestamps=stamps,
         last_preserved_timestamp=last[-1] if last else None,
         recorded_model_checkpoint_path=latest or None,
         recorded_all_model_checkpoint_paths=recorded_all,
+        outside=tuple(outside),
     )
 
 
@@ -294,13 +334,19 @@ def state_file_text(out_abs: str, state: Any) -> str:
     if state is not None:
         old_stamps = state.all_model_checkpoint_timestamps
         keep_stamps = len(old_stamps) == len(state.all_model_checkpoint_paths)
-        for i, (recorded, resolved) in enumerate(zip(state.recorded_all_model_checkpoint_paths,
-                                                     state.all_model_checkpoint_paths)):
-            if same_checkpoint_path(resolved, out_abs) or recorded in paths:
+        resolved = iter(zip(state.all_model_checkpoint_paths, old_stamps if keep_stamps else
+                            [0.0] * len(state.all_model_checkpoint_paths)))
+        for recorded in state.recorded_all_model_checkpoint_paths:
+            if recorded in state.outside:  # kept as written, without a time (it has none beside it)
+                if recorded not in paths:
+                    paths.append(recorded)
+                    keep_stamps = False
+                continue
+            at, stamp = next(resolved)
+            if same_checkpoint_path(at, out_abs) or recorded in paths:
                 continue
             paths.append(recorded)
-            if keep_stamps:
-                stamps.append(old_stamps[i])
+            stamps.append(stamp)
     new = os.path.basename(out_abs)
     paths.append(new)
     stamps.append(time.time())
