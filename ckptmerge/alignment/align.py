@@ -49,6 +49,7 @@ from ..core.text import quote_name
 from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries, scopes_of
 from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
 from .tensorops import refines
+from . import units
 
 __all__ = ["Match", "Unresolved", "Alignment", "Entry", "align", "tokens", "natural_key", "scope_entries",
            "ALIGN_MODES", "CONFIDENCE_FLOOR", "below_floor"]
@@ -471,9 +472,21 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     if reshaped:
         matches, unresolved = _one_target_each(matches, unresolved)
     matches, unresolved = _layers_as_units(matches, unresolved, feats)
+    if target_inputs:
+        # a norm that disagrees with its own layer's conv: its group solved again beside the convs
+        def solve(ts: List[str], ss: List[str], spec: VariableInfo, out: Columns) -> List[Unresolved]:
+            return _solve_spec(ts, ss, spec, feats, hazards, t_order, s_order, out)
+
+        matches, unresolved = units.enforce(matches, unresolved, groups, target_inputs, solve)
+        matches, unresolved = _layers_as_units(matches, unresolved, feats)
     if target_inputs and any(u.reason == _TIED for u in unresolved):
         matches, unresolved = _settle(matches, unresolved, target_inputs, feats, hazards, t_order, s_order)
         matches, unresolved = _layers_as_units(matches, unresolved, feats)
+        # (convs the graph placed anchor norms left open)
+        matches, unresolved = units.enforce(matches, unresolved, groups, target_inputs, solve)
+        matches, unresolved = _layers_as_units(matches, unresolved, feats)
+    if target_inputs:  # (never kept: a pairing that splits a conv from its norm)
+        matches, unresolved = _drop_contradicted(matches, unresolved, groups, target_inputs, feats)
     unresolved += _left_over(groups, matches, unresolved)
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches.sorted_by_target(), unresolved)
@@ -616,6 +629,19 @@ def _settle(matches: Columns, unresolved: List[Unresolved], inputs: Mapping[str,
 
 def _scope(name: str) -> str:
     return name[:name.rfind("/") + 1]
+
+
+def _drop_contradicted(matches: Columns, unresolved: List[Unresolved], groups: Mapping[Any, Any],
+                       inputs: Mapping[str, Sequence[str]], feats: Features) -> Tuple[Columns, List[Unresolved]]:
+    """The matches whose norm still disagrees with its own layer's conv (see
+    :func:`ckptmerge.alignment.units.contradicted`), left unresolved, and their layers with them."""
+    bad = units.contradicted(matches, groups, inputs)
+    if not bad:
+        return matches, unresolved
+    rows = sorted(bad)
+    unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)),
+                                 tuple(sorted(matches.name[i] for i in rows)), (), "", units.UNIT_REASON))
+    return _layers_as_units(matches.without(bad), unresolved, feats)
 
 
 #: Leaf names (after synonym folding) of a layer's own parameters. (Not ``reverse_embeddings``: an
