@@ -158,3 +158,21 @@ def test_docs_combine_example_loads(tmp_path):
     cfg = cm.load_config(str(tmp_path / "c.yaml"))
     assert cfg.combine.method == "ties" and [w for _, w in cfg.combine.models] == [0.6, {"*attention*": 0.2, "*": 0.4}]
     assert cfg.make_sources()[0].report().method == "ties"
+
+
+@pytest.mark.parametrize("keys,written,listed", [("union", {"x": 2.0, "y": 1.0}, "Combined over fewer inputs (1):\n  y: 1 of 2"),
+                                                 ("intersection", {"x": 2.0}, "Left out (1):\n  y: in 1 of 2 inputs")])
+def test_keys_union_and_intersection_write_from_the_cli_and_list_each_name(tmp_path, keys, written, listed):
+    """Issue 30.9: the policy the command was given is the consent; nothing advises strict=False."""
+    a = write(tmp_path / "a", {"x": np.ones(3, np.float32), "y": np.ones(2, np.float32)})
+    b = write(tmp_path / "b", {"x": np.full(3, 3, np.float32)})
+    out = tmp_path / "o.safetensors"
+    r = run("combine", a, b, "--keys", keys, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert listed in r.stdout and "strict=False" not in r.output
+    got = cm.load(str(out))
+    assert sorted(got) == sorted(written)
+    for k, v in written.items():
+        np.testing.assert_array_equal(got[k], np.full(got[k].shape, v, np.float32))
+    r = run("combine", a, b, "-o", tmp_path / "strict.safetensors")  # the default still refuses, listing why
+    assert r.exit_code == 2 and "'y' is missing from" in r.stderr and not list(tmp_path.glob("strict*"))

@@ -142,6 +142,9 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
     elif quiet:
         click.echo(merged.summary())
     else:
+        if combined is None:  # what keys='union'/'intersection' did is shown, name by name, after a merge too
+            report = src.report()
+            combined = report if (report.fewer or report.left_out) else None
         if combined is not None:
             click.echo(combined.render())
         click.echo(merged.render())
@@ -164,7 +167,7 @@ _SHARED = [
                  help="Output dtype of float tensors (default: the inputs')."),
     click.option("--keys", type=click.Choice(list(KEYS)), default="strict", show_default=True,
                  help="Inputs whose names differ: an error listing every difference, only the shared names, or "
-                      "each name over the inputs holding it."),
+                      "each name over the inputs holding it (both write, listing every name they touched)."),
     click.option("--integers", type=click.Choice(list(INTEGERS)), default="last", show_default=True,
                  help="Integer/bool tensors (counters): the last or first input's value, or an error."),
     click.option("--optimizer", is_flag=True, help="Also combine optimizer slots and bookkeeping (left out by default)."),

@@ -38,7 +38,7 @@ from ..sources.opening import as_sources, check_unique_labels, open_sources
 from ..sources.source import Source
 from ..sources.handles import SourceHandle
 from ..core.specs import VariableInfo
-from ..core.text import plural, quote_name
+from ..core.text import plural
 from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .report import CombineReport
 from .inputs import FLOATS, Entry, choice, glob_value, line_up, select_inputs
@@ -169,13 +169,10 @@ class CombinedHandle(SourceHandle):
         self.report = report
         infos = [e.spec for e in entries.values()]
         note = report.summary()
-        findings = []
-        if report.fewer:
-            findings.append(f"{quote_name(source.label)}: {plural(len(report.fewer), 'name')} combined over fewer "
-                            f"inputs than {len(inputs)} (keys={source.keys!r}); its report lists them")
-        if report.left_out:
-            findings.append(f"{quote_name(source.label)}: {plural(len(report.left_out), 'name')} left out of the "
-                            "combination; its report lists them")
+        # The names keys='union' combined over fewer inputs, or 'intersection' left out, are the
+        # policy the caller chose, not findings: they do not block a strict plan (under 'strict'
+        # there are none, line_up raised instead). The report lists every one of them.
+        findings: List[str] = []
         super().__init__(source, f"<{source.label}>", note, infos, findings=findings)
         steps = source.chunk_elements // max(1, self.method.state)
         self.step = max(1, steps)
