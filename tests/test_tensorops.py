@@ -108,6 +108,49 @@ def test_concat_refuses_parts_that_disagree_off_the_axis():
         cm.Concat("qkv", ["q", "k"]).output_shape([(8, 4), (8,)])
 
 
+@pytest.mark.parametrize("parts", [2, 3, 5])
+@pytest.mark.parametrize("given", [0, 1, 2, 4, 6])
+def test_concat_refuses_any_number_of_shapes_but_one_per_part(parts, given):
+    """Issue 30.12: one shape for two or three parts gave equal Splits (zip stopped early).
+    Every method taking the parts' shapes refuses a count that is not one per part, naming it."""
+    names = [f"p{i}" for i in range(parts)]
+    rng = np.random.default_rng(parts * 10 + given)
+    shapes = [(4, int(rng.integers(1, 5))) for _ in range(given)]
+    c = cm.Concat("fused", names, axis=1)
+    calls = [lambda: c.inverse(shapes), lambda: c.output_shape(shapes), lambda: c.describe(shapes),
+             lambda: c.axes(shapes), lambda: cm.Concat("fused", names).inverse(shapes)]
+    if given == parts:
+        assert len(c.inverse(shapes)) == parts and c.output_shape(shapes)[1] == sum(s[1] for s in shapes)
+        return
+    for call in calls:
+        with pytest.raises(TransformError, match=rf"concat of 'fused': {given} shapes? given for the {parts} "
+                                                 r"parts \('p0', .*give one shape per part"):
+            call()
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ("84", "shapes must be a list"),
+    ([(8, 4), (8, -2)], r"the shape of part 'k' must be a list of non-negative integers"),
+    ([(8, 4), "84"], r"the shape of part 'k' must be a list"),
+    ([(8, 4), (8, 2.0)], r"the shape of part 'k'"),
+])
+def test_concat_refuses_shapes_that_are_not_shapes(shapes, message):
+    with pytest.raises(TransformError, match=message):
+        cm.Concat("qkv", ["q", "k"], axis=1).inverse(shapes)
+
+
+@pytest.mark.parametrize("shape, source_shape", [((2, 3), (7,)), ((4,), (2, 3)), ((0, 3), (3,))])
+def test_a_reshape_whose_two_shapes_differ_in_size_is_refused_when_made(shape, source_shape):
+    with pytest.raises(TransformError, match="a reshape keeps every value"):
+        cm.Reshape("q", shape, source_shape=source_shape)
+    assert cm.Reshape("q", (6,), source_shape=(2, 3)).inverse() == cm.Reshape("q", (2, 3), source_shape=(6,))
+
+
+def test_a_split_into_no_parts_is_refused_when_made():
+    with pytest.raises(TransformError, match="parts must be at least 1"):
+        cm.Split("q", 0, 0, 0)
+
+
 def test_squeeze_and_expand_dims_drop_and_add_a_unit_axis_and_undo_each_other():
     table = RNG.standard_normal((1, 17, 64)).astype("float32")
     sq = cm.Squeeze("pos", axis=0)

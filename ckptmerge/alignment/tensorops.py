@@ -125,6 +125,11 @@ class Reshape:
         for what in ("shape", "source_shape"):
             if getattr(self, what) is not None:
                 object.__setattr__(self, what, _ints("reshape", self.target, what, getattr(self, what)))
+        if self.shape is not None and self.source_shape is not None \
+                and math.prod(self.shape) != math.prod(self.source_shape):
+            raise TransformError(f"reshape of {quote_name(self.target)}: shape {self.shape} holds "
+                                 f"{math.prod(self.shape):,} values and source_shape {self.source_shape} "
+                                 f"{math.prod(self.source_shape):,}; a reshape keeps every value.", target=self.target)
 
     def applies_to(self, name: str) -> bool:
         """Whether this transform applies to the target variable ``name`` (``fnmatch`` glob)."""
@@ -224,6 +229,9 @@ class Split:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise TransformError(f"split of {quote_name(self.target)}: {what} must be a non-negative integer. "
                                      f"Received: {what}={v!r}", target=self.target)
+        if self.parts < 1:
+            raise TransformError(f"split of {quote_name(self.target)}: parts must be at least 1. "
+                                 f"Received: parts={self.parts}", target=self.target)
         if not 0 <= self.index < self.parts:
             raise TransformError(f"split of {quote_name(self.target)}: index must be in 0..{self.parts - 1} for "
                                  f"{self.parts} parts. Received: index={self.index}", target=self.target)
@@ -530,6 +538,19 @@ class Concat:
         """Always False: a Concat makes a tensor, it is not applied to one on its way."""
         return False
 
+    def _part_shapes(self, shapes: object) -> Tuple[Shape, ...]:
+        """``shapes`` checked: one shape of non-negative integers per part, in order."""
+        if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence):
+            raise TransformError(f"concat of {quote_name(self.target)}: shapes must be a list of the parts' shapes. "
+                                 f"Received: shapes={shapes!r:.80}", target=self.target)
+        if len(shapes) != len(self.sources):
+            raise TransformError(f"concat of {quote_name(self.target)}: {len(shapes)} "
+                                 f"shape{'' if len(shapes) == 1 else 's'} given for the {len(self.sources)} parts "
+                                 f"({', '.join(quote_name(s) for s in self.sources)}); give one shape per part, "
+                                 f"in order. Received: shapes={list(shapes)!r:.80}", target=self.target)
+        return tuple(_ints("concat", self.target, f"the shape of part {quote_name(n)}", s)
+                     for n, s in zip(self.sources, shapes))
+
     def axes(self, shapes: Sequence[Sequence[int]], target_shape: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
         """The axes the parts of these shapes may be joined along (with ``axis`` given: that one,
         checked), narrowed by ``target_shape`` when given.
@@ -538,7 +559,7 @@ class Concat:
             TransformError: the parts differ in rank, or off the axis; no axis (or, with
                 ``axis=None``, more than one) fits.
         """
-        shapes = [tuple(int(d) for d in s) for s in shapes]
+        shapes = self._part_shapes(shapes)
         ranks = {len(s) for s in shapes}
         parts = ", ".join(f"{quote_name(n)} {s}" for n, s in zip(self.sources, shapes))
         if len(ranks) != 1:
@@ -593,11 +614,12 @@ class Concat:
         axis (grouped-query attention), each Split has the parts' ``sizes``.
 
         Raises:
-            TransformError: the axis is unknown.
+            TransformError: the axis is unknown, or ``shapes`` does not give one shape per part.
         """
         if shapes is not None:
+            shapes = self._part_shapes(shapes)
             axis = self.axes(shapes)[0]
-            sizes = tuple(int(tuple(s)[axis]) for s in shapes)
+            sizes = tuple(s[axis] for s in shapes)
             if len(set(sizes)) > 1:
                 return tuple(Split(glob_escape(s), axis, i, len(self.sources), sizes=sizes)
                              for i, s in enumerate(self.sources))
@@ -618,7 +640,7 @@ class Concat:
         if shapes is None:
             where = f"axis {self.axis}" if self.axis is not None else "the axis that fits"
             return f"concat along {where} of {n} parts: {' + '.join(labels)}"
-        shapes = [tuple(int(d) for d in s) for s in shapes]
+        shapes = self._part_shapes(shapes)
         axis = self.axes(shapes, target_shape)[0]
         out = _joined(shapes, axis)
         pieces, lo = [], 0
