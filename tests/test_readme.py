@@ -4,68 +4,36 @@ Each example block in README.md and docs/*.md is preceded by ``<!-- readme-test:
 (unique across the pages) picks the test that runs it, in the world it talks about (the
 checkpoints ``runs/A``, ``runs/B/model-10``, ... it names). A block that stops working, an example
 added without a tag, or a tag that no test runs fails here. A new page in docs/ is picked up
-without a change here.
+without a change here. How tags are found and outputs compared: tests/_examples.py; the Recipes
+page's examples run in tests/test_recipes.py.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+import test_recipes  # noqa: F401  (its @runs marks count for the check below)
+from _examples import TESTED, blocks, runs
+from _examples import block as _block
 from conftest import save_tf1
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-BLOCK = re.compile(r"<!-- readme-test: ([\w-]+) -->\n```(\w+)\n(.*?)```", re.S)
-
-#: the tags some test below runs (filled by @runs at import)
-TESTED: set = set()
-
-
-def runs(*tags):
-    """Marks a test as the one that runs the examples tagged ``tags``."""
-    TESTED.update(tags)
-    return lambda test: test
-
-
-def _where(page, text, offset):
-    return f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, offset) + 1}"
-
-
-def _blocks():
-    """({tag: (page:line, language, code)}, [page:line of untagged python blocks], [repeated tags])."""
-    tagged, untagged, repeated = {}, [], []
-    for page in PAGES:
-        text = page.read_text(encoding="utf-8")
-        starts = set()
-        for m in BLOCK.finditer(text):
-            starts.add(m.start(3))
-            if m.group(1) in tagged:
-                repeated.append(m.group(1))
-            tagged[m.group(1)] = (_where(page, text, m.start()), m.group(2), m.group(3))
-        untagged += [_where(page, text, m.start()) for m in re.finditer(r"```python\n", text)
-                     if m.end() not in starts]
-    return tagged, untagged, repeated
 
 
 def test_every_python_example_is_tagged():
-    _, untagged, _ = _blocks()
+    _, untagged, _ = blocks()
     assert untagged == [], f"python blocks without a readme-test tag at {untagged}"
 
 
 def test_every_tag_is_unique_and_run_by_a_test():
-    tagged, _, repeated = _blocks()
+    tagged, _, repeated = blocks()
     assert repeated == [], f"readme-test tags used twice: {repeated}"
-    assert sorted(set(tagged) - TESTED) == [], "tagged examples that no test in tests/test_readme.py runs"
+    assert sorted(set(tagged) - TESTED) == [], "tagged examples that no test runs"
     assert sorted(TESTED - set(tagged)) == [], "tests whose tagged example no page has any more"
-
-
-def _block(name):
-    return _blocks()[0][name][2]
 
 
 @pytest.fixture
