@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -60,7 +61,7 @@ from ckptmerge.formats.orbax.layout import (
     keras_name,
     kind_of_path,
 )
-from ckptmerge.formats.orbax.store import Location, load_tensorstore, wait
+from ckptmerge.formats.orbax.store import Location, load_tensorstore, not_a_checkpoint_file, wait
 from ckptmerge.core.redact import get_logger
 from ckptmerge.core.specs import VariableInfo
 from ckptmerge.core.text import escape_name, quote_name
@@ -78,6 +79,18 @@ _MAX_ZARR_METADATA = 1 << 24  # one array's zarr.json or .zarray (a few hundred 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
 _ZARR2_COMPRESSORS = {"zstd", "zlib", "gzip", "blosc"}
 _ZARR3_CODECS = {"sharding_indexed", "bytes", "zstd", "gzip", "blosc", "crc32c", "transpose"}
+
+
+def _chunk_key_depth(driver: str, meta: dict, ndim: int) -> int:
+    """How many path parts a chunk key of this zarr array has (``0.0``: 1; ``c/0/0``: 3)."""
+    if driver == "zarr":
+        return 1 if meta.get("dimension_separator", ".") == "." else max(ndim, 1)
+    enc = meta.get("chunk_key_encoding")
+    enc = enc if isinstance(enc, dict) else {}
+    conf = enc.get("configuration") if isinstance(enc.get("configuration"), dict) else {}
+    if enc.get("name") == "v2":
+        return 1 if conf.get("separator", ".") == "." else max(ndim, 1)
+    return ndim + 1 if conf.get("separator", "/") == "/" else 1
 
 
 class _Array:
@@ -149,12 +162,15 @@ class OrbaxReader(CheckpointReader):
         self._context: Any = None
         self._locations: List[Location] = []
         self._arrays: Dict[str, _Array] = {}
+        self._depths: Dict[str, Dict[str, Tuple[int, str]]] = {}  # item root -> top entry -> deepest folder
+        self._rechecked: set = set()
         self.items: Dict[str, str] = {}
         root = Location(path)
         self._locations.append(root)
         if not root.isdir():
             raise CheckpointNotFoundError(f"Orbax checkpoint {quote_name(path)} does not exist.", path=path)
         self.metadata: Dict[str, Any] = {}
+        root.check_file(CHECKPOINT_METADATA_FILE)
         if root.exists(CHECKPOINT_METADATA_FILE):
             meta = root.read_json(CHECKPOINT_METADATA_FILE)
             self.metadata = meta if isinstance(meta, dict) else {}
@@ -244,6 +260,8 @@ class OrbaxReader(CheckpointReader):
             raise self._error(loc, f"{METADATA_FILE} says the arrays are in an OCDBT database, but there is no "
                                    "manifest.ocdbt")
         sizes = self._stored_sizes(loc)
+        if ocdbt:
+            self._check_data_folders(loc)
         complete = meta is not None and meta.get("store_array_data_equal_to_fill_value") is True
         arrays = self._stored_arrays(loc, stored, ocdbt, zarr3, write_shapes, sizes, complete)
         if strings:
@@ -304,14 +322,52 @@ class OrbaxReader(CheckpointReader):
                 out[top] = out.get(top, 0) + int(info.get("size") or 0)
             return out
         out = {}
+        self._depths[loc.root] = depths = {}
         for n in loc.listdir():
             p = loc.path(n)
-            if os.path.islink(p):
-                raise self._error(loc, f"{quote_name(n)} is a symbolic link (ckptmerge reads nothing outside the "
-                                       "checkpoint folder; copy the files in place of the link)", n,
-                                  UnsafeCheckpointError)
-            out[n] = loc.tree_size(n) if os.path.isdir(p) else os.lstat(p).st_size
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out[n], depth, folder = loc.check_tree(n)
+                depths[n] = (depth, folder)
+            elif stat.S_ISREG(st.st_mode):
+                out[n] = st.st_size
+            else:
+                raise not_a_checkpoint_file(p, st.st_mode)
         return out
+
+    def _check_chunk_files(self, loc: Location, param: str, driver: str, meta: dict, ndim: int) -> None:
+        """Refuse a folder of a per-array zarr folder where a chunk file belongs (at the depth of
+        its chunk keys): TensorStore would take it for a missing chunk, which an older checkpoint
+        reads as the fill value."""
+        depth, folder = self._depths.get(loc.root, {}).get(param, (0, ""))
+        if depth and depth >= _chunk_key_depth(driver, meta, ndim):
+            raise not_a_checkpoint_file(folder, stat.S_IFDIR)
+
+    def _check_data_folders(self, loc: Location) -> None:
+        """Refuse a folder inside an OCDBT database's data folders (``d/``, ``ocdbt.process_N/d/``),
+        which hold only data files, or in place of a per-process manifest."""
+        for top, (depth, folder) in self._depths.get(loc.root, {}).items():
+            if top.startswith("ocdbt.process_"):
+                loc.check_file(f"{top}/manifest.ocdbt")
+            if depth >= (1 if top == "d" else 2 if top.startswith("ocdbt.process_") else 1 << 30):
+                raise not_a_checkpoint_file(folder, stat.S_IFDIR)
+
+    def _recheck(self, arr: _Array) -> None:
+        """Just before TensorStore first opens ``arr``'s files: check them again (what was checked
+        when the checkpoint was listed may have changed since)."""
+        if arr.loc.is_url:
+            return
+        if not arr.ocdbt:
+            _, depth, folder = arr.loc.check_tree(arr.key)
+            self._depths.setdefault(arr.loc.root, {})[arr.key] = (depth, folder)
+            self._check_chunk_files(arr.loc, arr.key, arr.driver, arr.metadata or {}, len(arr.shape))
+        elif arr.loc.root not in self._rechecked:
+            self._stored_sizes(arr.loc)
+            self._check_data_folders(arr.loc)
+            self._rechecked.add(arr.loc.root)
 
     def _stored_arrays(self, loc: Location, stored: List[Tuple[Tuple[str, ...], str]], ocdbt: bool,
                        zarr3: Optional[bool], write_shapes: Dict[str, Any], sizes: Dict[str, int],
@@ -332,6 +388,8 @@ class OrbaxReader(CheckpointReader):
                                        f"metadata ({' or '.join(candidates)}); its data is missing", param)
             driver = "zarr3" if which == "zarr.json" else "zarr"
             meta, dtname, itemsize, shape, rows = self._zarr_metadata(loc, param, driver, data)
+            if not ocdbt:
+                self._check_chunk_files(loc, param, driver, meta, len(shape))
             value_type, write_shape = write_shapes.get(param, (None, None))
             if value_type == "scalar" and shape != ():
                 raise self._error(loc, f"scalar {quote_name(param)} is stored with shape {shape}", param)
@@ -493,6 +551,7 @@ class OrbaxReader(CheckpointReader):
         itself and refuses the array if they differ in anything (shape, dtype, chunks, codecs)."""
         store = arr.ts
         if store is None:
+            self._recheck(arr)
             kv = ({"driver": "ocdbt", "base": arr.loc.kvstore(), "path": arr.key + "/", "cache_pool": "cache_pool#ocdbt"}
                   if arr.ocdbt else dict(arr.loc.kvstore(arr.key)))
             spec = {"driver": arr.driver, "kvstore": kv, "metadata": arr.metadata, "recheck_cached_data": False,

@@ -23,16 +23,19 @@ import json
 import os
 import posixpath
 import urllib.parse
-from typing import Any, Dict, List, Optional
+import stat
+from typing import Any, Dict, List, Optional, Tuple
 
 from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
+from ckptmerge.formats.io.localfile import describe_kind, open_regular
 from ckptmerge.formats.io.remote_policy import DEADLINE
 from ckptmerge.formats.orbax.bridge import bridge
 from ckptmerge.core.redact import get_logger
 from ckptmerge.core.text import escape_name, quote_name
 
-__all__ = ["load_tensorstore", "Location", "wait", "join_key", "REMOTE_TIMEOUT", "MAX_JSON", "INSTALL_HINT"]
+__all__ = ["load_tensorstore", "Location", "wait", "join_key", "REMOTE_TIMEOUT", "MAX_JSON", "INSTALL_HINT",
+           "not_a_checkpoint_file"]
 
 logger = get_logger(__name__)
 
@@ -180,11 +183,9 @@ class Location:
             return bytes(buf[:got])
         if not os.path.lexists(p):
             return None
-        if os.path.islink(p) or not os.path.isfile(p):
-            raise UnsafeCheckpointError(f"{quote_name(p)} is not a regular file (a link, a directory or a "
-                                        "device); ckptmerge reads only the checkpoint's own files.", path=p)
+        self.check_file(rel)
         try:
-            with open(p, "rb") as f:
+            with os.fdopen(open_regular(p), "rb") as f:
                 data = f.read(limit + 1)
         except OSError as e:
             raise CheckpointFormatError(f"Cannot read {quote_name(p)}: {escape_name(e.strerror or e)}", path=p) from None
@@ -206,9 +207,7 @@ class Location:
             entry = self._entry(rel)
             size = int(entry.get("size") or 0) if entry is not None and entry.get("type") != "directory" else None
         else:
-            if os.path.islink(p) or (os.path.lexists(p) and not os.path.isfile(p)):
-                raise UnsafeCheckpointError(f"{quote_name(p)} is not a regular file (a link, a directory or a "
-                                            "device); ckptmerge reads only the checkpoint's own files.", path=p)
+            self.check_file(rel)
             size = os.path.getsize(p) if os.path.exists(p) else None
         if size is None:
             raise CheckpointFormatError(f"{quote_name(p)} is missing; the checkpoint is incomplete. Re-copy it.",
@@ -222,7 +221,7 @@ class Location:
             got = storage.RemoteFile(p).readinto(offset, memoryview(buf)) if length else 0
         else:
             try:
-                with open(p, "rb") as f:
+                with os.fdopen(open_regular(p), "rb") as f:
                     got = f.readinto(memoryview(buf)) if f.seek(offset) == offset and length else 0
             except OSError as e:
                 raise CheckpointFormatError(f"Cannot read {quote_name(p)}: {escape_name(e.strerror or e)}",
@@ -249,34 +248,74 @@ class Location:
                 f"{escape_name(str(e)[:80])}); the checkpoint is damaged. Re-copy it.", path=self.path(rel)) from None
 
     def tree_size(self, rel: str = "") -> int:
-        """The bytes stored below ``rel`` (every file); for a local folder also checks that none of
-        them is a symbolic link, so TensorStore cannot be led outside the checkpoint.
+        """The bytes stored below ``rel`` (every file); for a local folder also checks that each
+        entry is a regular file or a folder (:meth:`check_tree`).
 
         Raises:
-            UnsafeCheckpointError: a symbolic link below the folder.
+            UnsafeCheckpointError: a symbolic link, FIFO, socket or device below the folder.
         """
-        top = self.path(rel)
         if self.is_url:
+            top = self.path(rel)
             fs, path = storage.filesystem(top)
             try:
                 return int(fs.du(path, total=True) or 0)
             except Exception as e:  # noqa: BLE001 - every filesystem raises its own
                 raise CheckpointFormatError(f"Cannot list {quote_name(top)}: {type(e).__name__}: {escape_name(e)}",
                                             path=top) from None
-        total = 0
+        return self.check_tree(rel)[0]
+
+    def check_tree(self, rel: str = "") -> Tuple[int, int, str]:
+        """``(bytes, depth, folder)`` of the local folder ``rel``: the bytes of its files, and its
+        deepest folder (``depth`` levels below ``rel``, 0 if none; ``folder`` its path).
+
+        Every entry below must be a regular file or a folder: TensorStore opens the files of an
+        array's chunks itself, and a FIFO would block it forever, a device never end, a symbolic
+        link lead outside the checkpoint. Nothing but lstat is done (no file is opened).
+
+        Raises:
+            UnsafeCheckpointError: a symbolic link, FIFO, socket or device below the folder,
+                naming it.
+
+        Example:
+            >>> Location("ckpt/state").check_tree("params.w")  # doctest: +SKIP
+            (1372, 0, '')
+        """
+        top = self.path(rel)
+        total, depth, deepest = 0, 0, ""
+        base = top.rstrip(os.sep).count(os.sep)
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             for n in dirnames + filenames:
                 p = os.path.join(dirpath, n)
-                if os.path.islink(p):
-                    raise UnsafeCheckpointError(
-                        f"{quote_name(p)} is a symbolic link; ckptmerge reads nothing outside the checkpoint folder, "
-                        "so an Orbax checkpoint may hold no links. Copy the files in place of the link.", path=p)
-            for n in filenames:
                 try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-        return total
+                    st = os.lstat(p)
+                except OSError:  # removed while we looked: TensorStore will find it missing
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                elif stat.S_ISDIR(st.st_mode):
+                    d = p.count(os.sep) - base
+                    if d > depth:
+                        depth, deepest = d, p
+                else:
+                    raise not_a_checkpoint_file(p, st.st_mode)
+        return total, depth, deepest
+
+    def check_file(self, rel: str) -> None:
+        """Refuse the local entry ``rel`` when it is there but is not a regular file (see
+        :func:`not_a_checkpoint_file`); a missing one passes (the caller reports it).
+
+        Raises:
+            UnsafeCheckpointError: it is a link, folder, FIFO, socket or device.
+        """
+        if self.is_url:
+            return
+        p = self.path(rel)
+        try:
+            mode = os.lstat(p).st_mode
+        except OSError:
+            return
+        if not stat.S_ISREG(mode):
+            raise not_a_checkpoint_file(p, mode)
 
     # -- TensorStore ---------------------------------------------------------------------------
     def kvstore(self, rel: str = "") -> Dict[str, Any]:
@@ -311,6 +350,31 @@ class Location:
 
     def __repr__(self) -> str:
         return f"<Location {self.display!r}>"
+
+
+def not_a_checkpoint_file(path: str, mode: int) -> UnsafeCheckpointError:
+    """The error for ``path`` inside an Orbax checkpoint that is not a regular file or folder
+    (``mode``: its lstat mode): what it is, that ckptmerge never opens it, and what to do.
+
+    Example:
+        >>> import stat
+        >>> str(not_a_checkpoint_file("/c/state/d/ab12", stat.S_IFIFO))[:42]
+        "'/c/state/d/ab12' is a FIFO (named pipe), "
+    """
+    if stat.S_ISLNK(mode):
+        return UnsafeCheckpointError(
+            f"{quote_name(path)} is a symbolic link; ckptmerge reads nothing outside the checkpoint folder, "
+            "so an Orbax checkpoint may hold no links. Copy the files in place of the link.", path=path)
+    kind = describe_kind(mode)
+    if stat.S_ISDIR(mode):
+        return UnsafeCheckpointError(
+            f"{quote_name(path)} is a directory where the Orbax checkpoint keeps a file; ckptmerge never reads a "
+            "folder as data (TensorStore would take it for missing data). Remove it, "
+            "or copy the checkpoint again from where it was saved.", path=path)
+    return UnsafeCheckpointError(
+        f"{quote_name(path)} is {kind}, not a regular file; an Orbax checkpoint holds only files and folders, and "
+        "ckptmerge never opens anything else as data (reading it could block forever or never end). Remove it, "
+        "or copy the checkpoint again from where it was saved.", path=path)
 
 
 def join_key(*parts: str) -> str:
