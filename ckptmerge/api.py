@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plan", "suggest", "restore", "warm_start", "list_variables", "open", "load", "Binding", "PLAN_OPTIONS"]
 
 #: The options of :func:`plan` that :func:`restore` and :class:`~ckptmerge.Restorer` pass on.
-PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify")
+PLAN_OPTIONS = ("allow_missing", "on_conflict", "on_shape_mismatch", "skip_mismatch", "cast", "verify")
 
 
 @dataclass
@@ -177,6 +177,7 @@ def plan(
     on_shape_mismatch: str = "error",
     cast: bool = False,
     verify: bool = True,
+    skip_mismatch: bool = False,
 ) -> Plan:
     """Match sources to target variables and report every finding; change nothing.
 
@@ -190,6 +191,8 @@ def plan(
         allow_missing: glob(s) of target names that may stay as they are.
         on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources provide a target.
         on_shape_mismatch: ``"error"`` or ``"skip"`` (leave mismatched targets as they are).
+        skip_mismatch: ``True`` is ``on_shape_mismatch="skip"``, under Keras's name for it (a new
+            head: every target whose shape fits is restored, the rest listed under Skipped).
         cast: cast values whose dtype differs from the target's (e.g. float16 -> float32).
         verify: check CRC32C checksums when reading.
 
@@ -199,7 +202,11 @@ def plan(
     Example:
         >>> p = plan(model_c, [Source("runs/A", map={"a1": "c/x1"})], allow_missing=["c/z"])  # doctest: +SKIP
         >>> print(p.report())                                                               # doctest: +SKIP
+        >>> p = plan(new_head_model, ["pretrained.weights.h5"], skip_mismatch=True)          # doctest: +SKIP
     """
+    check_bool(skip_mismatch, "skip_mismatch")
+    if skip_mismatch:
+        on_shape_mismatch = "skip"
     srcs = as_sources(sources)
     check_unique_labels(srcs)
     allow = check_names(allow_missing, "allow_missing", noun="glob") or []

@@ -101,8 +101,8 @@ def test_render_plan_marks_skipped_mismatches_and_resolved_conflicts():
     plan = make_plan([V("k", (2,), "float32"), V("x", (2,), "float32"), V("y", (2,), "float32")],
                      [a, b], on_shape_mismatch="skip", on_conflict="last", allow_missing="x")
     text = render_plan(plan)
-    assert ("Mismatched (1):\n  shape mismatch: target 'k' (2,) <- A:'k' (3,) "
-            "(skipped: on_shape_mismatch='skip')\n") in text
+    assert ("Skipped (1) - shapes differ, left as they are (on_shape_mismatch='skip'):\n"
+            "  shape mismatch: target 'k' (2,) <- A:'k' (3,)\n") in text
     assert ("Conflicts (1):\n  conflict: regex rules in source 'B' rename 'y' differently: "
             r"regex 'y' -> 'x' gives 'x', regex '(y)' -> '\1' gives 'y'; resolved to 'y' by "
             "on_conflict.\n") in text

@@ -265,10 +265,13 @@ def _blocking(plan: Any, strict: bool) -> List[str]:
               help="A function that builds the target model (imports TensorFlow); MODULE may be "
                    "a path/to/file.py.")
 @click.option("--all", "show_all", is_flag=True, help="Show every line of each section (no '... and N more').")
+@click.option("--skip-mismatch", is_flag=True,
+              help="Leave targets whose shape differs as they are (a new head), listing each under "
+                   "Skipped: the config's on_shape_mismatch: skip, as Keras's skip_mismatch=True.")
 @ALLOW_ENV_OPTION
 @JSON_OPTION
 def plan_command(config: str, target_path: Optional[str], target_step: Optional[int], model_spec: Optional[str],
-                 show_all: bool, allow_env: Sequence[str], as_json: bool) -> None:
+                 show_all: bool, skip_mismatch: bool, allow_env: Sequence[str], as_json: bool) -> None:
     """Dry run: show what the config CONFIG would restore into a target, and every finding.
 
     The target is --target PATH (a checkpoint), --model MODULE:FUNCTION, or the config's
@@ -294,7 +297,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
     else:
         raise CliError(f"no target to plan against: pass --target PATH (a checkpoint) or --model "
                        f"MODULE:FUNCTION, or set 'target: PATH' in {quote_name(config)}.")
-    plan = make_plan(target, sources, **cfg.plan_options)
+    plan = make_plan(target, sources, **_options(cfg, skip_mismatch))
     try:
         blocking = _blocking(plan, cfg.strict)
         if as_json:
@@ -311,6 +314,14 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
         if not as_json:
             click.echo(CONFIG_KEYS_HINT, err=True)
         raise SystemExit(EXIT_FINDINGS)
+
+
+def _options(cfg: Any, skip_mismatch: bool) -> Dict[str, Any]:
+    """The config's plan options, with ``--skip-mismatch`` applied."""
+    options = dict(cfg.plan_options)
+    if skip_mismatch:
+        options["on_shape_mismatch"] = "skip"
+    return options
 
 
 def _as_list(globs: Any) -> List[str]:
@@ -349,12 +360,16 @@ def _as_list(globs: Any) -> List[str]:
 @click.option("--record-paths/--no-record-paths", "record_paths", default=None,
               help="Whether a .safetensors output's metadata records where each source was read from "
                    "(default: the config's 'record_paths', else yes; URL credentials are always redacted).")
+@click.option("--skip-mismatch", is_flag=True,
+              help="Leave targets whose shape differs as they are (a new head), listing each under "
+                   "Skipped: the config's on_shape_mismatch: skip, as Keras's skip_mismatch=True.")
 @ALLOW_ENV_OPTION
 @JSON_OPTION
 def merge_command(config: str, out_prefix: Optional[str], template_path: Optional[str], model_spec: Optional[str],
                   force: bool, dry_run: bool, update_state: bool, durable: bool, quiet: bool,
                   out_format: Optional[str], layout: Optional[str], allow_missing: Tuple[str, ...],
-                  record_paths: Optional[bool], allow_env: Sequence[str], as_json: bool) -> None:
+                  record_paths: Optional[bool], skip_mismatch: bool, allow_env: Sequence[str],
+                  as_json: bool) -> None:
     """Write a new checkpoint assembled from the sources of CONFIG, without model code.
 
     Without a template the output holds every name the sources give after their rules; with
@@ -378,12 +393,10 @@ def merge_command(config: str, out_prefix: Optional[str], template_path: Optiona
         raise CliError(f"no output: pass -o OUT_PREFIX, or set 'output: PREFIX' in {quote_name(config)}.")
     sources = cfg.make_sources()
     template: Any = template_path
-    if model_spec is not None:
-        from ..restoring.targets import collect_targets
-
-        template = list(collect_targets(model_target(model_spec)).infos)
+    if model_spec is not None:  # the model itself: the names of Keras weights files depend on it
+        template = model_target(model_spec)
     progress = ProgressBar("Merging") if (not quiet and not as_json and stderr_is_tty()) else None
-    options = dict(cfg.plan_options)
+    options = _options(cfg, skip_mismatch)
     try:
         allowed = [*_as_list(options.get("allow_missing", ())), *allow_missing]
         report = merge(sources, out, template=template, allow_missing=allowed,

@@ -56,8 +56,10 @@ def merge(
             are created. It must not be a source's (or the template's) own prefix.
         template: ``None`` (write every name the sources produce); a checkpoint path (exactly its
             model variables; its values fill what no source provides and are the current values
-            of ``init="keep"`` transforms); or a list of :class:`~ckptmerge.VariableInfo` (exactly
-            those names and shapes; unprovided names are left out and reported).
+            of ``init="keep"`` transforms); a list of :class:`~ckptmerge.VariableInfo` (exactly
+            those names and shapes; unprovided names are left out and reported); or a built Keras
+            model or ``tf.Module`` (its variables, as specs; Keras weights files among the sources
+            are named by the model's own walk, as :func:`ckptmerge.plan` names them).
         allow_missing: glob(s) of template names no source needs to provide.
         on_conflict: ``"error"``, ``"first"`` or ``"last"`` when two sources or rules provide a name.
         on_shape_mismatch: ``"error"`` or ``"skip"`` (keep the template's value, or leave it out).

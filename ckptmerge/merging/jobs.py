@@ -337,8 +337,8 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
             continue
         why = reasons.get(spec.name, "not provided")
         if template is None:
-            if kind == "specs":
-                why += "; a template given as specs has no value to write"
+            if kind in ("specs", "model"):
+                why += f"; a template given as {'specs' if kind == 'specs' else 'a model'} has no value to write"
             skipped.append((spec.name, why))
             continue
         info = template.info(spec.name)

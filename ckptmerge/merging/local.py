@@ -38,6 +38,7 @@ import errno
 import json
 import operator
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import (
@@ -224,11 +225,14 @@ def _check_out_prefix(out_prefix: Any, *, folder: bool = False) -> str:
 
 
 def _check_template(template: Any) -> Tuple[str, Any]:
-    """Classify the template: ``("none", None)``, ``("path", str)`` or ``("specs", [VariableInfo])``."""
+    """Classify the template: ``("none", None)``, ``("path", str)``, ``("specs", [VariableInfo])`` or
+    ``("model", model)`` (a Keras model or ``tf.Module``, already built by the caller)."""
     if template is None:
         return "none", None
     if isinstance(template, (str, os.PathLike)):
         return "path", os.fspath(template)
+    if _is_model(template):
+        return "model", template
     if isinstance(template, (list, tuple)):
         bad = [i for i, t in enumerate(template) if not isinstance(t, VariableInfo)]
         if bad:
@@ -239,9 +243,33 @@ def _check_template(template: Any) -> Tuple[str, Any]:
             raise ArgumentError("template is an empty list: the output would hold no variables. "
                                 "Pass template=None to write every name the sources produce.")
         return "specs", list(template)
-    raise ArgumentTypeError("template must be None, a checkpoint path, or a list of ckptmerge.VariableInfo "
-                            f"(e.g. ckptmerge.list_variables(path)). Received: {template!r:.80} "
+    raise ArgumentTypeError("template must be None, a checkpoint path, a list of ckptmerge.VariableInfo "
+                            "(e.g. ckptmerge.list_variables(path)), or a built Keras model or tf.Module. "
+                            f"Received: {template!r:.80} "
                             f"(type {type(template).__name__})")
+
+
+def _is_model(obj: Any) -> bool:
+    """Whether ``obj`` is a Keras model or layer, or a ``tf.Module`` (no import: only a caller that
+    built one has Keras or TensorFlow loaded)."""
+    keras, tf = sys.modules.get("keras"), sys.modules.get("tensorflow")
+    if keras is not None and isinstance(obj, getattr(keras, "Layer", ())):
+        return True
+    return tf is not None and isinstance(obj, getattr(tf, "Module", ()))
+
+
+def _model_targets(model: Any, handles: Sequence[SourceHandle]) -> Tuple[List[VariableInfo], Optional[str]]:
+    """A model template's variables as specs, and its root scope; Keras weights files among the
+    sources named by the model's own walk first (their names depend on the model, as in
+    :func:`ckptmerge.plan`), so one config serves ``plan --model`` and ``merge --model``."""
+    from ..restoring.kerasfiles import model_root, name_weights_files
+    from ..restoring.targets import collect_targets, is_keras_object
+
+    found = collect_targets(model)
+    if not is_keras_object(model):
+        return list(found.infos), None
+    name_weights_files(model, found, handles)
+    return list(found.infos), model_root(model, [n for n in map(found.name_of, model.weights) if n is not None])
 
 
 # --------------------------------------------------------------------------------------------
@@ -472,7 +500,7 @@ def _check_layout(layout: Any, kind: str, fmt: str, given: str) -> None:
         raise ArgumentError(f"layout must be 'torch' or None. Received: layout={layout!r:.80}."
                             + (" Did you mean 'torch'?" if isinstance(layout, str) and layout.lower() in
                                ("pytorch", "torch", "pt", "hf") else ""))
-    if kind == "none":
+    if kind in ("none", "model"):
         raise ArgumentError("layout='torch' writes the sources' tensors under a PyTorch model's names, shapes and "
                             "layouts, so it needs the model's state_dict as the template: pass "
                             "template='hf/model.safetensors' (a file or a save_pretrained folder) or a list of "
@@ -563,6 +591,7 @@ def merge_local(
 
     handles = open_sources(srcs, verify=verify, resolved=resolved)
     treader: Any = None
+    root: Optional[str] = None
     jobs: List[Job] = []
     inverse: Optional[TorchInverseHandle] = None
     try:
@@ -597,10 +626,13 @@ def merge_local(
                     targets = _produced_targets(views, on_conflict)
                 elif kind == "path":
                     targets = _template_targets(treader, tvalue)
+                elif kind == "model":
+                    targets, root = _model_targets(tvalue, handles)
+                    views = [h.view(h.source.rules(None)) for h in handles]  # (named by the model now)
                 else:
                     targets = tvalue
             plan = make_plan(targets, views, allow_missing=allow_missing, on_conflict=on_conflict,
-                             on_shape_mismatch=on_shape_mismatch, cast=cast)
+                             on_shape_mismatch=on_shape_mismatch, cast=cast, model_root=root)
             try:
                 plan.check(strict=strict, action="write")
             except PlanError as e:

@@ -110,12 +110,11 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     findings += section("Missing", list(plan.missing), limit,
                          "map a checkpoint variable to each, or pass allow_missing")
     findings += section("Allowed missing", list(plan.allowed_missing), limit)
-    if plan.on_shape_mismatch == "skip":
-        mism = [m.describe() + " (skipped: on_shape_mismatch='skip')"
-                for m in plan.mismatched]
+    if plan.on_shape_mismatch == "skip":  # as Keras's skip_mismatch: what stays as it is, by name
+        findings += section("Skipped", [m.describe() for m in plan.mismatched], limit,
+                            "shapes differ, left as they are (on_shape_mismatch='skip')")
     else:
-        mism = [m.message() for m in plan.mismatched]
-    findings += section("Mismatched", mism, limit)
+        findings += section("Mismatched", [m.message() for m in plan.mismatched], limit)
     findings += section("Conflicts", [c.message() for c in plan.conflicts]
                          + [a.message() for a in plan.ambiguous], limit)
     findings += section("Unmatched rules", [u.message() for u in plan.unmatched_rules], limit)

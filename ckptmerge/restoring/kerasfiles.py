@@ -244,6 +244,11 @@ def _name_one(model: Any, tree: KerasTree, targets: Any, h: Any, keys: Dict[str,
         if id(rec.obj) in shapes_only:
             loads.append((shapes_only[id(rec.obj)], rec))
     failures = [f for f in failures if id(f[0].obj) not in shapes_only]
+    # a layer placed above, or failed at its own path, is only retried in a nested container
+    # (Keras's bookkeeping, e.g. a Functional's '_operations_by_depth'): never a finding of its own
+    placed = {id(rec.obj) for _, rec in loads} | {id(rec.obj) for rec, _, _ in failures}
+    nested = [(p, [r for r in recs if id(r.obj) not in placed]) for p, recs in nested]
+    nested = [(p, recs) for p, recs in nested if recs]
     names: Dict[str, str] = {}  # raw key -> target
     owner: Dict[str, str] = {}  # target -> the raw key that restores it last
     zeros: Dict[str, Any] = {}  # target -> a LoRA factor load_weights resets
@@ -367,8 +372,12 @@ def _verdict(walk: Any, file: FileEntries, keys: Dict[str, Any]) -> KerasVerdict
         if assigned:
             partial.append((path, assigned, len(rec.keys)))
     warnings = [f"optimizer {quote_name(rec.name)} at {quote_name(path)}: {message}" for rec, path, message in walk.skipped]
+    failed = {id(rec.obj) for rec, _, _ in walk.failures}
+    # (a container where Keras only retries layers that failed at their own path, e.g. a
+    # Functional's '_operations_by_depth', changes nothing: its bookkeeping, not the user's)
     warnings += [f"nested container {quote_name(path)} (no group in the file): its "
-                 f"{plural(len(recs), 'layer')} keep their values" for path, recs in walk.nested]
+                 f"{plural(len(recs), 'layer')} keep their values" for path, recs in walk.nested
+                 if not all(id(r.obj) in failed for r in recs)]
     tried = {file.get(path)[0] for visits in walk.visits.values() for path in visits}
     ignored = sorted(k for k in keys if layer_of(k) is not None and layer_of(k) not in tried)
     loaded = len({id(rec.obj) for _, rec in walk.loads if rec.keys})
