@@ -270,8 +270,8 @@ def test_argument_errors_say_what_to_do(run):
         cm.combine(paths, weights=[1])
     with pytest.raises(ArgumentError, match="exactly 2 inputs"):
         cm.combine(paths + [str(run / "ckpt-300")], "slerp")
-    with pytest.raises(CombineError, match="density must be in"):
-        cm.combine(paths, "ties", base=str(run / "ckpt-300"), density={"*": 2.0}).report()
+    with pytest.raises(ArgumentError, match=r"density\['\*'\] must be a number in \(0, 1\]; received 2.0"):
+        cm.combine(paths, "ties", base=str(run / "ckpt-300"), density={"*": 2.0})  # refused before anything opens
 
 
 # -- the report ---------------------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_combine_section_is_validated_with_file_and_line(tmp_path):
     text = str(e.value)
     assert "c.yaml:3 combine.base.path: checkpoint 'b' not found" in text
     assert "c.yaml:6 combine.models[0].weight: expected a number, received string 'heavy'" in text
-    assert "c.yaml:8 combine.parameters.density['*']: density must be in (0, 1], received 1.5" in text
+    assert "c.yaml:8 combine.parameters.density['*']: density must be a number in (0, 1]; received 1.5 (type float)" in text
     assert "c.yaml:9 combine.parameters.denisty: method 'ties' has no parameter 'denisty'" in text
     assert "Did you mean 'density'?" in text
     assert "c.yaml:10 combine.keys: expected one of 'strict', 'intersection', 'union'" in text

@@ -19,12 +19,15 @@ __all__ = ["parse_params", "parse_steps"]
 
 
 def _value(text: str) -> Any:
-    """A parameter value as typed: a number, true/false, or the text."""
+    """A parameter value as typed: a number (``nan`` and ``inf`` too, which the check then
+    refuses by name), true/false, a JSON list (a gradient: ``[0, 0.5, 1]``), or the text."""
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
+    if low.lstrip("+-") in ("nan", "inf", "infinity"):
+        return float(low)
     try:
-        return json.loads(text) if low not in ("nan", "inf", "-inf", "infinity") else text
+        return json.loads(text)
     except ValueError:
         return text
 

@@ -41,8 +41,9 @@ from ..core.specs import VariableInfo
 from ..core.text import plural
 from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .report import CombineReport
-from .inputs import FLOATS, Entry, choice, glob_value, line_up, select_inputs
+from .inputs import FLOATS, Entry, choice, line_up, select_inputs
 from .methods import METHODS, TensorParams
+from .params import is_number, param_problems, weight_problems
 
 __all__ = ["combine", "CombinedSource", "CombinedHandle", "CombineReport", "KEYS", "INTEGERS", "ACCUMULATE"]
 
@@ -467,8 +468,9 @@ def combine(
         hint = did_you_mean(unknown[0], list(m.defaults) + ["weights", "base", "dtype", "keys"], cutoff=0.6)
         raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in m.defaults) or 'none'}; "
                             f"received {', '.join(repr(k) for k in unknown)}.{hint}")
-    for k, v in params.items():  # a value, or {glob: value}: checked per tensor when opened
-        glob_value(v, k)
+    bad = [b for k, v in params.items() for b in param_problems(k, v, m.defaults[k])]
+    if bad:  # (every value, per glob and gradient entry too, before anything is opened)
+        raise ArgumentError(f"Method {method!r}: " + "; ".join(bad[:10]) + (f"; ... and {len(bad) - 10} more" if len(bad) > 10 else "") + ".")
     srcs = select_inputs(checkpoints, last, steps, every)
     base_src = None
     if base is not None:
@@ -500,6 +502,12 @@ def combine(
             vals = list(w.values()) if isinstance(w, Mapping) else [w]
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
                 raise ArgumentTypeError(f"weights[{i}] must be a finite number or {{glob: number}}. Received: {w!r:.80}")
+    ws = [1.0] * len(srcs) if weights is None else weights
+    if method in ("mean", "task_arithmetic", "ties", "dare") and all(is_number(w) for w in ws):
+        plain = {k: v for k, v in params.items() if is_number(v) or isinstance(v, bool)}  # (globs: when opened)
+        bad = weight_problems(method, [float(w) for w in ws], {**m.defaults, **plain})
+        if bad:
+            raise ArgumentError(f"Invalid weights or scale for method {method!r}: {bad[0]}.")
     order = "given"
     if method == "ema":
         steps_of = [s.resolve() for s in srcs]

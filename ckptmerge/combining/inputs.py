@@ -27,6 +27,7 @@ from ..sources.runs import select_steps
 from ..sources.source import Source
 from ..sources.handles import SourceHandle
 from .methods import TensorParams, ema_weights
+from .params import Gradient, layer_positions, resolved, weight_problems
 from .report import CombineReport
 
 if TYPE_CHECKING:
@@ -59,14 +60,15 @@ def choice(value: Any, what: str, choices: Sequence[str]) -> str:
     return value
 
 
-def glob_value(value: Any, what: str) -> Union[Any, List[Tuple[GlobFilter, Any]]]:
-    """A parameter: a plain value, or ``{glob: value}`` (first matching glob wins) as a list."""
+def glob_value(value: Any, what: str, default: Any = None) -> Union[Any, List[Tuple[GlobFilter, Any]]]:
+    """A parameter: a plain value (a gradient list as a :class:`~.params.Gradient`), or
+    ``{glob: value}`` (first matching glob wins) as a list."""
     if isinstance(value, Mapping):
         if not value:
             raise ArgumentError(f"{what} is an empty dict: give a value, or {{glob: value}} with at least one glob "
                                 "(end with '*' for the rest).")
-        return [(GlobFilter(g), v) for g, v in value.items()]
-    return value
+        return [(GlobFilter(g), resolved(what, v, default)) for g, v in value.items()]
+    return resolved(what, value, default)
 
 
 def pick(value: Any, name: str, default: Any) -> Tuple[Any, str]:
@@ -167,7 +169,8 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
     families: Dict[str, List[str]] = {}
     integer_names: List[str] = []
     weights = [glob_value(w, f"weights[{i}]") for i, w in enumerate(src.weights)]
-    params = {k: glob_value(v, k) for k, v in src.params.items()}
+    params = {k: glob_value(v, k, method.defaults.get(k)) for k, v in src.params.items()}
+    positions = layer_positions(every)[0]  # (gradient lists: each name's place among the layers)
     strict = src.keys == "strict"
     nbytes_out = nbytes_read = 0
     for name in every:
@@ -226,8 +229,19 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         acc = "float32" if (src.accumulate == "float32" and all(k in HALF for k in kinds)) else "float64"
         chosen: Dict[str, Any] = {}
         globs: List[str] = []
+        bad = []
         for key, default in method.defaults.items():
             v, g = pick(params.get(key, default), name, default)
+            if isinstance(v, Gradient) and len(set(v.values)) == 1:  # (the same at every layer, and outside)
+                v = v.values[0]
+            if isinstance(v, Gradient):
+                if name not in positions:
+                    bad.append(f"{key}={v} is a gradient over the layers, and this tensor is in no numbered layer "
+                               f"(no part of its name is a layer number); give it a plain value by glob, e.g. "
+                               f"{key}={{'*layers*': {v}, '*': {v.values[-1]!r}}}")
+                    continue
+                globs.append(f"{key} from the gradient {v} at t={positions[name]:.4g}")
+                v = v.at(positions[name])
             chosen[key] = v
             if g:
                 globs.append(f"{key} by {g!r}")
@@ -235,9 +249,14 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         for j, _ in holders:
             w, g = pick(weights[j], name, 1.0) if weights else (1.0, "")
             ws.append(float(w))
+        if bad:
+            problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
+            continue
         if src.method == "ema":
             ws = ema_weights(len(holders), float(chosen["decay"]))
-        bad = method.check(chosen)
+        elif src.method in ("mean", "task_arithmetic", "ties", "dare"):
+            bad = weight_problems(src.method, ws, chosen)
+        bad = bad + method.check(chosen)
         if bad:
             problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
             continue

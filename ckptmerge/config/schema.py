@@ -436,6 +436,7 @@ def _get_glob_values(v: Any, p: KeyPath, ctx: Context, check: Any, what: str) ->
 def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
     from ..combining.combine import ACCUMULATE, INTEGERS, KEYS
     from ..combining.methods import METHODS
+    from ..combining.params import param_problems
 
     c = data["combine"]
     path: KeyPath = ("combine",)
@@ -503,18 +504,11 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
                     ctx.add(q, f"method '{method}' has no parameter {quote_name(str(k))}; it takes "
                                f"{show_choices(list(m.defaults)) or 'none'}.{hint}", key=True)
                     continue
-                default = m.defaults[k]
+                def check(x: Any, k: str = k) -> Optional[str]:  # (the API's check: the same words)
+                    bad = param_problems(k, x, m.defaults[k])
+                    return "; ".join(bad) + "." if bad else None
 
-                def check(x: Any, k: str = k, default: Any = default) -> Optional[str]:
-                    if isinstance(default, bool) or isinstance(default, str):
-                        if type(x) is not type(default):
-                            return f"expected {'true or false' if isinstance(default, bool) else 'a string'}, received {show(x)}."
-                    elif not _number(x):
-                        return f"expected a number, received {show(x)}."
-                    bad = m.check({**m.defaults, k: x})
-                    return bad[0] + "." if bad else None
-
-                value = _get_glob_values(v, q, ctx, check, "a value")
+                value = _get_glob_values(v, q, ctx, check, "a value or a gradient list")
                 if value is not None:
                     parameters[k] = value
     options = {
