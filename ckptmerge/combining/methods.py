@@ -30,6 +30,13 @@ The formulas (``x_i`` the inputs, ``b`` the base, ``w_i`` the weights, ``d_i = x
   cosine of the fine-tunes' offsets ``d_i`` (k of them), then ``t * mean(x_i) + (1-t) b``
   (``t = 0`` where the denominator vanishes).
 
+Conventions (:data:`CONVENTIONS`): ``"ckptmerge"`` (the formulas above, the defaults in each
+method's ``defaults``) or ``"mergekit"`` (mergekit 0.1.5's: each method's ``mergekit_defaults``,
+``density`` 1.0, DARE's kept values rescaled to the L1 norm of the whole offset instead of by
+``1/density`` (``rescale``), ``normalize`` for task arithmetic, SLERP of an all-zero tensor
+along the quarter circle as mergekit computes it). A parameter may differ per input
+(``TensorParams.of``): mergekit gives each model its own ``density``.
+
 Example:
     >>> import numpy as np
     >>> combine_arrays("mean", [np.ones(3, np.float32), np.zeros(3, np.float32)]).tolist()
@@ -48,7 +55,12 @@ import numpy as np
 from ..core.errors import ArgumentError
 
 __all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs", "tie_cut",
-           "DOT_THRESHOLD"]
+           "DOT_THRESHOLD", "CONVENTIONS", "RESCALE_EPS"]
+
+#: The conventions a combination follows: ckptmerge's own, or mergekit 0.1.5's (see the module).
+CONVENTIONS = ("ckptmerge", "mergekit")
+#: mergekit's L1 rescale leaves the kept values as they are when either norm is below this.
+RESCALE_EPS = 1e-7
 
 #: SLERP interpolates linearly when the cosine between the two tensors exceeds this (as mergekit).
 DOT_THRESHOLD = 0.9995
@@ -67,9 +79,21 @@ class TensorParams:
     params: Mapping[str, Any] = field(default_factory=dict)
     acc: str = "float64"
     inputs: Tuple[int, ...] = ()  # the inputs' positions among all inputs (DARE's seeds)
+    conventions: str = "ckptmerge"
 
     def get(self, key: str) -> Any:
         return self.params[key]
+
+    def of(self, key: str, j: int) -> Any:
+        """Parameter ``key`` for the ``j``-th input holding the tensor: one value for all inputs,
+        or a tuple with one value per input.
+
+        Example:
+            >>> TensorParams("w", (1.0, 1.0), {"density": (0.5, 0.3)}).of("density", 1)
+            0.3
+        """
+        v = self.params[key]
+        return v[j] if isinstance(v, tuple) else v
 
 
 def ema_weights(n: int, decay: float) -> List[float]:
@@ -104,7 +128,15 @@ class Method:
     min_inputs = 1
     max_inputs: Optional[int] = None
     defaults: Mapping[str, Any] = {}
+    #: the parameters and their defaults under mergekit's conventions (``None``: as ``defaults``)
+    mergekit_defaults: Optional[Mapping[str, Any]] = None
     state = 1
+
+    def defaults_for(self, conventions: str) -> Mapping[str, Any]:
+        """The parameters and their defaults under ``conventions`` (one of :data:`CONVENTIONS`)."""
+        if conventions == "mergekit" and self.mergekit_defaults is not None:
+            return self.mergekit_defaults
+        return self.defaults
 
     def check(self, params: Mapping[str, Any]) -> List[str]:
         """Problems with one tensor's parameter values (empty when they are fine)."""
@@ -219,10 +251,14 @@ class TaskArithmetic(Linear):
     name = "task_arithmetic"
     needs_base = True
     defaults = {"scale": 1.0}
+    mergekit_defaults = {"scale": 1.0, "normalize": False, "int8_mask": False}
 
     def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
         s = p.get("scale")
-        return [s * w for w in p.weights], 1.0 - s * math.fsum(p.weights)
+        total = math.fsum(p.weights)
+        if p.params.get("normalize"):  # mergekit's: divided by the weights' sum (unless it is ~0)
+            s = s / total if abs(total) >= 1e-8 else s
+        return [s * w for w in p.weights], 1.0 - s * total
 
     def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
             offset: int) -> None:
@@ -314,7 +350,11 @@ def tie_cut(passes: Chunks, thr: float, need: int) -> int:
 
 class TaskVectors(Method):
     """The task-vector family: sparsify each ``d_i`` (``magnitude`` or ``random``), optionally
-    elect signs (``consensus``), sum with weights, optionally divide by the agreeing weights."""
+    elect signs (``consensus``), sum with weights, optionally divide by the agreeing weights.
+
+    The kept values of a sparsified ``d_i`` are rescaled (``rescale_mode``): by ``1/density``
+    (ckptmerge's DARE), to the L1 norm of the whole ``d_i`` (mergekit's ``rescale: true``:
+    ``sum|d_i| / sum|kept|``, left as they are when either is below :data:`RESCALE_EPS`), or not."""
 
     needs_base = True
     sparsify = ""           # "magnitude" (TIES) or "random" (DARE)
@@ -322,7 +362,10 @@ class TaskVectors(Method):
 
     def check(self, params: Mapping[str, Any]) -> List[str]:
         d = params["density"]
-        out = [] if 0 < d <= 1 else [f"density must be in (0, 1], received {d!r}"]
+        out = []
+        for v in (d if isinstance(d, tuple) else (d,)):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1):
+                out.append(f"density must be in (0, 1], received {v!r}")
         if params.get("consensus", "ties") not in ("ties", "none"):
             out.append(f"consensus must be 'ties' or 'none', received {params['consensus']!r}")
         return out
@@ -334,50 +377,85 @@ class TaskVectors(Method):
     def consensus(self, p: TensorParams) -> bool:
         return True
 
+    def rescale_mode(self, p: TensorParams) -> str:
+        """``"inverse"`` (by ``1/density``), ``"l1"`` (mergekit's) or ``"none"``."""
+        if p.conventions == "mergekit":
+            return "l1" if p.params.get("rescale") else "none"
+        return "inverse" if self.sparsify == "random" else "none"
+
     def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
-        density = p.get("density")
-        if self.sparsify != "magnitude" or density >= 1:
+        if all(p.of("density", j) >= 1 for j in range(len(inputs))):
             return None
-        k = max(1, int(density * size)) if size else 0
+        l1 = self.rescale_mode(p) == "l1"
+        if self.sparsify != "magnitude" and not l1:
+            return None
         assert base is not None
-        thresholds = []
-        for chunks in inputs:
+        stats: List[Any] = []
+        for j, chunks in enumerate(inputs):
+            density = p.of("density", j)
+            if density >= 1:
+                stats.append(None)
+                continue
+
             def passes(chunks: Chunks = chunks) -> Iterator[Tuple[np.ndarray, int]]:
                 off = 0
                 for x, b in zip(chunks(), base()):
                     yield np.subtract(x, b, dtype=np.float64), off
                     off += x.size
-            thr, above, equal = kth_largest_abs(passes, size, k, lambda c, o: c, equal=True)
-            # Of the magnitudes equal to thr, the first k - above in element order are kept: those
-            # before index `cut` (found by one more pass only when some of them are left out), so
-            # any element's fate depends on nothing but its value and index (any chunk, any thread).
-            need = k - above
-            cut = size if need >= equal else tie_cut(passes, thr, need)
-            thresholds.append((thr, cut))
-        return thresholds
+            thr, cut = math.inf, 0
+            if self.sparsify == "magnitude":
+                k = max(1, int(density * size)) if size else 0
+                thr, above, equal = kth_largest_abs(passes, size, k, lambda c, o: c, equal=True)
+                # Of the magnitudes equal to thr, the first k - above in element order are kept: those
+                # before index `cut` (found by one more pass only when some of them are left out), so
+                # any element's fate depends on nothing but its value and index (any chunk, any thread).
+                need = k - above
+                cut = size if need >= equal else tie_cut(passes, thr, need)
+            factor = 1.0
+            if l1:  # one more pass: the L1 norms of d_i and of its kept values
+                before = after = 0.0
+                for d, off in passes():
+                    mag = np.abs(d)
+                    before += float(mag.sum())
+                    after += float(mag[self.keep(p, (thr, cut, 1.0), j, d, off)].sum())
+                if before >= RESCALE_EPS and after >= RESCALE_EPS:
+                    factor = before / after
+            stats.append((thr, cut, factor))
+        return stats
+
+    def keep(self, p: TensorParams, stat: Any, j: int, d: np.ndarray, offset: int) -> np.ndarray:
+        """Which elements of ``d`` (elements ``offset ..`` of input ``j``'s offset) are kept."""
+        if self.sparsify == "magnitude":
+            # Exactly the k largest magnitudes: of those equal to the k-th, the ones before the
+            # index `cut` (the first ones in element order).
+            thr, cut = stat[0], stat[1]
+            mag = np.abs(d)
+            n = d.size
+            if cut >= offset + n:
+                return mag >= thr
+            keep = mag > thr
+            if cut > offset:
+                keep[:cut - offset] |= mag[:cut - offset] == thr
+            return keep
+        return dare_uniform(p, j, offset, d.size) < p.of("density", j)
 
     def sparse(self, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: np.ndarray, offset: int,
                dt: Any) -> np.ndarray:
         d = np.subtract(x, base, dtype=dt)
-        density = p.get("density")
+        density = p.of("density", j)
         if density >= 1:
             return d
+        mode = self.rescale_mode(p)
+        stat = stats[j] if stats is not None else None
+        keep = self.keep(p, stat, j, d, offset)
         if self.sparsify == "magnitude":
-            # Exactly the k largest magnitudes: of those equal to the k-th, the ones before the
-            # index `cut` (the first ones in element order).
-            thr, cut = stats[j]
-            mag = np.abs(d)
-            n = d.size
-            if cut >= offset + n:
-                keep = mag >= thr
-            else:
-                keep = mag > thr
-                if cut > offset:
-                    keep[:cut - offset] |= mag[:cut - offset] == thr
-            return np.where(keep, d, d.dtype.type(0))  # (a select: far faster than d[~keep] = 0)
-        keep = dare_uniform(p, j, offset, d.size) < density
-        d *= keep
-        d /= density
+            d = np.where(keep, d, d.dtype.type(0))  # (a select: far faster than d[~keep] = 0)
+        else:
+            d *= keep
+        if mode == "inverse":
+            d /= density
+        elif mode == "l1" and stat[2] != 1.0:
+            d *= stat[2]
         return d
 
     def start(self, p: TensorParams, n: int) -> Any:
@@ -466,6 +544,7 @@ class Ties(TaskVectors):
     name = "ties"
     sparsify = "magnitude"
     defaults = {"density": 0.5, "scale": 1.0, "normalize": True}
+    mergekit_defaults = {"density": 1.0, "scale": 1.0, "normalize": True, "rescale": False, "int8_mask": False}
 
 
 class Dare(TaskVectors):
@@ -478,6 +557,8 @@ class Dare(TaskVectors):
     sparsify = "random"
     normalize_default = False
     defaults = {"density": 0.5, "scale": 1.0, "seed": 0, "consensus": "none", "normalize": False}
+    mergekit_defaults = {"density": 1.0, "scale": 1.0, "seed": 0, "consensus": "none", "normalize": False,
+                         "rescale": True, "int8_mask": False}
 
     def consensus(self, p: TensorParams) -> bool:
         return p.get("consensus") == "ties"
@@ -510,16 +591,35 @@ class Slerp(Linear):
             return float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b))
 
         dot, na, nb = _reduce(zip(inputs[0](), inputs[1]()), parts, 3)
-        return slerp_coefficients(p.get("t"), dot, na, nb), 0.0
+        return slerp_coefficients(p.get("t"), dot, na, nb, conventions=p.conventions), 0.0
 
 
-def slerp_coefficients(t: float, dot: float, na: float, nb: float) -> List[float]:
+#: mergekit's SLERP divides a tensor by its norm only when the norm exceeds this.
+SLERP_EPS = 1e-8
+
+
+def slerp_coefficients(t: float, dot: float, na: float, nb: float, *, conventions: str = "ckptmerge") -> List[float]:
     """``[c_a, c_b]`` with ``slerp(a, b) = c_a a + c_b b`` from ``a.b``, ``a.a`` and ``b.b``.
+
+    A zero tensor (or, under mergekit's conventions, one whose norm is at most
+    :data:`SLERP_EPS`) has no direction: ckptmerge interpolates linearly; mergekit leaves it
+    unnormalised, so the cosine is ~0 and the result follows the quarter circle
+    (``cos(t pi/2) a + sin(t pi/2) b``).
 
     Example:
         >>> [round(c, 6) for c in slerp_coefficients(0.5, 0.0, 1.0, 1.0)]  # a quarter circle
         [0.707107, 0.707107]
+        >>> [round(c, 6) for c in slerp_coefficients(0.5, 0.0, 0.0, 1.0, conventions="mergekit")]
+        [0.707107, 0.707107]
     """
+    if conventions == "mergekit":
+        sa, sb = math.sqrt(na), math.sqrt(nb)
+        cos = dot / ((sa if sa > SLERP_EPS else 1.0) * (sb if sb > SLERP_EPS else 1.0))
+        if abs(cos) > DOT_THRESHOLD:
+            return [1 - t, t]
+        theta = math.acos(cos)
+        s = math.sin(theta)
+        return [math.sin((1 - t) * theta) / s, math.sin(t * theta) / s]
     if na <= 0 or nb <= 0:
         return [1 - t, t]
     cos = max(-1.0, min(1.0, dot / math.sqrt(na * nb)))
@@ -576,7 +676,8 @@ METHODS: Dict[str, Method] = {m.name: m for m in (Mean(), Ema(), TaskArithmetic(
 
 
 def combine_arrays(method: str, inputs: Sequence[Any], base: Any = None, *, weights: Optional[Sequence[float]] = None,
-                   name: str = "x", acc: str = "float64", chunk: Optional[int] = None, **params: Any) -> np.ndarray:
+                   name: str = "x", acc: str = "float64", chunk: Optional[int] = None, conventions: str = "ckptmerge",
+                   **params: Any) -> np.ndarray:
     """Combine whole arrays with a method (the streaming units over one tensor in memory), in
     the accumulation dtype; ``chunk`` splits it into pieces of that many elements as a stream would.
 
@@ -591,8 +692,8 @@ def combine_arrays(method: str, inputs: Sequence[Any], base: Any = None, *, weig
     b = None if base is None else np.asarray(base).reshape(-1)
     size = xs[0].size
     step = chunk or max(size, 1)
-    ps = {**m.defaults, **params}
-    p = TensorParams(name, tuple(weights or [1.0] * len(xs)), ps, acc, tuple(range(len(xs))))
+    ps = {**m.defaults_for(conventions), **params}
+    p = TensorParams(name, tuple(weights or [1.0] * len(xs)), ps, acc, tuple(range(len(xs))), conventions)
 
     def pieces(a: np.ndarray) -> Chunks:
         return lambda: (a[s:s + step] for s in range(0, size, step))
