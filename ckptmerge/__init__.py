@@ -51,6 +51,7 @@ _LAZY: Dict[str, str] = {
     "CombinedSource": ".combining.combine",
     "CombineReport": ".combining.combine",
     "combine": ".combining.combine",
+    "from_mergekit": ".config.mergekit",
     "MergeReport": ".merging.dispatch",
     "merge": ".merging.dispatch",
     "Plan": ".planning.planner",
@@ -120,6 +121,7 @@ __all__ = [
     "VocabRemap",
     "checkpoints",
     "combine",
+    "from_mergekit",
     "list_variables",
     "load",
     "load_config",
@@ -155,6 +157,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .api import list_variables, load, open, plan, restore, suggest, warm_start
     from .config.load import Config, load_config
     from .combining.combine import CombinedSource, CombineReport, combine
+    from .config.mergekit import from_mergekit
     from .merging.dispatch import MergeReport, merge
     from .planning.planner import Plan
     from .planning.suggestion import Suggestion

@@ -318,6 +318,29 @@ def test_combine_example(tf, tmp_path, monkeypatch):
     want.close()
 
 
+@runs("mergekit")
+def test_mergekit_example(tmp_path, monkeypatch):
+    import ckptmerge as cm
+    from safetensors.numpy import save_file
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    base = {"model.layers.0.mlp.up_proj.weight": rng.standard_normal((4, 3)).astype(np.float32)}
+    for name, scale in (("base", 0.0), ("ft1", 0.1), ("ft2", 0.1)):
+        (tmp_path / "models" / name).mkdir(parents=True)
+        save_file({k: (v + scale * rng.standard_normal(v.shape)).astype(np.float32) for k, v in base.items()},
+                  str(tmp_path / "models" / name / "model.safetensors"))
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "ties.yml").write_text(
+        "models:\n  - model: ../models/ft1\n    parameters: {weight: 1.0, density: 0.5}\n"
+        "  - model: ../models/ft2\n    parameters: {weight: 0.5}\n"
+        "merge_method: ties\nbase_model: ../models/base\nparameters:\n  normalize: true\ndtype: float32\n")
+    printed = []
+    exec(_block("mergekit"), {"cm": cm, "print": printed.append})
+    assert "Conventions: mergekit" in str(printed[0])
+    assert sorted(cm.load("out/merged.safetensors")) == sorted(base)
+
+
 @runs("merge-to-torch")
 def test_merge_to_torch_example(tmp_path, monkeypatch):
     pytest.importorskip("keras_hub", reason="keras-hub is in the test extra: pip install -e '.[test]'")

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from ..combining.combine import ACCUMULATE, INTEGERS, KEYS
-from ..combining.methods import METHODS
+from ..combining.methods import CONVENTIONS, METHODS
 from .common import JSON_OPTION, CliError, ProgressBar, cli, echo_json, stderr_is_tty
 
 __all__ = ["parse_params", "parse_steps"]
@@ -114,17 +114,33 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
          every: Optional[int], weights: Optional[str], params: Tuple[str, ...], dtype: Optional[str], keys: str,
          integers: str, optimizer: bool, accumulate: str, include: Tuple[str, ...], exclude: Tuple[str, ...],
          out: Optional[str], force: bool, dry_run: bool, durable: bool, quiet: bool, out_format: Optional[str],
-         as_json: bool) -> None:
+         as_json: bool, mergekit: Optional[str] = None, conventions: Optional[str] = None) -> None:
     from ..combining.combine import combine
     from ..merging.dispatch import merge
 
     if out is None and not dry_run:
         raise CliError("no output: pass -o OUT (a TF prefix, a .safetensors or a .weights.h5 file), or --dry-run.")
-    selecting = last is not None or steps is not None or every is not None
-    src = combine(_inputs(inputs, selecting), method, base=base, weights=_weights(weights, len(inputs)), dtype=dtype,
-                  keys=keys, integers=integers, optimizer=optimizer, accumulate=accumulate, last=last,
-                  steps=parse_steps(steps), every=every, include=list(include) or None,
-                  exclude=list(exclude) or None, **parse_params(params))
+    if mergekit is not None:
+        from ..config.mergekit import from_mergekit
+
+        given = [flag for flag, v in (("INPUT", inputs), ("--method", method != "mean"), ("--base", base),
+                                      ("--last", last is not None), ("--steps", steps), ("--every", every),
+                                      ("--weights", weights), ("--param", params), ("--dtype", dtype),
+                                      ("--optimizer", optimizer), ("--include", include), ("--exclude", exclude)) if v]
+        if given:
+            raise CliError(f"--mergekit reads the models, method and parameters from {mergekit!r}: drop "
+                           f"{', '.join(given)} (edit the config instead).")
+        src = from_mergekit(mergekit, conventions=conventions or "mergekit", keys=keys, integers=integers,
+                            accumulate=accumulate)
+    else:
+        if not inputs:
+            raise CliError("no inputs: give the checkpoints to combine (INPUT...), one training directory, or "
+                           "--mergekit CONFIG.yml.")
+        selecting = last is not None or steps is not None or every is not None
+        src = combine(_inputs(inputs, selecting), method, base=base, weights=_weights(weights, len(inputs)),
+                      dtype=dtype, keys=keys, integers=integers, optimizer=optimizer, accumulate=accumulate,
+                      last=last, steps=parse_steps(steps), every=every, include=list(include) or None,
+                      exclude=list(exclude) or None, conventions=conventions or "ckptmerge", **parse_params(params))
     if out is None:  # a dry run without an output: the combination alone
         report = src.report()
         if as_json:
@@ -197,13 +213,19 @@ def _shared(f: Any) -> Any:
 
 
 @cli.command("combine", short_help="Average, EMA or merge many checkpoints into one (streamed).")
-@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.argument("inputs", nargs=-1, required=False, metavar="INPUT...")
 @click.option("--method", "-m", type=click.Choice(list(METHODS)), default="mean", show_default=True,
               help="How to combine.")
+@click.option("--mergekit", metavar="CONFIG.yml", default=None,
+              help="Read a mergekit config as written (models, method, parameters; mergekit's conventions).")
+@click.option("--conventions", type=click.Choice(list(CONVENTIONS)), default=None,
+              help="Defaults and meanings of the parameters: ckptmerge's (default) or mergekit's (default with "
+                   "--mergekit); docs/merging.md lists every difference.")
 @_shared
 def combine_command(inputs: Tuple[str, ...], method: str, **options: Any) -> None:
     """Combine checkpoints: INPUT... are checkpoints (paths or URLs, any format ckptmerge reads),
-    or one training directory with --last, --steps or --every.
+    or one training directory with --last, --steps or --every; or --mergekit CONFIG.yml, a
+    mergekit config read as written (its models' paths relative to the config file).
 
     Methods: mean (uniform or --weights), ema (by step, --param decay=0.999), task_arithmetic,
     ties (--param density=0.5), dare (--param density=0.5 --param seed=0), slerp (two inputs,

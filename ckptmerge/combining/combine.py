@@ -41,8 +41,8 @@ from ..core.specs import VariableInfo
 from ..core.text import plural
 from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .report import CombineReport
-from .inputs import FLOATS, Entry, choice, line_up, select_inputs
-from .methods import METHODS, TensorParams
+from .inputs import FLOATS, Entry, PerInput, choice, line_up, select_inputs
+from .methods import CONVENTIONS, METHODS, TensorParams
 from .params import is_number, param_problems, weight_problems
 
 __all__ = ["combine", "CombinedSource", "CombinedHandle", "CombineReport", "KEYS", "INTEGERS", "ACCUMULATE"]
@@ -75,7 +75,8 @@ class CombinedSource(Source):
 
     def __init__(self, inputs: List[Source], method: str, *, base: Optional[Source], weights: List[Any],
                  dtype: Optional[str], keys: str, integers: str, optimizer: bool, accumulate: str,
-                 params: Dict[str, Any], chunk_elements: int, order: str, **rules: Any) -> None:
+                 params: Dict[str, Any], chunk_elements: int, order: str, conventions: str = "ckptmerge",
+                 **rules: Any) -> None:
         rules.setdefault("name", f"{method} of {len(inputs)}")
         super().__init__(None, _values={}, optimizer=optimizer, **rules)
         self.inputs = inputs
@@ -89,6 +90,7 @@ class CombinedSource(Source):
         self.params = params
         self.chunk_elements = chunk_elements
         self.order = order
+        self.conventions = conventions
 
     @property
     def in_memory(self) -> bool:
@@ -394,6 +396,7 @@ def combine(
     cast: Optional[bool] = None,
     transforms: Sequence[Any] = (),
     align: Optional[str] = None,
+    conventions: str = "ckptmerge",
     **params: ParamValue,
 ) -> CombinedSource:
     """Combine many checkpoints into one source: average, EMA, soup or task-vector merge.
@@ -430,6 +433,12 @@ def combine(
         cast: per-source override of the plan's ``cast``.
         transforms: value transforms applied to the combined values.
         align: ``"structure"``: structural alignment for the targets nothing else reaches.
+        conventions: ``"ckptmerge"`` (the defaults below) or ``"mergekit"`` (mergekit 0.1.5's:
+            ``density`` 1.0, DARE's kept values rescaled to the L1 norm of the offset unless
+            ``rescale=False``, ``normalize`` for task_arithmetic, ``int8_mask`` accepted, the keys
+            of ``{filter: value}`` substrings instead of globs, SLERP of a zero tensor as mergekit
+            computes it; docs/merging.md lists every difference). :func:`ckptmerge.from_mergekit`
+            reads a mergekit config with them.
         **params: the method's parameters, each a value or ``{glob: value}`` per tensor:
             ``decay`` (ema, 0.999), ``scale`` (task_arithmetic/ties/dare, 1.0), ``density``
             (ties/dare, 0.5), ``seed`` (dare, 0), ``consensus`` (dare: ``"none"`` or ``"ties"``),
@@ -463,12 +472,16 @@ def combine(
         dtype = choice(getattr(dtype, "name", dtype), "dtype", FLOATS)
     if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int) or chunk_elements < 1:
         raise ArgumentError(f"chunk_elements must be a positive int. Received: chunk_elements={chunk_elements!r}")
-    unknown = sorted(set(params) - set(m.defaults))
+    conventions = choice(conventions, "conventions", CONVENTIONS)
+    defaults = m.defaults_for(conventions)
+    unknown = sorted(set(params) - set(defaults))
     if unknown:
-        hint = did_you_mean(unknown[0], list(m.defaults) + ["weights", "base", "dtype", "keys"], cutoff=0.6)
-        raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in m.defaults) or 'none'}; "
+        hint = did_you_mean(unknown[0], list(defaults) + ["weights", "base", "dtype", "keys"], cutoff=0.6)
+        raise ArgumentError(f"method {method!r} takes the parameters {', '.join(repr(k) for k in defaults) or 'none'}"
+                            f"{' under mergekit conventions' if conventions == 'mergekit' else ''}; "
                             f"received {', '.join(repr(k) for k in unknown)}.{hint}")
-    bad = [b for k, v in params.items() for b in param_problems(k, v, m.defaults[k])]
+    bad = [b for k, v in params.items()
+           for x in (v.values if isinstance(v, PerInput) else (v,)) for b in param_problems(k, x, defaults[k])]
     if bad:  # (every value, per glob and gradient entry too, before anything is opened)
         raise ArgumentError(f"Method {method!r}: " + "; ".join(bad[:10]) + (f"; ... and {len(bad) - 10} more" if len(bad) > 10 else "") + ".")
     srcs = select_inputs(checkpoints, last, steps, every)
@@ -490,6 +503,9 @@ def combine(
         raise ArgumentError(f"method {method!r} combines {want} inputs{' besides the base' if m.needs_base else ''}; "
                             f"received {len(srcs)}.")
     check_unique_labels(srcs + ([base_src] if base_src is not None else []))
+    for k, v in params.items():
+        if isinstance(v, PerInput) and len(v.values) != len(srcs):
+            raise ArgumentError(f"{k} has {len(v.values)} values for {plural(len(srcs), 'input')}; give one per input.")
     if weights is not None:
         if method in ("ema", "slerp", "model_stock"):
             raise ArgumentError(f"method {method!r} takes no weights ("
@@ -505,7 +521,7 @@ def combine(
     ws = [1.0] * len(srcs) if weights is None else weights
     if method in ("mean", "task_arithmetic", "ties", "dare") and all(is_number(w) for w in ws):
         plain = {k: v for k, v in params.items() if is_number(v) or isinstance(v, bool)}  # (globs: when opened)
-        bad = weight_problems(method, [float(w) for w in ws], {**m.defaults, **plain})
+        bad = weight_problems(method, [float(w) for w in ws], {**defaults, **plain})
         if bad:
             raise ArgumentError(f"Invalid weights or scale for method {method!r}: {bad[0]}.")
     order = "given"
@@ -519,4 +535,4 @@ def combine(
                                    cast=cast, transforms=transforms, align=align).items() if v is not None}
     return CombinedSource(srcs, method, base=base_src, weights=list(weights or []), dtype=dtype, keys=keys,
                           integers=integers, optimizer=optimizer, accumulate=accumulate, params=dict(params),
-                          chunk_elements=chunk_elements, order=order, **rules)
+                          chunk_elements=chunk_elements, order=order, conventions=conventions, **rules)

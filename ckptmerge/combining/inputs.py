@@ -26,6 +26,7 @@ from ..sources.resolve import checkpoints as list_checkpoints
 from ..sources.runs import select_steps
 from ..sources.source import Source
 from ..sources.handles import SourceHandle
+from .conventions import parameter_conventions
 from .methods import TensorParams, ema_weights
 from .params import Gradient, layer_positions, resolved, weight_problems
 from .report import CombineReport
@@ -33,8 +34,8 @@ from .report import CombineReport
 if TYPE_CHECKING:
     from .combine import CombinedSource
 
-__all__ = ["FLOATS", "HALF", "Entry", "choice", "glob_value", "pick", "select_steps", "select_inputs",
-           "line_up", "handle_step", "is_float_dtype", "spec_text"]
+__all__ = ["FLOATS", "HALF", "Entry", "PerInput", "SubstringFilter", "choice", "glob_value", "pick", "select_steps",
+           "select_inputs", "line_up", "handle_step", "is_float_dtype", "spec_text"]
 
 #: the float dtypes a combination averages (the others are copied from one input)
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -60,14 +61,46 @@ def choice(value: Any, what: str, choices: Sequence[str]) -> str:
     return value
 
 
-def glob_value(value: Any, what: str, default: Any = None) -> Union[Any, List[Tuple[GlobFilter, Any]]]:
+@dataclass(frozen=True)
+class SubstringFilter:
+    """mergekit's ``filter``: a name matches when it contains the text (``"*"`` matches every name).
+
+    Example:
+        >>> SubstringFilter("mlp").matches("model.layers.0.mlp.up_proj.weight")
+        True
+    """
+
+    pattern: str
+
+    def matches(self, name: str) -> bool:
+        return self.pattern == "*" or self.pattern in name
+
+
+@dataclass(frozen=True)
+class PerInput:
+    """A parameter with one value per input, in input order (mergekit's per-model ``density``);
+    each value a plain value or ``{filter: value}``.
+
+    Example:
+        >>> PerInput((0.5, {"mlp": 0.3, "*": 0.7})).values[1]["mlp"]
+        0.3
+    """
+
+    values: Tuple[Any, ...]
+
+
+def glob_value(value: Any, what: str, default: Any = None, conventions: str = "ckptmerge") -> Any:
     """A parameter: a plain value (a gradient list as a :class:`~.params.Gradient`), or
-    ``{glob: value}`` (first matching glob wins) as a list."""
+    ``{glob: value}`` (first matching glob wins) as a list; under mergekit's conventions the keys
+    are substrings (:class:`SubstringFilter`); :class:`PerInput`: each input's value so."""
+    if isinstance(value, PerInput):
+        return PerInput(tuple(glob_value(v, what, default, conventions) for v in value.values))
     if isinstance(value, Mapping):
         if not value:
             raise ArgumentError(f"{what} is an empty dict: give a value, or {{glob: value}} with at least one glob "
                                 "(end with '*' for the rest).")
-        return [(GlobFilter(g), resolved(what, v, default)) for g, v in value.items()]
+        match = SubstringFilter if conventions == "mergekit" else GlobFilter
+        return [(match(str(g)), resolved(what, v, default)) for g, v in value.items()]
     return resolved(what, value, default)
 
 
@@ -168,8 +201,10 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
     dtypes: List[Tuple[str, str, str]] = []
     families: Dict[str, List[str]] = {}
     integer_names: List[str] = []
-    weights = [glob_value(w, f"weights[{i}]") for i, w in enumerate(src.weights)]
-    params = {k: glob_value(v, k, method.defaults.get(k)) for k, v in src.params.items()}
+    conventions = src.conventions
+    defaults = method.defaults_for(conventions)
+    weights = [glob_value(w, f"weights[{i}]", None, conventions) for i, w in enumerate(src.weights)]
+    params = {k: glob_value(v, k, defaults.get(k), conventions) for k, v in src.params.items()}
     positions = layer_positions(every)[0]  # (gradient lists: each name's place among the layers)
     strict = src.keys == "strict"
     nbytes_out = nbytes_read = 0
@@ -230,21 +265,28 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         chosen: Dict[str, Any] = {}
         globs: List[str] = []
         bad = []
-        for key, default in method.defaults.items():
-            v, g = pick(params.get(key, default), name, default)
-            if isinstance(v, Gradient) and len(set(v.values)) == 1:  # (the same at every layer, and outside)
-                v = v.values[0]
-            if isinstance(v, Gradient):
-                if name not in positions:
-                    bad.append(f"{key}={v} is a gradient over the layers, and this tensor is in no numbered layer "
-                               f"(no part of its name is a layer number); give it a plain value by glob, e.g. "
-                               f"{key}={{'*layers*': {v}, '*': {v.values[-1]!r}}}")
-                    continue
-                globs.append(f"{key} from the gradient {v} at t={positions[name]:.4g}")
-                v = v.at(positions[name])
-            chosen[key] = v
-            if g:
-                globs.append(f"{key} by {g!r}")
+        for key, default in defaults.items():
+            given = params.get(key, default)
+            per = isinstance(given, PerInput)  # one value per input holding the tensor
+            picked = [pick(given.values[j], name, default) for j, _ in holders] if per else [pick(given, name, default)]
+            vals = []
+            for i, (v, g) in enumerate(picked):
+                label = f"{key} of input {holders[i][0] + 1}" if per else key
+                if isinstance(v, Gradient) and len(set(v.values)) == 1:  # (the same at every layer, and outside)
+                    v = v.values[0]
+                if isinstance(v, Gradient):
+                    if name not in positions:
+                        bad.append(f"{label}={v} is a gradient over the layers, and this tensor is in no numbered layer "
+                                   f"(no part of its name is a layer number); give it a plain value by glob, e.g. "
+                                   f"{key}={{'*layers*': {v}, '*': {v.values[-1]!r}}}")
+                        continue
+                    globs.append(f"{label} from the gradient {v} at t={positions[name]:.4g}")
+                    v = v.at(positions[name])
+                if g:
+                    globs.append(f"{label} by {g!r}")
+                vals.append(v)
+            if len(vals) == len(picked):
+                chosen[key] = tuple(vals) if per else vals[0]
         ws = []
         for j, _ in holders:
             w, g = pick(weights[j], name, 1.0) if weights else (1.0, "")
@@ -260,7 +302,7 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         if bad:
             problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
             continue
-        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders))
+        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders), conventions)
         fam = method.describe(p) if src.method not in ("mean", "ema") else ""
         wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "weights uniform"
         family = "; ".join(x for x in (wtext if src.method in ("mean", "ema", "task_arithmetic", "ties", "dare") else "",
@@ -296,11 +338,18 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
     report = CombineReport(
         method=src.method, inputs=ins, base=describe(base, None) if base is not None else None,
         options={"dtype": src.dtype, "accumulate": src.accumulate, "keys": src.keys, "integers": src.integers,
-                 "optimizer": src.optimizer, "order": src.order, **{k: v for k, v in src.params.items()}},
+                 "optimizer": src.optimizer, "order": src.order, "conventions": conventions,
+                 **{k: _shown_param(v) for k, v in src.params.items()}},
         families=[(f, len(names), names[:5]) for f, names in families.items()],
         fewer=fewer, copied=copied, left_out=left_out, dtypes=dtypes, tensors=len(entries),
-        nbytes_out=nbytes_out, nbytes_read=nbytes_read, optimizer_left_out=max(p[2] for p in produced))
+        nbytes_out=nbytes_out, nbytes_read=nbytes_read, optimizer_left_out=max(p[2] for p in produced),
+        conventions=parameter_conventions(src.method, conventions, method.defaults_for(conventions), src.params))
     return entries, report
+
+
+def _shown_param(v: Any) -> Any:
+    """A parameter as the report's options show it (one value per input as a list)."""
+    return list(v.values) if isinstance(v, PerInput) else v
 
 
 def handle_step(h: SourceHandle) -> Optional[int]:

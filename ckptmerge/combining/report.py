@@ -39,6 +39,9 @@ class CombineReport:
         dtypes: ``(name, dtype written, the inputs' dtypes)`` where the inputs' dtypes differ.
         tensors: the number of names in the result.
         nbytes_out: bytes of the result; ``nbytes_read``: bytes read from the inputs to make it once.
+        conventions: ``(parameter, how its value and meaning were chosen)``: set, or the default
+            of ckptmerge's or mergekit's conventions (``options["conventions"]``), and which
+            convention its meaning follows (DARE's rescale, filters, SLERP of a zero tensor).
 
     Example:
         >>> r = CombineReport("mean", [{"label": "a", "path": "/r/a", "note": "", "step": 1, "weight": 1.0}],
@@ -62,6 +65,7 @@ class CombineReport:
     nbytes_out: int = 0
     nbytes_read: int = 0
     optimizer_left_out: int = 0
+    conventions: List[Tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line: method, inputs, tensors, and how many names each policy touched."""
@@ -93,6 +97,9 @@ class CombineReport:
                        + (f" ({escape_name(d['note'])})" if d.get("note") else ""))
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
         out.append(f"Options: {opts}")
+        if self.conventions and self.options.get("conventions") == "mergekit":  # (ckptmerge's: the docs')
+            out.append(f"Conventions: {self.options.get('conventions', 'ckptmerge')}")
+            out += [f"  {k}: {v}" for k, v in self.conventions]
         out += section("Parameters per family", [f"{p}: {plural(n, 'tensor')}, e.g. {', '.join(map(quote_name, names[:3]))}"
                                                  for p, n, names in self.families], limit)
         out += section("Combined over fewer inputs", [f"{n}: {k} of {total}" for n, k, total in self.fewer], limit,
@@ -122,6 +129,7 @@ class CombineReport:
             "left_out": [{"name": n, "reason": why} for n, why in self.left_out],
             "tensors": self.tensors, "bytes": self.nbytes_out, "bytes_read": self.nbytes_read,
             "optimizer_left_out": self.optimizer_left_out,
+            "conventions": [{"parameter": k, "followed": v} for k, v in self.conventions],
         }
 
     def to_html(self) -> str:
