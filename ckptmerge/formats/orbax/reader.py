@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -79,6 +80,24 @@ _MAX_ZARR_METADATA = 1 << 24  # one array's zarr.json or .zarray (a few hundred 
 _ARRAY_TYPES = {"jax.Array", "np.ndarray", "scalar"}
 _ZARR2_COMPRESSORS = {"zstd", "zlib", "gzip", "blosc"}
 _ZARR3_CODECS = {"sharding_indexed", "bytes", "zstd", "gzip", "blosc", "crc32c", "transpose"}
+
+
+#: The dtypes TensorStore's zarr drivers decode (so ckptmerge reads): zarr v2 type strings
+#: (one-byte types with any byte order, the others little- or big-endian) and zarr3 names, plus the
+#: ml_dtypes names both accept. ``<f16`` (long double), ``<c32``, native-order ``=f4`` and the
+#: ml_dtypes types TensorStore lacks (``float8_e4m3``, ``float6_*``, ``uint4``, ``uint2``) are not.
+_ZARR2_TYPESTR = re.compile(r"^(?:[<>|][biu]1|[<>](?:[iu][248]|f[248]|c8|c16))$")
+_ZARR3_NAMES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                          "float16", "float32", "float64", "complex64", "complex128"))
+_TS_ML_NAMES = frozenset(("bfloat16", "float8_e3m4", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e4m3b11fnuz",
+                          "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn", "int2", "int4"))
+
+
+def _ts_reads_dtype(driver: str, field: str) -> bool:
+    """Whether TensorStore's ``driver`` (``zarr`` or ``zarr3``) decodes arrays of dtype ``field``."""
+    if field in _TS_ML_NAMES:
+        return True
+    return bool(_ZARR2_TYPESTR.match(field)) if driver == "zarr" else field in _ZARR3_NAMES
 
 
 def _chunk_key_depth(driver: str, meta: dict, ndim: int) -> int:
@@ -527,6 +546,14 @@ class OrbaxReader(CheckpointReader):
             dtname, itemsize = checked_dtype_name(dt_field)
         except ValueError as e:
             raise bad(f"has a dtype ckptmerge does not read ({escape_name(e)})") from None
+        if not _ts_reads_dtype(driver, dt_field):
+            field = "dtype" if driver == "zarr" else "data_type"
+            raise CheckpointFormatError(
+                f"Cannot read array {quote_name(param)} of Orbax checkpoint {quote_name(loc.display)}: its zarr "
+                f"{field} is {quote_name(dt_field)} ({dtname}), which TensorStore's {driver} driver does not decode "
+                f"(it reads bool, int8-64, uint8-64, float16/32/64, complex64/128 and {', '.join(sorted(_TS_ML_NAMES))}"
+                f"{'; zarr v2 type strings with < or > byte order' if driver == 'zarr' else ''}). Cast the array to "
+                "one of those where it was saved, and save it again.", path=loc.root, key=param)
         problem = shape_problem(shape_t, itemsize)  # (0, 2**61, 2**61): no data, yet no array either
         if problem:
             raise bad(problem)
@@ -557,8 +584,12 @@ class OrbaxReader(CheckpointReader):
             spec = {"driver": arr.driver, "kvstore": kv, "metadata": arr.metadata, "recheck_cached_data": False,
                     "recheck_cached_metadata": False, "fill_missing_data_reads": not arr.complete}
             ts = self._tensorstore()
-            store = arr.ts = wait(ts.open(spec, open=True, read=True, context=self._context),
-                                  f"opening array {quote_name(arr.key)}", arr.loc, key=arr.name)
+            what = f"opening array {quote_name(arr.key)}"
+            try:  # (TensorStore refuses some specs at once, before any future)
+                future = ts.open(spec, open=True, read=True, context=self._context)
+            except Exception as e:  # noqa: BLE001 - ValueError, TypeError, ...
+                raise arr.loc.error_from(e, what, key=arr.name) from None
+            store = arr.ts = wait(future, what, arr.loc, key=arr.name)
         return store
 
     def _start(self, arr: _Array, out: np.ndarray, rows: Optional[slice] = None) -> Any:
@@ -566,7 +597,10 @@ class OrbaxReader(CheckpointReader):
         src = self._store(arr)
         if rows is not None:
             src = src[rows]
-        return self._tensorstore().array(out, copy=False, write=True).write(src)
+        try:
+            return self._tensorstore().array(out, copy=False, write=True).write(src)
+        except Exception as e:  # noqa: BLE001 - a dtype TensorStore has no type for, ...
+            raise arr.loc.error_from(e, f"reading array {quote_name(arr.key)}", key=arr.name) from None
 
     def _finish(self, arr: _Array, future: Any) -> None:
         wait(future, f"reading array {quote_name(arr.key)}", arr.loc, key=arr.name)
