@@ -8,7 +8,9 @@ processes, fsspec's config in this one): the same HTTP API a bucket speaks, no m
 
 The proxy injects faults: ``fail_ranged`` ranged GETs answer 500 or drop the connection
 (``mode``), and ``hook(method, path)`` is asked before each request is forwarded: ``None``
-forwards it, an int answers with that status, ``"drop"`` closes the connection; ``after(method,
+forwards it, an int answers with that status, ``"drop"`` closes the connection, ``"stall"``
+answers nothing (until :meth:`S3Proxy.close`, at most ``stall_limit`` seconds), ``"stall-body"``
+forwards it and sends the store's headers and half its body, then stalls; ``after(method,
 path, status)`` runs once the store has answered, before the client hears it (return ``"drop"``
 to keep the answer from it). The SIGKILL and SIGINT sweeps kill or interrupt a merge at a chosen
 request through these.
@@ -59,6 +61,8 @@ class S3Proxy:
         self.hook: Optional[Callable[[str, str], Any]] = None
         self.after: Optional[Callable[[str, str, int], Any]] = None
         self.log: List[Tuple[str, str, int]] = []
+        self.stall_limit = 30.0
+        self._closing = threading.Event()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -88,6 +92,10 @@ class S3Proxy:
                 action = proxy.hook(self.command, self.path) if proxy.hook else None
                 if action == "drop":
                     return self._drop()
+                if action == "stall":
+                    proxy.log.append((self.command, self.path, 0))
+                    proxy._closing.wait(proxy.stall_limit)
+                    return self._drop()
                 if isinstance(action, int):
                     proxy.log.append((self.command, self.path, action))
                     return self._status(action)
@@ -114,6 +122,11 @@ class S3Proxy:
                 if not head:
                     self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if action == "stall-body":
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    proxy._closing.wait(proxy.stall_limit)
+                    return self._drop()
                 self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
@@ -124,6 +137,7 @@ class S3Proxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self._closing.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -87,7 +87,8 @@ def test_a_malformed_timeout_is_a_clear_error_when_a_url_is_used(monkeypatch, va
 
 
 @pytest.mark.parametrize("scheme, key, check", [
-    ("s3", "config_kwargs", lambda v: v == {"connect_timeout": 7.0, "read_timeout": 7.0}),
+    ("s3", "config_kwargs", lambda v: v == {"connect_timeout": 7.0, "read_timeout": 7.0,
+                                            "retries": {"total_max_attempts": 1}}),
     ("gs", "requests_timeout", lambda v: (v.total, v.sock_connect, v.sock_read) == (None, 7.0, 7.0)),
     ("abfs", "read_timeout", lambda v: v == 7.0),
     ("az", "connection_timeout", lambda v: v == 7.0),
@@ -105,7 +106,7 @@ def test_fsspec_configuration_wins_key_by_key(monkeypatch):
     opts = remote_policy.storage_options("gs", {"requests_timeout": 99})
     assert "requests_timeout" not in opts  # theirs stands (fsspec applies it)
     opts = remote_policy.storage_options("s3", {"config_kwargs": {"read_timeout": 1}})
-    assert opts["config_kwargs"] == {"connect_timeout": 7.0, "read_timeout": 1}
+    assert opts["config_kwargs"] == {"connect_timeout": 7.0, "read_timeout": 1, "retries": {"total_max_attempts": 1}}
 
 
 def test_the_filesystems_opened_for_urls_carry_the_timeouts(monkeypatch, server):

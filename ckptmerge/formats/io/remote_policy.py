@@ -10,7 +10,12 @@ the options a user set in fsspec's own configuration (those win). On top of that
 lookup, an index, one piece of a tensor) may take ``CKPTMERGE_REMOTE_DEADLINE`` seconds in all,
 its retries and the library's own retries included (default 300): past it, the read is cancelled
 and not tried again, so a stalled store costs minutes, not the hours that retries of retries
-could add up to.
+could add up to. ckptmerge's own attempts (``CKPTMERGE_REMOTE_RETRIES``) are the only retries
+where a library lets them be turned off: botocore's (``retries={"total_max_attempts": 1}``) and
+s3fs's (:func:`single_attempt`), so a stalled request costs one timeout per attempt (four
+attempts of 0.5 s and their backoff: about 3 s), not botocore's five attempts inside each of
+s3fs's five inside each of ckptmerge's (minutes, up to the deadline). gcsfs and the Azure SDK
+keep their own retries (they offer no switch); the deadline bounds them.
 
 **Failures.** :func:`describe` names what went wrong in words a user can act on: "timed out", or
 the HTTP status a server answered with (``HTTP 503 Service Unavailable``), whichever library
@@ -32,7 +37,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional
 
 from ckptmerge.core.knobs import FloatSetting
 
-__all__ = ["timeout_seconds", "deadline_seconds", "storage_options", "http_status", "is_timeout",
+__all__ = ["timeout_seconds", "deadline_seconds", "storage_options", "single_attempt", "http_status", "is_timeout",
            "is_transient", "describe", "TIMEOUT", "DEADLINE", "TIMEOUT_VAR", "DEADLINE_VAR"]
 
 #: Seconds a request may wait to connect or for the server's next bytes.
@@ -45,6 +50,8 @@ TIMEOUT_VAR = TIMEOUT.name
 DEADLINE_VAR = DEADLINE.name
 #: Statuses worth another attempt: request timeout, throttling, and the server-side errors.
 _TRANSIENT_STATUSES = {408, 425, 429, 500, 502, 503, 504}
+#: Filesystem packages whose own retry loop :func:`single_attempt` turns off (an attribute read per call).
+_OWN_RETRIES = ("s3fs",)
 
 
 def timeout_seconds() -> float:
@@ -70,7 +77,8 @@ def _client_timeout(seconds: float) -> Any:
 
 def _own_options(scheme: str, seconds: float) -> Dict[str, Any]:
     if scheme in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": seconds, "read_timeout": seconds}}
+        return {"config_kwargs": {"connect_timeout": seconds, "read_timeout": seconds,
+                                  "retries": {"total_max_attempts": 1}}}
     if scheme in ("gs", "gcs"):
         return {"requests_timeout": _client_timeout(seconds)}
     if scheme in ("az", "abfs", "abfss", "adl"):
@@ -89,7 +97,7 @@ def storage_options(scheme: str, configured: Optional[Mapping[str, Any]] = None)
         >>> storage_options("s3", {})["config_kwargs"]["read_timeout"]
         60.0
         >>> storage_options("s3", {"config_kwargs": {"read_timeout": 5}})["config_kwargs"]
-        {'connect_timeout': 60.0, 'read_timeout': 5}
+        {'connect_timeout': 60.0, 'read_timeout': 5, 'retries': {'total_max_attempts': 1}}
         >>> storage_options("memory", {})
         {}
     """
@@ -108,6 +116,21 @@ def storage_options(scheme: str, configured: Optional[Mapping[str, Any]] = None)
         elif theirs is None:
             out[key] = value
     return out
+
+
+def single_attempt(fs: Any) -> None:
+    """Turn off a filesystem's own retry loop where it has a switch (s3fs's ``retries``, read at
+    each call), so each of ckptmerge's attempts is one request, bounded by the timeout. A value
+    a user configured (fsspec's ``retries`` option, which the filesystem keeps) stands.
+
+    Example:
+        >>> import s3fs                                    # doctest: +SKIP
+        >>> fs = s3fs.S3FileSystem(anon=True); single_attempt(fs); fs.retries  # doctest: +SKIP
+        1
+    """
+    if type(fs).__module__.split(".")[0] in _OWN_RETRIES and isinstance(getattr(type(fs), "retries", None), int) \
+            and "retries" not in (getattr(fs, "storage_options", None) or {}):
+        fs.retries = 1
 
 
 def _chain(e: BaseException) -> Iterator[BaseException]:

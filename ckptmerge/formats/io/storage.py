@@ -47,6 +47,7 @@ from ckptmerge.formats.io.remote_policy import (
     http_status,
     is_timeout,
     is_transient,
+    single_attempt,
     storage_options,
     timeout_seconds,
 )
@@ -120,6 +121,7 @@ def filesystem(url: str) -> Tuple[Any, str]:
         options = storage_options(scheme)  # the per-request timeouts (remote_policy)
         with _FS_LOCK:  # a scheme is case-insensitive (RFC 3986); fsspec knows only lower case
             fs, path = url_to_fs(scheme + url[len(scheme):] if is_url(url) else url, **options)
+            single_attempt(fs)  # ckptmerge's attempts are the retries (remote_policy)
     except (ImportError, ValueError) as e:
         raise CkptMergeError(f"Cannot open {quote_name(url)}: the filesystem for '{scheme}://' is not installed "
                              f"({escape_name(e)}). Install it with: pip install \"ckptmerge[{extra}]\"") from None
