@@ -49,7 +49,7 @@ setup(
                  "keras-hub>=0.32",
                  "tensorstore>=0.1.60", "msgpack>=1.0", "orbax-checkpoint>=0.12.8"],
     },
-    entry_points={"console_scripts": ["ckptmerge=ckptmerge.cli:main"]},
+    entry_points={"console_scripts": ["ckptmerge=ckptmerge.__main__:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

@@ -16,7 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import importlib
+from .core import interrupts as _interrupts
+
+if _interrupts.started_as_program():  # first: Ctrl-C while the program starts exits 130 (core/interrupts.py)
+    _interrupts.install()
+
+import importlib  # noqa: E402
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from .core import compat

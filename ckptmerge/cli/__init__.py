@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 from typing import Optional, Sequence
 
+from ..core import interrupts
 from . import combine, follow, inspect, suggest, workflow  # noqa: F401  (registers the commands)
 from .common import EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CliError, cli, table
 from .inspect import max_abs_diff, tensor_stats, value_to_json
@@ -37,6 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         >>> main(["--version"])  # doctest: +SKIP
         ckptmerge 0.1.0
     """
+    interrupts.install()  # (done already when the process started as ckptmerge: core/interrupts.py)
     # Objects made while importing live until exit: take them out of the cyclic collector's
     # reach, so the collections triggered while parsing a large index stay cheap (~10% of
     # `ckptmerge ls` on 10,000 variables).

@@ -24,6 +24,7 @@ from typing import (
 import click
 
 from .. import __version__
+from ..core import interrupts
 from ..core.errors import CkptMergeError, PlanError
 from ..core.jsonout import json_pieces
 from ..core.redact import get_logger
@@ -35,7 +36,7 @@ EXIT_FINDINGS = 1
 EXIT_ERROR = 2
 #: Exit code when interrupted (Ctrl-C): 128 + SIGINT, as shells report it; never 1, which
 #: would read as "findings" or "different".
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = interrupts.EXIT_INTERRUPTED
 
 logger = get_logger(__name__)
 
@@ -87,7 +88,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with interrupts.command_scope():  # inside: Ctrl-C raises KeyboardInterrupt, caught below
+                return super().invoke(ctx)
         except PlanError as e:  # findings that block a strict merge: exit 1, not an input error
             raise CliError(str(e), EXIT_FINDINGS) from None
         except CkptMergeError as e:
