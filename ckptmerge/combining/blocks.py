@@ -19,7 +19,7 @@ import numpy as np
 from ..formats.base import aligned_empty
 from ..formats.ranges import TensorRanges
 from ..planning.casts import cast_array, numpy_dtype
-from .methods import Method, TensorParams
+from .methods import Method, TensorParams, quiet
 
 __all__ = ["BlockedChunks", "FixedChunks", "Pieces", "aligned_step", "blocked_chunks", "BLOCK", "TASK"]
 
@@ -137,10 +137,11 @@ class Pieces:
         self.stop = False
 
     def run(self) -> None:
-        for i in self.claim:
-            if i >= len(self.pieces) or self.stop:
-                return
-            self.make(self.out, *self.pieces[i])
+        with quiet():  # (NaN and Inf inputs are kept, without NumPy's warnings)
+            for i in self.claim:
+                if i >= len(self.pieces) or self.stop:
+                    return
+                self.make(self.out, *self.pieces[i])
 
     def finish(self) -> np.ndarray:
         try:

@@ -42,7 +42,7 @@ from ..core.text import plural
 from .blocks import BlockedChunks, FixedChunks, aligned_step
 from .report import CombineReport
 from .inputs import FLOATS, Entry, PerInput, choice, line_up, select_inputs
-from .methods import CONVENTIONS, METHODS, TensorParams
+from .methods import CONVENTIONS, METHODS, TensorParams, quiet
 from .params import is_number, param_problems, weight_problems
 
 __all__ = ["combine", "CombinedSource", "CombinedHandle", "CombineReport", "KEYS", "INTEGERS", "ACCUMULATE"]
@@ -211,7 +211,7 @@ class CombinedHandle(SourceHandle):
     def _submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._pool is None:  # one thread reads ahead, one adds half of a chunk
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptmerge-combine")
-        return self._pool.submit(fn, *args)
+        return self._pool.submit(_quietly, fn, *args)
 
     def _next(self, it: Iterator[np.ndarray]) -> Future:
         return self._submit(next, it)
@@ -290,7 +290,8 @@ class CombinedHandle(SourceHandle):
         base_feed = ((lambda: FixedChunks(base.iter_chunks(e.base, step), step))
                      if (base is not None and e.base is not None) else None)
         ranges = self._ranges(e)
-        stats = m.prepare(p, size, feeds, base_feed)  # (its passes keep the source's step: the same sums)
+        with quiet():
+            stats = m.prepare(p, size, feeds, base_feed)  # (its passes keep the source's step: the same sums)
         if ranges is not None:
             yield from self._blocked(e, stats, *ranges)
             return
@@ -308,17 +309,19 @@ class CombinedHandle(SourceHandle):
                 n = min(step, size - off)
                 acc = m.start(p, n)
                 b = None
-                for k in range(len(order)):  # read the next input while this one is added
-                    assert pending is not None
-                    x = pending.result()
-                    nxt = order[k + 1] if k + 1 < len(order) else (order[0] if off + step < size else None)
-                    pending = self._next(nxt) if nxt is not None else None
-                    if bit is not None and k == 0:
-                        b = x
-                        continue
-                    self._add(acc, p, stats, k - (1 if bit is not None else 0), x, b, off)
-                    del x
-                yield cast_array(m.finish(acc, p, stats, b), out_dt)
+                with quiet():  # (per chunk: never across a yield)
+                    for k in range(len(order)):  # read the next input while this one is added
+                        assert pending is not None
+                        x = pending.result()
+                        nxt = order[k + 1] if k + 1 < len(order) else (order[0] if off + step < size else None)
+                        pending = self._next(nxt) if nxt is not None else None
+                        if bit is not None and k == 0:
+                            b = x
+                            continue
+                        self._add(acc, p, stats, k - (1 if bit is not None else 0), x, b, off)
+                        del x
+                    chunk = cast_array(m.finish(acc, p, stats, b), out_dt)
+                yield chunk
         finally:
             for it in order:
                 close = getattr(it, "close", None)
@@ -365,6 +368,12 @@ class CombinedHandle(SourceHandle):
             self._pool = None
         for h in ([self.base] if self.base is not None else []) + list(self.inputs):
             h.close()
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a worker thread with NumPy's warnings on NaN and Inf off (as on the caller's)."""
+    with quiet():
+        return fn(*args)
 
 
 # --------------------------------------------------------------------------------------------

@@ -52,10 +52,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import numpy as np
 
-from ..core.errors import ArgumentError
+from ..core.errors import ArgumentError, CombineError
 
 __all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs", "tie_cut",
-           "DOT_THRESHOLD", "CONVENTIONS", "RESCALE_EPS"]
+           "DOT_THRESHOLD", "CONVENTIONS", "RESCALE_EPS", "quiet",
+           "refuse_nonfinite"]
 
 #: The conventions a combination follows: ckptmerge's own, or mergekit 0.1.5's (see the module).
 CONVENTIONS = ("ckptmerge", "mergekit")
@@ -400,7 +401,7 @@ class TaskVectors(Method):
             def passes(chunks: Chunks = chunks) -> Iterator[Tuple[np.ndarray, int]]:
                 off = 0
                 for x, b in zip(chunks(), base()):
-                    yield np.subtract(x, b, dtype=np.float64), off
+                    yield _finite_or_zero(np.subtract(x, b, dtype=np.float64)), off
                     off += x.size
             thr, cut = math.inf, 0
             if self.sparsify == "magnitude":
@@ -428,15 +429,18 @@ class TaskVectors(Method):
         if self.sparsify == "magnitude":
             # Exactly the k largest magnitudes: of those equal to the k-th, the ones before the
             # index `cut` (the first ones in element order).
+            # Written as what is dropped, by comparisons that are False for NaN: a non-finite
+            # element (ranked as 0, see prepare) is never trimmed, so it reaches the output.
             thr, cut = stat[0], stat[1]
             mag = np.abs(d)
             n = d.size
             if cut >= offset + n:
-                return mag >= thr
-            keep = mag > thr
-            if cut > offset:
-                keep[:cut - offset] |= mag[:cut - offset] == thr
-            return keep
+                drop = mag < thr
+            else:
+                drop = mag <= thr
+                if cut > offset:
+                    drop[:cut - offset] = mag[:cut - offset] < thr
+            return ~drop
         return dare_uniform(p, j, offset, d.size) < p.of("density", j)
 
     def sparse(self, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: np.ndarray, offset: int,
@@ -475,12 +479,13 @@ class TaskVectors(Method):
             return
         # The sums of the positive and of the negative values and of their weights, as plain
         # adds (a masked add runs element by element): the other elements add a zero, which
-        # changes no sum (P, Q, Pw and Qw start at +0 and never become -0), and NaN adds 0, as
-        # it is neither positive nor negative.
+        # changes no sum (P, Q, Pw and Qw start at +0 and never become -0). NaN goes into
+        # both P and Q (maximum and minimum propagate it), so the elected mean is NaN: a NaN
+        # input is kept, never hidden; an infinity is the largest value of its sign.
         P, Q, Pw, Qw = acc
         zero, wt = t.dtype.type(0), t.dtype.type(w)
-        np.add(P, np.fmax(t, zero), out=P)
-        np.add(Q, np.fmin(t, zero), out=Q)
+        np.add(P, np.maximum(t, zero), out=P)
+        np.add(Q, np.minimum(t, zero), out=Q)
         np.add(Pw, np.where(t > 0, wt, zero), out=Pw)
         np.add(Qw, np.where(t < 0, wt, zero), out=Qw)
 
@@ -504,6 +509,41 @@ class TaskVectors(Method):
             mixed *= scale
         np.add(mixed, base, out=mixed, casting="unsafe")
         return mixed
+
+
+def quiet() -> Any:
+    """NumPy's "invalid value" and "overflow" warnings off (a context): NaN and Inf inputs are
+    a documented case the methods keep or refuse by name, and the library never prints. Entered
+    once per chunk or piece of work, on the thread doing it (NumPy's error state is per thread)."""
+    return np.errstate(invalid="ignore", over="ignore")
+
+
+def _finite_or_zero(d: np.ndarray) -> np.ndarray:
+    """``d`` with its NaN and infinite elements set to 0 (in place; TIES ranks them so)."""
+    bad = ~np.isfinite(d)
+    if bad.any():
+        d[bad] = 0.0
+    return d
+
+
+def refuse_nonfinite(p: TensorParams, method: str, what: str, inputs: Sequence[Chunks],
+                     base: Optional[Chunks]) -> None:
+    """Raise :class:`~ckptmerge.CombineError` naming tensor ``p.name`` and the inputs (in
+    combining order) holding NaN or Inf: ``what`` (an angle) is a whole-tensor statistic they
+    leave undefined, so no element could be combined right.
+
+    Example:
+        >>> x = np.array([1.0, np.nan])
+        >>> refuse_nonfinite(TensorParams("w", (1.0, 1.0)), "slerp", "the angle", [lambda: [x], lambda: [x]], None)
+        Traceback (most recent call last):
+        ckptmerge.core.errors.CombineError: Cannot slerp tensor 'w': input 1 holds 1 NaN or Inf value; input 2 holds 1 NaN or Inf value, so the angle is undefined. Replace those values, or leave the tensor out (exclude='w').
+    """
+    counts = [("the base" if j < 0 else f"input {j + 1}", sum(int(np.count_nonzero(~np.isfinite(c))) for c in chunks()))
+              for j, chunks in ([(-1, base)] if base is not None else []) + list(enumerate(inputs))]
+    bad = [f"{who} holds {n} NaN or Inf value{'s' if n != 1 else ''}" for who, n in counts if n]
+    why = ("; ".join(bad) if bad else "its values are too large for float64 (their squares overflow)")
+    raise CombineError(f"Cannot {method} tensor {p.name!r}: {why}, so {what} is undefined. Replace those values, "
+                       f"or leave the tensor out (exclude={p.name!r}).")
 
 
 #: DARE draws its random numbers in blocks of this many elements, each from its own generator,
@@ -591,6 +631,8 @@ class Slerp(Linear):
             return float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b))
 
         dot, na, nb = _reduce(zip(inputs[0](), inputs[1]()), parts, 3)
+        if not (math.isfinite(dot) and math.isfinite(na) and math.isfinite(nb)):
+            refuse_nonfinite(p, "slerp", "the angle between the two tensors", inputs, None)
         return slerp_coefficients(p.get("t"), dot, na, nb, conventions=p.conventions), 0.0
 
 
@@ -649,6 +691,8 @@ class ModelStock(Linear):
                 d = np.subtract(x, b, dtype=np.float64)
                 total += float(np.dot(d, d))
             norms.append(math.sqrt(total))
+        if not all(map(math.isfinite, norms)):
+            refuse_nonfinite(p, "model_stock", "the angle between the fine-tunes", inputs, base)
         # pass 2: |sum u_i|^2 with u_i = d_i/|d_i|: sum over pairs of cos_ij = (|U|^2 - sum |u_i|^2) / 2
         iters = [iter(c()) for c in inputs]
         u2 = 0.0
@@ -659,6 +703,8 @@ class ModelStock(Linear):
                 if nrm > 1e-6:
                     acc += np.subtract(x, b, dtype=np.float64) / nrm
             u2 += float(np.dot(acc, acc))
+        if not math.isfinite(u2):
+            refuse_nonfinite(p, "model_stock", "the angle between the fine-tunes", inputs, base)
         unit = sum(1 for nrm in norms if nrm > 1e-6)
         cos = (u2 - unit) / (k * (k - 1))
         cos = max(-1.0, min(1.0, cos))
@@ -698,12 +744,13 @@ def combine_arrays(method: str, inputs: Sequence[Any], base: Any = None, *, weig
     def pieces(a: np.ndarray) -> Chunks:
         return lambda: (a[s:s + step] for s in range(0, size, step))
 
-    stats = m.prepare(p, size, [pieces(x) for x in xs], pieces(b) if b is not None else None)
     out = []
-    for s in range(0, size, step):
-        part = m.start(p, min(step, size - s))
-        bb = b[s:s + step] if b is not None else None
-        for j, x in enumerate(xs):
-            m.add(part, p, stats, j, x[s:s + step], bb, s)
-        out.append(m.finish(part, p, stats, bb))
+    with quiet():
+        stats = m.prepare(p, size, [pieces(x) for x in xs], pieces(b) if b is not None else None)
+        for s in range(0, size, step):
+            part = m.start(p, min(step, size - s))
+            bb = b[s:s + step] if b is not None else None
+            for j, x in enumerate(xs):
+                m.add(part, p, stats, j, x[s:s + step], bb, s)
+            out.append(m.finish(part, p, stats, bb))
     return (np.concatenate(out) if out else np.zeros(0, acc)).reshape(shape)
