@@ -25,9 +25,9 @@ from ckptmerge.core.errors import ConfigError
 LAYERS = 2
 
 
-def shapes():
+def shapes(layers=LAYERS):
     out = {"model.embed_tokens.weight": (16, 8), "model.norm.weight": (8,), "lm_head.weight": (16, 8)}
-    for i in range(LAYERS):
+    for i in range(layers):
         for part, shape in (("self_attn.q_proj.weight", (8, 8)), ("self_attn.o_proj.weight", (8, 8)),
                             ("mlp.up_proj.weight", (12, 8)), ("mlp.down_proj.weight", (8, 12)),
                             ("input_layernorm.weight", (8,))):
@@ -35,11 +35,11 @@ def shapes():
     return out
 
 
-def write_model(folder, seed, base=None, scale=0.05, zero=()):
+def write_model(folder, seed, base=None, scale=0.05, zero=(), layers=LAYERS):
     """A tiny llama-like model: random, or ``base`` plus a random offset; ``zero``: names set to 0."""
     rng = np.random.default_rng(seed)
     tensors = {}
-    for name, shape in shapes().items():
+    for name, shape in shapes(layers).items():
         if base is None:
             v = rng.standard_normal(shape)
         else:
@@ -48,7 +48,7 @@ def write_model(folder, seed, base=None, scale=0.05, zero=()):
     folder.mkdir(parents=True)
     save_file(tensors, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                    "num_hidden_layers": LAYERS}))
+                                                    "num_hidden_layers": layers}))
     return tensors
 
 
@@ -414,8 +414,8 @@ REFUSED = [
     ("merge_methd: ties\n", "merge_methd", "Did you mean 'merge_method'"),
     ("parameters:\n  densty: 0.5\n", "densty", "Did you mean 'density'"),
     ("parameters:\n  t: 0.5\n", "parameters.t", "not a parameter of ties"),
-    ("parameters:\n  weight: [0, 0.5, 1]\n", "parameters.weight", "gradient lists are not yet supported"),
-    ("parameters:\n  weight:\n    - pattern: mlp\n      value: 1\n", "pattern", "unknown mergekit key 'pattern'"),
+    ("parameters:\n  weight: [0, 0.5, 1]\n", "parameters.weight", "gradient lists of weight are not yet supported"),
+    ("parameters:\n  weight:\n    - pattern: mlp\n      value: 1\n", "pattern", "old spelling of 'filter'"),
     ("dtype: float8\n", "dtype", "float16"),
 ]
 
@@ -531,3 +531,71 @@ def test_docs_table_lists_every_difference_between_the_conventions():
     text = (Path(__file__).resolve().parents[1] / "docs" / "merging.md").read_text(encoding="utf-8")
     for what, ours, theirs in DIFFERENCES:
         assert f"| {what} | {ours} | {theirs} |" in text, what
+
+
+def mk_gradient(values, t):
+    """mergekit's evaluate_setting of a gradient list at t."""
+    scaled = t * (len(values) - 1)
+    i0 = int(scaled)
+    i1 = min(len(values) - 1, i0 + 1)
+    return (1 - (scaled - i0)) * values[i0] + (scaled - i0) * values[i1]
+
+
+def test_gradient_slerp_readme_config_spreads_t_over_the_layers(tmp_path):
+    """mergekit's gradient SLERP (README): t per layer i of n at i/(n-1), by filter, 0.5 elsewhere."""
+    a = write_model(tmp_path / "models" / "a", 1, layers=4)
+    b = write_model(tmp_path / "models" / "b", 2, layers=4)
+    cfg = config(tmp_path, """\
+        slices:
+          - sources:
+              - model: models/a
+                layer_range: [0, 4]
+              - model: models/b
+                layer_range: [0, 4]
+        merge_method: slerp
+        base_model: models/a
+        parameters:
+          t:
+            - filter: self_attn
+              value: [0, 0.5, 0.3, 0.7, 1]
+            - filter: mlp
+              value: [1, 0.5, 0.7, 0.3, 0]
+            - value: 0.5 # fallback for rest of tensors
+        dtype: bfloat16
+        """)
+    got = merged(cfg, tmp_path)
+    for name in shapes(4):
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+        t = 0.5
+        if layer is not None and "self_attn" in name:
+            t = mk_gradient([0, 0.5, 0.3, 0.7, 1], layer / 3)
+        elif layer is not None and "mlp" in name:
+            t = mk_gradient([1, 0.5, 0.7, 0.3, 0], layer / 3)
+        want = mk_slerp(t, a[name], b[name])
+        g = got[name].astype(np.float64)
+        np.testing.assert_allclose(g, want, rtol=0, atol=np.abs(want).max() * 2 ** -7)
+
+
+def test_a_gradient_over_tensors_outside_the_layers_is_refused_naming_them(models):
+    tmp, _, _ = models
+    cfg = config(tmp, """\
+        models:
+          - model: models/ft1
+            parameters:
+              density: [1, 0.7, 0.1] # density gradient
+              weight: 1.0
+        merge_method: ties
+        base_model: models/base
+        """)
+    r = run("combine", "--mergekit", cfg, "-o", tmp / "o.safetensors")
+    assert r.exit_code == 2 and "'lm_head.weight'" in r.stderr and "- filter: layers" in r.stderr, r.stderr
+    cfg.write_text(cfg.read_text().replace("density: [1, 0.7, 0.1]", "density:\n        - filter: layers\n"
+                                           "          value: [1, 0.7, 0.5]\n        - value: 0.5"))
+    src = cm.from_mergekit(cfg)
+    assert "density from the gradient [1, 0.7, 0.5]" in src.report().render()
+    got = merged(cfg, tmp)
+    _, base, fts = models
+    for name in shapes():
+        d = mk_gradient([1, 0.7, 0.5], int(name.split(".")[2]) / (LAYERS - 1)) if "layers" in name else 0.5
+        want = mk_gta(base[name], [fts["ft1"][name]], [1.0], [d], consensus=True, sparsify="magnitude", normalize=True)
+        close(got[name], want)

@@ -34,9 +34,13 @@ DIFFERENCES: Tuple[Tuple[str, str, str], ...] = (
     ("linear's `normalize`", "always (a weighted mean)", "default true; `normalize: false` is refused (not yet supported)"),
     ("DARE's random draws", "Philox, seeded by `(seed, tensor name, input)`: the same on every run",
      "torch's global generator (`--random-seed`); ckptmerge reads the config with `seed` 0 unless told"),
+    ("TIES with `density * size < 1`", "keeps the largest magnitude", "an assertion error"),
     ("TIES's ties at the cut", "the first equal magnitudes in element order", "torch's argsort order"),
     ("accumulation", "float64, rounded once into the output dtype",
      "in `dtype` (the inputs are cast to it first), then cast to `out_dtype`"),
+    ("gradient lists (`t: [0, 0.5, 1]`)", "spread over the numbered layers, `i / (n - 1)` for layer `i` of `n`; "
+     "refused for a tensor outside them", "the same over the layers (over each slice's anew); the first value before "
+     "the layers, the last after them (by the architecture); ckptmerge refuses that, and gradients of `weight`"),
     ("Model Stock", "`t = 0` where `1 + (k-1) cos` vanishes", "the same formula; `filter_wise: true` is refused (not yet supported)"),
 )
 

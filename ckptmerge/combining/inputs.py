@@ -276,9 +276,13 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
                     v = v.values[0]
                 if isinstance(v, Gradient):
                     if name not in positions:
+                        fix = (f"give it a plain value: put the gradient under '- filter: layers' and end the list "
+                               f"with '- value: {v.values[-1]!r}' (mergekit would take the first value before the "
+                               "layers and the last after them, which needs the model's architecture)"
+                               if conventions == "mergekit" else
+                               f"give it a plain value by glob, e.g. {key}={{'*layers*': {v}, '*': {v.values[-1]!r}}}")
                         bad.append(f"{label}={v} is a gradient over the layers, and this tensor is in no numbered layer "
-                                   f"(no part of its name is a layer number); give it a plain value by glob, e.g. "
-                                   f"{key}={{'*layers*': {v}, '*': {v.values[-1]!r}}}")
+                                   f"(no part of its name is a layer number); {fix}")
                         continue
                     globs.append(f"{label} from the gradient {v} at t={positions[name]:.4g}")
                     v = v.at(positions[name])

@@ -86,6 +86,8 @@ _TENSOR: Dict[str, Dict[str, Any]] = {
     "model_stock": {},
 }
 _BOOLS = ("normalize", "int8_mask", "rescale", "filter_wise")
+#: Parameters whose gradient lists are refused (the others spread over the layers, as mergekit).
+_GRADIENT_REFUSED = _BOOLS + ("weight",)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -103,9 +105,10 @@ def from_mergekit(path: Union[str, "os.PathLike[str]"], *, conventions: str = "m
     ``density``), or ``slices`` whose sources all take the same layers from every model and cover
     every layer; merge-wide ``parameters`` (``normalize``, ``rescale``, ``int8_mask``,
     ``lambda``, ``t``, ``filter_wise``, and the models' parameters for every model) as values or
-    ``filter`` lists; ``dtype`` and ``out_dtype``. Everything else is refused by name:
-    ``tokenizer_source`` (ckptmerge builds no tokenizer), methods it does not run, gradient
-    lists (not yet supported), LoRA references, Hub ids. Model paths are local folders or files
+    ``filter`` lists; ``dtype`` and ``out_dtype``; gradient lists spread over the numbered layers.
+    Everything else is refused by name: ``tokenizer_source`` (ckptmerge builds no tokenizer),
+    methods it does not run, gradient lists of ``weight`` or over several slices (not yet
+    supported), LoRA references, Hub ids. Model paths are local folders or files
     of any format ckptmerge reads (or URLs), resolved from the config file's folder.
 
     Args:
@@ -346,6 +349,10 @@ def _slices(v: Any, ctx: Context, mm: str, base: Optional[str]) -> Optional[Tupl
         ctx.add(("slices",), "the slices differ in their models or parameters: per-slice merges are not supported "
                              "yet; give every slice the same sources and parameters (or use models).")
         return None
+    if len(ends) > 1 and _has_gradient(list(shapes[0][:2])):
+        ctx.add(("slices",), "gradient lists over several slices are not yet supported (mergekit spreads a gradient "
+                             "over each slice's layers anew); use one slice covering every layer.")
+        return None
     if ends[0][0] != 0 or any(a[1] != b[0] for a, b in zip(ends, ends[1:])):
         ctx.add(("slices",), "the slices do not follow one another from layer 0 ("
                 + ", ".join(f"{list(r)}" for r in ends) + "): a merge that drops or repeats layers is not supported.")
@@ -365,6 +372,21 @@ def _slices(v: Any, ctx: Context, mm: str, base: Optional[str]) -> Optional[Tupl
         ctx.add(("slices", 0, "base_model"), "differs from the top-level base_model; give one base.")
         return None
     return firsts, shapes[0][1], slice_base
+
+
+class _Gradient(tuple):
+    """A gradient list read from the config (``combine`` spreads it over the layers)."""
+
+
+def _has_gradient(x: Any) -> bool:
+    """Whether a gradient list is anywhere in ``x``."""
+    if isinstance(x, _Gradient):
+        return True
+    if isinstance(x, Mapping):
+        return any(_has_gradient(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_has_gradient(v) for v in x)
+    return False
 
 
 def _layer_count(path: str) -> Optional[int]:
@@ -415,10 +437,8 @@ def _parameters(v: Any, path: KeyPath, mm: str, ctx: Context, *, merge_wide: boo
 def _setting(v: Any, path: KeyPath, key: str, ctx: Context) -> Setting:
     """A value, or a ``filter`` list as ``[(filter, value), ...]`` (no filter: ``"*"``)."""
     if isinstance(v, list):
-        if v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            ctx.add(path, f"{key} is a gradient list ({show(v)}: a value per layer, interpolated); gradient lists "
-                          "are not yet supported: give one value (or a filter list of values).")
-            return None
+        if not v or not all(isinstance(x, Mapping) for x in v):  # a gradient list (or not a setting)
+            return _scalar(v, path, key, ctx)
         out: List[Tuple[str, Any]] = []
         for i, c in enumerate(v):
             q = path + (i,)
@@ -426,7 +446,9 @@ def _setting(v: Any, path: KeyPath, key: str, ctx: Context) -> Setting:
                 ctx.add(q, f"expected '- filter: TEXT' and 'value: X' (or '- value: X' for every tensor), "
                            f"received {show(c)}.")
                 return None
-            if not _keys(c, ("filter", "value"), {}, q, ctx):
+            if not _keys(c, ("filter", "value"), {"pattern": "'pattern' is the old spelling of 'filter': mergekit "
+                                                           "0.1.5 ignores it, so its value would apply to every "
+                                                           "tensor; write 'filter'"}, q, ctx):
                 return None
             f = c.get("filter")
             if f is not None and not (isinstance(f, str) and f):
@@ -445,9 +467,17 @@ def _setting(v: Any, path: KeyPath, key: str, ctx: Context) -> Setting:
 
 
 def _scalar(v: Any, path: KeyPath, key: str, ctx: Context) -> Any:
+    """A value; a gradient list (numbers spread over the layers) as a tuple."""
     if isinstance(v, list):
-        ctx.add(path, f"{key} is a gradient list ({show(v)}); gradient lists are not yet supported: give one value.")
-        return None
+        if key in _GRADIENT_REFUSED:
+            ctx.add(path, f"{key} is a gradient list ({show(v)}: a value per layer); gradient lists of {key} are not "
+                          "yet supported: give one value (or a filter list of values).")
+            return None
+        if not v or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+                            and abs(x) != float("inf") for x in v):
+            ctx.add(path, f"{key} as a list is a gradient: finite numbers, at least one; received {show(v)}.")
+            return None
+        return _Gradient(float(x) for x in v)
     if key in _BOOLS:
         if isinstance(v, bool):
             return v
