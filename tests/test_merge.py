@@ -266,15 +266,21 @@ def test_object_based_keras_checkpoint_is_merged_under_variable_paths(tf, tmp_pa
     assert sorted(got) == sorted(expected) and all(same_bits(got[k], v) for k, v in expected.items())
 
 
-def test_object_graph_is_not_copied_into_the_name_based_output(tf, tmp_path):
+def test_object_graph_is_written_anew_not_copied_as_a_tensor(tf, tmp_path):
+    """An object-based source's graph is not a tensor to copy: the output writes its own (issue 33;
+    tests/test_native_tf.py restores such outputs), and a name-based output never holds one."""
     v = tf.Variable(np.arange(3, dtype=np.float32), name="w")
     prefix = tf.train.Checkpoint(v=v).write(str(tmp_path / "k" / "ckpt"))
     out = tmp_path / "out" / "m"
     report = merge([cm.Source(prefix, optimizer=True)], out)
     got = tf_values(tf, out)
-    assert "_CHECKPOINTABLE_OBJECT_GRAPH" not in got and same_bits(got["w"], v.numpy())
-    assert [t for t, _ in report.skipped] == ["_CHECKPOINTABLE_OBJECT_GRAPH"]
-    assert "name-based" in report.skipped[0][1]
+    assert sorted(got) == ["_CHECKPOINTABLE_OBJECT_GRAPH", "v/.ATTRIBUTES/VARIABLE_VALUE"]
+    assert same_bits(got["v/.ATTRIBUTES/VARIABLE_VALUE"], v.numpy()) and report.skipped == []
+    assert report.tf_layout == "object-based"
+    renamed = merge([cm.Source(prefix, optimizer=True, map={"w": "x"})], tmp_path / "out" / "n")
+    got = tf_values(tf, tmp_path / "out" / "n")
+    assert sorted(got) == ["x"] and renamed.tf_layout == "name-based"
+    assert "renamed" in renamed.notes[0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def test_restore_from_memory_url_and_merge_to_local(tmp_path, memory_run):
     np.testing.assert_array_equal(w.numpy(), W)
     cm.merge([cm.Source(memory_run)], str(tmp_path / "out" / "merged"))
     merged = tf.train.load_checkpoint(str(tmp_path / "out" / "merged"))
-    np.testing.assert_array_equal(merged.get_tensor("big"), BIG)
+    np.testing.assert_array_equal(merged.get_tensor("model/big/.ATTRIBUTES/VARIABLE_VALUE"), BIG)  # (object-based)
 
 
 # -- S3 on localhost --------------------------------------------------------------------------

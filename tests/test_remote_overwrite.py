@@ -143,7 +143,7 @@ def test_the_padded_shard_is_empty_the_next_overwrite_returns_to_one_shard_and_t
         for n in names:
             (local / n).write_bytes(fs.cat_file(f"{out.rsplit('/', 1)[0]}/{n}"))
         reader = tf.train.load_checkpoint(str(local / "model"))
-        np.testing.assert_array_equal(reader.get_tensor("w"), W * factor)
+        np.testing.assert_array_equal(reader.get_tensor("model/w/.ATTRIBUTES/VARIABLE_VALUE"), W * factor)
 
 
 def _deny(target: Tuple[str, str]):

@@ -51,10 +51,12 @@ from ..core.specs import (
 from ..core.text import escape_name, plural, quote_name
 
 __all__ = ["Job", "RawFiles", "Tally", "build_jobs", "iter_jobs", "out_nbytes", "source_origin",
-           "unassigned_reasons", "PIECE", "TEMPLATE_LABEL"]
+           "unassigned_reasons", "PIECE", "TEMPLATE_LABEL", "GRAPH_NOT_COPIED"]
 
 PIECE = 4 << 20  # raw copies and streamed casts move this many bytes at a time
 TEMPLATE_LABEL = "(template)"
+#: Why the input's ``_CHECKPOINTABLE_OBJECT_GRAPH`` is not copied as a tensor (a TF output writes its own).
+GRAPH_NOT_COPIED = "the object graph of an object-based checkpoint is not copied"
 
 
 def source_origin(label: str) -> str:
@@ -307,8 +309,8 @@ def iter_jobs(plan: Plan, handles: Sequence[SourceHandle], kind: str, template: 
         if raw is not None and a.name in views[a.source].composed:  # a joined tensor is made, not copied
             raw = None
         if key == OBJECT_GRAPH_KEY:
-            skipped.append((target, "the object graph of an object-based checkpoint is not copied: the "
-                                    "merged checkpoint is name-based (its keys are variable names)"))
+            skipped.append((target, GRAPH_NOT_COPIED + ": the merged checkpoint is name-based (its keys are "
+                                    "variable names)"))
             continue
         ts: Tuple[Any, ...] = ()
         current = None

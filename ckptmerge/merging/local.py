@@ -92,7 +92,9 @@ from .inverse import (
     template_views,
     torch_inverse,
 )
+from .objectgraph import NAME_BASED, OBJECT_BASED, KeyedWriter, ObjectLayout, object_layout
 from .jobs import (
+    GRAPH_NOT_COPIED,
     PIECE,
     TEMPLATE_LABEL,
     Job,
@@ -134,6 +136,11 @@ class MergeReport(Report):
         from_template: ``(name, reason)`` of the names whose value came from the template
             checkpoint (sorted).
         state_file: the ``checkpoint`` state file written (``update_state=True``), else ``None``.
+        tf_layout: for a TF output, ``"object-based"`` (keyed by object paths, with an object
+            graph: ``tf.train.Checkpoint(...).restore`` reads it) or ``"name-based"`` (keyed by
+            variable names); ``""`` for the other formats.
+        notes: what a user loading the output should know (e.g. why a TF output of object-based
+            inputs is name-based, and what to pass instead).
 
     Example:
         >>> from ckptmerge.planning.planner import make_plan
@@ -148,6 +155,8 @@ class MergeReport(Report):
     bytes_written: int = 0
     from_template: List[Tuple[str, str]] = field(default_factory=list)
     state_file: Optional[str] = None
+    tf_layout: str = ""
+    notes: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -177,6 +186,10 @@ class MergeReport(Report):
                         render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {TEMPLATE_LABEL}")
         out += section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
         out += section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
+        if self.tf_layout == OBJECT_BASED:
+            out.append("Layout: object-based (keyed by object paths, with its object graph: "
+                       "tf.train.Checkpoint(...).restore reads it)")
+        out += [f"Note: {n}" for n in self.notes]
         if self.state_file:
             out.append(f"State file: {self.state_file}")
         return join_lines(out)
@@ -187,7 +200,8 @@ class MergeReport(Report):
         d = super().to_dict(lazy=lazy)
         d.update({"output": redact(self.output), "dry_run": self.dry_run, "bytes_written": int(self.bytes_written),
                   "from_template": [{"name": n, "reason": r} for n, r in self.from_template],
-                  "state_file": redact_optional(self.state_file)})
+                  "state_file": redact_optional(self.state_file), "tf_layout": self.tf_layout or None,
+                  "notes": list(self.notes)})
         return d
 
 
@@ -458,10 +472,11 @@ def recorded_sources(handles: Sequence[SourceHandle], plan: Plan, *,
 
 
 def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[SourceHandle], plan: Plan, *,
-                 overwrite: bool, durable: bool, record_paths: bool) -> Any:
+                 overwrite: bool, durable: bool, record_paths: bool, layout: ObjectLayout) -> Any:
     """The writer for the output format; both take the jobs' tensors the same way."""
     if fmt == FORMAT_TF:
-        return BundleWriter(given, overwrite=overwrite, durable=durable)
+        bundle = BundleWriter(given, overwrite=overwrite, durable=durable)
+        return KeyedWriter(bundle, layout) if layout.kind == OBJECT_BASED else bundle
     specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     if fmt == FORMAT_KERAS_H5:
         from ..formats.keras.h5_writer import H5Writer, h5_unsupported
@@ -643,12 +658,21 @@ def merge_local(
                            "allow_missing=[globs] / --allow-missing, or strict=False):", *why]
                 raise PlanError("\n".join([str(e), *why, f"Nothing was written to {quote_name(given)}."]),
                                 plan=e.plan) from None
-            if dry_run:  # (tallied as made: no job per tensor is kept)
+            layout = ObjectLayout(NAME_BASED)
+            if dry_run:  # (tallied as made: no job per tensor is kept, but for a TF output's keys)
                 from_template, skipped = [], []
-                tally = Tally(iter_jobs(plan, job_handles, kind, treader, template_prefix, from_template, skipped))
+                made = iter_jobs(plan, job_handles, kind, treader, template_prefix, from_template, skipped)
+                if fmt == FORMAT_TF:
+                    made = list(made)
+                    layout = object_layout(made, job_handles, treader, kind)
+                tally = Tally(made)
             else:
                 jobs, from_template, skipped = build_jobs(plan, job_handles, kind, treader, template_prefix)
+                if fmt == FORMAT_TF:
+                    layout = object_layout(jobs, job_handles, treader, kind)
                 tally = Tally(jobs)
+            if layout.kind == OBJECT_BASED:  # the output's own graph is written, not the input's
+                skipped = [(n, r) for n, r in skipped if not r.startswith(GRAPH_NOT_COPIED)]
             if inverse is not None:  # say why alignment left each one out, not only that no source gave it
                 from_template = [(n, inverse.why(n, r)) for n, r in from_template]
                 skipped = [(n, inverse.why(n, r)) for n, r in skipped]
@@ -667,7 +691,7 @@ def merge_local(
             buf = memoryview(bytearray(PIECE))
             try:
                 writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable,
-                                      record_paths=record_paths)
+                                      record_paths=record_paths, layout=layout)
                 done = 0
                 if progress is not None:
                     progress(0, total)
@@ -696,6 +720,8 @@ def merge_local(
                 state_path = _write_state(out_abs, given, state)
             logger.info("merged %d tensors from %d source(s) into %s (%d bytes)", len(jobs), len(handles),
                         given, bytes_written)
+        if layout.note:
+            logger.warning("%s: %s", given, layout.note)
     finally:
         for j in jobs:
             if j.raw is not None:
@@ -718,4 +744,5 @@ def merge_local(
     return MergeReport(plan=plan, mode="offline", restored=written, skipped=skipped,
                        elapsed=time.perf_counter() - t0, bytes_read=0 if dry_run else total,
                        sources=per_source, output=given, dry_run=dry_run, bytes_written=bytes_written,
-                       from_template=from_template, state_file=state_path)
+                       from_template=from_template, state_file=state_path,
+                       tf_layout=layout.kind if fmt == FORMAT_TF else "", notes=[layout.note] if layout.note else [])
