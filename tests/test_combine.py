@@ -163,6 +163,23 @@ def test_intersection_and_union_report_what_they_did(uneven, tmp_path):
         assert ({"extra", "dense/bias"} <= written) if keys == "union" else not ({"extra", "dense/bias"} & written)
 
 
+def test_union_and_intersection_merge_through_the_api_without_strict_false(uneven, tmp_path):
+    """cm.merge of a union or an intersection writes as it is (issue 34 item 5): the merge's
+    report marks each name combined over fewer inputs, and the combine report lists each one
+    and each name left out."""
+    src = cm.combine(uneven, keys="union")
+    rep = cm.merge(src, str(tmp_path / "u.safetensors"))
+    text = rep.render()
+    assert "[combined over 2 of 3 inputs (keys='union')]" in text and "[combined over 1 of 3 inputs" in text
+    assert rep.to_dict()["plan"]["assignments"]["extra"]["via"] == "combined over 1 of 3 inputs (keys='union')"
+    assert [n for n, _, _ in src.report().fewer] == ["dense/bias", "extra"]
+    src = cm.combine(uneven, keys="intersection")
+    rep = cm.merge(src, str(tmp_path / "i.safetensors"))
+    assert "combined over" not in rep.render()
+    assert {"dense/bias", "extra"} <= set(dict(src.report().left_out))
+    assert not {"dense/bias", "extra"} & set(cm.load(str(tmp_path / "i.safetensors")))
+
+
 def test_integers_policy_first_last_error(run):
     first = cm.combine(str(run), last=2, integers="first").open()
     try:

@@ -177,6 +177,8 @@ class CombinedHandle(SourceHandle):
         # there are none, line_up raised instead). The report lists every one of them.
         findings: List[str] = []
         super().__init__(source, f"<{source.label}>", note, infos, findings=findings)
+        for name, k, n in report.fewer:  # (a plan's and a merge's report show it beside the name)
+            self.notes[name] = f"combined over {k} of {n} inputs (keys={source.keys!r})"
         steps = source.chunk_elements // max(1, self.method.state)
         self.step = max(1, steps)
 
