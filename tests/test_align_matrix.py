@@ -47,3 +47,52 @@ def test_the_embedding_norm_is_the_embeddings_layernorm_never_a_heads_norm(prefi
     found = align(targets, sources)
     assert {t: s for s, t in found.mapping.items() if t in truth and truth[t] != s} == {}
     assert found.mapping.get(f"{prefix}embeddings/LayerNorm/gamma") == "embeddings_layer_norm/gamma"
+
+
+# -- four norms a block, q/k norms, Gemma's MLP names: the convention says which is which ------------
+
+_HF = {"attn": "input_layernorm", "mlp": "post_attention_layernorm"}
+_HF4 = {"attn": "input_layernorm", "attnpost": "post_attention_layernorm", "mlp": "pre_feedforward_layernorm",
+        "mlppost": "post_feedforward_layernorm", "q": "self_attn/q_norm", "k": "self_attn/k_norm"}
+_KH4 = {"attn": "pre_attention_norm", "attnpost": "post_attention_norm", "mlp": "pre_ffw_norm",
+        "mlppost": "post_ffw_norm", "q": "attention/query_norm", "k": "attention/key_norm"}
+
+
+def _decoder(hf, kh, layers, prefix, tprefix, hidden=8):
+    targets, sources, truth = [], [], {}
+    for i in range(layers):
+        for role in kh:
+            t, s = f"{tprefix}{i}/{kh[role]}/scale", f"{prefix}layers/{i}/{hf[role]}/gamma"
+            shape = (hidden // 2,) if role in ("q", "k") else (hidden,)
+            targets.append(f32(t, *shape))
+            sources.append(f32(s, *shape))
+            truth[t] = s
+        for tn, sn in (("ffw_gating", "mlp/gate_proj"), ("ffw_gating_2", "mlp/up_proj")):
+            t, s = f"{tprefix}{i}/{tn}/kernel", f"{prefix}layers/{i}/{sn}/kernel"
+            targets.append(f32(t, hidden, 3 * hidden))
+            sources.append(f32(s, hidden, 3 * hidden))
+            truth[t] = s
+    return targets, sources, truth
+
+
+@pytest.mark.parametrize("layers,prefix,tprefix,four", list(itertools.product(
+    [1, 2, 4], ["model/", "", "language_model/model/"], ["decoder_block_", "layer_"], [True, False])))
+def test_each_norm_of_a_block_goes_by_its_role_in_two_or_four_norm_blocks(layers, prefix, tprefix, four):
+    if four:
+        hf, kh = _HF4, _KH4
+    else:
+        hf, kh = _HF, {"attn": "pre_attention_norm", "mlp": "pre_ffw_norm"}
+    targets, sources, truth = _decoder(hf, kh, layers, prefix, tprefix)
+    found = align(targets, sources)
+    assert {t: s for s, t in found.mapping.items() if truth[t] != s} == {}
+    assert sorted(found.mapping.values()) == sorted(truth)  # complete
+
+
+def test_post_attention_layernorm_is_the_mlps_norm_without_a_pre_feedforward_norm_beside_it():
+    from ckptmerge.alignment.conventions import in_context
+
+    names = ["m/layers/0/post_attention_layernorm/gamma", "m/layers/1/post_attention_layernorm/gamma",
+             "m/layers/1/pre_feedforward_layernorm/gamma"]
+    assert in_context(names) == ["m/layers/0/post_attention_layernorm/gamma", "m/layers/1/post_attention_norm/gamma",
+                                 "m/layers/1/pre_feedforward_layernorm/gamma"]
+    assert in_context(names[:1]) is names[:1] or in_context(names[:1]) == names[:1]

@@ -53,7 +53,7 @@ def _positional_scanning_every_name(names):
     if bare:
         present = {(C._prefix(m), m.group(0).lower()) for m in C._compiled()[0].finditer(joined)}
         for key, numbered in bare.items():
-            if key in present:
+            if key in present and f"{key[1]}_1" in numbered:  # (Keras counts from _1)
                 keep.add(key)
                 keep.update((key[0], t) for t in numbered)
     return frozenset(keep)

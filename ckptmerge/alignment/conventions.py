@@ -30,7 +30,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 from ..core.errors import RuleError
 
 __all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
-           "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES"]
+           "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES", "CONTEXT", "in_context"]
 
 _ROLE = re.compile(r"^[a-z][a-z ]*[a-z]$|^[a-z]$")
 _LEAF = re.compile(r"^[a-z][a-z_]{0,63}$")
@@ -80,11 +80,19 @@ class Convention:
 #: The built-in table: (names, role, why). Roles are made-up words, so that they match only each other.
 CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm")) for n, r, w in (
     (("input_layernorm", "ln_1", "layernorm_before", "attention_norm", "self_attention_layernorm", "pre_attention_layernorm",
-      "self_attention_layer_norm", "attention/output/LayerNorm", "layer_norm_1", "norm1", "attn_norm"),
+      "self_attention_layer_norm", "attention/output/LayerNorm", "layer_norm_1", "norm1", "attn_norm", "pre_attention_norm"),
      "attnnorm", "the norm of the attention sub-block (before it in pre-norm models, after it in BERT)"),
     (("post_attention_layernorm", "ln_2", "layernorm_after", "ffn_norm", "feedforward_layernorm",
-      "feedforward_layer_norm", "output/LayerNorm", "output_layer_norm", "layer_norm_2", "norm2", "mlp_norm"),
+      "feedforward_layer_norm", "output/LayerNorm", "output_layer_norm", "layer_norm_2", "norm2", "mlp_norm",
+      "pre_ffw_norm", "pre_feedforward_layernorm"),
      "mlpnorm", "the norm of the MLP sub-block"),
+    (("post_attention_norm",), "attnpostnorm",
+     "the norm of the attention's output, before its residual add (Gemma 2 and 3, four norms a block; "
+     "Hugging Face's post_attention_layernorm there: see CONTEXT)"),
+    (("post_ffw_norm", "post_feedforward_layernorm"), "mlppostnorm",
+     "the norm of the MLP's output, before its residual add (four norms a block)"),
+    (("q_norm", "query_norm", "q_layernorm", "query_layernorm"), "qnorm", "the norm of the attention's queries"),
+    (("k_norm", "key_norm", "k_layernorm", "key_layernorm"), "knorm", "the norm of the attention's keys"),
     (("ln_f", "norm", "final_layernorm", "final_layer_norm", "sequence_output_layernorm", "layernorm",
       "layer_norm", "final_norm", "norm_f", "ln"),
      "finalnorm", "the last norm of a transformer stack (at the model's top level)"),
@@ -106,13 +114,13 @@ CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm
       "dense_out", "out_lin"),
      "attnout", "attention output projection"),
     (("c_fc", "fc1", "up_proj", "intermediate/dense", "intermediate", "feedforward_intermediate_dense", "mlp/dense_1", "w3",
-      "fc_in", "lin1"),
+      "fc_in", "lin1", "ffw_gating_2"),
      "mlpin", "the MLP's first projection (intermediate)"),
     # (w1 is the gate and w3 the up projection where a SwiGLU MLP is written w2(silu(w1(x)) * w3(x)):
     # Meta's Llama, Mixtral's experts, transformers' LFM2)
-    (("gate_proj", "feedforward_gate_dense", "w1"), "mlpgate", "the MLP's gate projection"),
+    (("gate_proj", "feedforward_gate_dense", "w1", "ffw_gating"), "mlpgate", "the MLP's gate projection"),
     (("down_proj", "fc2", "mlp/c_proj", "feedforward_output_dense", "output/dense", "output", "mlp/dense_2", "w2",
-      "fc_out", "lin2"),
+      "fc_out", "lin2", "ffw_linear"),
      "mlpout", "the MLP's last projection"),
     (("c_attn", "qkv", "query_key_value", "in_proj"), "fusedqkv", "query, key and value fused in one tensor"),
     (("lm_head",), "lmhead", "the output projection onto the vocabulary"),
@@ -121,6 +129,45 @@ CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm
      "the patch embedding convolution"),
 )) + (Convention(("reverse_embeddings",), "lmhead", "KerasHub's untied output projection: PyTorch's "
                        "lm_head weight (transposed by the torch layout, as KerasHub's converters do)", True, "kernel"),)
+
+#: Segments whose role depends on a sibling: ``(segment, sibling, read as)``: where ``sibling``
+#: sits in the same scope, ``segment`` is read as ``read as`` (a name of the table). Hugging Face's
+#: ``post_attention_layernorm`` is the MLP's norm in Llama-like blocks, but the attention output's
+#: norm in Gemma 2 and 3 blocks, which hold a ``pre_feedforward_layernorm`` beside it.
+CONTEXT: Tuple[Tuple[str, str, str], ...] = (
+    ("post_attention_layernorm", "pre_feedforward_layernorm", "post_attention_norm"),
+)
+
+
+def in_context(names: Sequence[str]) -> Sequence[str]:
+    """``names`` with each segment that :data:`CONTEXT` reads otherwise beside its sibling
+    replaced; the same list object when no name changes (or when a change would make two names
+    one).
+
+    Example:
+        >>> in_context(["l/0/post_attention_layernorm/g", "l/0/pre_feedforward_layernorm/g"])[0]
+        'l/0/post_attention_norm/g'
+        >>> in_context(["l/0/post_attention_layernorm/g", "l/0/input_layernorm/g"])[0]
+        'l/0/post_attention_layernorm/g'
+    """
+    out: Optional[List[str]] = None
+    for segment, sibling, read_as in CONTEXT:
+        lowered = [n.lower() for n in (out if out is not None else names)]
+        if not any(sibling in n for n in lowered) or not any(segment in n for n in lowered):
+            continue
+        seg = re.compile(_START + re.escape(segment) + _END)
+        sib = re.compile(_START + re.escape(sibling) + _END)
+        scopes = {n[:m.start()] for n in lowered for m in sib.finditer(n)}
+        current = list(out if out is not None else names)
+        for i, n in enumerate(lowered):
+            m = seg.search(n)
+            if m and n[:m.start()] in scopes:
+                current[i] = current[i][:m.start()] + read_as + current[i][m.end():]
+        out = current
+    if out is None or out == list(names) or len(set(out)) != len(set(names)):
+        return names
+    return out
+
 
 #: Module names whose 2-D ``weight`` is Hugging Face's ``Conv1D`` (``(in, out)``, never transposed as a
 #: Linear) when their bias shows it (see :mod:`ckptmerge.alignment.layouts`): the GPT-2 family.
@@ -322,7 +369,9 @@ def positional(names: Iterable[str], templates: Optional[Sequence[str]] = None) 
     if bare:
         present = {(_prefix(m), _key(m.group(0))) for m in _compiled()[0].finditer("\n".join(names))}
         for key, numbered in bare.items():
-            if key in present:
+            # (Keras counts from _1: a family without it, Gemma's ffw_gating beside ffw_gating_2, is
+            # two names the table lists, not one class counted)
+            if key in present and f"{key[1]}_1" in numbered:
                 keep.add(key)
                 keep.update((key[0], t) for t in numbered)
     return frozenset(keep)

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from .conventions import digit_sensitive, positional, rewrite, rewrite_all
+from .conventions import digit_sensitive, in_context, positional, rewrite, rewrite_all
 
 __all__ = ["tokens", "natural_key", "leaf_of", "SYNONYMS", "Features"]
 
@@ -113,6 +113,12 @@ class Features:
         self.template: Dict[str, str] = {}
         self.numbers: Dict[str, Tuple[int, ...]] = {}
         self._dimensional: Optional[bool] = None  # (see dimensional())
+        read = in_context(names)  # (a segment its sibling reads as another role: CONTEXT)
+        if read is not names:
+            inner = Features(read)
+            self.template = {n: inner.template[r] for n, r in zip(names, read)}
+            self.numbers = {n: inner.numbers[r] for n, r in zip(names, read)}
+            return
         # Names as the convention table reads them (``ln_1`` -> ``attnnorm``), before their
         # digits become series numbers: the numbers of a convention's names are not positions.
         joined = "\n".join(names)
