@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -328,7 +329,8 @@ def test_a_held_lock_on_s3_stops_a_second_merge_and_names_its_holder(s3):
 
     fs = fsspec.filesystem("s3")
     out = "s3://ckpts/locked/model"
-    fs.pipe(out + ".lock", json.dumps({"host": "trainer-7", "pid": 4242, "started": 0}).encode())
+    fs.pipe(out + ".lock", json.dumps({"host": "trainer-7", "pid": 4242, "started": time.time(), "token": "t",
+                                       "output": out, "machine": "another-boot/1"}).encode())
     with pytest.raises(OutputLockedError) as info:
         cm.merge([cm.Source(s3["url"], step=100)], out)
     assert info.value.path == out + ".lock"

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
@@ -315,8 +316,8 @@ def test_the_lock_of_a_dead_process_on_this_machine_is_removed_by_the_next_merge
 
     fs, src, out = mem
     pid = _dead_pid()
-    fs.pipe(out + ".lock", json.dumps({"host": "here", "pid": pid, "started": 0, "token": "t",
-                                       "machine": machine_tag()}).encode())
+    fs.pipe(out + ".lock", json.dumps({"host": "here", "pid": pid, "started": time.time() - 60, "token": "t",
+                                       "output": out, "machine": machine_tag()}).encode())
     caplog.set_level(logging.WARNING)
     cm.merge([cm.Source(src, step=100)], out)
     assert f"of process {pid} on this machine, which is no longer running" in caplog.text
@@ -328,7 +329,8 @@ def test_any_other_lock_is_never_broken(mem, holder):
     from ckptmerge.formats.io.output_prefix import machine_tag
 
     fs, src, out = mem
-    body = {"host": "h", "pid": _dead_pid(), "started": 0, "token": "t", "machine": machine_tag()}
+    body = {"host": "h", "pid": _dead_pid(), "started": time.time(), "token": "t", "output": out,
+            "machine": machine_tag()}
     if holder == "alive":
         body["pid"] = os.getppid()
     elif holder == "other-machine":

@@ -252,7 +252,9 @@ class OutputExistsError(CkptMergeError, FileExistsError):
 
 class OutputLockedError(OutputExistsError):
     """Another merge to the same output in object storage is running (it holds the output's lock
-    object, ``e.path``); see docs/remote.md, "Merging to object storage"."""
+    object, ``e.path``; see docs/remote.md, "Merging to object storage"), or the output's lock
+    (a lock object, or a local ``.NAME.ckptmerge-lock`` file) holds what no merge writes, so it
+    cannot be trusted: it is reported, never removed."""
 
 
 class CheckpointWriteError(CkptMergeError, OSError):

@@ -31,7 +31,11 @@ start time). A lock whose holder provably no longer runs (recorded on this machi
 process-id namespace, by a process that is gone) is removed by the next merge, which says so;
 any other lock is never broken automatically (object stores have no compare-and-delete, so two
 merges on different machines that both judged a lock stale could both proceed): the error shows
-its age, and the user deletes it once that merge is known to be gone.
+its age, and the user deletes it once that merge is known to be gone. Only a lock that is exactly
+what a merge writes is judged at all (:func:`parse_lock`): a forged or damaged one (not JSON, a
+field missing or of the wrong type, a start time that is ``NaN``, ``1e300`` or negative, a pid
+that is not one, another output's, too large) is reported as one that cannot be trusted, naming
+it and how to remove it, and left as it is.
 
 A ``file://`` output never comes here: it is a local path (:mod:`ckptmerge.merging.dispatch`).
 Nothing here imports TensorFlow.
@@ -46,6 +50,7 @@ import math
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -68,6 +73,7 @@ from ..formats.io.storage import (
     forget_listings,
     read_small,
     remote_exists,
+    remote_size,
     remote_listdir,
     remove_object,
     upload_file,
@@ -81,7 +87,7 @@ from ..sources.files import DATA_RE, INDEX, refuse_overwriting_inputs
 from ..sources.state import state_file_text
 from ..core.text import escape_name, quote_name
 
-__all__ = ["merge_to_url"]
+__all__ = ["merge_to_url", "parse_lock", "UntrustedLock"]
 
 logger = get_logger(__name__)
 
@@ -124,6 +130,73 @@ def _lock_age(started: Any) -> str:
             f"({max(0.0, now - started) / 60:.0f} min ago)")
 
 
+#: The largest lock object read (ours hold a few hundred bytes: host, pid, time, token, output).
+_MAX_LOCK = 1 << 16
+#: The earliest start time a lock may record (2000-01-01 UTC); the latest is a day from now (clock skew).
+_EARLIEST = 946684800.0
+
+
+class UntrustedLock(Exception):
+    """A lock object whose content is not a lock ckptmerge wrote (why: :attr:`args` ``[0]``)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise UntrustedLock(f"it holds {name}, which is not JSON")
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise UntrustedLock("it names a field twice")
+    return dict(pairs)
+
+
+def parse_lock(data: bytes, output: str, now: Optional[float] = None) -> dict:
+    """The holder a lock object records, checked field by field; anything else is refused.
+
+    A lock that is broken when its holder is gone must say exactly who holds it: a forged or
+    damaged one (not JSON, a field missing or of the wrong type, a start time that is not a time,
+    ``NaN``, ``1e300``, negative, a pid that is not one, another output, too large) is never
+    judged stale, only reported.
+
+    Raises:
+        UntrustedLock: the content is not a lock ckptmerge wrote for ``output`` (the reason).
+
+    Example:
+        >>> parse_lock(b'{"host": "h", "pid": 7, "started": 1.7e9, "token": "ab", "output": "s3://b/m", '
+        ...            b'"machine": null}', "s3://b/m")["pid"]
+        7
+    """
+    if len(data) > _MAX_LOCK:
+        raise UntrustedLock(f"it has {len(data)} bytes, more than a lock's {_MAX_LOCK}")
+    try:
+        holder = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except UntrustedLock:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise UntrustedLock("it is not JSON") from None
+    if not isinstance(holder, dict):
+        raise UntrustedLock(f"it is JSON {type(holder).__name__}, not an object")
+    kinds = {"host": str, "pid": int, "started": (int, float), "token": str, "output": str, "machine": (str, type(None))}
+    for name, kind in kinds.items():
+        if name not in holder:
+            raise UntrustedLock(f"its field {name!r} is missing")
+        value = holder[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UntrustedLock(f"its field {name!r} is {_field(value)}, not a {name}")
+    now = time.time() if now is None else now
+    if not 0 < holder["pid"] < 1 << 31:
+        raise UntrustedLock(f"its pid {_field(holder['pid'])} is not a process id")
+    started = holder["started"]
+    if not (isinstance(started, int) or math.isfinite(started)) or not _EARLIEST <= started <= now + 86400:
+        raise UntrustedLock(f"its start time {_field(started)} is not a time (seconds since 1970, not in the future)")
+    if not 0 < len(holder["token"]) <= 64 or len(holder["host"]) > 255 or len(holder["machine"] or "") > 255:
+        raise UntrustedLock("its host, machine or token is not one ckptmerge writes")
+    if holder["output"] != output:
+        raise UntrustedLock(f"it names another output, {_field(holder['output'])}")
+    return holder
+
+
 class _RemoteLock:
     """``<url>.lock``, created atomically on entry and deleted on exit (see the module docstring)."""
 
@@ -138,32 +211,40 @@ class _RemoteLock:
             return self
         body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                            "token": self.token, "output": self.output, "machine": machine_tag()}).encode()
+        error: Optional[Exception] = None
         try:
             with HeldInterrupts():
-                if create_exclusive(self.url, body):
-                    self.held = True
-                    return self
-                holder = self._holder()
-                if holder.get("token") == self.token:  # our create landed, its answer was lost, then retried
-                    self.held = True
-                    return self
-                if self._gone(holder) and self._break(holder, body):
-                    self.held = True
-                    return self
+                for _ in range(3):  # a lock that vanishes between the create and the look: create again
+                    if create_exclusive(self.url, body):
+                        self.held = True
+                        return self
+                    holder = self._holder()
+                    if holder is None:
+                        continue
+                    if holder.get("token") == self.token:  # our create landed, its answer was lost, then retried
+                        self.held = True
+                        return self
+                    if self._gone(holder) and self._break(holder, body):
+                        self.held = True
+                        return self
+                    error = self._locked_error(holder)
+                    break
+                else:
+                    error = self._locked_error({})
+        except UntrustedLock as e:
+            error = self._untrusted_error(str(e))
         except BaseException:
-            if not self.held and self._holder().get("token") == self.token:
+            if not self.held and self._ours():
                 self.held = True  # a create that landed though it reported an error: ours to remove
             self.__exit__()
             raise
-        raise self._locked_error(holder)
+        raise error
 
     @staticmethod
     def _gone(holder: dict) -> bool:
         """Whether the holder is a process of this machine and process namespace that has ended."""
         mine = machine_tag()
-        pid = holder.get("pid")
-        return mine is not None and holder.get("machine") == mine and isinstance(pid, int) and \
-            not isinstance(pid, bool) and process_gone(pid)
+        return mine is not None and holder["machine"] == mine and process_gone(holder["pid"])
 
     def _break(self, holder: dict, body: bytes) -> bool:
         """Replace the lock of a holder that is gone with ours. Breakers on this machine take
@@ -173,9 +254,12 @@ class _RemoteLock:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX: machine_tag() is None there anyway
             return False
-        with open(os.path.join(tempfile.gettempdir(), "ckptmerge-lock-break"), "a") as f:
+        with _turns() as f:
+            if f is None:
+                return False
             fcntl.flock(f, fcntl.LOCK_EX)
-            if self._holder().get("token") != holder.get("token"):
+            now = self._holder()
+            if now is None or now["token"] != holder["token"]:
                 return False
             remove_object(self.url)
             if not create_exclusive(self.url, body):
@@ -184,13 +268,29 @@ class _RemoteLock:
                        "without cleaning up)", escape_name(self.url), holder.get("pid"))
         return True
 
-    def _holder(self) -> dict:
+    def _holder(self) -> Optional[dict]:
+        """The lock's holder, checked (:func:`parse_lock`); None when there is no lock object.
+
+        Raises:
+            UntrustedLock: its content is not a lock ckptmerge wrote.
+            CkptMergeError: it could not be read (the store's error, naming the lock).
+        """
         forget_listings(self.url)  # another process made it since this one last looked
         try:
-            holder = json.loads(read_small(self.url, 1 << 16).decode("utf-8"))
-        except Exception:  # noqa: BLE001 - gone, unreadable or not ours: still no holder to name
-            return {}
-        return holder if isinstance(holder, dict) else {}
+            size = remote_size(self.url)
+            if size > _MAX_LOCK:
+                raise UntrustedLock(f"it has {size} bytes, more than a lock's {_MAX_LOCK}")
+            return parse_lock(read_small(self.url, _MAX_LOCK), self.output)
+        except CheckpointNotFoundError:
+            return None
+
+    def _ours(self) -> bool:
+        """Whether the lock object there now is this merge's (False when that cannot be told)."""
+        try:
+            holder = self._holder()
+        except Exception:  # noqa: BLE001 - unreadable or not ours: not ours to remove
+            return False
+        return holder is not None and holder["token"] == self.token
 
     def _locked_error(self, h: dict) -> OutputLockedError:
         who = f"process {_field(h.get('pid'))} on host {_field(h.get('host'))}" if h else "an unknown writer"
@@ -199,6 +299,13 @@ class _RemoteLock:
             f"{who}{_lock_age(h.get('started'))}. Wait for it to finish, or choose another output. If that merge is no longer running "
             f"(killed without cleaning up), delete the object {quote_name(self.url)} and merge again.",
             path=self.url)
+
+    def _untrusted_error(self, why: str) -> OutputLockedError:
+        return OutputLockedError(
+            f"The lock {quote_name(self.url)} of the output {quote_name(self.output)} cannot be trusted: {why}. "
+            "It was damaged or not written by ckptmerge, so whether a merge holds it cannot be told, and it is "
+            f"left as it is. If you are sure no merge to {quote_name(self.output)} is running, delete the object "
+            f"{quote_name(self.url)} and merge again.", path=self.url)
 
     def __exit__(self, *exc: Any) -> None:
         if not self.held:
@@ -210,6 +317,28 @@ class _RemoteLock:
         except Exception:  # noqa: BLE001 - the merge's own outcome matters more; say what is left
             logger.warning("could not remove the lock %s; delete it before the next merge to %s",
                            escape_name(self.url), escape_name(self.output))
+
+
+@contextlib.contextmanager
+def _turns() -> Any:
+    """The file whose ``flock`` breakers of remote locks on this machine take turns on (in the
+    shared temporary folder): never a link, a FIFO or a device someone put there (None then)."""
+    path = os.path.join(tempfile.gettempdir(), "ckptmerge-lock-break")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     0o666)
+    except OSError as e:
+        logger.warning("cannot use %s to break a lock (%s)", path, e)
+        yield None
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            logger.warning("%s is not a regular file; no lock is broken", path)
+            yield None
+        else:
+            yield fd
+    finally:
+        os.close(fd)
 
 
 def _sweep_stale_temps() -> None:

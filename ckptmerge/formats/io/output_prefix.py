@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Any, List, Optional
 
 import crc32c as _crc32c
 
 from ckptmerge.formats.io.interrupts import HeldInterrupts
-from ckptmerge.core.errors import CheckpointWriteError, OutputExistsError
+from ckptmerge.core.errors import CheckpointWriteError, OutputExistsError, OutputLockedError
 from ckptmerge.formats.tf.bundle import DATA_RE
 from ckptmerge.core.redact import get_logger
 from ckptmerge.core.text import quote_name
@@ -180,6 +181,11 @@ class OutputLock:
     none) and locks again, so two holders never coexist. A killed holder's lock is released by the
     kernel; the file it leaves is reused. With ``required=False`` a lock file that cannot be
     created (a read-only directory: no writer can publish there either) means no lock.
+
+    A lock file is always empty: anything else at its path (content, a symbolic link, a FIFO, a
+    device, a folder, a file with other hard links) was not made by a writer, so it is reported
+    (:class:`~ckptmerge.core.errors.OutputLockedError`, naming it and how to remove it), never
+    used, overwritten or removed.
     """
 
     def __init__(self, directory: str, base: str, prefix: str, *, required: bool = True) -> None:
@@ -197,13 +203,9 @@ class OutputLock:
             # Ctrl-C is held back wherever the lock could be taken and not recorded (or the file
             # made and not removed); only the wait for another holder stays interruptible.
             with HeldInterrupts() as held:
-                try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-                except OSError as e:
-                    if not self.required:
-                        return self
-                    raise CheckpointWriteError(io_message(e, self.path, "create the lock file", self.prefix),
-                                               path=self.path, errno_=e.errno) from e
+                fd = self._open()
+                if fd is None:
+                    return self
                 got = self._try(fcntl, fd)
                 if got and self._settle(fd, held):
                     return self
@@ -221,6 +223,41 @@ class OutputLock:
             with HeldInterrupts() as held:
                 if self._settle(fd, held):
                     return self
+
+    def _open(self) -> Optional[int]:
+        """Open (or create) the lock file; refuse anything at its path that no writer made."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise self._untrusted("it is a symbolic link") from None
+            if e.errno == errno.EISDIR:
+                raise self._untrusted("it is a folder") from None
+            if not self.required:
+                return None
+            raise CheckpointWriteError(io_message(e, self.path, "create the lock file", self.prefix),
+                                       path=self.path, errno_=e.errno) from e
+        try:
+            st = os.fstat(fd)
+            why = ("it is not a regular file (a FIFO, a device or a socket)" if not stat.S_ISREG(st.st_mode) else
+                   f"it holds {st.st_size} bytes (a lock file is empty)" if st.st_size else
+                   f"it has {st.st_nlink} hard links (it is another file too)" if st.st_nlink > 1 else None)
+        except BaseException:
+            os.close(fd)
+            raise
+        if why is not None:
+            os.close(fd)
+            raise self._untrusted(why)
+        return fd
+
+    def _untrusted(self, why: str) -> OutputLockedError:
+        shown = os.path.join(os.path.dirname(self.prefix), os.path.basename(self.path))
+        return OutputLockedError(
+            f"The lock file {quote_name(shown)} of the output {quote_name(self.prefix)} cannot be trusted: {why}. "
+            "ckptmerge never makes such a lock file, so it is left as it is and nothing is written. If you are "
+            f"sure nothing else writes to {quote_name(self.prefix)}, delete {quote_name(shown)} and try again.",
+            path=self.path)
 
     @staticmethod
     def _try(fcntl: Any, fd: int) -> bool:
