@@ -9,6 +9,7 @@ README's test command and nothing more.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ REFERENCE = ROOT / "docs" / "reference.md"
 
 def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env.pop("CKPTMERGE_DOCS_URL", None)  # the site as built without a site_url
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
@@ -38,19 +40,88 @@ def _script(name):
     return module
 
 
-def test_site_builds_strict_without_a_warning(tmp_path):
-    result = _build(ROOT, tmp_path / "site")
-    log = result.stdout + result.stderr
-    assert result.returncode == 0 and "WARNING" not in log, log
-    home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as the docs build makes it, without a site_url (built once for this module)."""
+    site = tmp_path_factory.mktemp("docs") / "site"
+    result = _build(ROOT, site)
+    return site, result.returncode, result.stdout + result.stderr
+
+
+def test_site_builds_strict_without_a_warning(site):
+    site, returncode, log = site
+    assert returncode == 0 and "WARNING" not in log, log
+    home = (site / "index.html").read_text(encoding="utf-8")
     assert "Quick start" in home and 'href="restore/' in home  # the README, its links made relative
-    reference = (tmp_path / "site" / "reference" / "index.html").read_text(encoding="utf-8")
+    reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
     assert 'id="ckptmerge.Source"' in reference and 'id="ckptmerge.PlanError"' in reference
     # signatures are wrapped, one parameter a line (ruff formats them), not one long line
     signature = reference[reference.index('id="ckptmerge.plan"'):].split("</code>", 1)[0]
     assert '<span class="nf">plan</span><span class="p">(</span>\n    <span class="n">target</span>' in signature
     for page in (home, reference):  # the site works offline: no web fonts, no font CDN
         assert "fonts.googleapis" not in page and "fonts.gstatic" not in page
+
+
+LINK = re.compile(r'\b(?:href|src)="([^"]*)"')
+
+
+def _file_of(site: Path, link: str) -> Path:
+    path = site / link.split("#")[0].split("?")[0]
+    return path / "index.html" if path.is_dir() else path
+
+
+def test_404_page_links_work_below_the_root_of_a_host(site):
+    # A server answers every missing URL with the one 404.html: served at /docs/, the page of
+    # /docs/a/b/missing must still find its styles, scripts and pages under /docs/.
+    site, returncode, _ = site
+    assert returncode == 0
+    page = (site / "404.html").read_text(encoding="utf-8")
+    links = [link for link in LINK.findall(page) if not re.match(r"[a-z]+:", link)]
+    assert len(links) > 20 and not [link for link in links if link.startswith("/")], links
+    assert [link for link in links if not _file_of(site, link).is_file()] == []
+    hooks = _script("mkdocs_hooks")
+    head = page[page.index("<head>"):]
+    assert head.index(hooks.HEAD_SCRIPT) < min(head.index('href="'), head.index('src="'))  # <base> first
+    config = json.loads(re.search(r'<script id="__config" type="application/json">(.*?)</script>', page).group(1))
+    assert config["base"] == "." and (site / config["search"]).is_file()
+    assert hooks.CONFIG_SCRIPT in page and "new URL(\"/\"" not in page
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not found: the root-finding script is not run")
+    for script in (hooks.HEAD_SCRIPT, hooks.CONFIG_SCRIPT):
+        check = subprocess.run([node, "--check", "-"], input=script[len("<script>"):-len("</script>")],
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stderr
+    # The root the script finds, with the server's answers: HEAD MOUNT/404.html is the only 200
+    cases = {"/": ["/missing", "/a/b/missing", "/restore/typo", "/404.html", "/"],
+             "/docs/": ["/docs/missing", "/docs/a/b/c/missing", "/docs/restore/typo/", "/docs/"],
+             "/a/docs/": ["/a/docs/x/y"]}
+    program = (f"const root = {hooks.FIND_ROOT_JS};\n"
+               f"const cases = {json.dumps(cases)};\n"
+               "const out = {};\n"
+               "for (const [mount, paths] of Object.entries(cases))\n"
+               "  out[mount] = paths.map(p => root(p, u => u === mount + '404.html'));\n"
+               "console.log(JSON.stringify(out));\n")
+    found = subprocess.run([node, "-e", program], capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == {mount: [mount] * len(paths) for mount, paths in cases.items()}
+    none = subprocess.run([node, "-e", f"console.log(({hooks.FIND_ROOT_JS})('/docs/a/x', u => false))"],
+                          capture_output=True, text=True, timeout=60)
+    assert none.stdout.strip() == "/"  # no answer: mkdocs' own guess, the host's root
+
+
+def test_404_page_is_left_as_mkdocs_makes_it_when_site_url_is_set(tmp_path):
+    hooks = _script("mkdocs_hooks")
+    (tmp_path / "404.html").write_text('<head><link href="/docs/x.css"></head>', encoding="utf-8")
+
+    class Config:
+        site_url, site_dir = "https://host/docs/", str(tmp_path)
+
+    hooks.on_post_build(Config())
+    assert (tmp_path / "404.html").read_text(encoding="utf-8") == '<head><link href="/docs/x.css"></head>'
+    Config.site_url = None
+    hooks.on_post_build(Config())
+    assert 'href="docs/x.css"' in (tmp_path / "404.html").read_text(encoding="utf-8")
 
 
 def test_strict_build_fails_on_a_broken_anchor_and_an_unknown_reference(tmp_path):
