@@ -599,3 +599,22 @@ def test_a_gradient_over_tensors_outside_the_layers_is_refused_naming_them(model
         d = mk_gradient([1, 0.7, 0.5], int(name.split(".")[2]) / (LAYERS - 1)) if "layers" in name else 0.5
         want = mk_gta(base[name], [fts["ft1"][name]], [1.0], [d], consensus=True, sparsify="magnitude", normalize=True)
         close(got[name], want)
+
+
+def test_cli_conventions_option_on_plain_inputs(models):
+    tmp, base, fts = models
+    out = tmp / "c.safetensors"
+    args = ["combine", tmp / "models/ft1/model.safetensors", "-m", "ties", "--base", tmp / "models/base", "-o", out, "-q", "--force"]
+    r = run(*args, "--conventions", "mergekit")
+    assert r.exit_code == 0, r.output
+    name = "model.layers.0.mlp.up_proj.weight"
+    np.testing.assert_array_equal(cm.load(str(out))[name], fts["ft1"][name])  # density 1.0: nothing trimmed
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    assert np.count_nonzero(cm.load(str(out))[name] != base[name]) == fts["ft1"][name].size // 2  # ckptmerge's 0.5
+    r = run(*args, "--conventions", "mergekitt")
+    assert r.exit_code == 2 and "mergekit" in r.stderr
+    with pytest.raises(cm.ArgumentError, match="conventions must be one of"):
+        cm.combine([str(tmp / "models/ft1")], "ties", base=str(tmp / "models/base"), conventions="mk")
+    with pytest.raises(cm.ArgumentError, match="'rescale'"):
+        cm.combine([str(tmp / "models/ft1")], "ties", base=str(tmp / "models/base"), rescale=True)
