@@ -618,3 +618,20 @@ def test_cli_conventions_option_on_plain_inputs(models):
         cm.combine([str(tmp / "models/ft1")], "ties", base=str(tmp / "models/base"), conventions="mk")
     with pytest.raises(cm.ArgumentError, match="'rescale'"):
         cm.combine([str(tmp / "models/ft1")], "ties", base=str(tmp / "models/base"), rescale=True)
+
+
+def test_model_stock_with_tiny_offsets_follows_mergekits_clamped_cosine(tmp_path):
+    base = write_model(tmp_path / "models" / "base", 0)
+    fts = [write_model(tmp_path / "models" / f"ft{i}", 20 + i, base, scale=3e-5) for i in (1, 2)]
+    cfg = config(tmp_path, """\
+        models:
+          - model: models/ft1
+          - model: models/ft2
+        merge_method: model_stock
+        base_model: models/base
+        """)
+    got = merged(cfg, tmp_path)
+    for name in shapes():
+        close(got[name], mk_model_stock(base[name], [f[name] for f in fts]))
+    ours = merged(cfg, tmp_path, conventions="ckptmerge")
+    assert any(not np.array_equal(ours[n], got[n]) for n in shapes())  # (the two cosines differ here)

@@ -41,7 +41,9 @@ DIFFERENCES: Tuple[Tuple[str, str, str], ...] = (
     ("gradient lists (`t: [0, 0.5, 1]`)", "spread over the numbered layers, `i / (n - 1)` for layer `i` of `n`; "
      "refused for a tensor outside them", "the same over the layers (over each slice's anew); the first value before "
      "the layers, the last after them (by the architecture); ckptmerge refuses that, and gradients of `weight`"),
-    ("Model Stock", "`t = 0` where `1 + (k-1) cos` vanishes", "the same formula; `filter_wise: true` is refused (not yet supported)"),
+    ("Model Stock's cosine", "of the unit offsets (an offset of norm <= 1e-6 counts as 0), mean clipped to [-1, 1]",
+     "each pair's `d_i.d_j / max(|d_i| |d_j|, 1e-6)` clipped, then their mean (tiny offsets shrink it)"),
+    ("Model Stock", "`t = 0` where `1 + (k-1) cos` vanishes", "the same formula (no guard); `filter_wise: true` is refused (not yet supported)"),
 )
 
 _MEANING = {

@@ -684,6 +684,8 @@ class ModelStock(Linear):
     def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
         assert base is not None
         k = len(inputs)
+        if p.conventions == "mergekit":
+            return self._mergekit_ratio(p, k, inputs, base)
         norms = []
         for chunks in inputs:  # pass 1: |d_i|, one input at a time
             total = 0.0
@@ -710,6 +712,23 @@ class ModelStock(Linear):
         cos = max(-1.0, min(1.0, cos))
         den = 1 + (k - 1) * cos
         t = 0.0 if abs(den) < 1e-6 else k * cos / den
+        return [t / k] * k, 1.0 - t
+
+    def _mergekit_ratio(self, p: TensorParams, k: int, inputs: Sequence[Chunks], base: Chunks) -> Any:
+        """mergekit's ratio: each pair's cosine ``d_i.d_j / max(|d_i| |d_j|, 1e-6)`` clipped to
+        [-1, 1], then their mean (from the Gram matrix of the offsets, one pass)."""
+        iters = [iter(c()) for c in inputs]
+        gram = np.zeros((k, k), np.float64)
+        for b in base():
+            d = np.stack([np.subtract(next(it), b, dtype=np.float64) for it in iters])
+            gram += d @ d.T
+        if not np.isfinite(gram).all():
+            refuse_nonfinite(p, "model_stock", "the angle between the fine-tunes", inputs, base)
+        n = np.sqrt(np.diag(gram))
+        cos = [max(-1.0, min(1.0, gram[i, j] / max(n[i] * n[j], 1e-6))) for i in range(k) for j in range(i + 1, k)]
+        c = math.fsum(cos) / len(cos)
+        den = 1 + (k - 1) * c
+        t = 0.0 if abs(den) < 1e-6 else k * c / den
         return [t / k] * k, 1.0 - t
 
     def describe(self, p: TensorParams) -> str:
