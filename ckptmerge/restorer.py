@@ -22,7 +22,7 @@ import numpy as np
 
 from .api import Binding, SourcesArg
 from .core.args import check_bool, check_callable, check_options, check_step, check_str
-from .core.errors import CkptMergeError, PlanError, RestoreError
+from .core.errors import CkptMergeError, PlanError, ResourceLimitError, RestoreError
 from .core.redact import get_logger
 from .restoring.backends.tensors import join_parts, read_variable
 from .sources.composed import ComposedHandle, composed_like
@@ -322,6 +322,8 @@ class Restorer:
         for info in watch_checked(options):
             try:
                 report = self._restore_followed(label, info, options["given"], progress)
+            except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+                raise
             except CkptMergeError as e:
                 err = _followed_error(info, e)
                 if on_skip is not None:

@@ -24,7 +24,7 @@ from typing import (
 import click
 
 from .. import __version__
-from ..core import interrupts
+from ..core import interrupts, limits
 from ..core.errors import CkptMergeError, PlanError
 from ..core.jsonout import json_pieces
 from ..core.redact import get_logger
@@ -77,6 +77,9 @@ CONFIG_KEYS_HINT = ("In a config file, the options these hints name are top-leve
 
 
 def _os_error_message(e: OSError) -> str:
+    exhausted = limits.resource_error(e, e.filename if e.filename is not None else "a file")
+    if exhausted is not None:  # out of open files or memory, wherever it came from
+        return str(exhausted)
     what = e.strerror or str(e)
     if e.filename is not None:
         return f"{what}: '{escape_name(e.filename)}'"

@@ -31,6 +31,7 @@ __all__ = [
     "ArgumentTypeError",
     "OutputExistsError",
     "CheckpointWriteError",
+    "ResourceLimitError",
     "UnknownTensorError",
     "SettingError",
     "did_you_mean",
@@ -272,6 +273,24 @@ class CheckpointWriteError(CkptMergeError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class ResourceLimitError(CkptMergeError):
+    """A file could not be opened or read because this process or this machine ran out of open
+    files or memory (``EMFILE``, ``ENFILE``, ``ENOMEM``): nothing is wrong with the file, and no
+    reader takes it for a damaged one (see :mod:`ckptmerge.core.limits`). Deliberately not an
+    ``OSError``: the code that treats an unreadable file as "not this format" or "damaged, skip
+    it" never catches it.
+
+    Attributes:
+        path: the file being opened.
+        errno: ``errno.EMFILE``, ``errno.ENFILE`` or ``errno.ENOMEM``.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None, errno_: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno_
 
 
 class SettingError(CkptMergeError, ValueError):

@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ..core import limits
 from ..core.errors import CheckpointNotFoundError
 from ..core.redact import get_logger
 from ..core.text import quote_name
@@ -258,7 +259,8 @@ class PinFolders:
         try:
             for src, sig in files.items():
                 try:
-                    f = open(src, "rb")
+                    with limits.checked(src):
+                        f = open(src, "rb")
                 except FileNotFoundError:
                     raise _gone(path, src) from None
                 opened.append((src, sig, f))

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError
+from ..core.errors import ArgumentError, CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, ResourceLimitError
 from ..formats.io import storage
 from ..formats.orbax.layout import COMMIT_FILE
 from ..formats.tf.bundle import DATA_RE
@@ -121,6 +121,8 @@ def check(c: Candidate) -> Tuple[str, Any]:
         return _check_folder(c)
     except CheckpointNotFoundError as e:  # something it needs is not there (yet), or vanished
         return INCOMPLETE, _short(e)
+    except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+        raise
     except (CkptMergeError, OSError, ValueError) as e:
         return FAILING, e
 

@@ -50,6 +50,7 @@ from ..core.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CkptMergeError,
+    ResourceLimitError,
 )
 from ..formats.io import storage
 from ..formats.io.notify import Waker
@@ -213,6 +214,8 @@ def intact(info: CheckpointInfo) -> bool:
         listing = scan(storage.dirname(info.path), None if info.step is None else info.step - 1)
         c = listing.candidates.get(info.path)
         return c is not None and check(c)[0] == COMPLETE
+    except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+        raise
     except (CkptMergeError, OSError):
         return False
 
@@ -390,6 +393,8 @@ class _Watch:
                 from ..sources.state import read_state
 
                 state = read_state(self.directory, self.given)
+        except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+            raise
         except (CkptMergeError, OSError):
             return False
         latest = state.model_checkpoint_path if state is not None else None

@@ -27,6 +27,7 @@ import struct
 import zipfile
 from typing import Any, Callable, Optional
 
+from ckptmerge.core import limits
 from ckptmerge.formats.keras.h5 import HDF5_SIGNATURE
 from ckptmerge.formats.io import storage
 from ckptmerge.formats.safetensors.reader import MAX_HEADER
@@ -46,7 +47,8 @@ def _with_file(path: str, check: Callable[[Any, int], Optional[str]]) -> Optiona
             size = int(f.tell())
             f.seek(0)
             return check(f, size)
-    except OSError:
+    except OSError as e:
+        limits.check(e, path)
         return "it does not exist"
 
 

@@ -16,7 +16,8 @@ import re
 import stat
 from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, did_you_mean
+from ..core import limits
+from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, ResourceLimitError, did_you_mean
 from ..formats.io.storage import filesystem, is_url
 from ..formats.io.urlpath import add_suffix, basename, canonical_url, has_suffix, path_part, scheme_of, sibling, strip_suffix
 from ..formats.tf.bundle import (
@@ -92,7 +93,7 @@ def keras_weight_files(names: Iterable[str]) -> List[str]:
 
 
 def _read_head_tail(path: str, n: int) -> Tuple[bytes, bytes, int]:
-    with open(path, "rb") as f:
+    with limits.checked(path), open(path, "rb") as f:
         head = f.read(n)
         f.seek(0, os.SEEK_END)
         size = f.tell()
@@ -110,7 +111,8 @@ def is_hdf5(path: str) -> bool:
                 f.seek(offset)
                 if f.read(8) == _HDF5_MAGIC:
                     return True
-    except OSError:
+    except OSError as e:
+        limits.check(e, path)
         return False
     return False
 
@@ -232,6 +234,8 @@ def size_of(prefix: str, fmt: str, data_files: Optional[List[str]] = None) -> in
             folder = os.path.dirname(prefix)
             try:
                 shards = shard_files(prefix)[1]
+            except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+                raise
             except CkptMergeError:  # a damaged JSON: listed with its own size, refused when opened
                 shards = []
             files = [os.path.join(folder, f) for f in shards]  # (a missing shard: refused when opened)
@@ -399,6 +403,8 @@ def files_read(prefix: str, fmt: str) -> List[str]:
         elif fmt == FORMAT_SAFETENSORS and storage.isdir(prefix):
             return [prefix] + [storage.join(prefix, n) for n in storage.listdir(prefix)
                                if n.endswith((".safetensors", ".safetensors.index.json"))]
+    except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+        raise
     except (CkptMergeError, OSError):  # unreadable: opening it will say why; the prefix still counts
         named = []
     return [prefix] + [sibling(prefix, n) for n in named if "/" not in n]

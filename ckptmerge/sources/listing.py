@@ -17,7 +17,7 @@ import posixpath
 import stat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError
+from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, ResourceLimitError
 from ..formats.io import storage
 from ..formats.io.localfile import link_problem
 from ..formats.orbax.layout import COMMIT_FILE
@@ -411,6 +411,8 @@ def _shard_names(index: str) -> List[str]:
 
     try:
         return shard_files(index)[1]
+    except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+        raise
     except CkptMergeError:
         return []
 

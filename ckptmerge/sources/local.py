@@ -20,6 +20,7 @@ from ..core.errors import (
     CkptMergeError,
     UnsafeCheckpointError,
     format_list,
+    ResourceLimitError,
 )
 from ..formats.keras.shards import shard_set_of
 from ..core.redact import get_logger
@@ -300,6 +301,8 @@ def _holds_checkpoints(folder: str) -> bool:
     try:
         return bool(list_run(folder, state=False).checkpoints) or os.path.isfile(os.path.join(folder, STATE_FILE)) \
             or _saved_model_prefix(folder) is not None or bool(_array_dir_format(folder))
+    except ResourceLimitError:  # out of open files or memory: not this file's fault, never skipped
+        raise
     except (CkptMergeError, OSError):
         return False
 

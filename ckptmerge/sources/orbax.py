@@ -13,6 +13,7 @@ import os
 import re
 from typing import List, NamedTuple, Optional, Tuple
 
+from ..core import limits
 from ..core.errors import ArgumentError, CheckpointNotFoundError
 from ..formats.io import storage
 from ..formats.orbax.layout import CHECKPOINT_METADATA_FILE, METADATA_FILE, is_orbax, orbax_steps
@@ -50,7 +51,8 @@ def _looks_like_orbax(given: str) -> bool:
     try:
         with open(state, "rb") as f:
             head = f.read(1)
-    except OSError:
+    except OSError as e:
+        limits.check(e, state)
         return False
     return bool(head) and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)) and is_orbax(given)
 

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..core import limits
 from ..core.args import check_path
 from ..core.errors import CheckpointFormatError
 from ..core.redact import get_logger
@@ -221,6 +222,7 @@ def read_state(directory: str, shown_dir: str) -> Optional[CheckpointState]:
         with open(state_path, "rb") as f:
             data = f.read()
     except OSError as e:
+        limits.check(e, state_path)
         raise CheckpointFormatError(
             f"Cannot read the checkpoint state file {quote_name(shown_path)}: {e.strerror or e}. "
             "Check its permissions, or pass the checkpoint prefix itself.",

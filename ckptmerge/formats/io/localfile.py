@@ -12,6 +12,7 @@ import os
 import stat
 from typing import Optional, Union
 
+from ...core import limits
 from ...core.errors import CkptMergeError
 from ...core.text import human_bytes, quote_name
 
@@ -116,6 +117,7 @@ def read_regular_file(path: Union[str, "os.PathLike[str]"], *, limit: Optional[i
                 path, f"is a symbolic link to '{os.readlink(path)}', which does not exist") from None
         raise
     except OSError as e:
+        limits.check(e, path, doing="read")
         raise NotARegularFileError(path, f"cannot be read: {e.strerror or e}") from None
     _require_regular(path, st)
     if limit is not None and st.st_size > limit:
@@ -124,6 +126,7 @@ def read_regular_file(path: Union[str, "os.PathLike[str]"], *, limit: Optional[i
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError as e:
+        limits.check(e, path)
         raise NotARegularFileError(path, f"cannot be read: {e.strerror or e}") from None
     try:
         _require_regular(path, os.fstat(fd))
@@ -151,8 +154,10 @@ def open_regular(path: str) -> int:
     Raises:
         NotARegularFileError: (an ``OSError``) the path is not a regular file.
         OSError: it cannot be opened.
+        ResourceLimitError: (not an ``OSError``) the process or the machine has too many files open.
     """
-    fd = os.open(path, _READ_FLAGS)  # (O_NONBLOCK: a FIFO's open returns at once, to be refused below)
+    with limits.checked(path):
+        fd = os.open(path, _READ_FLAGS)  # (O_NONBLOCK: a FIFO's open returns at once, to be refused below)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

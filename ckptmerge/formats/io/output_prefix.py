@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 
 import crc32c as _crc32c
 
+from ckptmerge.core import limits
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.core.errors import CheckpointWriteError, OutputExistsError, OutputLockedError
 from ckptmerge.formats.tf.bundle import DATA_RE
@@ -82,6 +83,9 @@ def machine_tag() -> Optional[str]:
 
 def io_message(e: OSError, path: str, action: str, prefix: str) -> str:
     reason = e.strerror or str(e)
+    exhausted = limits.resource_error(e, path, doing=action)
+    if exhausted is not None:  # too many files open: say so, and what to do
+        return f"{exhausted} No checkpoint was written."
     if e.errno == errno.ENOSPC:
         fix = "Free some space on that disk, or write the checkpoint elsewhere."
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

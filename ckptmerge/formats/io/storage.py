@@ -63,6 +63,7 @@ from ckptmerge.formats.io.urlpath import (
     sibling,
     strip_slash,
 )
+from ckptmerge.core import limits
 from ckptmerge.core.knobs import IntSetting
 from ckptmerge.core.redact import get_logger
 from ckptmerge.core.text import escape_name, quote_name
@@ -590,7 +591,10 @@ def open_zip(path: str, block_size: Optional[int] = None) -> zipfile.ZipFile:
     Raises:
         zipfile.BadZipFile, OSError, ValueError: as ``zipfile.ZipFile`` does.
     """
-    return _OwningZip(open_binary(path, block_size)) if is_url(path) else zipfile.ZipFile(path)
+    if is_url(path):
+        return _OwningZip(open_binary(path, block_size))
+    with limits.checked(path):
+        return zipfile.ZipFile(path)
 
 
 def _check_length(url: str, offset: int, got: int, asked: int, size: Optional[int], key: Optional[str] = None) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -508,6 +509,7 @@ class H5Reader(CheckpointReader):
                     except CkptMergeError:
                         raise
                     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+                        limits.check(e, self.path)
                         raise self._error(f"not an HDF5 file or damaged ({e})") from None
         return self._file
 

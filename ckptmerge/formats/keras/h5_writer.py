@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 import crc32c as _crc32c
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import ArgumentError, CheckpointWriteError, OutputExistsError
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
 from ckptmerge.formats.io.output_prefix import remove_quietly
@@ -143,6 +144,7 @@ class H5Writer(SingleFileWriter):
         except OSError as e:
             self._state = "aborted"
             remove_quietly(self._tmp)
+            limits.check(e, self._tmp, doing="create")
             raise CheckpointWriteError(f"Cannot create {self._tmp!r} to write {self.path!r}: {e}", path=self._tmp) from e
 
     # -- adding tensors --------------------------------------------------------------------

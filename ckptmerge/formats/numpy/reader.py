@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, aligned_empty, contiguous_chunks, shape_problem
 from ckptmerge.formats.dtypes import dtype_name
@@ -258,6 +259,7 @@ class NumpyReader(CheckpointReader):
                     with open_member(z, info, path) as m, member_errors(path, info.filename):
                         dtype, shape, fortran, header = _parse_npy_header(m, where, lambda p: self._error(p, path))
             except OSError as e:
+                limits.check(e, path, doing="read")
                 raise self._error(f"member {where} is damaged ({e})", path) from None
             need = len(header) + math.prod(shape) * dtype.itemsize
             if info.file_size != need:
@@ -349,6 +351,7 @@ class NumpyReader(CheckpointReader):
         try:
             got = pread_into(self._fd(a.file), a.offset + offset, view, key=key)
         except OSError as e:
+            limits.check(e, a.file, doing="read")
             raise self._error(f"reading {where} failed ({e.strerror or e})", a.file) from None
         if got < len(view):
             raise self._error(f"the file ended early while reading {where}", a.file)
@@ -393,6 +396,7 @@ class NumpyReader(CheckpointReader):
                 m.read(len(a.header))
                 yield fill
         except OSError as e:
+            limits.check(e, a.file, doing="read")
             raise self._error(f"reading {where} failed: the archive is damaged ({e})", a.file) from None
 
     def close(self) -> None:

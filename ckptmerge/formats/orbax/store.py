@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError, CkptMergeError, UnsafeCheckpointError
 from ckptmerge.formats.io import storage
+from ckptmerge.core import limits
 from ckptmerge.formats.io.localfile import describe_kind, open_regular
 from ckptmerge.formats.io.remote_policy import DEADLINE
 from ckptmerge.formats.orbax.bridge import bridge
@@ -337,6 +338,9 @@ class Location:
             if behind is not None:
                 return behind
             text = text.replace(bridge().base_url(self._token), self.root + "/")
+        exhausted = limits.resource_error(e, self.display, doing="read")
+        if exhausted is not None:  # TensorStore ran out of open files: nothing is damaged
+            return exhausted
         return CheckpointFormatError(
             f"Cannot read Orbax checkpoint {quote_name(self.display)} while {what}: {escape_name(text[:400])}. "
             "The checkpoint is damaged or incomplete; re-copy it, or save it again with Orbax.",

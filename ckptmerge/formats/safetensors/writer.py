@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import crc32c as _crc32c
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -127,6 +128,7 @@ class SafetensorsWriter(SingleFileWriter):
             os.makedirs(directory, exist_ok=True)
             self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as e:
+            limits.check(e, self._tmp, doing="create")
             raise CheckpointWriteError(f"Cannot create {self._tmp!r} to write {self.path!r}: {e.strerror or e}",
                                        path=self._tmp, errno_=e.errno) from e
         try:

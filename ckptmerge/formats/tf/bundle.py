@@ -36,6 +36,7 @@ from typing import (
 
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import (
     CheckpointReader,
@@ -183,6 +184,7 @@ class BundleReader(PartitionedReads, CheckpointReader):
                 f"prefix (the path without '.index'), e.g. 'model.ckpt-1000'. Received: "
                 f"path={self.path!r}", path=self.path) from None
         except OSError as e:
+            limits.check(e, self.index_path)
             raise CheckpointFormatError(f"Cannot read checkpoint index {self.index_path!r}: {e}",
                                         path=self.index_path) from None
         with paused_gc():  # one small object per tensor: see ckptmerge.core.gcpause
@@ -307,6 +309,7 @@ class BundleReader(PartitionedReads, CheckpointReader):
                     f"(File: {path})", path=path, key=key)
                 problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)
             except OSError as e:
+                limits.check(e, path)
                 key = cols.keys[int(with_data[at])]
                 err = CheckpointFormatError(f"Cannot read checkpoint data file {path!r}: {e}", path=path, key=key)
                 problem = min(problem, (at, err), key=lambda p: p[0]) if problem else (at, err)

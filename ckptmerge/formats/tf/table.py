@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import crc32c as _crc32c
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import CheckpointFormatError
 from ckptmerge.formats.io.storage import SNIFF_BLOCK, open_binary
 from ckptmerge.formats.tf.protowire import (
@@ -99,7 +100,8 @@ def is_leveldb_table(path: str) -> bool:
                 return False
             f.seek(-8, os.SEEK_END)
             return f.read(8) == _MAGIC_BYTES
-    except OSError:
+    except OSError as e:
+        limits.check(e, path)
         return False
 
 

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ckptmerge.core import limits
 from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
 from ckptmerge.formats.base import CheckpointReader, too_large_for_numpy, unreadable_dtype_error
 from ckptmerge.formats.dtypes import TF_ITEMSIZE, TF_TO_NUMPY, tf_dtype_name
@@ -184,6 +185,7 @@ class _File:
         except FileNotFoundError:
             raise CheckpointNotFoundError(f"V1 checkpoint file {path!r} does not exist.", path=path) from None
         except OSError as e:
+            limits.check(e, path)
             raise CheckpointFormatError(f"Cannot read checkpoint file {path!r}: {e}", path=path) from None
 
     def read_at(self, offset: int, size: int) -> bytes:
@@ -218,6 +220,7 @@ class _File:
                     os.lseek(self._fd, offset, os.SEEK_SET)
                     data = os.read(self._fd, size)
             except OSError as e:
+                limits.check(e, self.path)
                 raise CheckpointFormatError(f"Cannot read checkpoint file {self.path!r}: {e}",
                                             path=self.path) from None
         return data
