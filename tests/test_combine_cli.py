@@ -27,7 +27,9 @@ def run_dir(tmp_path):
 def test_average_of_the_last_five_writes_the_mean(run_dir, tmp_path):
     r = run("average", run_dir, "--last", 5, "-o", tmp_path / "avg")
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith("wrote 4 variables from 1 source to ")
+    first, second = r.stdout.splitlines()[:2]  # which steps it averaged, in the text output too
+    assert first == "mean of 5 inputs (steps 100, 200, 300, 400, 500): 4 tensors (1 copied (last))", first
+    assert second.startswith("wrote 4 variables from 1 source to ")
     got = cm.load(str(tmp_path / "avg"))
     np.testing.assert_array_equal(got["dense/kernel"], mean_of(STEPS, "dense/kernel"))
 
@@ -49,7 +51,7 @@ def test_dry_run_json_names_each_input_and_writes_nothing(run_dir, tmp_path):
     assert [d["step"] for d in data["combine"]["inputs"]] == [200, 300, 400]
     assert data["merge"]["dry_run"] is True and not list(tmp_path.glob("x*"))
     r = run("combine", run_dir, "--every", 200, "--dry-run")
-    assert r.exit_code == 0 and "mean of 2 inputs: 4 tensors (1 copied (last))" in r.stdout and "'ckpt-400'" in r.stdout
+    assert r.exit_code == 0 and "mean of 2 inputs (steps 200, 400): 4 tensors (1 copied (last))" in r.stdout and "'ckpt-400'" in r.stdout
 
 
 def test_inputs_that_do_not_line_up_are_listed_at_once(run_dir, tmp_path):

@@ -196,3 +196,38 @@ def test_report_render_truncates_at_limit():
 def test_report_bytes_are_human_readable():
     assert "read 3.0 MiB" in _report(bytes_read=3 * 1024 * 1024).render()
     assert "read 12 B" in _report(bytes_read=12).render()
+
+
+# --- long source paths shown once (issue 33 item 7) ------------------------------------------
+
+import numpy as np  # noqa: E402
+
+from ckptmerge.render.labels import ShortLabels  # noqa: E402
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_short_labels_tell_sources_apart(seed):
+    rng = np.random.default_rng(seed)
+    roots = ["/data/runs", "/home/me/exp", "s3://bucket/x"]
+    labels = sorted({f"{rng.choice(roots)}/{rng.choice(['a', 'b', 'c'])}/ckpt-{rng.integers(1, 3)}"
+                     for _ in range(6)}) + ["B", "ckpt-1"]
+    short = ShortLabels(labels)
+    shown = [short.short(label) for label in labels]
+    assert len(set(shown)) == len(shown), shown           # never two sources under one label
+    assert short.short("B") == "B" and short.short("ckpt-1") == "ckpt-1"  # a name stays as given
+    for label in labels:
+        assert label.endswith(short.short(label))
+        assert short(f"x <- {label}:'k'") == f"x <- {short.short(label)}:'k'"
+        assert short(f"{label}x/y") == f"{label}x/y"        # only whole labels
+
+
+def test_plan_report_shows_a_long_path_once(tmp_path):
+    long = str(tmp_path / "very" / "deep" / "runs" / "A" / "model-10")
+    a = SourceView(long, long, "checkpoint prefix " + long, {"k": V("k", (3,), "float32"),
+                                                             "u": V("u", (2,), "float32")})
+    plan = make_plan([V("k", (3,), "float32"), V("m", (2,), "float32")], [a])
+    text = render_plan(plan)
+    assert text.count(long) == 1, text                      # in the Sources header, once
+    assert f"  model-10: {long} (checkpoint prefix model-10)" in text
+    assert "k <- model-10:'k'" in text and "model-10: u" in text
+    assert plan.to_dict()["sources"][0]["label"] == long    # JSON keeps the label as it is

@@ -164,6 +164,8 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
         if combined is None:  # what keys='union'/'intersection' did is shown, name by name, after a merge too
             report = src.report()
             combined = report if (report.fewer or report.left_out) else None
+            if combined is None:  # at least what was combined (the steps of a run, by number)
+                click.echo(report.summary())
         if combined is not None:
             click.echo(combined.render())
         click.echo(merged.render())

@@ -139,7 +139,7 @@ class CombinedSource(Source):
 
         Example:
             >>> print(cm.combine("runs/A", last=3).report())                 # doctest: +SKIP
-            mean of 3 inputs: 12 tensors
+            mean of 3 inputs (steps 800, 900, 1000): 12 tensors
         """
         h = self.open(verify=verify)
         try:

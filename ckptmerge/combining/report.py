@@ -70,6 +70,9 @@ class CombineReport:
     def summary(self) -> str:
         """One line: method, inputs, tensors, and how many names each policy touched."""
         text = f"{self.method} of {plural(len(self.inputs), 'input')}"
+        steps = [d.get("step") for d in self.inputs]
+        if steps and all(isinstance(n, int) for n in steps):  # the checkpoints of a run: which ones
+            text += f" (step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))})"
         if self.base is not None:
             text += f" on base {quote_name(self.base['label'])}"
         text += f": {plural(self.tensors, 'tensor')}"

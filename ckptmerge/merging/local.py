@@ -180,16 +180,18 @@ class MergeReport(Report):
         written = (f"; wrote {human_bytes(self.bytes_written)}" if not self.dry_run
                    else " (dry run: nothing written)")
         out = [self.summary(), f"Mode: offline; read {human_bytes(self.bytes_read)}{written}"]
-        out += self._source_lines("written")
+        labels = self.short_labels()  # (a long source path once, in its header line)
+        out += self._source_lines("written", labels)
         by_target = self.plan.assignments
-        out += section("Would write" if self.dry_run else "Written", self.restored, limit,
-                        render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {TEMPLATE_LABEL}")
-        out += section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
-        out += section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
+        rest = section("Would write" if self.dry_run else "Written", self.restored, limit,
+                       render=lambda t: by_target[t].describe() if t in by_target else f"{t} <- {TEMPLATE_LABEL}")
+        rest += section("From the template", [f"{t}: {r}" for t, r in self.from_template], limit)
+        rest += section("Left out", [f"{t}: {r}" for t, r in self.skipped], limit)
+        out += labels.lines(rest)
         if self.tf_layout == OBJECT_BASED:
             out.append("Layout: object-based (keyed by object paths, with its object graph: "
                        "tf.train.Checkpoint(...).restore reads it)")
-        out += [f"Note: {n}" for n in self.notes]
+        out += labels.lines([f"Note: {n}" for n in self.notes])
         if self.state_file:
             out.append(f"State file: {self.state_file}")
         return join_lines(out)

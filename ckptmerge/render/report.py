@@ -16,6 +16,7 @@ from ..core.args import describe_value
 from ..core.errors import OptionError
 from ..core.redact import redact, redacted_repr
 from ..core.text import escape_name, human_bytes, join_lines, plural, quote_name
+from .labels import ShortLabels
 from .verdicts import align_hint, verdict
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,9 +91,12 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     fed = collections.Counter(map(_SOURCE, plan.assignments.values()))
     if plan.sources:
         out.append("Sources:")
+    labels = ShortLabels(s.label for s in plan.sources)  # a long path once, in its header line
+    whole: List[int] = []
     for s in plan.sources:
-        note = f" ({s.note})" if s.note else ""
-        out.append(f"  {s.label}: {s.path}{note}")
+        note = f" ({labels(s.note)})" if s.note else ""
+        whole.append(len(out))
+        out.append(f"  {labels.short(s.label)}: {s.path}{note}")
         out.append("    rules: " + "; ".join(s.rules.describe()))
         n_used = s.n_tensors - len(plan.unused.get(s.label, ()))
         feeds = (f" (feeding {fed[s.label]} targets)" if fed[s.label] > n_used else "")
@@ -138,7 +142,13 @@ def render_plan(plan: "Plan", *, limit: Optional[int] = 50) -> str:
     if hint:
         out.append(hint)
     out.append(verdict(plan))
-    return join_lines(out)
+    return join_lines(_shortened(out, labels, whole))
+
+
+def _shortened(lines: List[str], labels: ShortLabels, whole: Sequence[int]) -> List[str]:
+    """``lines`` with long source labels shortened, except the header lines ``whole``."""
+    keep = set(whole)
+    return [line if i in keep else labels(line) for i, line in enumerate(lines)]
 
 
 def _unresolved(plan: "Plan") -> List[Tuple[str, Any]]:
@@ -224,12 +234,16 @@ class Report:
                 f"{plural(self.n_sources_used, 'source')} in {self.elapsed:.2f} s; "
                 f"{len(self.plan.allowed_missing)} allowed missing; {len(self.skipped)} skipped")
 
-    def _source_lines(self, verb: str) -> List[str]:
+    def short_labels(self) -> ShortLabels:
+        """The short labels of this report's sources (see :mod:`ckptmerge.render.labels`)."""
+        return ShortLabels(str(s.get("label", "?")) for s in self.sources)
+
+    def _source_lines(self, verb: str, labels: ShortLabels) -> List[str]:
         """``Sources:`` and one line per source: label, path, note, how many ``verb``, bytes."""
         out = ["Sources:"] if self.sources else []
         for s in self.sources:
-            note = f" ({s['note']})" if s.get("note") else ""
-            out.append(f"  {s.get('label', '?')}: {s.get('path', '?')}{note}: "
+            note = f" ({labels(str(s['note']))})" if s.get("note") else ""
+            out.append(f"  {labels.short(str(s.get('label', '?')))}: {s.get('path', '?')}{note}: "
                        f"{s.get('n_restored', 0)} {verb}, {human_bytes(int(s.get('bytes', 0)))}")
         return out
 
@@ -240,13 +254,14 @@ class Report:
             out.append(f"Checkpoint: step {self.checkpoint.step} ({escape_name(self.checkpoint.path)})")
         if self.replanned:
             out.append(f"Re-planned: {self.replanned}")
-        out += self._source_lines("restored")
+        labels = self.short_labels()
+        out += self._source_lines("restored", labels)
         by_target = self.plan.assignments
-        out += section("Restored", self.restored, limit,
-                        render=lambda t: t if t not in by_target else by_target[t].describe())
-        out += section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
-        out += section("Allowed missing", list(self.plan.allowed_missing), limit)
-        return join_lines(out)
+        rest = section("Restored", self.restored, limit,
+                       render=lambda t: t if t not in by_target else by_target[t].describe())
+        rest += section("Skipped", [f"{t}: {r}" for t, r in self.skipped], limit)
+        rest += section("Allowed missing", list(self.plan.allowed_missing), limit)
+        return join_lines(out + labels.lines(rest))
 
     def __str__(self) -> str:
         return self.render()
