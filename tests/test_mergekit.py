@@ -635,3 +635,23 @@ def test_model_stock_with_tiny_offsets_follows_mergekits_clamped_cosine(tmp_path
         close(got[name], mk_model_stock(base[name], [f[name] for f in fts]))
     ours = merged(cfg, tmp_path, conventions="ckptmerge")
     assert any(not np.array_equal(ours[n], got[n]) for n in shapes())  # (the two cosines differ here)
+
+
+def test_config_combine_section_takes_mergekit_conventions(models):
+    tmp, base, fts = models
+    doc = {"combine": {"method": "ties", "conventions": "mergekit", "base": str(tmp / "models/base"),
+                       "models": [str(tmp / "models/ft1/model.safetensors")],
+                       "parameters": {"rescale": False, "density": {"mlp": 0.5, "*": 1.0}}}}
+    cfg = cm.load_config(doc)
+    assert cfg.to_dict()["combine"]["conventions"] == "mergekit"
+    src = cfg.combine.make_source()
+    out = tmp / "cfg.safetensors"
+    cm.merge(src, str(out))
+    got = cm.load(str(out))
+    name = "model.layers.0.self_attn.q_proj.weight"  # no 'mlp' in it: density 1.0
+    np.testing.assert_array_equal(got[name], fts["ft1"][name])
+    name = "model.layers.0.mlp.up_proj.weight"
+    close(got[name], mk_gta(base[name], [fts["ft1"][name]], [1.0], [0.5], consensus=True, sparsify="magnitude",
+                            normalize=True))
+    with pytest.raises(ConfigError, match="no parameter 'rescale'.*add 'conventions: mergekit'"):
+        cm.load_config({"combine": {**doc["combine"], "conventions": "ckptmerge"}})

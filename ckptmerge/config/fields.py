@@ -33,7 +33,8 @@ TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shap
 CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf", "parts", "equal")
 #: Keys of the ``combine`` section (the options of ``ckptmerge.combine``).
 COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "parameters", "dtype", "keys",
-                "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout")
+                "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout",
+                "conventions")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
 SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
                "align", "layout", "vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims",

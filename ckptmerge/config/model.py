@@ -133,7 +133,7 @@ class CombineConfig:
         run: a training directory whose checkpoints ``last``, ``steps``, ``every`` select.
         base: the base checkpoint, or ``None``.
         parameters: the method's parameters (values or ``{glob: value}``).
-        options: ``dtype``, ``keys``, ``integers``, ``optimizer``, ``accumulate``.
+        options: ``dtype``, ``keys``, ``integers``, ``optimizer``, ``accumulate``, ``conventions``.
         rules: the rule keywords on the combined names (``name``, ``map``, ``regex``,
             ``include``, ``exclude``, ``layout``).
 

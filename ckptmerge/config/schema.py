@@ -435,7 +435,7 @@ def _get_glob_values(v: Any, p: KeyPath, ctx: Context, check: Any, what: str) ->
 
 def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
     from ..combining.combine import ACCUMULATE, INTEGERS, KEYS
-    from ..combining.methods import METHODS
+    from ..combining.methods import CONVENTIONS, METHODS
     from ..combining.params import param_problems
 
     c = data["combine"]
@@ -446,6 +446,8 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
     check_keys(c, COMBINE_KEYS, path, ctx, "combine")
     method = get_enum(c, "method", path, ctx, tuple(METHODS), "mean")
     m = METHODS[method]
+    conventions = get_enum(c, "conventions", path, ctx, CONVENTIONS, "ckptmerge")
+    defaults = m.defaults_for(conventions)
     models: List[Tuple[SourceConfig, Any]] = []
     run = None
     if ("models" in c) == ("run" in c):
@@ -499,13 +501,16 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
         else:
             for k, v in raw.items():
                 q = path + ("parameters", k)
-                if k not in m.defaults:
-                    hint = did_you_mean(str(k), list(m.defaults), n=1, cutoff=KEY_CUTOFF)
-                    ctx.add(q, f"method '{method}' has no parameter {quote_name(str(k))}; it takes "
-                               f"{show_choices(list(m.defaults)) or 'none'}.{hint}", key=True)
+                if k not in defaults:
+                    hint = did_you_mean(str(k), list(defaults), n=1, cutoff=KEY_CUTOFF)
+                    if conventions == "ckptmerge" and k in m.defaults_for("mergekit"):
+                        hint = " It is a parameter under mergekit's conventions: add 'conventions: mergekit'."
+                    ctx.add(q, f"method '{method}' has no parameter {quote_name(str(k))}"
+                               f"{' under ' + conventions + ' conventions' if conventions != 'ckptmerge' else ''}; "
+                               f"it takes {show_choices(list(defaults)) or 'none'}.{hint}", key=True)
                     continue
                 def check(x: Any, k: str = k) -> Optional[str]:  # (the API's check: the same words)
-                    bad = param_problems(k, x, m.defaults[k])
+                    bad = param_problems(k, x, defaults[k])
                     return "; ".join(bad) + "." if bad else None
 
                 value = _get_glob_values(v, q, ctx, check, "a value or a gradient list")
@@ -517,6 +522,8 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
         "accumulate": get_enum(c, "accumulate", path, ctx, ACCUMULATE, "float64"),
         "optimizer": get_bool(c, "optimizer", path, ctx, False),
     }
+    if conventions != "ckptmerge":  # (written back only when set)
+        options["conventions"] = conventions
     if c.get("dtype") is not None:
         options["dtype"] = get_enum(c, "dtype", path, ctx, ("float16", "bfloat16", "float32", "float64"), None)
     rules: Dict[str, Any] = {}
