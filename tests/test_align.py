@@ -183,6 +183,11 @@ def test_ckptmerge_suggest_writes_a_config_that_check_and_plan_use(tmp_path, tf)
     assert r.exit_code == 0, r.output
     assert "'dnn/hiddenlayer_0/' -> 'h0/' (2 variables, " in r.stdout
     assert r.stdout.splitlines()[-1] == f"Wrote {out}: check it with 'ckptmerge check {out}', then 'ckptmerge plan {out} --target ...'."
+    assert "Review the map" not in r.stdout  # written already: only what to do next
+    r = run("suggest", prefix, "--target", target)
+    assert r.stdout.splitlines()[-1] == ("Review the map, then write it as a config with 'ckptmerge suggest ... "
+                                         "-o warm.yaml' and run 'ckptmerge plan warm.yaml'.")  # no Python to type
+    assert "Suggestion.write" not in r.stdout
     cfg = yaml.safe_load(out.read_text())
     assert cfg["sources"][0]["map"] == {"dnn/hiddenlayer_0/": "h0/", "dnn/hiddenlayer_1/": "h1/", "dnn/logits/": "out/"}
     assert run("check", out).exit_code == 0

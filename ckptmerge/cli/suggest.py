@@ -46,9 +46,14 @@ def suggest_command(sources: Sequence[str], target_path: Optional[str], model_sp
     if as_json:
         echo_json(suggestion.to_dict())
     else:
-        click.echo(suggestion.report())
+        from ..render.report import render_suggestion
+
+        click.echo(render_suggestion(suggestion, next_step=False))
         if output is not None:
             click.echo(f"Wrote {escape_name(output)}: check it with {quoted_command('check', output)}, then "
                        f"'{command_hint('plan', output)} --target ...'.")
+        elif suggestion.n_proposed:
+            click.echo("Review the map, then write it as a config with 'ckptmerge suggest ... -o warm.yaml' "
+                       "and run 'ckptmerge plan warm.yaml'.")
     if suggestion.missing or any(s.unresolved for s in suggestion.sources):
         raise SystemExit(EXIT_FINDINGS)

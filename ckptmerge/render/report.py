@@ -294,9 +294,9 @@ class Report:
         return out
 
 
-def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50) -> str:
+def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50, next_step: bool = True) -> str:
     """Plain text for :meth:`Suggestion.report`: per source the proposed entries with evidence,
-    then the names that stay unresolved.
+    then the names that stay unresolved, then (``next_step``) how to write and use the map.
 
     Example:
         >>> print(render_suggestion(cm.suggest(model, [cm.Source("old.h5")])))   # doctest: +SKIP
@@ -313,7 +313,7 @@ def render_suggestion(suggestion: "Suggestion", *, limit: Optional[int] = 50) ->
             "For review", [e.describe() for e in s.review], limit,
             f"confidence below {CONFIDENCE_FLOOR}: align='structure' would not apply these, and the map leaves them out")]
     out += section("Still missing", [escape_name(t) for t in suggestion.missing], limit)
-    if suggestion.n_proposed:
+    if suggestion.n_proposed and next_step:
         out.append("Review the map, then write it as a config (Suggestion.write('warm.yaml') or "
                    "`ckptmerge suggest ... -o warm.yaml`) and run `ckptmerge plan warm.yaml`.")
     return join_lines(out)
