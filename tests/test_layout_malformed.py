@@ -29,16 +29,38 @@ def _specs(shapes):
 GOOD = {"weight_ih": (4 * H, IN), "weight_hh": (4 * H, H), "bias_ih": (4 * H,), "bias_hh": (4 * H,)}
 
 MALFORMED = {
-    "scalar-weight_ih": ({**GOOD, "weight_ih": ()}, "weight_ih has shape (), not rank 2"),
-    "rank-1-weight_hh": ({**GOOD, "weight_hh": (4 * H,)}, "weight_hh has shape (8,), not rank 2"),
-    "rank-3-weight_ih": ({**GOOD, "weight_ih": (4 * H, IN, 1)}, "not rank 2"),
-    "2-D-bias": ({**GOOD, "bias_ih": (4 * H, 1)}, "bias_ih has shape (8, 1), not rank 1"),
-    "broadcasting-bias": ({**GOOD, "bias_ih": (1,)}, "the gate rows differ"),
+    "scalar-weight_ih": ({**GOOD, "weight_ih": ()}, "weight_ih 'rnn.weight_ih_l0' has shape (), not rank 2"),
+    "scalar-weight_hh": ({**GOOD, "weight_hh": ()}, "weight_hh 'rnn.weight_hh_l0' has shape (), not rank 2"),
+    "rank-1-weight_hh": ({**GOOD, "weight_hh": (4 * H,)}, "weight_hh 'rnn.weight_hh_l0' has shape (8,), not rank 2"),
+    "rank-1-weight_ih": ({**GOOD, "weight_ih": (4 * H,)}, "weight_ih 'rnn.weight_ih_l0' has shape (8,), not rank 2"),
+    "rank-3-weight_ih": ({**GOOD, "weight_ih": (4 * H, IN, 1)}, "weight_ih 'rnn.weight_ih_l0' has shape (8, 3, 1), "
+                                                               "not rank 2"),
+    "2-D-bias": ({**GOOD, "bias_ih": (4 * H, 1)}, "bias_ih 'rnn.bias_ih_l0' has shape (8, 1), not rank 1"),
+    "scalar-bias": ({**GOOD, "bias_hh": ()}, "bias_hh 'rnn.bias_hh_l0' has shape (), not rank 1"),
+    "broadcasting-bias": ({**GOOD, "bias_ih": (1,)}, "the gate rows differ: bias_hh 'rnn.bias_hh_l0' (8,), "
+                                                      "bias_ih 'rnn.bias_ih_l0' (1,)"),
     "short-bias": ({**GOOD, "bias_hh": (3 * H,)}, "the gate rows differ"),
-    "rows-differ": ({**GOOD, "weight_ih": (3 * H, IN)}, "the gate rows differ"),
-    "hidden-0": ({**GOOD, "weight_hh": (4 * H, 0)}, "not a whole number of gates"),
+    "rows-differ": ({**GOOD, "weight_ih": (3 * H, IN)}, "weight_ih 'rnn.weight_ih_l0' (6, 3)"),
+    "hidden-0": ({**GOOD, "weight_hh": (4 * H, 0)}, "weight_hh 'rnn.weight_hh_l0' has shape (8, 0): its rows are "
+                                                     "not a whole number of gates"),
     "rows-not-gates": ({"weight_ih": (7, IN), "weight_hh": (7, H)}, "not a whole number of gates"),
 }
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+@pytest.mark.parametrize("module, layer", [("rnn", "0"), ("encoder.lstm", "1"), ("dec.gru_cell", "2_reverse")])
+def test_every_malformed_rnn_tensor_is_named_as_the_checkpoint_has_it(case, module, layer):
+    """Issue 30: a wrong rank was refused without naming the tensor. Each problem names each
+    tensor it is about by its checkpoint key, in any module and layer (reverse direction too)."""
+    shapes, problem = MALFORMED[case]
+    specs = [VariableInfo(f"{module}.{k}_l{layer}", s, "float32") for k, s in shapes.items()]
+    lay = torch_layout(specs)
+    scope = module.replace(".", "/") + f"/l{layer}".replace("_reverse", "_reverse")
+    assert len(lay.undecided) == 1, lay.undecided
+    name, why = lay.undecided[0]
+    expected = problem.replace("'rnn.", f"'{module}.").replace("_l0'", f"_l{layer}'")
+    assert expected in why, why
+    assert name.startswith(module.replace(".", "/") + "/l"), name
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..core.specs import KIND_BOOKKEEPING, KIND_VARIABLE, VariableInfo
+from ..core.text import quote_name
 from .conventions import CONV1D_MODULES, EMBEDDING_MODULES
 from .features import tokens
 from .fused import FusedConvention, fused_row, part_sizes
@@ -277,7 +278,7 @@ def _split_fused(scope: str, params: Dict[str, VariableInfo], kind: str, add, ro
     w, b = params["weight"], params.get("bias")
     rows, fan_in = (w.shape[1], w.shape[0]) if kind == "conv1d" else (w.shape[0], w.shape[1])
     if b is not None and tuple(b.shape) != (rows,):
-        return False, f"its bias {tuple(b.shape)} is not one entry per output ({rows})"
+        return False, f"its bias {quote_name(b.raw_key)} {tuple(b.shape)} is not one entry per output ({rows})"
     sizes, why = part_sizes(row, rows, fan_in, targets) if targets is not None else (
         part_sizes(row, rows, fan_in, ()) if row.equal else (None, "the targets are not known yet"))
     if sizes is None:
@@ -310,25 +311,30 @@ _GATES = {"lstm": 4, "gru": 3}
 def _rnn_problem(t: Dict[str, VariableInfo], rnn: str) -> Optional[str]:
     """Why one RNN layer's tensors (``weight_ih``, ``weight_hh``, ``bias_ih``, ``bias_hh``) cannot be
     an LSTM or GRU layer as PyTorch stores it, or None: weights of rank 2 and biases of rank 1, all
-    with the same ``gates * hidden`` rows, ``weight_hh`` of shape ``(gates * hidden, hidden)``."""
+    with the same ``gates * hidden`` rows, ``weight_hh`` of shape ``(gates * hidden, hidden)``.
+    Each tensor is named as the checkpoint has it (``weight_hh 'lstm.weight_hh_l0'``)."""
+    def named(k: str) -> str:
+        return f"{k} {quote_name(t[k].raw_key)}"
+
     for k, v in sorted(t.items()):
         rank = 2 if k.startswith("weight") else 1
         if len(v.shape) != rank:
-            return f"{k} has shape {v.shape}, not rank {rank}"
+            return f"{named(k)} has shape {v.shape}, not rank {rank}"
     rows = {k: v.shape[0] for k, v in t.items()}
     if len(set(rows.values())) > 1:
-        return "the gate rows differ: " + ", ".join(f"{k} {v.shape}" for k, v in sorted(t.items()))
+        return "the gate rows differ: " + ", ".join(f"{named(k)} {v.shape}" for k, v in sorted(t.items()))
     n = next(iter(rows.values()))
     w_hh = t.get("weight_hh")
     gates = _GATES.get(rnn)
     if w_hh is not None:
         hidden = w_hh.shape[1]
         if hidden == 0 or n % hidden:
-            return f"weight_hh has shape {w_hh.shape}: its rows are not a whole number of gates of {hidden}"
+            return f"{named('weight_hh')} has shape {w_hh.shape}: its rows are not a whole number of gates of {hidden}"
         if gates is not None and n != gates * hidden:
-            return f"weight_hh has shape {w_hh.shape}, not ({gates} * hidden, hidden) for rnn={rnn!r}"
+            return f"{named('weight_hh')} has shape {w_hh.shape}, not ({gates} * hidden, hidden) for rnn={rnn!r}"
     elif gates is not None and n % gates:
-        return f"{len(t)} tensor(s) of {n} rows, which do not divide into {gates} gates for rnn={rnn!r}"
+        return (f"{', '.join(named(k) for k in sorted(t))} have {n} rows, which do not divide into {gates} gates "
+                f"for rnn={rnn!r}")
     return None
 
 
