@@ -63,6 +63,15 @@ logger = get_logger(__name__)
 _FOLDER_DEPTH = 4  # levels below a step folder listed by URL (Orbax items, their arrays)
 
 
+#: Hidden names a checkpoint's step folder needs: zarr's metadata files (an Orbax array folder of
+#: zarr v2 holds ``.zarray``); every other hidden name is left out of a step folder's files.
+_ZARR_HIDDEN = frozenset((".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+
+
+def _kept(name: str) -> bool:
+    return not name.startswith(".") or name in _ZARR_HIDDEN
+
+
 def list_run(directory: str, *, given: Optional[str] = None, above: Optional[int] = None, steps_only: bool = False,
              state: bool = True, fresh: bool = False) -> Run:
     """Look at the run in ``directory`` (a local path or a URL) once: every checkpoint of it, as
@@ -296,7 +305,7 @@ class _Local(_Look):
             here = stack.pop()
             try:
                 with os.scandir(here) as it:
-                    below = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+                    below = sorted((e for e in it if _kept(e.name)), key=lambda e: e.name)
             except FileNotFoundError:
                 raise _Gone() from None
             for e in below:
@@ -487,7 +496,7 @@ class _Remote(_Look):
 
     def _walk(self, folder: str, c: RunCheckpoint, rel: List[str], under: str, depth: int) -> None:
         for e in storage.remote_listdir(folder):
-            if e["name"].startswith("."):
+            if not _kept(e["name"]):
                 continue
             path, name = storage.join(folder, e["name"]), under + e["name"]
             if e["type"] == "directory":

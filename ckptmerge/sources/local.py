@@ -50,7 +50,7 @@ from .files import (
     v1_shard,
 )
 from .listing import list_run
-from .orbax import FORMAT_ORBAX, orbax_folder, orbax_listing, orbax_root
+from .orbax import FORMAT_ORBAX, ORBAX_LOOKED_FOR, orbax_folder, orbax_listing, orbax_near_miss, orbax_root
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .runs import KIND_FOLDER, Run, RunCheckpoint
 
@@ -289,7 +289,7 @@ def _resolve_dir(given: str, step: Optional[int]) -> ResolvedCheckpoint:
         f"No checkpoint in directory {quote_name(given)}: looked for a '{STATE_FILE}' state file, "
         "'*.index' files of TF checkpoints, V1 checkpoint files, a SavedModel ('saved_model.pb' "
         "with 'variables/variables.index'), Keras '*.h5' weights files and sharded sets' "
-        f"'*.weights.json'.{sub_hint or _DIR_HINT}",
+        f"'*.weights.json', {ORBAX_LOOKED_FOR}.{orbax_near_miss(given)}{sub_hint or _DIR_HINT}",
         path=given,
     )
 

@@ -16,16 +16,71 @@ from typing import List, NamedTuple, Optional, Tuple
 from ..core import limits
 from ..core.errors import ArgumentError, CheckpointNotFoundError
 from ..formats.io import storage
-from ..formats.orbax.layout import CHECKPOINT_METADATA_FILE, METADATA_FILE, is_orbax, orbax_steps
+from ..core.errors import CheckpointFormatError
+from ..formats.orbax.layout import (CHECKPOINT_METADATA_FILE, COMMIT_FILE, METADATA_FILE, OCDBT_PROCESS, TMP_SUFFIX,
+                                    is_orbax, item_folders, orbax_steps)
+from ..formats.orbax.store import Location
 from ..core.text import quote_name, quoted_command
 
-__all__ = ["orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
+__all__ = ["orbax_near_miss", "ORBAX_LOOKED_FOR", "orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
 
 #: An Orbax step or item folder (read through tensorstore).
 FORMAT_ORBAX = "orbax"
 _STEP = re.compile(r"^(?:.+_)?(\d+)$")
 #: Files whose presence makes a folder an Orbax step or item folder.
 ORBAX_MARKERS = frozenset((CHECKPOINT_METADATA_FILE, METADATA_FILE, "manifest.ocdbt", "orbax.checkpoint"))
+
+
+#: What makes a folder an Orbax checkpoint, as the "no checkpoint" messages list it.
+ORBAX_LOOKED_FOR = ("Orbax checkpoints ('_CHECKPOINT_METADATA', '_METADATA' or 'manifest.ocdbt', or a "
+                    "CheckpointManager root of step folders such as '100/state/' or 'checkpoint_100/')")
+_SHOWN = 3
+
+
+def orbax_near_miss(folder: str) -> str:
+    """What in ``folder`` looks almost like an Orbax checkpoint, as a sentence for a "no
+    checkpoint" message (``""`` when nothing does): steps still being written, a step folder
+    whose items sit beside other files, OCDBT data without its manifest, a commit marker alone.
+    Only names are listed (of the folder and of its step-named subfolders); nothing is read.
+
+    Example:
+        >>> orbax_near_miss("runs/jax")  # doctest: +SKIP
+        " Orbax steps still being written (or left by a crash) are never read: '3.orbax-checkpoint-tmp-17'."
+    """
+    try:
+        loc = Location(folder)
+        names = loc.listdir() if loc.isdir() else []
+    except (OSError, CheckpointFormatError):
+        return ""
+    seen = []
+    tmp = [n for n in names if TMP_SUFFIX in n]
+    if tmp:
+        seen.append("Orbax steps or items still being written (or left by a crash) are never read: "
+                    f"{', '.join(quote_name(n) for n in tmp[:_SHOWN])}{' ...' if len(tmp) > _SHOWN else ''}.")
+    if ("d" in names or any(n.startswith("ocdbt.process_") for n in names)) and "manifest.ocdbt" not in names:
+        seen.append(f"It holds OCDBT data ('d/', 'ocdbt.process_N/') but no 'manifest.ocdbt' or {METADATA_FILE}: "
+                    "an incomplete copy of an Orbax item; copy it again.")
+    elif names and set(names) <= {COMMIT_FILE, "_sharding"}:
+        seen.append(f"It holds only {' and '.join(quote_name(n) for n in names)}: an Orbax step or item "
+                    "whose data is missing; copy it again.")
+    for n in [""] + names[:200]:
+        if orbax_step_of(n or folder) is None or TMP_SUFFIX in n or (n and not loc.isdir(n)):
+            continue
+        try:
+            sub = loc.child(n) if n else loc
+            items = [i for i, f in item_folders(sub).items() if f]
+            others = [x for x in sub.listdir() if x not in items and not x.startswith(".") and TMP_SUFFIX not in x
+                      and x != COMMIT_FILE]
+        except (OSError, CheckpointFormatError):
+            continue
+        if items and items != [""] and others:
+            step = storage.join(folder, n) if n else folder
+            shown = ", ".join(quote_name(i) for i in items[:_SHOWN])
+            seen.append(f"{quote_name(step)} holds Orbax item(s) {shown} beside "
+                        f"{', '.join(quote_name(x) for x in others[:_SHOWN])}, so it is not taken for a step; "
+                        f"pass the item folder ({quote_name(storage.join(step, items[0]))}).")
+            break
+    return "".join(" " + x for x in seen)
 
 
 def orbax_step_of(path: str) -> Optional[int]:
@@ -35,8 +90,9 @@ def orbax_step_of(path: str) -> Optional[int]:
         >>> orbax_step_of("runs/jax/ckpt_100"), orbax_step_of("runs/jax/100/state")
         (100, None)
     """
-    m = _STEP.match(storage.basename(path.rstrip("/\\")))
-    return int(m.group(1)) if m else None
+    name = storage.basename(path.rstrip("/\\"))
+    m = _STEP.match(name)
+    return int(m.group(1)) if m and not name.startswith(OCDBT_PROCESS) else None
 
 
 def _looks_like_orbax(given: str) -> bool:
@@ -44,6 +100,8 @@ def _looks_like_orbax(given: str) -> bool:
     TF run directory pays almost nothing): Orbax's metadata files or OCDBT manifest, or an old
     item's msgpack ``checkpoint`` file (a TF state file of that name is text)."""
     if any(storage.isfile(storage.join(given, m)) for m in sorted(ORBAX_MARKERS)):
+        return True
+    if not storage.is_url(given) and is_orbax(given):  # a step of Orbax before 0.6: item folders only
         return True
     state = storage.join(given, "checkpoint")
     if storage.is_url(given) or not os.path.isfile(state):

@@ -52,7 +52,8 @@ from .files import (
     v1_pattern_of,
 )
 from .listing import list_run, read_state_url
-from .orbax import FORMAT_ORBAX, ORBAX_MARKERS, orbax_folder, orbax_listing, orbax_root
+from .orbax import (FORMAT_ORBAX, ORBAX_LOOKED_FOR, ORBAX_MARKERS, orbax_folder, orbax_listing, orbax_near_miss,
+                    orbax_root)
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .runs import KIND_FOLDER, RunCheckpoint
 
@@ -134,8 +135,9 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
     orbax = orbax_root(url, None)
     if orbax is not None:
         return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
-    raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object and no "
-                                  "'checkpoint' state file there.", path=given)
+    raise CheckpointNotFoundError(f"No checkpoint in {quote_name(given)}: no '*.index' object, no "
+                                  f"'checkpoint' state file and no {ORBAX_LOOKED_FOR} there."
+                                  f"{orbax_near_miss(url)}", path=given)
 
 
 def _resolved(c: RunCheckpoint, note: str) -> ResolvedCheckpoint:

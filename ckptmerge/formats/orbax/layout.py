@@ -26,7 +26,8 @@ from ckptmerge.formats.orbax.store import Location, join_key
 
 __all__ = ["is_orbax", "orbax_steps", "OrbaxStep", "is_keras_state", "keras_name", "KERAS_COLLECTIONS",
            "METADATA_FILE", "CHECKPOINT_METADATA_FILE", "AGGREGATE_FILE", "TMP_SUFFIX", "COMMIT_FILE", "NOT_ARRAYS",
-           "kind_of_path", "item_folders"]
+           "kind_of_path", "item_folders", "step_items", "JSON_ITEM_FILE",
+           "OCDBT_PROCESS"]
 
 logger = get_logger(__name__)
 
@@ -38,6 +39,8 @@ CHECKPOINT_METADATA_FILE = "_CHECKPOINT_METADATA"
 AGGREGATE_FILE = "checkpoint"
 #: Orbax writes a step (and each item) under ``<name>.orbax-checkpoint-tmp-<n>`` and renames it.
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
+#: The per-process OCDBT databases of a multi-host save: ``ocdbt.process_<N>`` (no step folders).
+OCDBT_PROCESS = "ocdbt.process_"
 #: Where renames are not atomic (GCS), this file marks a finished step.
 COMMIT_FILE = "commit_success.txt"
 
@@ -99,14 +102,80 @@ def is_orbax(path: str) -> bool:
         return True
     if "manifest.ocdbt" in names:
         return True
-    if AGGREGATE_FILE in names and not loc.exists("checkpoint.index"):
-        try:  # (a TF state file of that name is text; a msgpack aggregate starts with a map)
-            with storage.open_binary(loc.path(AGGREGATE_FILE), storage.SNIFF_BLOCK) as f:
-                head = f.read(1)
-        except OSError:
-            return False
-        return bool(head) and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF))
+    if _is_unmarked_step(loc, names):
+        return True
+    if AGGREGATE_FILE in names:
+        return _msgpack_aggregate(loc)
     return False
+
+
+def _msgpack_aggregate(loc: Location, rel: str = "") -> bool:
+    """Whether ``rel``'s ``checkpoint`` file is Orbax's msgpack aggregate (a TF state file of
+    that name is text; a msgpack aggregate starts with a map)."""
+    if loc.exists(join_key(rel, "checkpoint.index")):
+        return False
+    try:
+        with storage.open_binary(loc.path(join_key(rel, AGGREGATE_FILE)), storage.SNIFF_BLOCK) as f:
+            head = f.read(1)
+    except OSError:
+        return False
+    return bool(head) and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF))
+
+
+def _is_item_folder(loc: Location, rel: str) -> bool:
+    """:func:`_is_item`, with an aggregate ``checkpoint`` file told from a TF state file."""
+    names = set(loc.listdir(rel))
+    if METADATA_FILE in names or "manifest.ocdbt" in names:
+        return True
+    if AGGREGATE_FILE in names:
+        return _msgpack_aggregate(loc, rel)
+    return _is_item(loc, rel)
+
+
+#: The file a ``JsonCheckpointHandler`` item folder holds (Orbax's default name for it).
+JSON_ITEM_FILE = "metadata"
+
+
+def _is_json_item(loc: Location, rel: str) -> bool:
+    return loc.isdir(rel) and loc.listdir(rel) == [JSON_ITEM_FILE] and loc.exists(join_key(rel, JSON_ITEM_FILE))
+
+
+def step_items(loc: Location, names: Optional[Sequence[str]] = None) -> List[str]:
+    """The items of a step folder that has no ``_CHECKPOINT_METADATA`` (Orbax before 0.6 wrote
+    none: a CheckpointManager step was ``<step>/<item>/...``), when the folder holds nothing but
+    item folders (PyTree items, and JSON items of ``JsonCheckpointHandler``), items still being
+    written and a commit marker; ``[]`` otherwise, or when no item holds arrays. Nothing is opened.
+
+    Example:
+        >>> step_items(Location("run/2"))  # doctest: +SKIP
+        ['state']
+    """
+    names = loc.listdir() if names is None else names
+    items, arrays = [], False
+    for n in names:
+        if n.startswith(".") or TMP_SUFFIX in n or n == COMMIT_FILE:
+            continue
+        if not safe_key(n) or not loc.isdir(n):
+            return []
+        if _is_item_folder(loc, n):
+            arrays = True
+        elif not _is_json_item(loc, n):
+            return []
+        items.append(n)
+    return sorted(items) if arrays else []
+
+
+def _is_unmarked_step(loc: Location, names: Sequence[str]) -> bool:
+    """A step or composite folder without ``_CHECKPOINT_METADATA`` (Orbax before 0.6): only item
+    folders, and either the folder is named like a step or none of its items is (a root whose
+    steps are bare item folders, ``run/1/_METADATA``, is a root, never one step of items)."""
+    items = step_items(loc, names)
+    if not items:
+        return False
+    base = storage.basename(loc.root)
+    if _STEP_NAME.match(base) and not base.startswith(OCDBT_PROCESS):
+        return True
+    return not any(_STEP_NAME.match(i) for i in items)
 
 
 #: The collections of a Keras ``get_state_tree()``, as ``keras.callbacks.OrbaxCheckpoint`` saves it.
@@ -188,7 +257,7 @@ def orbax_steps(root: str) -> List[OrbaxStep]:
         if TMP_SUFFIX in name:
             continue
         m = _STEP_NAME.match(name)
-        if m is None:
+        if m is None or name.startswith(OCDBT_PROCESS):
             continue
         path = loc.path(name)
         if not is_orbax(path):
@@ -230,6 +299,8 @@ def item_folders(path: Union[str, Location], meta: Any = None) -> Dict[str, Opti
             if not safe_key(name):
                 raise UnsafeCheckpointError(f"Orbax item name {quote_name(name)} is not a folder name.", path=loc.root)
             items[name] = name
+        elif safe_key(name) and _is_json_item(loc, name):
+            items[name] = None  # a JSON item (no arrays)
     for name in listed:  # items the metadata names but that hold no folder (nothing to read)
         if name not in items and isinstance(name, str) and safe_key(name):
             items.setdefault(name, None)

@@ -112,6 +112,21 @@ def _chunk_key_depth(driver: str, meta: dict, ndim: int) -> int:
     return ndim + 1 if conf.get("separator", "/") == "/" else 1
 
 
+def _newer(loc: Location, problem: str) -> CheckpointFormatError:
+    """The error for a checkpoint in a format newer than this reader knows: what, and what to upgrade."""
+    return CheckpointFormatError(
+        f"Cannot read Orbax checkpoint {quote_name(loc.display)}: {problem}. It was written by a newer Orbax or "
+        "TensorStore than this ckptmerge reads; upgrade both (pip install -U ckptmerge tensorstore), or restore it "
+        "with the Orbax that wrote it and save it again.", path=loc.root)
+
+
+def _newer_zarr(loc: Location, param: str, fmt: Any) -> Optional[CheckpointFormatError]:
+    """The error for a zarr format past 3 (a newer zarr than TensorStore and ckptmerge read), else ``None``."""
+    if type(fmt) is int and fmt > 3:
+        return _newer(loc, f"array {quote_name(param)} is zarr format {fmt} (ckptmerge reads zarr formats 2 and 3)")
+    return None
+
+
 class _Array:
     """One tensor: a stored TensorStore array, an inline value, or a string. A stored array knows
     its dtype by name and size (``bfloat16``, 2) until it is read: its numpy dtype may need
@@ -193,6 +208,7 @@ class OrbaxReader(CheckpointReader):
         if root.exists(CHECKPOINT_METADATA_FILE):
             meta = root.read_json(CHECKPOINT_METADATA_FILE)
             self.metadata = meta if isinstance(meta, dict) else {}
+            self._check_version(root, CHECKPOINT_METADATA_FILE, self.metadata)
         folders = item_folders(root, self.metadata)
         if not folders:
             raise CheckpointFormatError(
@@ -242,6 +258,8 @@ class OrbaxReader(CheckpointReader):
         ocdbt = "manifest.ocdbt" in names
         zarr3: Optional[bool] = None
         if meta is not None:
+            if isinstance(meta, dict):
+                self._check_version(loc, METADATA_FILE, meta)
             if not isinstance(meta, dict) or not isinstance(meta.get("tree_metadata"), dict):
                 raise self._error(loc, f"{METADATA_FILE} has no 'tree_metadata' object")
             if isinstance(meta.get("use_ocdbt"), bool):
@@ -365,6 +383,14 @@ class OrbaxReader(CheckpointReader):
         if depth and depth >= _chunk_key_depth(driver, meta, ndim):
             raise not_a_checkpoint_file(folder, stat.S_IFDIR)
 
+    def _check_version(self, loc: Location, file: str, meta: dict) -> None:
+        """Refuse metadata that carries a version field: no Orbax release from 0.5 to 0.12 writes
+        one, so its format is newer than this reader knows, and reading it as the known one could
+        be wrong."""
+        for key in sorted(k for k in meta if isinstance(k, str) and "version" in k.lower()):
+            raise _newer(loc, f"its {file} gives {quote_name(key)} = {escape_name(repr(meta[key])[:40])}, a "
+                              "version field no Orbax release ckptmerge knows (0.5 to 0.12) writes")
+
     def _check_data_folders(self, loc: Location) -> None:
         """Refuse a folder inside an OCDBT database's data folders (``d/``, ``ocdbt.process_N/d/``),
         which hold only data files, or in place of a per-process manifest."""
@@ -438,7 +464,12 @@ class OrbaxReader(CheckpointReader):
                 values = self._read_files(loc, keys)
         except OcdbtUnsupported as e:
             logger.info("Orbax checkpoint %s: reading its zarr metadata through tensorstore (%s)", loc.display, e)
-            return self._read_zarr_metadata_ts(loc, params, candidates, ocdbt)
+            try:
+                return self._read_zarr_metadata_ts(loc, params, candidates, ocdbt)
+            except CheckpointFormatError as ts_error:
+                raise _newer(loc, f"its OCDBT database uses what ckptmerge's own reader does not know "
+                                  f"({escape_name(e)}), and tensorstore {getattr(self._ts, '__version__', '')} "
+                                  f"could not read it either ({escape_name(ts_error)[:300]})") from None
         except UnsafeCheckpointError:
             raise
         except CheckpointFormatError as e:  # OcdbtError, or a node's file missing or too short
@@ -515,7 +546,7 @@ class OrbaxReader(CheckpointReader):
         shape_t = tuple(shape)
         if driver == "zarr":
             if meta.get("zarr_format") != 2:
-                raise bad("is not zarr v2 ('zarr_format': 2)")
+                raise _newer_zarr(loc, param, meta.get("zarr_format")) or bad("is not zarr v2 ('zarr_format': 2)")
             dt_field, chunks = meta.get("dtype"), meta.get("chunks")
             comp = meta.get("compressor")
             if comp is not None and (not isinstance(comp, dict) or comp.get("id") not in _ZARR2_COMPRESSORS):
@@ -526,7 +557,7 @@ class OrbaxReader(CheckpointReader):
             inner = chunks
         else:
             if meta.get("zarr_format") != 3 or meta.get("node_type", "array") != "array":
-                raise bad("is not a zarr3 array ('zarr_format': 3)")
+                raise _newer_zarr(loc, param, meta.get("zarr_format")) or bad("is not a zarr3 array ('zarr_format': 3)")
             dt_field = meta.get("data_type")
             grid = meta.get("chunk_grid")
             chunks = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
