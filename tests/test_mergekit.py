@@ -655,3 +655,43 @@ def test_config_combine_section_takes_mergekit_conventions(models):
                             normalize=True))
     with pytest.raises(ConfigError, match="no parameter 'rescale'.*add 'conventions: mergekit'"):
         cm.load_config({"combine": {**doc["combine"], "conventions": "ckptmerge"}})
+
+
+def test_contiguous_identical_slices_merge_as_models_do(models):
+    tmp, base, fts = models
+    src = textwrap.dedent("""\
+        merge_method: ties
+        base_model: models/base
+        parameters:
+          density: 0.5
+        dtype: float32
+        """)
+    sliced = config(tmp, src + "slices:\n" + "".join(
+        f"  - sources:\n      - model: models/base\n        layer_range: [{a}, {a + 1}]\n"
+        f"      - model: models/ft1\n        layer_range: [{a}, {a + 1}]\n        parameters: {{weight: 0.7}}\n"
+        for a in range(LAYERS)), "sliced.yml")
+    whole = config(tmp, src + "models:\n  - model: models/ft1\n    parameters: {weight: 0.7}\n", "whole.yml")
+    a, b = merged(sliced, tmp), dict(merged(whole, tmp))
+    for name in shapes():
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_model_paths_are_untrusted_as_in_every_config(models, monkeypatch):
+    tmp, _, _ = models
+    monkeypatch.setenv("MODELS", str(tmp / "models"))
+    monkeypatch.setenv("SECRET", "s3cr3t")
+    cfg = config(tmp, """\
+        models:
+          - model: ${MODELS}/ft1
+            parameters: {weight: 1.0}
+        merge_method: ties
+        base_model: s3://bucket-${SECRET}/base
+        """)
+    r = run("combine", "--mergekit", cfg, "--dry-run")
+    assert_one_line_error(r, "base_model", str(cfg), "--allow-env SECRET")
+    assert "s3cr3t" not in r.stderr
+    elsewhere = tmp / "sub"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # relative paths: from the config file's folder, not the current one
+    cfg.write_text(cfg.read_text().replace("s3://bucket-${SECRET}/base", "models/base"))
+    assert cm.from_mergekit(cfg).report().base["path"].endswith("base")
