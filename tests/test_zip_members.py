@@ -201,3 +201,67 @@ def test_a_keras_config_json_with_a_zip_fault_is_ignored_with_a_warning(tmp_path
     with open_checkpoint(str(path)) as r:
         assert r.names() == [KEY]
     assert "Ignoring config.json" in caplog.text and "compression method 93" in caplog.text
+
+
+METHODS = {"deflate": zipfile.ZIP_DEFLATED, "bzip2": zipfile.ZIP_BZIP2, "lzma": zipfile.ZIP_LZMA}
+
+
+def _archive(path: Path, kind: str, method: int, seed: int) -> Path:
+    """An archive of ``kind`` whose one member is compressed with ``method``: random values, so
+    every part of the stream matters."""
+    values = np.random.default_rng(seed).standard_normal(2000 + 100 * seed).astype(np.float32)
+    if kind == "npz":
+        buf = io.BytesIO()
+        np.save(buf, values)
+        member, data = "x.npy", buf.getvalue()
+    else:
+        buf = io.BytesIO()
+        with h5py.File(buf, "w") as f:
+            f[KEY] = values
+        member, data = "model.weights.h5", buf.getvalue()
+    with zipfile.ZipFile(path, "w", compression=method) as z:
+        z.writestr(member, data)
+    return path
+
+
+def _damage(path: Path, member: str, damage: str, seed: int) -> None:
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo(member)
+    rng = np.random.default_rng(seed)
+
+    def edit(data: bytearray, local: int, central: int) -> None:
+        start = local + 30 + struct.unpack_from("<H", data, local + 26)[0] + struct.unpack_from("<H", data, local + 28)[0]
+        if damage == "garbage":
+            data[start + 2:start + info.compress_size] = b"\xff" * (info.compress_size - 2)
+        else:  # a few runs of flipped bits anywhere in the stream
+            for at in rng.integers(0, info.compress_size - 8, size=3):
+                for j in range(8):
+                    data[start + int(at) + j] ^= 0xA5
+
+    if damage == "short":
+        _edit(path, member, _compressed_size(lambda n: n // 2))
+    else:
+        _edit(path, member, edit)
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("damage", ["garbage", "flipped", "short"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_damaged_member_of_any_compression_is_a_format_error_naming_it(tmp_path, kind, method, damage, seed):
+    """Issue 30: a corrupt LZMA member gave a traceback (LZMAError) and a bzip2 one was called "not
+    an HDF5 file"; every method's faults name the member and the archive."""
+    name = f"w{seed}.npz" if kind == "npz" else f"m{seed}.keras"
+    member = MAKERS[kind][2]
+    path = _archive(tmp_path / name, kind, METHODS[method], seed)
+    _read_everything(path)  # the undamaged archive reads
+    _damage(path, member, damage, seed)
+    with pytest.raises(CheckpointFormatError) as err:
+        _read_everything(path)
+    text = str(err.value)
+    assert f"member '{member}' of {name}" in text and f"(File: {path})" in text, text
+    assert err.value.path == str(path) and err.value.key == member
+    assert "not an HDF5" not in text, text
+    result = run("ls", path, "--stats")
+    assert_one_line_error(result, f"member '{member}' of {name}")
+    assert "Traceback" not in result.output and "Aborted" not in result.output

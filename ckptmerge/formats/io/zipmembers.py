@@ -5,8 +5,9 @@ member, a compression method ckptmerge does not decompress, sizes that run past 
 archive, and a compressed member declaring more than :data:`MAX_EXPANSION` times its
 compressed size (a decompression bomb; only near-constant data compresses that well).
 :func:`member_errors` turns what :mod:`zipfile` raises while a member streams (``EOFError``,
-``zlib.error``, ``BadZipFile``, a CRC mismatch) into a :class:`~ckptmerge.core.errors.CheckpointFormatError`
-naming the archive and the member, so no reader lets a zip fault escape as a traceback. zipfile
+``zlib.error``, ``lzma.LZMAError``, bzip2's ``OSError`` without an errno, ``BadZipFile``, a CRC
+mismatch) into a :class:`~ckptmerge.core.errors.CheckpointFormatError` naming the archive and the
+member, whatever its compression, so no reader lets a zip fault escape as a traceback. zipfile
 never yields more than the member's declared size, so the bound holds while the data streams,
 not only on paper.
 """
@@ -14,6 +15,7 @@ not only on paper.
 from __future__ import annotations
 
 import contextlib
+import lzma
 import os
 import zipfile
 import zlib
@@ -109,14 +111,22 @@ def member_errors(archive: str, member: str) -> Iterator[None]:
         yield
     except RecursionError:  # (a RuntimeError, but not zipfile's)
         raise
-    except (EOFError, zlib.error) as e:
-        detail = f" ({e})" if str(e) else ""
-        raise _error(archive, member, f"its data ended early or does not decompress{detail}",
-                     "The archive is corrupt or truncated; re-copy it.") from None
+    except (EOFError, zlib.error, lzma.LZMAError) as e:
+        _does_not_decompress(archive, member, e)
+    except OSError as e:
+        if e.errno is not None:  # the disk or the temporary file, not the member's data
+            raise
+        _does_not_decompress(archive, member, e)  # bz2's "Invalid data stream" (an OSError without errno)
     except zipfile.BadZipFile as e:
         raise _error(archive, member, f"it is damaged ({e})", "Re-copy the archive.") from None
     except (RuntimeError, NotImplementedError) as e:  # zipfile: encrypted, or a method it lacks
         raise _error(archive, member, f"zipfile cannot read it ({e})", "Re-save the archive.") from None
+
+
+def _does_not_decompress(archive: str, member: str, e: BaseException) -> None:
+    detail = f" ({e})" if str(e) else ""
+    raise _error(archive, member, f"its data ended early or does not decompress{detail}",
+                 "The archive is corrupt or truncated; re-copy it.") from None
 
 
 def open_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive: str,
