@@ -138,6 +138,8 @@ _NAME = operator.attrgetter("name")
 def _stored_key_hint(src: SourceView, rule: UnmatchedRule) -> str:
     """For a regex that matched no name of a laid-out source (``layout="torch"``: names are the
     converted ones) but matches a stored key whole: the hint to write it against the names."""
+    if rule.kind in ("map", "map-scope"):
+        return _stored_map_hint(src, rule)
     regex = next((r for r in src.rules.regexes if r.describe() == rule.rule), None)
     if rule.kind != "regex" or regex is None:
         return ""
@@ -145,6 +147,24 @@ def _stored_key_hint(src: SourceView, rule: UnmatchedRule) -> str:
         if v.raw_key != v.name and regex.matches(v.raw_key):
             return (f"; it matches the stored key {quote_name(v.raw_key)}, but rules match this source's "
                     f"names as its layout converts them: write it against {quote_name(v.name)}")
+    return ""
+
+
+def _stored_map_hint(src: SourceView, rule: UnmatchedRule) -> str:
+    """For a map entry of a laid-out source written on a stored key (or a scope of stored keys)
+    that the source could not put in its layout's spelling with certainty: say that the layout
+    renamed it, and how the layout spells it."""
+    entry = next((m for m in src.rules.maps if m.describe() == rule.rule), None)
+    if entry is None:
+        return ""
+    renamed = [v for v in src.variables.values() if v.raw_key != v.name]
+    if not renamed:
+        return ""
+    for v in renamed:
+        if entry.is_scope and v.raw_key.startswith(entry.source) or v.raw_key == entry.source:
+            how = f"layout={src.layout!r}" if src.layout else "the source's layout"
+            return (f"; {how} renames the stored names ({quote_name(v.raw_key)} is {quote_name(v.name)} "
+                    "here): write the entry as the layout names it")
     return ""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import (
     TYPE_CHECKING,
@@ -19,6 +20,7 @@ from typing import (
     Dict,
     List,
     Mapping,
+    Optional,
     Sequence,
     Tuple,
 )
@@ -97,21 +99,26 @@ class LayoutHandle(SourceHandle):
                                    undecided=tuple(n for n, _ in self._layout.undecided))
 
     def _torch_names(self, rules: Rules) -> Rules:
-        if not rules.maps or not any("." in m.source for m in rules.maps):
+        """``rules`` with each ``map`` key written in the stored spelling (a raw key, or a scope of
+        raw keys: ``model.layers.0.``, Flax's ``params/Dense_0/``) put in the layout's spelling,
+        where that spelling is certain; the others stay as written (and unmatched, they say so)."""
+        if not rules.maps or all(m.source in self.entries for m in rules.maps):
             return rules
         outputs: Dict[str, List[str]] = {}
         for name, e in self.entries.items():
             for k in e.sources:
                 outputs.setdefault(k, []).append(name)
-        raw = set(self._by_key)
         maps = []
         for m in rules.maps:
             source = m.source
             if source not in self.entries:
                 if len(outputs.get(source, ())) == 1:
                     source = outputs[source][0]
-                elif source.endswith(".") and any(k.startswith(source) for k in raw):
-                    source = source.replace(".", "/")
+                elif source.endswith((".", "/")):
+                    scope = _layout_scope(source, outputs)
+                    if scope is None and source.endswith(".") and any(k.startswith(source) for k in outputs):
+                        scope = source.replace(".", "/")  # (a dotted scope: '/' for '.', as PyTorch's)
+                    source = scope or source
             maps.append(m if source == m.source else MapRule(source, m.target))
         return dataclasses.replace(rules, maps=tuple(dict.fromkeys(maps)))
 
@@ -208,6 +215,39 @@ class LayoutHandle(SourceHandle):
     def close(self) -> None:
         """Close the wrapped source."""
         self.inner.close()
+
+
+def _parts(name: str) -> List[str]:
+    return [p for p in re.split(r"[./]", name) if p]
+
+
+def _layout_scope(scope: str, outputs: Mapping[str, Sequence[str]]) -> Optional[str]:
+    """The layout's spelling of a scope of stored names (``model.layers.0.`` ->
+    ``model/layers/0/``, Flax's ``params/Dense_0/`` -> ``Dense_0/``), or ``None`` when it is not
+    certain: the layout must drop the same number of leading parts from every name in the scope,
+    and the scope it gives must hold every tensor of those names and no other.
+
+    Example:
+        >>> _layout_scope("params/Dense_0/", {"params/Dense_0/kernel": ["Dense_0/kernel"],
+        ...                                   "params/Dense_1/kernel": ["Dense_1/kernel"]})
+        'Dense_0/'
+    """
+    inside = [(k, n) for k, ns in outputs.items() if k.startswith(scope) for n in ns]
+    if not inside:
+        return None
+    dropped = {len(_parts(k)) - len(n.split("/")) for k, n in inside}
+    if len(dropped) != 1:
+        return None
+    depth = len(_parts(scope)) - dropped.pop()
+    heads = {"/".join(n.split("/")[:depth]) for _, n in inside} if depth > 0 else {""}
+    if len(heads) != 1 or any(len(n.split("/")) <= depth for _, n in inside):
+        return None
+    head = heads.pop()
+    prefix = head + "/" if head else "/"
+    outside = (n for k, ns in outputs.items() if not k.startswith(scope) for n in ns)
+    if any(not head or n.startswith(prefix) for n in outside):
+        return None
+    return prefix
 
 
 def _settled(source: Source, name: str) -> bool:
