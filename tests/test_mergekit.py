@@ -403,6 +403,7 @@ def test_model_stock(models):
     got = merged(cfg, tmp)
     for name in shapes():
         close(got[name], mk_model_stock(base[name], [fts[f"ft{i}"][name] for i in (1, 2, 3)]))
+    assert cm.combine.from_mergekit(cfg).report().method == "model_stock"  # (the spelling)
 
 
 # -- refused keys: each named, with the file ---------------------------------------------------------

@@ -547,3 +547,19 @@ def combine(
     return CombinedSource(srcs, method, base=base_src, weights=list(weights or []), dtype=dtype, keys=keys,
                           integers=integers, optimizer=optimizer, accumulate=accumulate, params=dict(params),
                           chunk_elements=chunk_elements, order=order, conventions=conventions, **rules)
+
+
+def _from_mergekit(path: Any, **options: Any) -> CombinedSource:
+    """:func:`ckptmerge.from_mergekit`, as ``cm.combine.from_mergekit(path)`` (mergekit users'
+    spelling): a mergekit config read as written (the reader lives in ``config``, above this
+    module, so it is reached by module name).
+
+    Example:
+        >>> src = combine.from_mergekit("ties.yml")                              # doctest: +SKIP
+    """
+    import importlib
+
+    return importlib.import_module("ckptmerge.config.mergekit").from_mergekit(path, **options)
+
+
+combine.from_mergekit = _from_mergekit  # type: ignore[attr-defined]
