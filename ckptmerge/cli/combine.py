@@ -114,7 +114,8 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
          every: Optional[int], weights: Optional[str], params: Tuple[str, ...], dtype: Optional[str], keys: str,
          integers: str, optimizer: bool, accumulate: str, include: Tuple[str, ...], exclude: Tuple[str, ...],
          out: Optional[str], force: bool, dry_run: bool, durable: bool, quiet: bool, out_format: Optional[str],
-         as_json: bool, mergekit: Optional[str] = None, conventions: Optional[str] = None) -> None:
+         as_json: bool, mergekit: Optional[str] = None, conventions: Optional[str] = None,
+         model_spec: Optional[str] = None) -> None:
     from ..combining.combine import combine
     from ..merging.dispatch import merge
 
@@ -148,10 +149,15 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
         else:
             click.echo(report.summary() if quiet else report.render())
         return
+    template = None
+    if model_spec is not None:  # the model the output is for (imports TensorFlow)
+        from .workflow import model_target
+
+        template = model_target(model_spec)
     progress = ProgressBar("Combining") if (not quiet and not as_json and stderr_is_tty()) else None
     try:
-        merged = merge([src], out, overwrite=force, dry_run=dry_run, durable=durable, format=out_format,
-                       progress=progress)
+        merged = merge([src], out, template=template, overwrite=force, dry_run=dry_run, durable=durable,
+                       format=out_format, progress=progress)
     finally:
         if progress is not None:
             progress.close()
@@ -198,6 +204,9 @@ _SHARED = [
     click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out the combined names matching (repeatable)."),
     click.option("-o", "--output", "out", metavar="OUT",
                  help="The output: a TF checkpoint prefix, a .safetensors or a .weights.h5 file."),
+    click.option("--model", "model_spec", metavar="MODULE:FUNCTION",
+                 help="A function that builds the model the output is for (imports TensorFlow): the output holds "
+                      "exactly its variables, and a .weights.h5 output is laid out as its load_weights reads it."),
     click.option("--force", is_flag=True, help="Overwrite an existing output."),
     click.option("--dry-run", is_flag=True, help="Resolve the inputs and report what would be written; write nothing."),
     click.option("--durable", is_flag=True, help="fsync the output before it is moved into place."),

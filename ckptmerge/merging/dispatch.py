@@ -85,9 +85,12 @@ def merge(
             split on ``/`` into the tree; see :mod:`ckptmerge.formats.orbax.writer`) or
             ``"keras-h5"`` (a Keras
             ``.weights.h5`` file: each name is a dataset path, as ckptmerge names the entries of
-            a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back); default:
+            a ``.weights.h5`` it reads, so ``model.load_weights`` reads it back; names of other
+            formats are placed by a Keras model given as ``template``, as its ``save_weights``
+            would write them, and without one the merge is refused before writing); default:
             ``"keras-h5"`` when ``out_prefix`` ends with ``.weights.h5``, ``"safetensors"`` when it
-            ends with ``.safetensors``, else ``"tf"``.
+            ends with ``.safetensors``, else ``"tf"`` (a ``.keras`` output is refused: write the
+            ``.weights.h5``, then ``model.save``).
         layout: ``"torch"``: the inverse of ``Source(layout="torch")``: write the sources' Keras/TF
             tensors under the template's PyTorch names, shapes and layouts (Linear weights
             transposed back, fused ``c_attn``/``qkv`` joined, attention heads reshaped, RNN gates

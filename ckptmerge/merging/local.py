@@ -63,6 +63,7 @@ from ..core.errors import (
 )
 from ..formats import open_checkpoint
 from ..formats.io.output_prefix import check_no_output
+from ..formats.io.storage import is_url
 from ..formats.tf.bundle import (
     DATA_RE,
 )
@@ -92,6 +93,8 @@ from .inverse import (
     template_views,
     torch_inverse,
 )
+from .hfconfig import check_companions, companions, copy_companions
+from .kerasout import h5_entries, missing_layers
 from .objectgraph import NAME_BASED, OBJECT_BASED, KeyedWriter, ObjectLayout, object_layout
 from .jobs import (
     GRAPH_NOT_COPIED,
@@ -446,6 +449,11 @@ def _check_format(format: Any, given: str) -> str:
     if format is None:
         if given.endswith(".weights.h5"):
             return FORMAT_KERAS_H5
+        if given.endswith(".keras"):  # (not a TF prefix named like an archive Keras would refuse)
+            raise ArgumentError(f"ckptmerge does not write .keras archives (a model's config with its weights). Write "
+                                f"the weights as '{given[:-len('.keras')]}.weights.h5' with the model as the template "
+                                "(template=model, --model MODULE:FUNCTION), then model.load_weights(...) and "
+                                f"model.save({given!r}) if you need the archive. Received: out_prefix={given!r}")
         return FORMAT_SAFETENSORS if given.endswith(".safetensors") else FORMAT_TF
     if format not in _FORMATS:
         raise ArgumentError(f"format must be one of {', '.join(map(repr, _FORMATS))} or None (by the output's "
@@ -474,13 +482,16 @@ def recorded_sources(handles: Sequence[SourceHandle], plan: Plan, *,
 
 
 def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[SourceHandle], plan: Plan, *,
-                 overwrite: bool, durable: bool, record_paths: bool, layout: ObjectLayout) -> Any:
+                 overwrite: bool, durable: bool, record_paths: bool, layout: ObjectLayout,
+                 entries: Optional[Dict[str, str]] = None) -> Any:
     """The writer for the output format; both take the jobs' tensors the same way."""
     if fmt == FORMAT_TF:
         bundle = BundleWriter(given, overwrite=overwrite, durable=durable)
-        return KeyedWriter(bundle, layout) if layout.kind == OBJECT_BASED else bundle
+        return KeyedWriter.tf(bundle, layout) if layout.kind == OBJECT_BASED else bundle
     specs = [(j.target.name, j.target.dtype, j.target.shape) for j in jobs]
     if fmt == FORMAT_KERAS_H5:
+        if entries is not None:
+            specs = [(entries[n], dtype, shape) for n, dtype, shape in specs]
         from ..formats.keras.h5_writer import H5Writer, h5_unsupported
 
         problems = h5_unsupported(specs)
@@ -489,7 +500,8 @@ def _open_writer(fmt: str, given: str, jobs: Sequence["Job"], handles: Sequence[
             raise ArgumentError(f"A Keras .weights.h5 file cannot hold {plural(len(problems), 'tensor')} of this merge: "
                                 f"{names}{f' and {len(problems) - 5} more' if len(problems) > 5 else ''}. Exclude them "
                                 "(Source(..., exclude=[...])), or write a TF checkpoint.")
-        return H5Writer(given, specs, overwrite=overwrite, durable=durable)
+        h5 = H5Writer(given, specs, overwrite=overwrite, durable=durable)
+        return h5 if entries is None else KeyedWriter(h5, entries)
     if fmt == FORMAT_ORBAX:
         from ..formats.orbax.writer import OrbaxWriter, unsupported_dtypes
     else:
@@ -594,6 +606,10 @@ def merge_local(
     # every file each input is read from (a shard of a set too), its prefix first
     inputs = [(label, f) for label, r in read for f in dict.fromkeys([r.prefix, *files_read(r.prefix, r.format)])]
     refuse_overwriting_inputs(out_abs, given, fmt, inputs)
+    hf_pairs, hf_note = [], ""  # a Hugging Face template folder: its config.json beside the output
+    if layout is not None and kind == "path" and claim_output is None and not is_url(tvalue):
+        hf_pairs, hf_note = companions(tvalue, template_prefix, out_abs)
+        check_companions(hf_pairs, overwrite)
     if claim_output is not None:
         claim_output(inputs)
     if not overwrite:  # a TF checkpoint is checked again while publishing, under the output's lock
@@ -685,6 +701,18 @@ def merge_local(
                 + ". Check the sources' include/exclude and map; optimizer state and bookkeeping are "
                 "left out unless Source(..., optimizer=True).")
         total = tally.total
+        model_keys = None
+        if fmt == FORMAT_KERAS_H5 and kind == "model":  # where the model's own walk reads each name
+            from ..restoring.kerasfiles import weights_file_entries
+
+            model_keys = weights_file_entries(tvalue)
+        entries = h5_entries(tally.names, model_keys, given) if fmt == FORMAT_KERAS_H5 else None
+        notes = [n for n in (layout.note, hf_note) if n]
+        lacking = missing_layers(entries or {}, model_keys)
+        if lacking:
+            notes.append(f"model.load_weights raises for {plural(len(lacking), 'layer')} of the model whose variables "
+                         f"this file leaves out ({', '.join(f'{quote_name(g)}: {n}' for g, n in lacking[:3])}"
+                         f"{' ...' if len(lacking) > 3 else ''}) unless it skips them (skip_mismatch=True).")
         bytes_written = 0
         state_path = None
         if not dry_run:
@@ -693,7 +721,7 @@ def merge_local(
             buf = memoryview(bytearray(PIECE))
             try:
                 writer = _open_writer(fmt, given, jobs, handles, plan, overwrite=overwrite, durable=durable,
-                                      record_paths=record_paths, layout=layout)
+                                      record_paths=record_paths, layout=layout, entries=entries)
                 done = 0
                 if progress is not None:
                     progress(0, total)
@@ -706,6 +734,11 @@ def merge_local(
                     if progress is not None:
                         progress(done, total)
                 writer.finish()
+                if hf_pairs:
+                    copied = copy_companions(hf_pairs, durable=durable)
+                    if copied:
+                        notes.append(f"Copied {', '.join(os.path.basename(p) for p in copied)} from the template's "
+                                     "folder beside the weights, so from_pretrained loads the folder.")
             except OutputExistsError as e:
                 if fmt != FORMAT_TF:
                     raise
@@ -747,4 +780,4 @@ def merge_local(
                        elapsed=time.perf_counter() - t0, bytes_read=0 if dry_run else total,
                        sources=per_source, output=given, dry_run=dry_run, bytes_written=bytes_written,
                        from_template=from_template, state_file=state_path,
-                       tf_layout=layout.kind if fmt == FORMAT_TF else "", notes=[layout.note] if layout.note else [])
+                       tf_layout=layout.kind if fmt == FORMAT_TF else "", notes=notes)

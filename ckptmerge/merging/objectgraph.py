@@ -75,16 +75,22 @@ class ObjectLayout:
 
 
 class KeyedWriter:
-    """A :class:`~ckptmerge.formats.tf.writer.BundleWriter` that stores each name under its key
-    and writes the object graph when it finishes (the jobs add tensors by name).
+    """A writer (:class:`~ckptmerge.formats.tf.writer.BundleWriter`, a Keras ``.weights.h5``
+    writer) that stores each name under its key, and ``extra`` tensors (an object graph, a save
+    counter) when it finishes: the jobs add tensors by name.
 
     Example:
-        >>> w = KeyedWriter(BundleWriter("out/m"), layout)  # doctest: +SKIP
+        >>> w = KeyedWriter(BundleWriter("out/m"), {"dense/kernel": "model/dense/kernel/.ATTRIBUTES/VARIABLE_VALUE"})  # doctest: +SKIP
     """
 
-    def __init__(self, writer: BundleWriter, layout: ObjectLayout) -> None:
+    def __init__(self, writer: Any, keys: Dict[str, str], extra: Optional[Dict[str, Any]] = None) -> None:
+        self._writer, self._keys, self._extra = writer, keys, dict(extra or {})
+
+    @classmethod
+    def tf(cls, writer: BundleWriter, layout: ObjectLayout) -> "KeyedWriter":
+        """The TF writer of an object-based ``layout``: its keys, its graph and its save counter."""
         assert layout.keys is not None
-        self._writer, self._keys, self._graph, self._extra = writer, layout.keys, layout.graph, layout.extra or {}
+        return cls(writer, layout.keys, {**(layout.extra or {}), OBJECT_GRAPH_KEY: np.array(layout.graph, dtype=object)})
 
     def add(self, key: str, value: Any) -> None:
         self._writer.add(self._keys[key], value)
@@ -98,7 +104,6 @@ class KeyedWriter:
     def finish(self) -> None:
         for key, value in self._extra.items():
             self._writer.add(key, value)
-        self._writer.add(OBJECT_GRAPH_KEY, np.array(self._graph, dtype=object))
         self._writer.finish()
 
     def abort(self) -> None:
@@ -194,7 +199,8 @@ def object_layout(jobs: Sequence[Any], handles: Sequence[SourceHandle], template
 
     ``jobs`` are the merge's write jobs (``target``, ``origin``, ``name``, ``key``), ``handles``
     the opened sources (by ``source_origin(label)``), ``template`` the opened template reader
-    (``None`` without a template checkpoint), ``template_kind`` ``"none"``, ``"path"`` or ``"specs"``.
+    (``None`` without a template checkpoint), ``template_kind`` ``"none"``, ``"path"``, ``"specs"``
+    or ``"model"``.
 
     Example:
         >>> object_layout([], [], None, "none").kind
@@ -210,8 +216,9 @@ def object_layout(jobs: Sequence[Any], handles: Sequence[SourceHandle], template
     where = _Keys()
     if not any(where.object_based(h) for h in handles):
         return ObjectLayout(NAME_BASED)  # name-based inputs stay name-based
-    if template_kind == "specs":
-        return _name_based("the template is a list of variable specs, which has no object graph",
+    if template_kind in ("specs", "model"):
+        return _name_based(f"the template is {'a list of variable specs' if template_kind == 'specs' else 'a model'}, "
+                           "which gives no object graph here",
                            "pass template=<an object-based checkpoint of the model> (--template PATH) to write "
                            "under its object graph")
     keys: Dict[str, str] = {}

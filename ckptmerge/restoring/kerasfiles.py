@@ -422,3 +422,25 @@ def _targets_of(rec: Saveable, targets: Any) -> List[str]:
         if name is not None:
             out.append(name)
     return out
+
+
+
+def weights_file_entries(model: Any) -> Dict[str, str]:
+    """``{variable name: entry}``: where ``model.save_weights`` writes each variable of a Keras
+    model (``layers/dense/vars/0``), the variables named as ``plan --model`` names them, so that a
+    ``.weights.h5`` output is laid out as ``model.load_weights`` reads it.
+
+    Example:
+        >>> weights_file_entries(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))  # doctest: +SKIP
+        {'sequential/dense/kernel': 'layers/dense/vars/0', 'sequential/dense/bias': 'layers/dense/vars/1'}
+    """
+    from .keraswalk import weights_file_keys
+    from .targets import collect_targets
+
+    targets = collect_targets(model)
+    entries: Dict[str, str] = {}
+    for key, variable in weights_file_keys(model).items():
+        name = targets.name_of(variable)
+        if name is not None:
+            entries.setdefault(name, key)
+    return entries
