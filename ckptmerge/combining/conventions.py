@@ -63,8 +63,8 @@ def parameter_conventions(method: str, conventions: str, defaults: Mapping[str, 
     """``(parameter, how its value and meaning were chosen)`` for each parameter of ``method``.
 
     Example:
-        >>> parameter_conventions("ties", "mergekit", {"density": 1.0}, [])
-        [('density', "mergekit's default 1.0"), ('filters', 'substrings (mergekit)')]
+        >>> parameter_conventions("slerp", "mergekit", {"t": 0.5}, ["t"])[:2]
+        [('t', 'set (SLERP of a zero tensor as mergekit computes it)'), ('zero tensors', 'quarter circle (mergekit)')]
     """
     out: List[Tuple[str, str]] = []
     for key, default in defaults.items():
@@ -76,6 +76,8 @@ def parameter_conventions(method: str, conventions: str, defaults: Mapping[str, 
         else:
             text = f"{conventions}'s default {default!r}".replace("True", "true").replace("False", "false")
         out.append((key, text))
+    if method in ("mean", "task_arithmetic", "ties", "dare"):
+        out.insert(0, ("weights", "per input" + (" (mergekit's weight: required)" if conventions == "mergekit" else "")))
     if method == "dare" and conventions == "ckptmerge":
         out.append(("rescale", "by 1/density (ckptmerge)"))
     if method == "slerp":
