@@ -321,6 +321,12 @@ def test_dare_with_the_documented_draws_and_mergekit_rescale(models, method, res
         dtype: float32
         """, f"{method}.yml")
     got = merged(cfg, tmp, seed=5)
+    out = tmp / "cli.safetensors"
+    r = run("combine", "--mergekit", cfg, "--param", "seed=5", "-o", out, "-q")
+    assert r.exit_code == 0, r.output
+    cli = cm.load(str(out))
+    assert all(np.array_equal(cli[n], got[n]) for n in shapes())
+    assert_one_line_error(run("combine", "--mergekit", cfg, "--param", "density=0.5", "-o", out), "--param density")
     for name, shape in shapes().items():
         size = int(np.prod(shape))
         masks = [m.reshape(shape) for m in dare_masks(5, name, [0, 1], size, 0.53)]

@@ -126,13 +126,18 @@ def _run(inputs: Tuple[str, ...], method: str, base: Optional[str], last: Option
 
         given = [flag for flag, v in (("INPUT", inputs), ("--method", method != "mean"), ("--base", base),
                                       ("--last", last is not None), ("--steps", steps), ("--every", every),
-                                      ("--weights", weights), ("--param", params), ("--dtype", dtype),
+                                      ("--weights", weights), ("--dtype", dtype),
                                       ("--optimizer", optimizer), ("--include", include), ("--exclude", exclude)) if v]
         if given:
             raise CliError(f"--mergekit reads the models, method and parameters from {mergekit!r}: drop "
                            f"{', '.join(given)} (edit the config instead).")
+        extra = parse_params(params)
+        if set(extra) - {"seed"}:
+            raise CliError(f"--mergekit takes only --param seed=N (DARE's draws); the other parameters come from "
+                           f"{mergekit!r}: drop --param {', '.join(sorted(set(extra) - {'seed'}))} (edit the config "
+                           "instead).")
         src = from_mergekit(mergekit, conventions=conventions or "mergekit", keys=keys, integers=integers,
-                            accumulate=accumulate)
+                            accumulate=accumulate, **extra)
     else:
         if not inputs:
             raise CliError("no inputs: give the checkpoints to combine (INPUT...), one training directory, or "
