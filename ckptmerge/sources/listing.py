@@ -282,6 +282,13 @@ class _Local(_Look):
         c.time = os.stat(first).st_mtime
         return c
 
+    def _real_dir(self) -> str:
+        """The directory's real path (asked of the OS once per look)."""
+        real = self.__dict__.get("_real")
+        if real is None:
+            real = self.__dict__["_real"] = os.path.realpath(self.directory)
+        return real
+
     def folder(self, folder: str, step: Optional[int]) -> RunCheckpoint:
         """A step folder and every file below it (hidden names left out), each confined to the
         directory; links to folders inside it are followed once."""
@@ -297,12 +304,17 @@ class _Local(_Look):
             c = RunCheckpoint(folder, step, KIND_FOLDER, newest=os.stat(folder).st_mtime)
         except FileNotFoundError:
             raise _Gone() from None
-        real_dir = os.path.realpath(self.directory)
-        seen = {os.path.realpath(folder)}
-        stack = [folder]
+        real_dir = self._real_dir()
+        parent, name = os.path.split(folder)
+        top = os.path.join(real_dir, name) if parent == self.directory and not os.path.islink(folder) \
+            else os.path.realpath(folder)
+        seen = {top}
+        # (folder, its real path, its path relative to the step folder): a folder that is no link
+        # has its parent's real path and its name, so only links need realpath (1,000 steps list fast)
+        stack = [(folder, top, "")]
         rel: List[str] = []
         while stack:
-            here = stack.pop()
+            here, real_here, under = stack.pop()
             try:
                 with os.scandir(here) as it:
                     below = sorted((e for e in it if _kept(e.name)), key=lambda e: e.name)
@@ -318,10 +330,10 @@ class _Local(_Look):
                                            "folder it is given)")
                 try:
                     if e.is_dir():
-                        real = os.path.realpath(e.path)
+                        real = os.path.realpath(e.path) if link else os.path.join(real_here, e.name)
                         if real not in seen:
                             seen.add(real)
-                            stack.append(e.path)
+                            stack.append((e.path, real, under + e.name + "/"))
                         continue
                     st = e.stat()
                 except FileNotFoundError:
@@ -332,7 +344,7 @@ class _Local(_Look):
                     continue  # a FIFO or a socket below a folder is never read (readers refuse it)
                 c.files[e.path] = sig_of(st)
                 c.newest = max(c.newest, st.st_mtime)
-                rel.append(os.path.relpath(e.path, folder).replace(os.sep, "/"))
+                rel.append(under + e.name)
                 if len(c.files) > MAX_FOLDER_FILES:
                     logger.warning("%s: more than %d files below %s: not a checkpoint of the run", self.out.given,
                                    MAX_FOLDER_FILES, folder)
