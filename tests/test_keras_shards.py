@@ -130,3 +130,76 @@ def test_a_weight_map_naming_a_file_outside_its_folder_is_refused(saved, tmp_pat
         cm.list_variables(garbage)
     listed = {os.path.basename(c.path): c.size for c in cm.checkpoints(tmp_path)}  # listed, refused when opened
     assert listed["garbage.weights.json"] == os.path.getsize(garbage) and len(listed) == 3
+
+
+@pytest.fixture(scope="module")
+def sets(saved, tmp_path_factory):
+    """The fixture's set, and one more of another model cut into more shards (another base name)."""
+    import keras
+
+    root = tmp_path_factory.mktemp("more")
+    model = keras.Sequential([keras.Input((6,))] + [keras.layers.Dense(8) for _ in range(4)])
+    model.save_weights(str(root / "net.weights.json"), max_shard_size=0.0000004)
+    return [(saved["root"] / "set", "model"), (root, "net")]
+
+
+def _shards(folder, base):
+    return sorted(n for n in os.listdir(folder) if n.startswith(base + "_") and n.endswith(".weights.h5"))
+
+
+def _names_a_group(path):
+    import h5py
+
+    found = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: found.append(n) if isinstance(o, h5py.Group) and "name" in o.attrs else None)
+    return bool(found)
+
+
+def _refused_as_lone(path, index_name):
+    """The API and the CLI refuse ``path``: one Error line naming the set's JSON."""
+    for call in (cm.list_variables, cm.load, lambda p: cm.Source(p).resolve()):
+        with pytest.raises(cm.CheckpointFormatError) as err:
+            call(path)
+        text = str(err.value)
+        assert "of a Keras sharded weights set" in text and f"index '{index_name}'" in text, text
+        assert "one shard alone restores only part of a model" in text, text
+    r = run("ls", path)
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+    assert index_name in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_shard_copied_without_its_json_is_refused_naming_the_index(sets, tmp_path):
+    """Issue 30 (holes): one shard opened by itself restored part of a model with no error."""
+    for folder, base in sets:
+        names = _shards(folder, base)
+        assert len(names) >= 3, names
+        for name in names:  # each shard alone in a folder
+            if not _names_a_group(folder / name):
+                continue  # only the rest of a split layer: told by its first shard beside it (below)
+            alone = tmp_path / f"alone-{base}-{name}"
+            alone.mkdir()
+            (alone / name).write_bytes((folder / name).read_bytes())
+            _refused_as_lone(alone / name, f"{base}.weights.json")
+        together = tmp_path / f"no-json-{base}"  # every shard, the JSON forgotten
+        together.mkdir()
+        for name in names:
+            (together / name).write_bytes((folder / name).read_bytes())
+        for name in names:
+            _refused_as_lone(together / name, f"{base}.weights.json")
+        for name in names:  # with the JSON beside it, a shard still means its whole set
+            assert cm.Source(folder / name).resolve().prefix == str(folder / f"{base}.weights.json")
+
+
+def test_whole_files_numbered_like_shards_are_read_as_they_are(saved, tmp_path):
+    one = saved["one"].read_bytes()
+    for name in ("model_00001.weights.h5", "ep_00042.weights.h5"):  # ModelCheckpoint-style names
+        (tmp_path / name).write_bytes(one)
+        assert len(cm.list_variables(tmp_path / name)) == 12
+    for name in ("avg_00000.weights.h5", "avg_00003.weights.h5"):  # ckptmerge's own outputs, numbered
+        r = run("average", saved["one"], saved["json"], "-o", tmp_path / name)
+        assert r.exit_code == 0, r.output
+        assert len(cm.list_variables(tmp_path / name)) == 12
+    (tmp_path / "whole_00000.weights.h5").write_bytes(one)  # Keras's first-shard name: told to rename
+    with pytest.raises(cm.CheckpointFormatError, match=r"rename it so that its name does not end in _NNNNN"):
+        cm.list_variables(tmp_path / "whole_00000.weights.h5")

@@ -22,7 +22,7 @@ from ..core.errors import (
     format_list,
     ResourceLimitError,
 )
-from ..formats.keras.shards import shard_set_of
+from ..formats.keras.shards import lone_shard_error, shard_set_of
 from ..core.redact import get_logger
 from ..core.text import escape_name, quote_name, quoted_command
 from .files import (
@@ -115,6 +115,9 @@ def _resolve_file(given: str, abs_path: str, note: str) -> ResolvedCheckpoint:
         shown = display_path(os.path.dirname(given), os.path.basename(shards))
         return ResolvedCheckpoint(shards, FORMAT_KERAS_H5, step_of(shards),
                                   note or f"all shards of Keras sharded weights {shown}")
+    lone = lone_shard_error(abs_path, given) if is_h5_name(abs_path) else None
+    if lone is not None:  # a shard without its set's JSON: part of a model
+        raise lone
     if is_h5_name(abs_path) or is_hdf5(abs_path):
         return ResolvedCheckpoint(abs_path, FORMAT_KERAS_H5, step_of(abs_path),
                                   note or f"Keras HDF5 weights file {given}")

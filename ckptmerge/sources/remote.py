@@ -33,7 +33,7 @@ from ..formats.io.urlpath import (
     strip_slash,
     strip_suffix,
 )
-from ..formats.keras.shards import shard_set_of
+from ..formats.keras.shards import lone_shard_error, shard_set_of
 from ..core.text import quote_name, quoted_command
 from .files import (
     DATA_RE,
@@ -175,6 +175,9 @@ def _resolve_file(given: str, url: str) -> ResolvedCheckpoint:
     if shards is not None:  # one shard means its whole set, as for a local path
         return ResolvedCheckpoint(shards, FORMAT_KERAS_H5, step_of(shards),
                                   f"all shards of Keras sharded weights {sibling(given, basename(shards))}")
+    lone = lone_shard_error(url, given) if is_h5_name(url) else None
+    if lone is not None:  # a shard without its set's JSON: part of a model
+        raise lone
     if lower.endswith((".safetensors", INDEX_SUFFIX)) or (not lower.endswith(_KERAS_NAMES) and is_safetensors(url)):
         return ResolvedCheckpoint(url, FORMAT_SAFETENSORS, None, f"safetensors file {given}")
     if lower.endswith(".npz") or (not lower.endswith(_KERAS_NAMES) and is_npz(url)):

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError
+from ckptmerge.core.errors import CheckpointFormatError, CheckpointNotFoundError, ResourceLimitError
 from ckptmerge.formats.base import CheckpointReader
 from ckptmerge.formats.keras.h5 import H5Reader
 from ckptmerge.formats.io import storage
@@ -31,11 +31,11 @@ from ckptmerge.formats.safetensors.reader import read_json_file
 from ckptmerge.core.specs import VariableInfo
 from ckptmerge.core.text import escape_name
 
-__all__ = ["KerasShardsReader", "SHARDS_SUFFIX", "is_keras_shards", "shard_set_of", "shard_files"]
+__all__ = ["KerasShardsReader", "SHARDS_SUFFIX", "is_keras_shards", "shard_set_of", "shard_files", "lone_shard_error"]
 
 #: The suffix of the JSON file that names a sharded set's files.
 SHARDS_SUFFIX = ".weights.json"
-_SHARD_RE = re.compile(r"^(?P<base>.+)_\d{5}\.weights\.h5$")
+_SHARD_RE = re.compile(r"^(?P<base>.+)_(?P<number>\d{5})\.weights\.h5$")
 
 
 def is_keras_shards(path: str) -> bool:
@@ -61,6 +61,77 @@ def shard_set_of(shard: str) -> Optional[str]:
         return None
     index = storage.join(storage.dirname(shard), m.group("base") + SHARDS_SUFFIX)
     return index if storage.probe_isfile(index) else None
+
+
+def lone_shard_error(shard: str, given: Optional[str] = None) -> Optional[CheckpointFormatError]:
+    """The error for a shard of a Keras sharded set opened without its set's JSON beside it, or
+    ``None`` when ``shard`` is not one.
+
+    One shard alone restores only part of a model, silently: Keras itself never reads a shard
+    without its JSON. A file is taken for a lone shard only on positive evidence: it is named as
+    Keras names shards (``BASE_NNNNN.weights.h5``), no ``BASE.weights.json`` is beside it, Keras 3
+    wrote it (its ``vars`` groups carry their object's ``name``), and either it lacks the model's
+    own top-level ``vars`` group (every whole file Keras writes has one; a set's later shards do
+    not) or it is the first shard, ``_00000`` (``ModelCheckpoint`` numbers epochs from 1); a later
+    shard with no group named (the rest of a split layer) counts when its set's first shard, written
+    by Keras, is beside it. A whole
+    file named by epoch (``model_00007.weights.h5``) and files other tools wrote (ckptmerge's own
+    outputs) are read as they are. (A shard renamed to another name cannot be told.)
+
+    Example:
+        >>> lone_shard_error("/nonexistent/model.weights.h5") is None
+        True
+    """
+    m = _SHARD_RE.match(storage.basename(shard))
+    if m is None:
+        return None
+    base, number = m.group("base"), int(m.group("number"))
+    index = storage.join(storage.dirname(shard), base + SHARDS_SUFFIX)
+    if storage.probe_isfile(index):
+        return None
+    signs = _keras_signs(shard)
+    if signs is None:
+        return None
+    written_by_keras, model_vars = signs
+    if not written_by_keras and not model_vars and number != 0:
+        # a last shard may hold only the rest of a split layer (no group named): its set's first
+        # shard beside it, written by Keras, tells
+        first = storage.join(storage.dirname(shard), f"{base}_00000.weights.h5")
+        written_by_keras = storage.probe_isfile(first) and (_keras_signs(first) or (False, False))[0]
+    if not written_by_keras or (model_vars and number != 0):
+        return None
+    shown = given if given is not None else shard
+    return CheckpointFormatError(
+        f"{escape_name(repr(shown))} is shard {number + 1} of a Keras sharded weights set "
+        f"(model.save_weights('{escape_name(base)}{SHARDS_SUFFIX}', max_shard_size=...)), but the set's index "
+        f"{escape_name(repr(storage.basename(index)))}, which names every shard and which layers each holds, is "
+        f"not beside it; one shard alone restores only part of a model. Copy the whole set (the {SHARDS_SUFFIX} "
+        f"file and every {escape_name(base)}_NNNNN.weights.h5) into one folder and pass the {SHARDS_SUFFIX} file. "
+        "(If it is a whole weights file of its own, rename it so that its name does not end in "
+        f"_NNNNN.weights.h5.) (Expected: {escape_name(index)})", path=shard)
+
+
+def _keras_signs(path: str) -> Optional[Tuple[bool, bool]]:
+    """``(Keras 3 wrote it, it has the model's own top-level vars group)`` of an HDF5 weights file,
+    or ``None`` when it cannot be read as HDF5 (its reader will say why)."""
+    try:
+        import h5py
+
+        with storage.open_binary(path, storage.SNIFF_BLOCK) as f, h5py.File(f, "r") as h5:
+            named: List[str] = []
+
+            def visit(name: str, obj: Any) -> Optional[bool]:
+                if isinstance(obj, h5py.Group) and name.rsplit("/", 1)[-1] == "vars" and "name" in obj.attrs:
+                    named.append(name)
+                    return True  # one is enough
+                return None
+
+            h5.visititems(visit)
+            return bool(named), isinstance(h5.get("vars"), h5py.Group)
+    except ResourceLimitError:
+        raise
+    except Exception:  # noqa: BLE001 - not HDF5, damaged, h5py missing: not ours to decide here
+        return None
 
 
 def _error(problem: str, path: str) -> CheckpointFormatError:
