@@ -76,9 +76,14 @@ def _decoder(hf, kh, layers, prefix, tprefix, hidden=8):
 
 
 @pytest.mark.parametrize("layers,prefix,tprefix,four", list(itertools.product(
-    [1, 2, 4], ["model/", "", "language_model/model/"], ["decoder_block_", "layer_"], [True, False])))
+    [1, 2, 4], ["model/", "", "language_model/model/"], ["decoder_block_", "layer_"], [True, False, "qwen3"])))
 def test_each_norm_of_a_block_goes_by_its_role_in_two_or_four_norm_blocks(layers, prefix, tprefix, four):
-    if four:
+    if four == "qwen3":  # KerasHub's Qwen3: two norms a block, and q/k norms named after their dense layers
+        hf = {k: _HF4[k] for k in ("attn", "q", "k")}
+        hf["mlp"] = "post_attention_layernorm"
+        kh = {"attn": "self_attention_layernorm", "mlp": "feedforward_layernorm",
+              "q": "self_attention/query_dense_layernorm", "k": "self_attention/key_dense_layernorm"}
+    elif four:
         hf, kh = _HF4, _KH4
     else:
         hf, kh = _HF, {"attn": "pre_attention_norm", "mlp": "pre_ffw_norm"}
@@ -96,3 +101,39 @@ def test_post_attention_layernorm_is_the_mlps_norm_without_a_pre_feedforward_nor
     assert in_context(names) == ["m/layers/0/post_attention_layernorm/gamma", "m/layers/1/post_attention_norm/gamma",
                                  "m/layers/1/pre_feedforward_layernorm/gamma"]
     assert in_context(names[:1]) is names[:1] or in_context(names[:1]) == names[:1]
+
+
+# -- a position table with reserved rows at its start, where the convention table says so -----------
+
+def _offset_views(src_scope, rows, target_rows=64, hidden=8, tname="embeddings/position_embedding/embeddings"):
+    from ckptmerge.planning.planner import SourceView, make_plan
+    from ckptmerge.planning.suggestion import aligned_views
+
+    targets = [f32(tname, target_rows, hidden), f32("token_embedding/embeddings", 50, hidden)]
+    names = [f32(f"{src_scope}/embeddings/position_embeddings/embeddings", rows, hidden),
+             f32(f"{src_scope}/embeddings/word_embeddings/embeddings", 50, hidden)]
+    plan = make_plan(targets, [SourceView("A", "runs/A", "", {v.name: v for v in names})])
+    (v,) = aligned_views(plan, plan.sources, [True])
+    return make_plan(targets, [v]), v
+
+
+@pytest.mark.parametrize("scope,tname,target_rows", list(itertools.product(
+    ["roberta", "model/roberta", "xlm/roberta"], ["embeddings/position_embedding/embeddings",
+                                                  "embeddings/position_embedding/position_embeddings"], [16, 64, 514])))
+def test_robertas_position_table_drops_its_two_reserved_rows(scope, tname, target_rows):
+    import numpy as np
+
+    plan, v = _offset_views(scope, target_rows + 2, target_rows, tname=tname)
+    a = plan.assignments[tname]
+    assert a.key == f"{scope}/embeddings/position_embeddings/embeddings"
+    (op,) = [t for t in v.transforms if t.applies_to(tname)]
+    table = np.arange((target_rows + 2) * 8, dtype="float32").reshape(target_rows + 2, 8)
+    np.testing.assert_array_equal(op.apply(table, np.zeros((target_rows, 8), "float32"), target_shape=(target_rows, 8)), table[2:])
+
+
+@pytest.mark.parametrize("scope,extra", [("bert", 2), ("encoder", 2), ("roberta", 1), ("roberta", 3), ("roberta", 0)])
+def test_a_longer_position_table_without_the_conventions_offset_is_not_sliced(scope, extra):
+    plan, v = _offset_views(scope, 64 + extra)
+    if extra:
+        assert "embeddings/position_embedding/embeddings" not in plan.assignments
+    assert not [t for t in v.transforms if type(t).__name__ == "Slice"]

@@ -30,7 +30,8 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 from ..core.errors import RuleError
 
 __all__ = ["Convention", "CONVENTIONS", "add_convention", "conventions", "rewrite", "rewrite_all",
-           "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES", "CONTEXT", "in_context"]
+           "digit_sensitive", "positional", "CONV1D_MODULES", "EMBEDDING_MODULES", "CONTEXT", "in_context",
+           "POSITION_OFFSETS", "position_offset"]
 
 _ROLE = re.compile(r"^[a-z][a-z ]*[a-z]$|^[a-z]$")
 _LEAF = re.compile(r"^[a-z][a-z_]{0,63}$")
@@ -91,8 +92,10 @@ CONVENTIONS: Tuple[Convention, ...] = tuple(Convention(n, r, w, r.endswith("norm
      "Hugging Face's post_attention_layernorm there: see CONTEXT)"),
     (("post_ffw_norm", "post_feedforward_layernorm"), "mlppostnorm",
      "the norm of the MLP's output, before its residual add (four norms a block)"),
-    (("q_norm", "query_norm", "q_layernorm", "query_layernorm"), "qnorm", "the norm of the attention's queries"),
-    (("k_norm", "key_norm", "k_layernorm", "key_layernorm"), "knorm", "the norm of the attention's keys"),
+    (("q_norm", "query_norm", "q_layernorm", "query_layernorm", "query_dense_layernorm",
+      "query_dense_layer_norm"), "qnorm", "the norm of the attention's queries"),
+    (("k_norm", "key_norm", "k_layernorm", "key_layernorm", "key_dense_layernorm",
+      "key_dense_layer_norm"), "knorm", "the norm of the attention's keys"),
     (("ln_f", "norm", "final_layernorm", "final_layer_norm", "sequence_output_layernorm", "layernorm",
       "layer_norm", "final_norm", "norm_f", "ln"),
      "finalnorm", "the last norm of a transformer stack (at the model's top level)"),
@@ -167,6 +170,33 @@ def in_context(names: Sequence[str]) -> Sequence[str]:
     if out is None or out == list(names) or len(set(out)) != len(set(names)):
         return names
     return out
+
+
+#: Position tables that reserve rows at their start: ``(a scope of the checkpoint's name, rows,
+#: why)``. RoBERTa counts positions from ``padding_idx + 1``: its table's first two rows are never
+#: a position (XLM-R and CamemBERT are saved under the same ``roberta`` scope).
+POSITION_OFFSETS: Tuple[Tuple[str, int, str], ...] = (
+    ("roberta", 2, "RoBERTa's position ids start at padding_idx + 1 = 2: the table's first 2 rows are reserved"),
+)
+
+
+def position_offset(name: str) -> Optional[Tuple[int, str]]:
+    """The rows a position table reserves at its start, and why, where :data:`POSITION_OFFSETS`
+    says so for its name (a position table, by the table's roles, under one of its scopes).
+
+    Example:
+        >>> position_offset("roberta/embeddings/position_embeddings/embeddings")[0]
+        2
+        >>> position_offset("bert/embeddings/position_embeddings/embeddings") is None
+        True
+    """
+    if "posemb" not in rewrite(name):
+        return None
+    scopes = re.split(r"[/.]", name.lower())[:-1]
+    for scope, rows, why in POSITION_OFFSETS:
+        if scope in scopes:
+            return rows, why
+    return None
 
 
 #: Module names whose 2-D ``weight`` is Hugging Face's ``Conv1D`` (``(in, out)``, never transposed as a

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..alignment.align import (CONFIDENCE_FLOOR, Alignment, Entry, Unresolved, align, below_floor, match_columns,
                                scope_entries)
+from ..alignment.conventions import position_offset, rewrite
 from ..alignment.features import tokens
 from ..alignment.tensorops import Reshape, glob_escape, unit_axis_op
 from .fusion import compose_view, fused_proposals
@@ -32,6 +33,7 @@ from ..core.specs import VariableInfo
 from ..core.text import escape_name
 from .model import late
 from .planner import Plan, SourceView
+from .transforms import Slice
 
 __all__ = ["SourceSuggestion", "Suggestion", "make_suggestion", "aligned_views", "alignable", "slice_proposals"]
 
@@ -262,11 +264,15 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
     classes) and whose names share their words. Which rows belong in the target (the first ones, or
     the last ones after an offset such as RoBERTa's 2) no shape tells, so each is proposed for
     review only, with the ``cm.Slice`` of either reading; never applied by ``align="structure"``.
+    Only a position table whose reserved rows the convention table names
+    (:data:`~ckptmerge.alignment.conventions.POSITION_OFFSETS`: a ``roberta`` scope, 2 rows), and
+    whose shapes differ by exactly those rows, is decided (``review`` False): ``align="structure"``
+    applies it with its ``cm.Slice``.
 
     Example:
         >>> from ckptmerge.planning.planner import make_plan
         >>> t = VariableInfo("embeddings/position_embedding/embeddings", (64, 8), "float32")
-        >>> s = VariableInfo("roberta/embeddings/position_embeddings", (66, 8), "float32")
+        >>> s = VariableInfo("encoder/embeddings/position_embeddings", (66, 8), "float32")
         >>> src = SourceView("A", "<memory>", "", {s.name: s})
         >>> e = slice_proposals(make_plan([t], [src]), src, [t.name])[0]
         >>> e.review, e.evidence[1]
@@ -297,6 +303,12 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
         n_src, n_tgt = int(v.shape[axis]), int(t.shape[axis])
         unit = "rows" if axis == 0 else ("columns" if axis == 1 and len(t.shape) == 2 else f"axis-{axis} entries")
         offset = n_src - n_tgt
+        known = position_offset(v.name) if axis == 0 and "posemb" in rewrite(t.name) else None
+        if known is not None and known[0] == offset:  # the convention says which rows: applied, not reviewed
+            out.append(Entry(v.name, t.name, 1.0, (
+                f"shape {tuple(v.shape)} -> {tuple(t.shape)}: position table, {known[1]}",
+                f"cm.Slice({t.name!r}, axis=0, start={offset}) copies rows {offset}..{n_src - 1} of {n_src}"), 1, False))
+            continue
         out.append(Entry(v.name, t.name, 0.0, (
             f"shape {tuple(v.shape)} -> {tuple(t.shape)}: longer along axis {axis} only; names "
             f"{', '.join(map(repr, sorted(set(tokens(t.name)) & set(tokens(v.name)))))}",
@@ -369,7 +381,9 @@ def make_suggestion(plan: Plan, *, target_order: Optional[Sequence[str]] = None,
             entries += [e._replace(review=True) for e in scope_entries(
                 [m for m in found.matches if m.confidence < CONFIDENCE_FLOOR], src.variables, all_targets)]
         used = set(found_map) | {n for u in found.unresolved for n in u.names}
-        entries += slice_proposals(plan, src, missing, used)
+        # (a decided offset too is listed for review here: a config's map entry cannot carry its slice)
+        entries += [e if e.review else e._replace(review=True, confidence=0.0)
+                    for e in slice_proposals(plan, src, missing, used)]
         entries += split_proposals(plan, src, missing, used)
         fusions = fused_proposals(plan, src, missing, found_map, certain_map)
         entries += [Entry(f.concat.name, f.concat.target, 0.0 if f.review else 1.0, f.evidence, len(f.concat.sources),
@@ -422,11 +436,24 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
                    if not f.review] if fuse else []
         joined = {c.target for c in fusions}
         missing = [t for t in missing if t not in joined]
+        # position tables whose reserved rows the convention table names (RoBERTa's 2): sliced
+        offsets = [e for e in slice_proposals(plan, src, missing, set(mapping)) if not e.review]
+        if offsets:
+            mapping = {**mapping, **{e.name: e.target for e in offsets}}
+            for e in offsets:
+                notes[e.name] = f"matched by structure: {'; '.join(e.evidence)}"
+            reshapes += tuple(Slice(glob_escape(e.target), axis=0,
+                                    start=src.variables[e.name].shape[0] - _shape(plan, e.target)[0]) for e in offsets)
+            missing = [t for t in missing if t not in {e.target for e in offsets}]
         out.append(compose_view(dataclasses.replace(
             src, aligned=mapping, notes=notes, transforms=src.transforms + reshapes,
             unresolved=(*found.unresolved, *weak, *undecided_groups(plan, src, missing),
                         *split_groups(plan, src, missing, set(mapping)))), fusions))
     return out
+
+
+def _shape(plan: Plan, target: str) -> Tuple[int, ...]:
+    return next(tuple(t.shape) for t in plan.targets if t.name == target)
 
 
 def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[VariableInfo]) -> List[Any]:
