@@ -105,25 +105,31 @@ def test_post_attention_layernorm_is_the_mlps_norm_without_a_pre_feedforward_nor
 
 # -- a position table with reserved rows at its start, where the convention table says so -----------
 
-def _offset_views(src_scope, rows, target_rows=64, hidden=8, tname="embeddings/position_embedding/embeddings"):
+def _offset_views(src_scope, rows, target_rows=64, hidden=8, tname="embeddings/position_embedding/embeddings",
+                  types=""):
     from ckptmerge.planning.planner import SourceView, make_plan
     from ckptmerge.planning.suggestion import aligned_views
 
     targets = [f32(tname, target_rows, hidden), f32("token_embedding/embeddings", 50, hidden)]
     names = [f32(f"{src_scope}/embeddings/position_embeddings/embeddings", rows, hidden),
              f32(f"{src_scope}/embeddings/word_embeddings/embeddings", 50, hidden)]
+    if types in ("source", "both"):
+        names.append(f32(f"{src_scope}/embeddings/token_type_embeddings/embeddings", 1, hidden))
+    if types == "both":
+        targets.append(f32("segment_embedding/embeddings", 1, hidden))
     plan = make_plan(targets, [SourceView("A", "runs/A", "", {v.name: v for v in names})])
     (v,) = aligned_views(plan, plan.sources, [True])
     return make_plan(targets, [v]), v
 
 
-@pytest.mark.parametrize("scope,tname,target_rows", list(itertools.product(
+@pytest.mark.parametrize("scope,tname,target_rows,types", list(itertools.product(
     ["roberta", "model/roberta", "xlm/roberta"], ["embeddings/position_embedding/embeddings",
-                                                  "embeddings/position_embedding/position_embeddings"], [16, 64, 514])))
-def test_robertas_position_table_drops_its_two_reserved_rows(scope, tname, target_rows):
+                                                  "embeddings/position_embedding/position_embeddings"], [16, 64, 514],
+    ["", "both"])))
+def test_robertas_position_table_drops_its_two_reserved_rows(scope, tname, target_rows, types):
     import numpy as np
 
-    plan, v = _offset_views(scope, target_rows + 2, target_rows, tname=tname)
+    plan, v = _offset_views(scope, target_rows + 2, target_rows, tname=tname, types=types)
     a = plan.assignments[tname]
     assert a.key == f"{scope}/embeddings/position_embeddings/embeddings"
     (op,) = [t for t in v.transforms if t.applies_to(tname)]
@@ -136,4 +142,12 @@ def test_a_longer_position_table_without_the_conventions_offset_is_not_sliced(sc
     plan, v = _offset_views(scope, 64 + extra)
     if extra:
         assert "embeddings/position_embedding/embeddings" not in plan.assignments
+    assert not [t for t in v.transforms if type(t).__name__ == "Slice"]
+
+
+@pytest.mark.parametrize("scope,target_rows", [("roberta", 64), ("model/roberta", 16)])
+def test_no_offset_is_certain_where_a_token_type_table_has_no_target_it_may_be_folded_in(scope, target_rows):
+    # (KerasHub's XLM-R converter adds the token-type table's row 0 to the position table)
+    plan, v = _offset_views(scope, target_rows + 2, target_rows, types="source")
+    assert "embeddings/position_embedding/embeddings" not in plan.assignments
     assert not [t for t in v.transforms if type(t).__name__ == "Slice"]

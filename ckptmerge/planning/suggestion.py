@@ -267,7 +267,8 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
     Only a position table whose reserved rows the convention table names
     (:data:`~ckptmerge.alignment.conventions.POSITION_OFFSETS`: a ``roberta`` scope, 2 rows), and
     whose shapes differ by exactly those rows, is decided (``review`` False): ``align="structure"``
-    applies it with its ``cm.Slice``.
+    applies it with its ``cm.Slice``; unless the checkpoint holds a token-type table the target has
+    no place for (it may be folded into the target's position table).
 
     Example:
         >>> from ckptmerge.planning.planner import make_plan
@@ -285,6 +286,11 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
     taken = set(used)
     unused = set(plan.unused.get(src.label, ()))
     free = [v for n, v in src.variables.items() if n not in taken and n in unused]
+    # A checkpoint's token-type table with no place in the target may be folded into the target's
+    # position table (KerasHub's XLM-R converter adds its row 0; its RoBERTa converter drops it): no
+    # offset is certain then.
+    folded = (any("segemb" in rewrite(n) for n in src.variables)
+              and not any("segemb" in rewrite(t.name) for t in plan.targets))
     out = []
     for t in targets:
         fits = []
@@ -304,7 +310,7 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
         unit = "rows" if axis == 0 else ("columns" if axis == 1 and len(t.shape) == 2 else f"axis-{axis} entries")
         offset = n_src - n_tgt
         known = position_offset(v.name) if axis == 0 and "posemb" in rewrite(t.name) else None
-        if known is not None and known[0] == offset:  # the convention says which rows: applied, not reviewed
+        if known is not None and known[0] == offset and not folded:  # the convention says which rows: applied, not reviewed
             out.append(Entry(v.name, t.name, 1.0, (
                 f"shape {tuple(v.shape)} -> {tuple(t.shape)}: position table, {known[1]}",
                 f"cm.Slice({t.name!r}, axis=0, start={offset}) copies rows {offset}..{n_src - 1} of {n_src}"), 1, False))
