@@ -19,7 +19,7 @@ import ckptmerge as cm
 from ckptmerge.combining.methods import METHODS, combine_arrays
 from ckptmerge.core.errors import CombineError
 
-KEEPING = [("mean", {}), ("mean", {"weights": [0.5, 0.0, 2.0]}), ("ema", {"decay": 0.5}), ("ema", {"decay": 0.0}),
+KEEPING = [("mean", {}), ("mean", {"weights": [0.5, 0.0, 2.0]}), ("mean", {"weights": [1.0, -2.0, 0.5], "normalize": False}), ("ema", {"decay": 0.5}), ("ema", {"decay": 0.0}),
            ("task_arithmetic", {"weights": [1.0, -0.5, 0.3], "scale": 0.7}),
            ("ties", {"density": 0.3}), ("ties", {"density": 1.0, "normalize": False}),
            ("ties", {"density": 0.05, "weights": [1.0, 2.0, 0.5]}),
@@ -156,3 +156,12 @@ def test_real_files_keep_or_refuse_nonfinite_values(method, tmp_path):
     assert np.isnan(got[17]) or not np.isfinite(got[17])
     assert not np.isfinite(got[4000:4002]).any()
     assert np.isfinite(np.delete(got, [17, 4000, 4001])).all()
+
+
+def test_model_stock_filter_wise_refuses_a_nonfinite_tensor_by_name():
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((4, 6))
+    xs = [base + rng.standard_normal((4, 6)) for _ in range(3)]
+    xs[2][1, 3] = np.nan
+    with pytest.raises(CombineError, match="Cannot model_stock tensor 'k': input 3 holds 1 NaN or Inf value"):
+        combine_arrays("model_stock", xs, base, name="k", filter_wise=True)

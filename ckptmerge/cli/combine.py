@@ -193,7 +193,8 @@ _SHARED = [
                  help="With a training directory: the steps divisible by K."),
     click.option("--weights", metavar="W1,W2,...", help="One weight per input (mean, task_arithmetic, ties, dare)."),
     click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-                 help="A method parameter (density=0.5, t=0.3, decay=0.99, seed=1, scale=1.0); "
+                 help="A method parameter (density=0.5, t=0.3, decay=0.99, seed=1, scale=1.0, normalize=false, "
+                      "filter_wise=true), or a gradient over the layers ('t=[0,0.5,1]'); "
                       "'KEY[GLOB]=VALUE' for the tensors a glob matches (first match wins). Repeatable."),
     click.option("--dtype", type=click.Choice(["float16", "bfloat16", "float32", "float64"]), default=None,
                  help="Output dtype of float tensors (default: the inputs')."),

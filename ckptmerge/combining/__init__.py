@@ -6,7 +6,8 @@ streamed tensor by tensor and chunk by chunk.
 
 Holds: ``combine`` (:func:`~ckptmerge.combine`, the source and its streaming), ``inputs`` (which
 checkpoints a combination takes, how their names line up, the policies),
-``methods`` (the math of every method, pure NumPy over one chunk), ``params`` (what each
+``methods`` (the math of every method, pure NumPy over one chunk), ``selection`` (TIES's
+exact magnitude cut in bounded memory), ``params`` (what each
 parameter accepts, checked alike for the API, the CLI and config files; gradient lists over
 layers), ``blocks`` (chunks made from
 the inputs' chunks or element ranges in bounded memory) and ``report`` (what a combination did,

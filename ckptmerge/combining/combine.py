@@ -453,7 +453,10 @@ def combine(
         **params: the method's parameters, each a value or ``{glob: value}`` per tensor:
             ``decay`` (ema, 0.999), ``scale`` (task_arithmetic/ties/dare, 1.0), ``density``
             (ties/dare, 0.5), ``seed`` (dare, 0), ``consensus`` (dare: ``"none"`` or ``"ties"``),
-            ``normalize`` (ties True, dare False), ``t`` (slerp, 0.5).
+            ``normalize`` (mean and ties True, dare False; mean's False: the weighted sum), ``t``
+            (slerp, 0.5), ``filter_wise`` (model_stock, False: one ratio per row when True).
+            Any of them may be a gradient list spread over the layers (``t=[0, 0.5, 1]``; see
+            :mod:`ckptmerge.combining.params`).
 
     Returns:
         A :class:`CombinedSource`; ``.report()`` describes it without reading a tensor.

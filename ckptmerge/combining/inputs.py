@@ -306,7 +306,7 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         if bad:
             problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
             continue
-        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders), conventions)
+        p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders), conventions, tuple(first.shape))
         fam = method.describe(p) if src.method not in ("mean", "ema") else ""
         wtext = ("weights " + ", ".join(f"{w:g}" for w in ws)) if (src.weights or src.method == "ema") else "weights uniform"
         family = "; ".join(x for x in (wtext if src.method in ("mean", "ema", "task_arithmetic", "ties", "dare") else "",

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import numpy as np
 
 from ..core.errors import ArgumentError, CombineError
+from .selection import kth_largest_abs, tie_cut
 
 __all__ = ["Method", "METHODS", "TensorParams", "combine_arrays", "ema_weights", "kth_largest_abs", "tie_cut",
            "DOT_THRESHOLD", "CONVENTIONS", "RESCALE_EPS", "quiet",
@@ -81,6 +82,7 @@ class TensorParams:
     acc: str = "float64"
     inputs: Tuple[int, ...] = ()  # the inputs' positions among all inputs (DARE's seeds)
     conventions: str = "ckptmerge"
+    shape: Tuple[int, ...] = ()  # the tensor's shape (Model Stock's filter_wise rows)
 
     def get(self, key: str) -> Any:
         return self.params[key]
@@ -211,25 +213,34 @@ class Linear(Method):
 
 
 class Mean(Linear):
-    """``sum(w_i x_i) / sum(w_i)``: a uniform or weighted average (a model soup)."""
+    """``sum(w_i x_i) / sum(w_i)``: a uniform or weighted average (a model soup); with
+    ``normalize=False``, the weighted sum ``sum(w_i x_i)`` as it is (mergekit's linear without
+    normalising)."""
 
     name = "mean"
+    defaults = {"normalize": True}
+
+    @staticmethod
+    def _uniform(p: TensorParams) -> bool:  # a sum, then one division by the count
+        return len(set(p.weights)) == 1 and p.params.get("normalize", True)
 
     def coefficients(self, p: TensorParams, stats: Any) -> Tuple[List[float], float]:
+        if not p.params.get("normalize", True):
+            return list(p.weights), 0.0
         total = math.fsum(p.weights)
         if total == 0:
             raise ArgumentError(f"the weights of tensor {p.name!r} sum to 0; a weighted mean needs a nonzero sum.")
-        if len(set(p.weights)) == 1:  # uniform: sum, then one division
+        if self._uniform(p):
             return [1.0] * len(p.weights), 0.0
         return [w / total for w in p.weights], 0.0
 
     def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
-        if len(set(p.weights)) == 1:
+        if self._uniform(p):
             acc /= len(p.weights)
         return acc
 
     def finish_into(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray], out: np.ndarray) -> None:
-        if len(set(p.weights)) == 1:  # the float64 quotient, rounded once into out (one pass, not two)
+        if self._uniform(p):  # the float64 quotient, rounded once into out (one pass, not two)
             np.divide(acc, len(p.weights), out=out, casting="unsafe")
         else:
             np.copyto(out, acc, casting="unsafe")
@@ -274,79 +285,6 @@ class TaskArithmetic(Linear):
     def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
         np.add(acc, base, out=acc, casting="unsafe")
         return acc
-
-
-def kth_largest_abs(passes: Chunks, size: int, k: int, delta: Callable[[np.ndarray, int], np.ndarray],
-                    *, whole_limit: int = 1 << 20, equal: bool = False) -> Tuple[Any, ...]:
-    """The ``k``-th largest ``|value|`` of a tensor given as chunks, exactly, in bounded memory,
-    and how many magnitudes are strictly larger (the values equal to it make up the rest of the
-    ``k``); with ``equal=True`` also how many are equal to it.
-
-    ``passes()`` starts a pass over the tensor's chunks (``(chunk, offset)`` pairs) and
-    ``delta(chunk, offset)`` turns one into the float64 values ranked. A tensor of at most
-    ``whole_limit`` elements is ranked in memory (``np.partition``); a larger one by a radix
-    selection on the bit patterns of the magnitudes (non-negative float64 values order as their
-    uint64 bits): 16 bits a pass, until the candidates fit in ``whole_limit``.
-
-    Example:
-        >>> x = np.array([3.0, -7.0, 1.0, 5.0, -5.0])
-        >>> kth_largest_abs(lambda: [(x, 0)], 5, 2, lambda c, o: c)
-        (5.0, 1)
-    """
-    if k <= 0:
-        return (math.inf, 0, 0) if equal else (math.inf, 0)
-    if size <= whole_limit:
-        a = np.abs(np.concatenate([delta(c, o) for c, o in passes()])) if size else np.zeros(0)
-        thr = float(np.partition(a, size - k)[size - k])
-        above = int(np.count_nonzero(a > thr))
-        return (thr, above, int(np.count_nonzero(a == thr))) if equal else (thr, above)
-    prefix, shift, rank = 0, 64, k  # the k-th largest has bits `prefix` above `shift`
-    while True:
-        shift -= 16
-        counts = np.zeros(1 << 16, np.int64)
-        for c, o in passes():
-            bits = np.abs(delta(c, o)).view(np.uint64)
-            if shift + 16 < 64:
-                bits = bits[(bits >> np.uint64(shift + 16)) == np.uint64(prefix)]
-            counts += np.bincount(((bits >> np.uint64(shift)) & np.uint64(0xFFFF)).astype(np.int64),
-                                  minlength=1 << 16)
-        above = np.cumsum(counts[::-1])  # elements in this bin or a higher one
-        top = int(np.searchsorted(above, rank))  # first count from the top reaching `rank`
-        b = (1 << 16) - 1 - top
-        rank -= int(above[top - 1]) if top else 0
-        prefix = (prefix << 16) | b
-        if counts[b] <= whole_limit or shift == 0:
-            break
-    keep = []
-    for c, o in passes():
-        bits = np.abs(delta(c, o)).view(np.uint64)
-        keep.append(bits[(bits >> np.uint64(shift)) == np.uint64(prefix)])
-    cand = np.concatenate(keep).view(np.float64)  # (every magnitude equal to the k-th is among them)
-    thr = float(np.partition(cand, cand.size - rank)[cand.size - rank])
-    above = (k - rank) + int(np.count_nonzero(cand > thr))
-    return (thr, above, int(np.count_nonzero(cand == thr))) if equal else (thr, above)
-
-
-def tie_cut(passes: Chunks, thr: float, need: int) -> int:
-    """The element index just past the ``need``-th magnitude equal to ``thr`` in element order
-    (``passes()`` as for :func:`kth_largest_abs`): keeping ``|d| > thr``, and ``|d| == thr`` only
-    before that index, keeps the first ``need`` of the tied magnitudes.
-
-    Example:
-        >>> x = np.array([2.0, -1.0, 1.0, 3.0, 1.0])
-        >>> tie_cut(lambda: [(x[:2], 0), (x[2:], 2)], 1.0, 2)
-        3
-    """
-    if need <= 0:
-        return 0
-    seen = end = 0
-    for c, o in passes():
-        at = np.flatnonzero(np.abs(c) == thr)
-        if seen + at.size >= need:
-            return o + int(at[need - seen - 1]) + 1
-        seen += at.size
-        end = o + c.size
-    return end  # (fewer than `need`: all of them)
 
 
 class TaskVectors(Method):
@@ -680,9 +618,12 @@ class ModelStock(Linear):
     name = "model_stock"
     needs_base = True
     min_inputs = 2
+    defaults = {"filter_wise": False}
 
     def prepare(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Optional[Chunks]) -> Any:
         assert base is not None
+        if p.params.get("filter_wise") and len(p.shape) > 1 and size:
+            return self._rows(p, size, inputs, base)
         k = len(inputs)
         if p.conventions == "mergekit":
             return self._mergekit_ratio(p, k, inputs, base)
@@ -731,8 +672,65 @@ class ModelStock(Linear):
         t = 0.0 if abs(den) < 1e-6 else k * c / den
         return [t / k] * k, 1.0 - t
 
+    def _rows(self, p: TensorParams, size: int, inputs: Sequence[Chunks], base: Chunks) -> Any:
+        """``filter_wise``: one ``t`` per vector along the last axis (mergekit's rows), from the
+        mean pairwise cosine of the fine-tunes' offsets in that row (a zero offset's cosine is 0)."""
+        k, length = len(inputs), p.shape[-1]
+        rows = size // length
+
+        def row_sums(values: Iterator[Tuple[np.ndarray, ...]], fn: Callable[..., np.ndarray]) -> np.ndarray:
+            out, off = np.zeros(rows, np.float64), 0
+            for chunks in values:
+                v = fn(*chunks)
+                out += np.bincount((np.arange(off, off + v.size)) // length, weights=v, minlength=rows)[:rows]
+                off += v.size
+            return out
+
+        def deltas(x: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return np.subtract(x, b, dtype=np.float64)
+
+        norms = [np.sqrt(row_sums(zip(c(), base()), lambda x, b: deltas(x, b) ** 2)) for c in inputs]
+        cos = np.zeros(rows, np.float64)
+        for i in range(k):
+            for j in range(i + 1, k):
+                dot = row_sums(zip(inputs[i](), inputs[j](), base()),
+                               lambda x, y, b: deltas(x, b) * deltas(y, b))
+                cos += np.clip(dot / np.maximum(norms[i] * norms[j], 1e-6), -1.0, 1.0)
+        cos /= k * (k - 1) / 2
+        if not np.isfinite(cos).all():
+            refuse_nonfinite(p, "model_stock", "the angle between the fine-tunes", inputs, base)
+        den = 1 + (k - 1) * cos
+        small = np.abs(den) < 1e-6
+        t = np.where(small, 0.0, k * cos / np.where(small, 1.0, den))
+        return t, length, k
+
+    def start(self, p: TensorParams, n: int) -> Any:
+        if p.params.get("filter_wise") and len(p.shape) > 1:
+            return [np.empty(n, p.acc), 0]  # the sum of the inputs, and the chunk's offset
+        return super().start(p, n)
+
+    def add(self, acc: Any, p: TensorParams, stats: Any, j: int, x: np.ndarray, base: Optional[np.ndarray],
+            offset: int) -> None:
+        if not isinstance(acc, list):
+            return super().add(acc, p, stats, j, x, base, offset)
+        if j == 0:
+            acc[1] = offset
+            np.copyto(acc[0], x, casting="unsafe")
+        else:
+            np.add(acc[0], x, out=acc[0], casting="unsafe")
+
+    def finish(self, acc: Any, p: TensorParams, stats: Any, base: Optional[np.ndarray]) -> np.ndarray:
+        if not isinstance(acc, list):
+            return super().finish(acc, p, stats, base)
+        total, off = acc
+        t_rows, length, k = stats
+        t = t_rows[np.arange(off, off + total.size) // length]  # each element's row's t
+        total *= t / k  # t * mean(x_i) + (1 - t) * b
+        total += (1 - t) * base
+        return total
+
     def describe(self, p: TensorParams) -> str:
-        return "t from the fine-tunes' angle"
+        return "t per row from the fine-tunes' angles" if p.params.get("filter_wise") else "t from the fine-tunes' angle"
 
 
 #: Every method by name.
@@ -758,7 +756,8 @@ def combine_arrays(method: str, inputs: Sequence[Any], base: Any = None, *, weig
     size = xs[0].size
     step = chunk or max(size, 1)
     ps = {**m.defaults_for(conventions), **params}
-    p = TensorParams(name, tuple(weights or [1.0] * len(xs)), ps, acc, tuple(range(len(xs))), conventions)
+    p = TensorParams(name, tuple(weights or [1.0] * len(xs)), ps, acc, tuple(range(len(xs))), conventions,
+                     tuple(np.shape(inputs[0])))
 
     def pieces(a: np.ndarray) -> Chunks:
         return lambda: (a[s:s + step] for s in range(0, size, step))
