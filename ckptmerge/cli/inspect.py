@@ -22,6 +22,7 @@ from typing import (
 
 import click
 
+from ..alignment.keraspaths import LayerEntries, PathAlignment, align_paths
 from ..core.errors import UnreadableTensorError, did_you_mean
 from ..formats.io.urlpath import relative_to
 from ..core.gcpause import paused_gc
@@ -543,6 +544,7 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                     continue
                 compared.append({"name": x.name, "max_abs_diff": d, "equal": eq})
         keras = keras_verdict(ra, rb)
+        renamed = renamed_layers(ra, rb, only_a, only_b) if keras is not None else None
     value_diffs = [c for c in compared if not c["equal"]]
     equal = not (only_a or only_b or mismatched or value_diffs)
 
@@ -556,6 +558,10 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
                                                   else _finite_or_text(c["max_abs_diff"]))}
                            for c in compared], "not_compared": [x.name for x, _ in not_compared]} if values else {}),
             **({"keras": keras.to_dict()} if keras is not None else {}),
+            **({"renamed": [{"a": m.file, "b": m.model, "confidence": round(m.confidence, 4),
+                             "evidence": list(m.evidence)} for m in renamed.matches],
+                "renamed_unresolved": [{"a": list(fa), "b": list(fb), "reason": why}
+                                       for fa, fb, why in renamed.unresolved]} if renamed is not None else {}),
         })
         if not equal:
             raise SystemExit(EXIT_FINDINGS)
@@ -579,6 +585,11 @@ def diff_command(a: str, b: str, step_a: Optional[int], step_b: Optional[int], v
 
     listing("Only in A", only_a)
     listing("Only in B", only_b)
+    if renamed is not None:  # the same layer under another path: the pair, not two lists
+        section("Renamed paths - the same layer's entries under another path in B",
+                [f"{m.file or 'root'} <-> {m.model or 'root'} ({m.confidence:.2f}: {'; '.join(m.evidence)})"
+                 for m in renamed.matches]
+                + [f"undecided: A {', '.join(fa)} / B {', '.join(fb)}: {why}" for fa, fb, why in renamed.unresolved])
     section("Shape/dtype differ", [f"{x.name}: A {x.dtype} {shape_text(x.shape)}, B {y.dtype} {shape_text(y.shape)}"
                                    for x, y in mismatched])
     section("Values differ", [
@@ -644,6 +655,41 @@ def keras_verdict(old: Any, new: Any) -> Optional[KerasVerdict]:
     if not shapes_a or not shapes_b:
         return None
     return compare_weights_files(shapes_a, shapes_b, getattr(new, "layer_names", {}))
+
+
+def renamed_layers(old: Any, new: Any, only_a: Sequence[VariableInfo],
+                   only_b: Sequence[VariableInfo]) -> Optional[PathAlignment]:
+    """The layers of two Keras 3 weights files whose entries are all only in one of them, paired
+    across the files where the structure is certain (:func:`~ckptmerge.alignment.keraspaths.align_paths`:
+    the same entries, and the path and name tokens decide); ``None`` when there is nothing to pair.
+
+    Example:
+        >>> renamed_layers(a, b, only_a, only_b).matches[0].model  # doctest: +SKIP
+        'encoder/dense_1'
+    """
+    if getattr(old, "legacy", None) is not None or getattr(new, "legacy", None) is not None:
+        return None
+
+    def layers(reader: Any, only: Sequence[VariableInfo]) -> List[LayerEntries]:
+        alone = {v.raw_key for v in only}
+        groups: Dict[str, List[Tuple[str, Tuple[int, ...], str]]] = {}
+        partial = set()
+        for v in reader.variables():
+            head = layer_of(v.raw_key)
+            if head is None or v.kind != KIND_VARIABLE:
+                continue
+            if v.raw_key not in alone:
+                partial.add(head)
+            groups.setdefault(head, []).append((v.raw_key.rpartition("/")[2], tuple(v.shape), v.dtype))
+        names = getattr(reader, "layer_names", {})
+        return [LayerEntries(g, names.get(g, ""), tuple(sorted(e, key=lambda x: (len(x[0]), x[0]))))
+                for g, e in sorted(groups.items()) if g not in partial]
+
+    la, lb = layers(old, only_a), layers(new, only_b)
+    if not la or not lb:
+        return None
+    found = align_paths(la, lb)
+    return found if found.matches or found.unresolved else None
 
 
 def _sorted_diff(a: List[VariableInfo], b: List[VariableInfo]
