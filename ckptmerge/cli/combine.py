@@ -217,8 +217,9 @@ _SHARED = [
     click.option("--dry-run", is_flag=True, help="Resolve the inputs and report what would be written; write nothing."),
     click.option("--durable", is_flag=True, help="fsync the output before it is moved into place."),
     click.option("--quiet", "-q", is_flag=True, help="No progress bar; print only the summary line."),
-    click.option("--format", "out_format", type=click.Choice(["tf", "safetensors", "keras-h5"]), default=None,
-                 help="Output format (default: by OUT's suffix: .safetensors, .weights.h5, else a TF checkpoint)."),
+    click.option("--format", "out_format", type=click.Choice(["tf", "safetensors", "keras-h5", "orbax"]), default=None,
+                 help="Output format (default: by OUT's suffix: .safetensors, .weights.h5, else a TF checkpoint); "
+                      "orbax writes an Orbax checkpoint folder that Orbax restores."),
     JSON_OPTION,
 ]
 
