@@ -455,10 +455,6 @@ REFUSED_SHAPES = [
     ("merge_method: ties\nbase_model: models/base\nmodels:\n  - model: models/ft1\n", "models[0]", "has no weight"),
     ("merge_method: ties\nmodels:\n  - model: models/ft1\n    parameters: {weight: 1}\n", "merge.yml",
      "needs a base_model"),
-    ("merge_method: linear\nmodels:\n  - model: models/ft1\n    parameters: {weight: 1}\nparameters:\n  "
-     "normalize: false\n", "parameters.normalize", "not yet supported"),
-    ("merge_method: model_stock\nbase_model: models/base\nmodels:\n  - model: models/ft1\n  - model: models/ft2\n"
-     "parameters:\n  filter_wise: true\n", "parameters.filter_wise", "not yet supported"),
     ("merge_method: slerp\nbase_model: models/base\nmodels:\n  - model: models/ft1\n", "parameters",
      "needs the parameter t"),
     ("merge_method: task_arithmetic\nbase_model: models/base\nmodels:\n  - model: models/ft1\n    parameters:\n"
@@ -702,3 +698,51 @@ def test_model_paths_are_untrusted_as_in_every_config(models, monkeypatch):
     monkeypatch.chdir(elsewhere)  # relative paths: from the config file's folder, not the current one
     cfg.write_text(cfg.read_text().replace("s3://bucket-${SECRET}/base", "models/base"))
     assert cm.from_mergekit(cfg).report().base["path"].endswith("base")
+
+
+def mk_model_stock_rows(base, xs):
+    """mergekit's filter_wise Model Stock: one ratio per row (last axis); a vector as one row."""
+    w0 = f64(base).reshape(1, -1) if np.ndim(base) == 1 else f64(base)
+    ws = [f64(x).reshape(w0.shape) for x in xs]
+    offs = [w - w0 for w in ws]
+    cos = []
+    for i in range(len(offs)):
+        for j in range(i + 1, len(offs)):
+            prod = np.maximum(np.linalg.norm(offs[i], axis=-1) * np.linalg.norm(offs[j], axis=-1), 1e-6)
+            cos.append(np.clip((offs[i] * offs[j]).sum(-1) / prod, -1, 1))
+    c = np.mean(cos, axis=0)[..., None]
+    n = len(ws)
+    t = n * c / (1 + (n - 1) * c)
+    return (t * (sum(ws) / n) + (1 - t) * w0).reshape(np.shape(base))
+
+
+def test_model_stock_filter_wise_and_linear_without_normalizing(models):
+    tmp, base, fts = models
+    cfg = config(tmp, """\
+        models:
+          - model: models/ft1
+          - model: models/ft2
+          - model: models/ft3
+        merge_method: model_stock
+        base_model: models/base
+        parameters:
+          filter_wise: true
+        """)
+    got = merged(cfg, tmp)
+    for name in shapes():
+        close(got[name], mk_model_stock_rows(base[name], [fts[f"ft{i}"][name] for i in (1, 2, 3)]))
+    cfg = config(tmp, """\
+        models:
+          - model: models/ft1
+            parameters:
+              weight: 0.6
+          - model: models/ft2
+            parameters:
+              weight: 0.3
+        merge_method: linear
+        parameters:
+          normalize: false
+        """, "linear.yml")
+    got = merged(cfg, tmp)
+    for name in shapes():
+        close(got[name], 0.6 * f64(fts["ft1"][name]) + 0.3 * f64(fts["ft2"][name]))

@@ -32,7 +32,7 @@ DIFFERENCES: Tuple[Tuple[str, str, str], ...] = (
      "its direction is left unnormalised (norm <= 1e-8), so the cosine is ~0: `cos(t pi/2) a + sin(t pi/2) b`"),
     ("SLERP's `t`", "default 0.5, in [0, 1]", "required, not checked (outside [0, 1] extrapolates); ckptmerge refuses that"),
     ("`density` 0", "refused (`density` is in (0, 1])", "TIES: an assertion error; DARE: every offset dropped (the base)"),
-    ("linear's `normalize`", "always (a weighted mean)", "default true; `normalize: false` is refused (not yet supported)"),
+    ("linear's `normalize`", "default true (a weighted mean); false: the weighted sum", "the same"),
     ("DARE's random draws", "Philox, seeded by `(seed, tensor name, input)`: the same on every run",
      "torch's global generator (`--random-seed`); ckptmerge reads the config with `seed` 0 unless told"),
     ("TIES with `density * size < 1`", "keeps the largest magnitude", "an assertion error"),
@@ -44,7 +44,7 @@ DIFFERENCES: Tuple[Tuple[str, str, str], ...] = (
      "the layers, the last after them (by the architecture); ckptmerge refuses that, and gradients of `weight`"),
     ("Model Stock's cosine", "of the unit offsets (an offset of norm <= 1e-6 counts as 0), mean clipped to [-1, 1]",
      "each pair's `d_i.d_j / max(|d_i| |d_j|, 1e-6)` clipped, then their mean (tiny offsets shrink it)"),
-    ("Model Stock", "`t = 0` where `1 + (k-1) cos` vanishes", "the same formula (no guard); `filter_wise: true` is refused (not yet supported)"),
+    ("Model Stock", "`t = 0` where `1 + (k-1) cos` vanishes", "the same formula (no guard); `filter_wise` the same (one ratio per row along the last axis)"),
 )
 
 _MEANING = {

@@ -104,7 +104,8 @@ def from_mergekit(path: Union[str, "os.PathLike[str]"], *, conventions: str = "m
     ``slerp`` or ``model_stock``; ``base_model``; ``models`` with ``parameters`` (``weight``,
     ``density``), or ``slices`` whose sources all take the same layers from every model and cover
     every layer; merge-wide ``parameters`` (``normalize``, ``rescale``, ``int8_mask``,
-    ``lambda``, ``t``, ``filter_wise``, and the models' parameters for every model) as values or
+    ``lambda``, ``t``, ``filter_wise``, linear's ``normalize``, and the models' parameters for
+    every model) as values or
     ``filter`` lists; ``dtype`` and ``out_dtype``; gradient lists spread over the numbered layers.
     Everything else is refused by name: ``tokenizer_source`` (ckptmerge builds no tokenizer),
     methods it does not run, gradient lists of ``weight`` or over several slices (not yet
@@ -589,14 +590,6 @@ def _build(mm: str, models: List[Tuple[Optional[str], Dict[str, Setting], KeyPat
             continue
         if key == "lambda":
             params["scale"] = s
-        elif mm == "linear" and key == "normalize":
-            if s is not True:
-                ctx.add(("parameters", "normalize"), "linear with normalize: false (a weighted sum, not a mean) is "
-                                                     "not yet supported.")
-        elif mm == "model_stock" and key == "filter_wise":
-            if s is not False:
-                ctx.add(("parameters", "filter_wise"), "model_stock with filter_wise: true (one ratio per row) is "
-                                                       "not yet supported.")
         else:
             params[key] = s
     if mm.startswith("dare"):
