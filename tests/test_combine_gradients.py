@@ -205,3 +205,22 @@ def test_cli_gradients_normalize_and_filter_wise(models, tmp_path):
     assert r.exit_code == 0 and "t per row from the fine-tunes' angles" in r.stdout, r.output
     r = run("combine", pa, "-m", "task_arithmetic", "--base", pb, "--param", "scale=[0, 1]", "-o", tmp_path / "x")
     assert r.exit_code == 2 and "'lm_head.w': scale=[0, 1] is a gradient over the layers" in r.stderr
+
+
+def test_weight_gradients_per_input(models, tmp_path):
+    """weights=[[1, 0], [0, 1]]: layer 0 all the first model, layer 3 all the second, a mean."""
+    (_, pa, pb), (_, a, b) = models
+    src = cm.combine([pa, pb], weights=[{"*layers*": [1.0, 0.0], "*": 1.0}, {"*layers*": [0.0, 1.0], "*": 1.0}])
+    got = read(src)
+    for name, i in zip(LAYERS, range(4)):
+        wa, wb = 1 - i / 3, i / 3
+        want = (wa * a[name].astype(np.float64) + wb * b[name]) / (wa + wb)
+        np.testing.assert_allclose(got[name], want.astype(np.float32), rtol=1e-6, atol=1e-7)
+    with pytest.raises(CombineError, match=r"'lm_head.w': weights\[0\]=\[1, 0\] is a gradient over the layers"):
+        read(cm.combine([pa, pb], weights=[[1.0, 0.0], 1.0]))
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(f"combine:\n  method: mean\n  models:\n    - {{path: {pa}, weight: {{'*layers*': [1, 0], '*': 1}}}}\n"
+                   f"    - {{path: {pb}, weight: {{'*layers*': [0, 1], '*': 1}}}}\n")
+    got = read(cm.load_config(str(cfg)).combine.make_source())
+    np.testing.assert_array_equal(got[LAYERS[0]], a[LAYERS[0]])
+    np.testing.assert_array_equal(got[LAYERS[3]], b[LAYERS[3]])

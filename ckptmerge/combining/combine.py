@@ -421,7 +421,8 @@ def combine(
         base: the base checkpoint (path, URL or Source) of the task-vector methods
             (``task_arithmetic``, ``ties``, ``dare``, ``model_stock``; required there).
         weights: one weight per input (``mean``, ``task_arithmetic``, ``ties``, ``dare``); each a
-            number or ``{glob: number}`` (first matching glob wins).
+            number, a gradient list over the layers (``[0.2, 1.0]``) or ``{glob: number or list}``
+            (first matching glob wins).
         dtype: the output dtype of float tensors (default: the inputs' dtype).
         keys: ``"strict"`` (the inputs hold the same names, shapes and dtypes, otherwise one
             error lists every difference), ``"intersection"`` (the names all inputs hold) or
@@ -530,8 +531,10 @@ def combine(
             raise ArgumentError(f"weights has {len(weights)} entries for {plural(len(srcs), 'input')}; give one per input.")
         for i, w in enumerate(weights):
             vals = list(w.values()) if isinstance(w, Mapping) else [w]
+            vals = [x for v in vals for x in (v if isinstance(v, (list, tuple)) and v else [v])]  # (gradients)
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals):
-                raise ArgumentTypeError(f"weights[{i}] must be a finite number or {{glob: number}}. Received: {w!r:.80}")
+                raise ArgumentTypeError(f"weights[{i}] must be a finite number, a gradient list of them or "
+                                        f"{{glob: number or list}}. Received: {w!r:.80}")
     ws = [1.0] * len(srcs) if weights is None else weights
     if method in ("mean", "task_arithmetic", "ties", "dare") and all(is_number(w) for w in ws):
         plain = {k: v for k, v in params.items() if is_number(v) or isinstance(v, bool)}  # (globs: when opened)

@@ -294,6 +294,16 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
         ws = []
         for j, _ in holders:
             w, g = pick(weights[j], name, 1.0) if weights else (1.0, "")
+            if isinstance(w, Gradient) and len(set(w.values)) == 1:
+                w = w.values[0]
+            if isinstance(w, Gradient):  # a weight spread over the layers, as any parameter
+                if name not in positions:
+                    bad.append(f"weights[{j}]={w} is a gradient over the layers, and this tensor is in no numbered "
+                               f"layer; give it a plain weight by glob, e.g. {{'*layers*': {w}, '*': {w.values[-1]!r}}}")
+                    w = 1.0
+                else:
+                    globs.append(f"weights[{j}] from the gradient {w} at t={positions[name]:.4g}")
+                    w = w.at(positions[name])
             ws.append(float(w))
         if bad:
             problems.append(f"{quote_name(name)}: {'; '.join(bad)}")

@@ -465,8 +465,10 @@ def _get_combine(data: Mapping, ctx: Context) -> Optional[CombineConfig]:
                 weight = None
                 if isinstance(entry, Mapping) and "weight" in entry:
                     weight = _get_glob_values(entry["weight"], q + ("weight",), ctx,
-                                              lambda x: None if _number(x) else f"expected a number, received {show(x)}.",
-                                              "a number")
+                                              lambda x: None if (_number(x) or (isinstance(x, list) and x and all(
+                                                  map(_number, x)))) else
+                                              f"expected a number or a gradient list of numbers, received {show(x)}.",
+                                              "a number or a gradient list")
                 if src is not None:
                     models.append((src, weight))
             _check_labels_at([s for s, _ in models], path + ("models",), ctx)
