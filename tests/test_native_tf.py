@@ -287,3 +287,26 @@ def test_pruned_graph_parses_with_tensorflow(tf, tmp_path):
     assert len(proto.nodes) == 4  # root, model, model.inner, model.inner.w
     assert all(n.has_checkpoint_values.value for n in proto.nodes)
     assert [c.local_name for c in proto.nodes[0].children] == ["model"]
+
+
+def test_a_model_template_keeps_the_inputs_graph(tf, tmp_path):
+    """A model (or specs) as the template chooses the names; the keys stay the inputs' own graph's
+    (the names must be the inputs' own: layers named here, as auto names shift in one process)."""
+    import keras
+
+    def named():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d1"),
+                                 keras.layers.BatchNormalization(name="bn"), keras.layers.Dense(2, name="d2")],
+                                name="net")
+
+    prefixes = save_run(tf, tmp_path / "run", named, steps=(1, 2))
+    report = cm.merge([cm.combine(str(tmp_path / "run"), "mean", exclude=["step"])], tmp_path / "avg",
+                      template=named())
+    assert report.tf_layout == "object-based", report.render()
+    model, _ = restore(tf, str(tmp_path / "avg"), named, step=False)
+    mean = mean_by_key(tf, prefixes)
+    np.testing.assert_allclose(model.layers[0].kernel.numpy(),
+                               mean["model/_functional/_operations/1/_kernel/.ATTRIBUTES/VARIABLE_VALUE"], rtol=1e-6)
+    specs = cm.list_variables(prefixes[0])
+    as_specs = cm.merge([prefixes[0]], tmp_path / "s", template=[v for v in specs if v.kind == "variable"])
+    assert as_specs.tf_layout == "object-based"

@@ -11,7 +11,7 @@ graph it writes beside them:
 
 * **A template checkpoint with an object graph**: its keys and its graph, pruned to the names
   written (the template is the layout of the model the output is meant for);
-* **no template**: when every written tensor comes from object-based bundles (a combination's
+* **no template, or a template of specs or a model** (which choose the names and shapes): when every written tensor comes from object-based bundles (a combination's
   inputs included) whose graphs are the same once pruned to the written keys, and every name is
   the name that graph gives its key, with the stored shape and dtype: the inputs' keys and graph;
 * otherwise the output is name-based (as name-based inputs and templates stay), and, when some
@@ -216,11 +216,8 @@ def object_layout(jobs: Sequence[Any], handles: Sequence[SourceHandle], template
     where = _Keys()
     if not any(where.object_based(h) for h in handles):
         return ObjectLayout(NAME_BASED)  # name-based inputs stay name-based
-    if template_kind in ("specs", "model"):
-        return _name_based(f"the template is {'a list of variable specs' if template_kind == 'specs' else 'a model'}, "
-                           "which gives no object graph here",
-                           "pass template=<an object-based checkpoint of the model> (--template PATH) to write "
-                           "under its object graph")
+    # (a template of specs or a model chooses the names and shapes; the keys stay the inputs' own,
+    # under the conditions below: the same names, shapes and dtypes as the inputs' graph gives them)
     keys: Dict[str, str] = {}
     readers: Dict[int, BundleReader] = {}
     problems: List[str] = []
