@@ -25,6 +25,11 @@ KEEPING = [("mean", {}), ("mean", {"weights": [0.5, 0.0, 2.0]}), ("mean", {"weig
            ("ties", {"density": 0.05, "weights": [1.0, 2.0, 0.5]}),
            ("dare", {"density": 0.5, "seed": 3}), ("dare", {"density": 0.4, "consensus": "ties", "seed": 1}),
            ("dare", {"density": 0.9, "consensus": "ties", "normalize": True})]
+KEEPING += [("ties", {"density": 0.3, "conventions": "mergekit"}),  # (mergekit's conventions alike)
+            ("ties", {"density": 0.5, "rescale": True, "conventions": "mergekit"}),
+            ("ties", {"density": 0.4, "int8_mask": True, "conventions": "mergekit"}),
+            ("dare", {"density": 0.5, "rescale": True, "consensus": "ties", "conventions": "mergekit"}),
+            ("task_arithmetic", {"normalize": True, "weights": [0.5, 1.0, 2.0], "conventions": "mergekit"})]
 REFUSING = ["slerp", "model_stock"]
 
 
@@ -120,8 +125,9 @@ def test_angle_methods_refuse_a_nonfinite_tensor_by_name(method, value, where):
         xs[where][int(rng.integers(50))] = value
         who = f"input {where + 1}"
     name = f"layer_{int(rng.integers(100))}/kernel"
-    with pytest.raises(CombineError) as e:
-        combine_arrays(method, xs, base if method == "model_stock" else None, name=name)
+    for conventions in ("ckptmerge", "mergekit"):
+        with pytest.raises(CombineError) as e:
+            combine_arrays(method, xs, base if method == "model_stock" else None, name=name, conventions=conventions)
     msg = str(e.value)
     assert f"Cannot {method} tensor {name!r}: {who} holds 1 NaN or Inf value" in msg, msg
     assert f"exclude={name!r}" in msg
