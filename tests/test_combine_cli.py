@@ -110,7 +110,7 @@ def test_combine_section_is_validated_with_file_and_line(tmp_path):
         cm.load_config(str(cfg))
     text = str(e.value)
     assert "c.yaml:3 combine.base.path: checkpoint 'b' not found" in text
-    assert "c.yaml:6 combine.models[0].weight: expected a number, received string 'heavy'" in text
+    assert "c.yaml:6 combine.models[0].weight: expected a number or a gradient list of numbers, received string 'heavy'" in text
     assert "c.yaml:8 combine.parameters.density['*']: density must be a number in (0, 1]; received 1.5 (type float)" in text
     assert "c.yaml:9 combine.parameters.denisty: method 'ties' has no parameter 'denisty'" in text
     assert "Did you mean 'density'?" in text

@@ -224,3 +224,12 @@ def test_weight_gradients_per_input(models, tmp_path):
     got = read(cm.load_config(str(cfg)).combine.make_source())
     np.testing.assert_array_equal(got[LAYERS[0]], a[LAYERS[0]])
     np.testing.assert_array_equal(got[LAYERS[3]], b[LAYERS[3]])
+
+
+def test_a_parameter_refusal_says_nothing_of_keys(models):
+    (pb, pa, _), _ = models
+    with pytest.raises(CombineError) as e:
+        read(cm.combine([pa], "task_arithmetic", base=pb, scale=[0, 1, 3]))
+    msg = str(e.value)
+    assert msg.startswith("Cannot combine 1 input with 'task_arithmetic': the parameters do not fit 1 tensor:")
+    assert "keys=" not in msg and e.value.differences == [msg.split("\n  ")[1]]

@@ -190,6 +190,7 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
     base_names = produced_names(base, src.optimizer)[0] if base is not None else {}
     n = len(inputs)
     problems: List[str] = []
+    unfit: List[str] = []  # tensors whose parameters or weights do not fit them
     for h, (_, clashes, _) in zip(inputs, produced):
         for c in clashes:
             problems.append(f"{quote_name(c)}: two names of input {quote_name(h.label)} map to it (its rules)")
@@ -306,7 +307,7 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
                     w = w.at(positions[name])
             ws.append(float(w))
         if bad:
-            problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
+            unfit.append(f"{quote_name(name)}: {'; '.join(bad)}")
             continue
         if src.method == "ema":
             ws = ema_weights(len(holders), float(chosen["decay"]))
@@ -314,7 +315,7 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
             bad = weight_problems(src.method, ws, chosen)
         bad = bad + method.check(chosen)
         if bad:
-            problems.append(f"{quote_name(name)}: {'; '.join(bad)}")
+            unfit.append(f"{quote_name(name)}: {'; '.join(bad)}")
             continue
         p = TensorParams(name, tuple(ws), chosen, acc, tuple(j for j, _ in holders), conventions, tuple(first.shape))
         fam = method.describe(p) if src.method not in ("mean", "ema") else ""
@@ -333,6 +334,11 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
                         f"integers='error': {', '.join(map(quote_name, integer_names[:10]))}"
                         + (f" ... and {len(integer_names) - 10} more" if len(integer_names) > 10 else "")
                         + "; pass integers='last' or 'first' to take one input's value, or exclude them")
+    if unfit and not problems:  # parameters or weights that do not fit some tensors (no key hint: not keys)
+        raise CombineError(
+            f"Cannot combine {plural(n, 'input')} with {src.method!r}: the parameters do not fit "
+            f"{plural(len(unfit), 'tensor')}:\n  " + "\n  ".join(unfit[:200])
+            + (f"\n  ... and {len(unfit) - 200} more" if len(unfit) > 200 else ""), differences=unfit)
     if problems:
         raise CombineError(
             f"Cannot combine {plural(n, 'input')} with {src.method!r} (keys={src.keys!r}): "
@@ -340,7 +346,9 @@ def line_up(src: CombinedSource, inputs: List[SourceHandle], base: Optional[Sour
             + (f"\n  ... and {len(problems) - 200} more" if len(problems) > 200 else "")
             + ("\nPass keys='intersection' (only the names every input holds) or keys='union' (each name over the "
                "inputs that hold it), or give the inputs rules (include/exclude/map) so they line up."
-               if strict else ""), differences=problems)
+               if strict else "")
+            + (f"\nAnd the parameters do not fit {plural(len(unfit), 'tensor')}:\n  " + "\n  ".join(unfit[:50])
+               if unfit else ""), differences=problems + unfit)
     if not entries:
         raise CombineError(f"Nothing to combine: the {plural(n, 'input')} share no tensor "
                            f"({len(left_out)} left out, e.g. {quote_name(left_out[0][0]) if left_out else '-'}).")
