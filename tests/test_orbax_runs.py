@@ -206,3 +206,19 @@ def test_an_ocdbt_manifest_of_a_newer_format_version_is_refused_naming_the_versi
     assert "OCDBT format version 5" in str(e.value) and "pip install -U" in str(e.value), str(e.value)
     res = run("ls", ckpt)
     assert res.exit_code == 2 and "OCDBT format version 5" in res.stderr and "Traceback" not in res.stderr
+
+
+MATRIX = Path(__file__).resolve().parent / "fixtures" / "orbax_matrix"
+
+
+@pytest.mark.parametrize("release", sorted(p.name for p in MATRIX.iterdir()) if MATRIX.is_dir() else [])
+def test_by_url_a_root_its_steps_and_items_read_as_on_disk(release):
+    from _orbax_util import copy_tree_to_memory
+
+    local = MATRIX / release / "manager_items" / "ckpt"
+    url = f"memory://orbax-runs-{release}/run"
+    copy_tree_to_memory(local, url)
+    for rel, step in (("", None), ("", 10), ("20", None), ("20/params", None)):
+        want = cm.load(str(local / rel) if rel else str(local), step=step)
+        got = cm.load(f"{url}/{rel}" if rel else url, step=step)
+        assert sorted(got) == sorted(want) and all(got[k].tobytes() == want[k].tobytes() for k in want), (rel, step)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..core.errors import ArgumentError, CheckpointNotFoundError, CkptMergeError, ResourceLimitError
 from ..formats.io import storage
 from ..formats.io.localfile import link_problem
-from ..formats.orbax.layout import COMMIT_FILE
+from ..formats.orbax.layout import COMMIT_FILE, METADATA_FILE
 from ..formats.tf.bundle import DATA_RE
 from ..core.redact import get_logger
 from ..core.text import quote_name, quoted_command
@@ -485,7 +485,8 @@ class _Remote(_Look):
                     out.vanished.append((path, step))
                     continue
             (out.pending if kind == KIND_FOLDER and not c.format else out.checkpoints).append(c)
-        state = read_state_url(url) if with_state and STATE_FILE in by_name else None
+        orbax_item = METADATA_FILE in by_name or "manifest.ocdbt" in by_name  # ('checkpoint': its msgpack aggregate)
+        state = read_state_url(url) if with_state and STATE_FILE in by_name and not orbax_item else None
         if not self.steps_only and "saved_model.pb" in by_name and "variables" in by_name:
             self.saved_model(url)
         return self.finish(state)

@@ -101,7 +101,8 @@ def _looks_like_orbax(given: str) -> bool:
     item's msgpack ``checkpoint`` file (a TF state file of that name is text)."""
     if any(storage.isfile(storage.join(given, m)) for m in sorted(ORBAX_MARKERS)):
         return True
-    if not storage.is_url(given) and is_orbax(given):  # a step of Orbax before 0.6: item folders only
+    # a step of Orbax before 0.6 (item folders only); by URL only a step-named folder is listed for it
+    if (not storage.is_url(given) or orbax_step_of(given) is not None) and is_orbax(given):
         return True
     state = storage.join(given, "checkpoint")
     if storage.is_url(given) or not os.path.isfile(state):

@@ -53,7 +53,7 @@ from .files import (
 )
 from .listing import list_run, read_state_url
 from .orbax import (FORMAT_ORBAX, ORBAX_LOOKED_FOR, ORBAX_MARKERS, orbax_folder, orbax_listing, orbax_near_miss,
-                    orbax_root)
+                    orbax_root, orbax_step_of)
 from .resolved import CheckpointInfo, ResolvedCheckpoint
 from .runs import KIND_FOLDER, RunCheckpoint
 
@@ -90,7 +90,9 @@ def resolve_url(given: str, step: Optional[int]) -> ResolvedCheckpoint:
             "checkpoints of its parent.",
             path=given)
     run = list_run(url, given=given)
-    orbax = orbax_folder(url, step) if ORBAX_MARKERS.intersection(run.names) else None
+    # (a step-named folder without markers: a step of Orbax before 0.6, if it holds only item folders)
+    orbax = orbax_folder(url, step) if ORBAX_MARKERS.intersection(run.names) or orbax_step_of(url) is not None \
+        else None
     if orbax is not None:
         return ResolvedCheckpoint(orbax[0], FORMAT_ORBAX, orbax[1], orbax[2])
     if step is not None:
