@@ -151,3 +151,31 @@ def test_no_offset_is_certain_where_a_token_type_table_has_no_target_it_may_be_f
     plan, v = _offset_views(scope, target_rows + 2, target_rows, types="source")
     assert "embeddings/position_embedding/embeddings" not in plan.assignments
     assert not [t for t in v.transforms if type(t).__name__ == "Slice"]
+
+
+# -- a module's own number: bn2 never takes bn1 while bn1's neighbour bn2 is free (timm MobileNetV3) ----
+
+def _cols(pairs):
+    from ckptmerge.alignment.entries import Columns, Match
+
+    out = Columns()
+    out.extend([Match(t, s, 0.6, ()) for t, s in pairs])
+    return out
+
+
+@pytest.mark.parametrize("word,sep,tscope,sscope", list(itertools.product(
+    ["bn", "norm", "ln"], ["", "_"], ["block_2_0/block_2_0_", "stage1/unit_"], ["blocks/2/0/", "features/3/"])))
+def test_a_pairing_against_the_modules_own_numbers_is_refused_while_the_right_one_is_free(word, sep, tscope, sscope):
+    from ckptmerge.alignment.units import misnumbered
+
+    t, s, right = f"{tscope}{word}{sep}2/gamma", f"{sscope}{word}1/gamma", f"{sscope}{word}2/gamma"
+    assert misnumbered(_cols([(t, s)]), [s, right]) == {0}
+    assert misnumbered(_cols([(t, s), (f"{tscope}{word}{sep}1/gamma", right)]), [s, right]) == set()  # not free
+    assert misnumbered(_cols([(t, right)]), [s, right]) == set()  # numbers agree
+    assert misnumbered(_cols([(t, s)]), [s, f"{sscope}{word}2/beta"]) == set()  # no tensor of that leaf
+    assert misnumbered(_cols([(f"{tscope}conv{sep}2/gamma", s)]), [s, right]) == set()  # another word
+
+
+def test_align_never_pairs_a_misnumbered_norm():
+    found = align([f32("blk_0/blk_0_bn2/gamma", 8)], [f32("b/0/bn1/gamma", 8), f32("b/0/bn2/gamma", 8)])
+    assert found.mapping in ({"b/0/bn2/gamma": "blk_0/blk_0_bn2/gamma"}, {})

@@ -24,6 +24,7 @@ nothing is constrained. Pure: names in, matches out.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..core.specs import VariableInfo
@@ -31,7 +32,7 @@ from ..core.text import quote_name
 from .entries import Columns, Match, Unresolved
 from .features import SYNONYMS
 
-__all__ = ["NORM_LEAVES", "Anchor", "anchors", "contradicted", "enforce", "UNIT_REASON"]
+__all__ = ["NORM_LEAVES", "Anchor", "anchors", "contradicted", "enforce", "UNIT_REASON", "misnumbered", "NUMBER_REASON"]
 
 #: Leaves (synonyms folded) of a normalisation layer's variables.
 NORM_LEAVES = frozenset({"gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var"})
@@ -230,3 +231,37 @@ def _solve_beside(allowed: Mapping[str, FrozenSet[str]], found: Mapping[str, Anc
         unresolved.append(Unresolved(tuple(sorted(t for t, _ in refused)), tuple(sorted(n for _, n in refused)),
                                      tuple(spec.shape), spec.dtype, UNIT_REASON))
     return ok, unresolved
+
+
+#: Why a pairing against the modules' own numbers is refused.
+NUMBER_REASON = ("layers are units: the target's module and the tensor's module are one word numbered differently "
+                 "(bn2 <- bn1) while the tensor numbered as the target is free beside it")
+_NUMBERED = re.compile(r"([A-Za-z]+)_?([0-9]+)$")
+
+
+def misnumbered(matches: Columns, names: Sequence[str]) -> Set[int]:
+    """Rows of ``matches`` whose target module and checkpoint module are one word with another
+    number (``block_2_0_bn2`` <- ``blocks/2/0/bn1``) while the checkpoint tensor with the target's
+    number, under the same parent and with the same leaf (``blocks/2/0/bn2/gamma``), is among
+    ``names`` and no match took it: the names' own numbering contradicts the pairing.
+
+    Example:
+        >>> m = Columns(); m.extend([Match("blk_0_bn2/gamma", "b/0/bn1/gamma", 0.6, ())])
+        >>> sorted(misnumbered(m, ["b/0/bn1/gamma", "b/0/bn2/gamma"]))
+        [0]
+    """
+    used = set(matches.name)
+    free = set(names) - used
+    if not free:
+        return set()
+    bad = set()
+    for i, (s, t) in enumerate(zip(matches.name, matches.target)):
+        ss, ts = _scope(s).rstrip("/"), _scope(t).rstrip("/")
+        sm, tm = ss[ss.rfind("/") + 1:], ts[ts.rfind("/") + 1:]
+        a, b = _NUMBERED.search(tm), _NUMBERED.search(sm)
+        if not a or not b or int(a.group(2)) == int(b.group(2)) or a.group(1).lower() != b.group(1).lower():
+            continue
+        alt = ss[:len(ss) - len(sm)] + sm[:b.start(2)] + a.group(2) + s[len(ss):]
+        if alt in free:
+            bad.add(i)
+    return bad
