@@ -162,7 +162,7 @@ def test_yaml_config_loads_every_option(project):
                                      str(project / "vocab_v2.txt")),)
     assert head.slice == (Slice("model/head/kernel", 1, init="keep"),)
     assert cfg.plan_options == {"allow_missing": ["model/head/new_bias"], "on_conflict": "first",
-                                "on_shape_mismatch": "skip", "cast": False, "verify": True}
+                                "on_shape_mismatch": "skip", "skip_mismatch": False, "cast": False, "verify": True}
     assert cfg.strict is False
     assert cfg.target == str(project / "runs" / "bert-base")
     assert cfg.output == str(project / "out" / "merged")
@@ -213,7 +213,7 @@ def test_minimal_config_defaults(project):
     cfg = load_config({"sources": [{"path": "runs/bert-base"}]}, base_dir=project)
     assert cfg.sources == [SourceConfig(path=str(project / "runs" / "bert-base"))]
     assert cfg.plan_options == {"allow_missing": [], "on_conflict": "error", "on_shape_mismatch": "error",
-                                "cast": False, "verify": True}
+                                "skip_mismatch": False, "cast": False, "verify": True}
     assert (cfg.strict, cfg.target, cfg.output, cfg.path) == (True, None, None, None)
     assert cfg.to_dict() == {"sources": [{"path": str(project / "runs" / "bert-base")}], "allow_missing": [],
                              "on_conflict": "error", "on_shape_mismatch": "error", "cast": False,

@@ -164,3 +164,24 @@ def test_one_config_from_plan_to_merge_for_keras_files(tmp_path: Path, with_rule
     assert set(values) == {v.path for v in pre.weights}
     for var in pre.weights:
         np.testing.assert_array_equal(values[var.path], var.numpy())
+
+
+def test_skip_mismatch_in_a_config_serves_plan_merge_and_warm_start(tmp_path: Path) -> None:
+    pre = functional(10)
+    pre.save_weights(tmp_path / "pre.weights.h5")
+    config = tmp_path / "c.yml"
+    config.write_text(f"sources:\n  - path: {tmp_path / 'pre.weights.h5'}\nskip_mismatch: true\n")
+    spec = _model_file(tmp_path, 3)
+    checked = run("plan", config, "--model", spec)
+    assert checked.exit_code == 0 and "Skipped (2)" in checked.stdout, checked.output
+    merged = run("merge", config, "--model", spec, "-o", tmp_path / "m")
+    assert merged.exit_code == 0 and "Left out (2)" in merged.stdout, merged.output
+    new = functional(3)
+    head = new.get_layer("head").kernel.numpy().copy()
+    cm.warm_start(new, str(config))
+    np.testing.assert_array_equal(new.get_layer("enc").kernel.numpy(), pre.get_layer("enc").kernel.numpy())
+    np.testing.assert_array_equal(new.get_layer("head").kernel.numpy(), head)
+    bad = tmp_path / "bad.yml"
+    bad.write_text(f"sources:\n  - path: {tmp_path / 'pre.weights.h5'}\nskip_mismatch: sometimes\n")
+    r = run("plan", bad, "--model", spec)
+    assert r.exit_code == 2 and "skip_mismatch" in r.stderr, r.output

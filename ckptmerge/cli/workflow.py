@@ -319,7 +319,7 @@ def plan_command(config: str, target_path: Optional[str], target_step: Optional[
 def _options(cfg: Any, skip_mismatch: bool) -> Dict[str, Any]:
     """The config's plan options, with ``--skip-mismatch`` applied."""
     options = dict(cfg.plan_options)
-    if skip_mismatch:
+    if options.pop("skip_mismatch", False) or skip_mismatch:
         options["on_shape_mismatch"] = "skip"
     return options
 

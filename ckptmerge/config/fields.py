@@ -26,8 +26,8 @@ __all__ = ["TOP_LEVEL_KEYS", "CONVENTION_KEYS", "COMBINE_KEYS", "SOURCE_KEYS", "
            "get_globs", "get_path", "check_path"]
 
 #: Keys of the top-level mapping.
-TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "cast", "verify",
-                  "strict", "target", "output", "record_paths", "conventions")
+TOP_LEVEL_KEYS = ("sources", "combine", "allow_missing", "on_conflict", "on_shape_mismatch", "skip_mismatch", "cast",
+                  "verify", "strict", "target", "output", "record_paths", "conventions")
 #: Keys of one entry of ``conventions`` (:class:`ckptmerge.alignment.conventions.Convention`, or with
 #: ``parts`` a :class:`ckptmerge.alignment.fused.FusedConvention`).
 CONVENTION_KEYS = ("names", "role", "why", "replace", "leaf", "parts", "equal")

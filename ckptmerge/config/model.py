@@ -337,6 +337,8 @@ class Config:
         for k in ("on_conflict", "on_shape_mismatch", "cast", "verify"):
             if k in opts:
                 out[k] = opts[k]
+        if opts.get("skip_mismatch"):
+            out["skip_mismatch"] = True
         out["strict"] = self.strict
         if self.target is not None:
             out["target"] = escape_dollars(self.target)

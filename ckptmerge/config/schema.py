@@ -582,6 +582,7 @@ def build(data: Any, file: Optional[str], ctx: Context) -> Optional[Config]:
         "allow_missing": allow if allow is not None else [],
         "on_conflict": get_enum(data, "on_conflict", (), ctx, ON_CONFLICT, "error"),
         "on_shape_mismatch": get_enum(data, "on_shape_mismatch", (), ctx, ON_SHAPE_MISMATCH, "error"),
+        "skip_mismatch": get_bool(data, "skip_mismatch", (), ctx, False),
         "cast": get_bool(data, "cast", (), ctx, False),
         "verify": get_bool(data, "verify", (), ctx, True),
     }
