@@ -403,7 +403,7 @@ def _like(source: Source, path: Any, *, step: Optional[int] = None) -> Source:
     """A source with ``source``'s rules and label, reading another checkpoint."""
     return Source(path, step=step, map=source.map, regex=source.regex, include=source.include,
                   exclude=source.exclude, optimizer=source.optimizer, name=source.label, cast=source.cast,
-                  transforms=source.transforms, layout=source.layout, align=source.align)
+                  transforms=source.transforms, layout=source.layout, align=source.align, item=source.item)
 
 
 def _layout_change(old: SourceHandle, new: SourceHandle, info: CheckpointInfo) -> Optional[str]:

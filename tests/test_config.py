@@ -230,7 +230,7 @@ def test_source_kwargs_are_the_source_arguments(project):
     assert enc == {"path": str(project / "runs" / "bert-base"), "step": 200000,
                    "map": {"bert/encoder/": "model/encoder/"}, "regex": None, "include": None,
                    "exclude": ["*/adam_*"], "optimizer": False, "name": "encoder", "cast": None,
-                   "transforms": [], "align": None, "layout": None}
+                   "transforms": [], "align": None, "layout": None, "item": None}
     assert head["regex"] == [("^head/(.*)$", "model/head/\\1"), ("^opt/.*", None)]
     assert head["cast"] is True
     assert head["transforms"] == [cfg.sources[1].vocab[0], cfg.sources[1].slice[0]]
@@ -481,7 +481,7 @@ def test_unknown_key_with_did_you_mean(project):
 
 def test_unknown_key_without_a_close_match_lists_the_valid_keys():
     assert one_problem({"sources": [{"path": ".", "colour": "red"}]}) == (
-        "sources[0]: unknown key 'colour'. Valid keys: name, path, step, map, regex, include, "
+        "sources[0]: unknown key 'colour'. Valid keys: name, path, step, item, map, regex, include, "
         "exclude, optimizer, cast, align, layout, vocab, slice, reshape, split, transpose, squeeze, expand_dims, "
         "concat")
     assert one_problem({"sources": [{"path": ".", "vocab": [{"name": "e", "old_vocab": ["a"],

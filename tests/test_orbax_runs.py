@@ -222,3 +222,32 @@ def test_by_url_a_root_its_steps_and_items_read_as_on_disk(release):
         want = cm.load(str(local / rel) if rel else str(local), step=step)
         got = cm.load(f"{url}/{rel}" if rel else url, step=step)
         assert sorted(got) == sorted(want) and all(got[k].tobytes() == want[k].tobytes() for k in want), (rel, step)
+
+
+def test_source_item_picks_one_item_of_a_step_and_a_wrong_one_lists_the_items(tmp_path):
+    from ckptmerge.core.errors import ArgumentError
+
+    root = tmp_path / "run"
+    for step in (4, 5):
+        _item(root / str(step) / "params", _tree(step)["params"])
+        _item(root / str(step) / "opt_state", {"mu": _tree(step + 10)["params"]})
+    src = cm.Source(str(root), item="opt_state")
+    assert src.resolve().prefix == str(root / "5" / "opt_state") and "item=" in repr(src)
+    handle = src.open()
+    try:
+        assert sorted(handle.reader.names()) == ["mu/b", "mu/w"]
+    finally:
+        handle.reader.close()
+    assert cm.Source(str(root), step=4, item="params").resolve().prefix == str(root / "4" / "params")
+    with pytest.raises(ArgumentError, match="its items are 'opt_state', 'params'.*Did you mean 'params'"):
+        cm.Source(str(root), item="param").resolve()
+    with pytest.raises(ArgumentError, match="single item folder"):
+        cm.Source(str(root / "5" / "params"), item="params").resolve()
+    # in a config file, and through a merge
+    config = tmp_path / "m.yaml"
+    config.write_text(f"sources:\n  - name: a\n    path: {root}\n    step: 4\n    item: params\n")
+    out = tmp_path / "out" / "ckpt"
+    res = run("merge", config, "-o", out, "-q")
+    assert res.exit_code == 0, res.output
+    got = cm.load(str(out))
+    assert sorted(got) == ["b", "w"] and got["w"].tobytes() == _tree(4)["params"]["w"].tobytes()

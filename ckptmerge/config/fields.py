@@ -36,7 +36,7 @@ COMBINE_KEYS = ("method", "models", "run", "last", "steps", "every", "base", "pa
                 "integers", "optimizer", "accumulate", "name", "map", "regex", "include", "exclude", "layout",
                 "conventions")
 #: Keys of one entry of ``sources`` (the options of ``ckptmerge.Source``, plus transforms).
-SOURCE_KEYS = ("name", "path", "step", "map", "regex", "include", "exclude", "optimizer", "cast",
+SOURCE_KEYS = ("name", "path", "step", "item", "map", "regex", "include", "exclude", "optimizer", "cast",
                "align", "layout", "vocab", "slice", "reshape", "split", "transpose", "squeeze", "expand_dims",
                "concat")
 #: Keys of one entry of a source's tensor-operation lists (:class:`ckptmerge.Reshape`, ``Split``,

@@ -44,6 +44,7 @@ class SourceConfig:
     slice: Tuple[Slice, ...] = ()
     align: Optional[str] = None
     layout: Optional[str] = None
+    item: Optional[str] = None
     ops: Tuple[Any, ...] = ()
 
     @property
@@ -57,7 +58,7 @@ class SourceConfig:
 
         Example:
             >>> sorted(SourceConfig(path="/runs/A").source_kwargs())  # doctest: +NORMALIZE_WHITESPACE
-            ['align', 'cast', 'exclude', 'include', 'layout', 'map', 'name', 'optimizer', 'path',
+            ['align', 'cast', 'exclude', 'include', 'item', 'layout', 'map', 'name', 'optimizer', 'path',
              'regex', 'step', 'transforms']
         """
         return {
@@ -73,6 +74,7 @@ class SourceConfig:
             "transforms": self.transforms,
             "align": self.align,
             "layout": self.layout,
+            "item": self.item,
         }
 
     def to_dict(self) -> Dict[str, Any]:
@@ -83,6 +85,8 @@ class SourceConfig:
         out["path"] = escape_dollars(self.path)
         if self.step is not None:
             out["step"] = self.step
+        if self.item is not None:
+            out["item"] = self.item
         if self.map is not None:
             out["map"] = dict(self.map)
         if self.regex is not None:

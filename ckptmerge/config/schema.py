@@ -374,6 +374,7 @@ def _get_source(entry: Any, path: KeyPath, ctx: Context, extra: Tuple[str, ...] 
         path=ckpt,  # type: ignore[arg-type] - None only when a problem was reported
         name=name,
         step=get_int(entry, "step", path, ctx, None, "a global step (an integer >= 0), or null for the latest"),
+        item=get_name(entry, "item", path, ctx, False, "the name of an item of an Orbax step (e.g. state)"),
         map=_get_map(entry, path, ctx),
         regex=_get_regex(entry, path, ctx),
         include=get_globs(entry, "include", path, ctx),

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from ..core import limits
-from ..core.errors import ArgumentError, CheckpointNotFoundError
+from ..core.errors import ArgumentError, CheckpointNotFoundError, did_you_mean
 from ..formats.io import storage
 from ..core.errors import CheckpointFormatError
 from ..formats.orbax.layout import (CHECKPOINT_METADATA_FILE, COMMIT_FILE, METADATA_FILE, OCDBT_PROCESS, TMP_SUFFIX,
@@ -22,7 +22,7 @@ from ..formats.orbax.layout import (CHECKPOINT_METADATA_FILE, COMMIT_FILE, METAD
 from ..formats.orbax.store import Location
 from ..core.text import quote_name, quoted_command
 
-__all__ = ["orbax_near_miss", "ORBAX_LOOKED_FOR", "orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
+__all__ = ["orbax_item", "orbax_near_miss", "ORBAX_LOOKED_FOR", "orbax_folder", "orbax_root", "ORBAX_MARKERS", "orbax_listing", "OrbaxListed", "FORMAT_ORBAX", "orbax_step_of"]
 
 #: An Orbax step or item folder (read through tensorstore).
 FORMAT_ORBAX = "orbax"
@@ -81,6 +81,33 @@ def orbax_near_miss(folder: str) -> str:
                         f"pass the item folder ({quote_name(storage.join(step, items[0]))}).")
             break
     return "".join(" " + x for x in seen)
+
+
+def orbax_item(resolved: Any, item: str, label: str) -> Any:
+    """``resolved`` (a step of an Orbax run) narrowed to its item ``item``: the item folder,
+    resolved the same way (a :class:`~ckptmerge.sources.resolve.ResolvedCheckpoint`).
+
+    Raises:
+        ArgumentError: the checkpoint is not Orbax, or its step has no item ``item`` (naming the
+            items it has).
+
+    Example:
+        >>> orbax_item(resolve_checkpoint("run", step=2), "state", "run").prefix  # doctest: +SKIP
+        '/abs/run/2/state'
+    """
+    if resolved.format != FORMAT_ORBAX:
+        raise ArgumentError(f"item={item!r} was given for source {quote_name(label)}, but it is a "
+                            f"{resolved.format} checkpoint; items are the folders of an Orbax step. Drop item.")
+    folders = item_folders(resolved.prefix)
+    arrays = sorted(n for n, f in folders.items() if f)
+    if folders.get(item) is None or item == "":
+        what = (f"its items are {', '.join(quote_name(n) for n in arrays)}" if arrays and arrays != [""]
+                else "it is a single item folder, which holds no items")
+        hint = did_you_mean(item, arrays) if arrays else ""
+        raise ArgumentError(f"item={item!r} was given for source {quote_name(label)}, but Orbax checkpoint "
+                            f"{quote_name(resolved.prefix)} has no such item with arrays: {what}.{hint}")
+    return type(resolved)(storage.join(resolved.prefix, folders[item]), FORMAT_ORBAX, resolved.step,
+                          f"{resolved.note}, item {item}")
 
 
 def orbax_step_of(path: str) -> Optional[int]:

@@ -128,6 +128,9 @@ class Source:
             names it: collections and NNX's ``/value`` dropped, ``scale``/``bias`` of norms as
             ``gamma``/``beta``, ``embedding`` as ``embeddings`` (see :mod:`ckptmerge.alignment.layouts`;
             the report notes each).
+        item: for an Orbax step of several items (``state``, ``params``, ``opt_state``...), read
+            this item alone, named as in its item folder (``Source("run", step=2, item="state")``
+            is ``Source("run/2/state")``); an error lists the step's items when it has no such one.
         align: ``"structure"``: targets no name or rule reaches take the checkpoint variables
             structural alignment pairs them with, where that is unambiguous (see
             :func:`ckptmerge.suggest`); each is marked "matched by structure" in the report.
@@ -154,6 +157,7 @@ class Source:
         transforms: Sequence[Any] = (),
         layout: Optional[str] = None,
         align: Optional[str] = None,
+        item: Optional[str] = None,
         _values: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if path is None and _values is None:
@@ -164,6 +168,7 @@ class Source:
         check_bool(optimizer, "optimizer")
         check_bool(cast, "cast", optional=True)
         check_str(name, "name", optional=True)
+        check_str(item, "item", optional=True)
         pairs = map_pairs(map) if map is not None else None
         if map is not None and pairs is None:
             raise RuleError(
@@ -201,6 +206,7 @@ class Source:
                 raise RuleError(f"align must be one of {', '.join(repr(m) for m in ALIGN_MODES)} or None. "
                                 f"Received: align={align!r}.{did_you_mean(str(align), ALIGN_MODES, cutoff=0.5)}")
         self.align = align
+        self.item = item
         self._values = dict(_values) if _values is not None else None
         #: For a source made from a live model (:meth:`from_values`): its variables' names in
         #: creation order, evidence for structural alignment; else ``None``.
@@ -305,7 +311,7 @@ class Source:
 
     def __repr__(self) -> str:
         parts = [repr(redact_cached(self.path)) if self.path is not None else "<memory>"]
-        for attr in ("step", "map", "regex", "include", "exclude", "name", "layout", "align"):
+        for attr in ("step", "item", "map", "regex", "include", "exclude", "name", "layout", "align"):
             val = getattr(self, attr)
             if val is not None:
                 parts.append(f"{attr}={val!r}")
@@ -330,7 +336,12 @@ class Source:
             return None
         from .resolve import resolve_checkpoint
 
-        return resolve_checkpoint(self.path, step=self.step)
+        resolved = resolve_checkpoint(self.path, step=self.step)
+        if self.item is not None:
+            from .orbax import orbax_item
+
+            resolved = orbax_item(resolved, self.item, self.label)
+        return resolved
 
     def open(self, *, verify: bool = True, resolved: Any = None) -> "SourceHandle":
         """Resolve the path (unless ``resolved`` is given) and open a reader (no TensorFlow needed).
@@ -345,6 +356,8 @@ class Source:
         else:
             from .resolve import open_resolved
 
+            if resolved is None and self.item is not None:
+                resolved = self.resolve()
             resolved, reader = open_resolved(self.path, step=self.step, verify=verify, resolved=resolved)
             handle = CheckpointHandle(self, resolved.prefix, resolved.note, reader)
         if self.layout is not None:
