@@ -47,7 +47,7 @@ import numpy as np
 from ..core.specs import VariableInfo
 from ..core.text import quote_name
 from .entries import Alignment, Columns, Entry, Match, Unresolved, match_columns, scope_entries, scopes_of
-from .features import SYNONYMS, Features, leaf_of, natural_key, tokens
+from .features import SYNONYMS, Features, leaf_kinds, leaf_of, natural_key, refined_ranks, tokens
 from .tensorops import refines
 from . import units
 
@@ -81,7 +81,7 @@ def _ranks(names: Sequence[str], order: Optional[Mapping[str, int]], feats: Feat
     if n < 2:
         return np.zeros(n), False
     keys: List[Any]
-    if feats.is_series(names):
+    if feats.is_series(names) or _counter_series(names, feats):
         keys = [feats.numbers[x] for x in names]
     else:
         if order is None or not all(x in order for x in names):
@@ -132,6 +132,13 @@ def _counted_first(names: List[str], feats: Features) -> bool:
             if cut < 0 or f"{feats.template[n][:cut]}_0{feats.template[n][cut:]}" not in templates:
                 return False
     return True
+
+
+def _counter_series(names: Sequence[str], feats: Features) -> bool:
+    """Whether ``names`` are a Keras counter's layers with its first, unnumbered one among them
+    (``dense/kernel`` and ``dense_2/kernel``): a series whose unnumbered name comes first."""
+    numbered = [bool(feats.numbers[n]) for n in names]
+    return any(numbered) and not all(numbered) and _counted_first(list(names), feats)
 
 
 def _at_positions(names: List[str], feats: Features) -> List[Tuple[Tuple[str, ...], List[str]]]:
@@ -225,6 +232,8 @@ def _solve_group(tnames: List[str], snames: List[str], target_order: Optional[Ma
     else:
         rt, t_inf = _ranks(tnames, target_order, feats)
         rs, s_inf = _ranks(snames, source_order, feats)
+        if t_inf and s_inf and len(set(rt.tolist())) != len(set(rs.tolist())):
+            rt, rs = refined_ranks(tnames, snames, rt, rs, target_order, source_order, feats)
         # Ranks compare only when both sides order their names as finely: a side that holds two
         # of them at one rank (``layer4/0/bn1`` and ``layer4/0/downsample/1`` both in block 4, 0)
         # against one that does not would pair by a scale that is not the same.
@@ -525,7 +534,16 @@ _Hazards = Tuple[FrozenSet[FrozenSet[str]], FrozenSet[FrozenSet[str]]]
 def _solve_spec(tnames: List[str], snames: List[str], spec: VariableInfo, feats: Features, hazards: _Hazards,
                 t_order: Optional[Mapping[str, int]], s_order: Optional[Mapping[str, int]],
                 matches: Columns) -> List[Unresolved]:
-    """Solve one group of a shape and dtype: its matches added to ``matches``, the unresolved returned."""
+    """Solve one group of a shape and dtype: its matches added to ``matches``, the unresolved returned.
+
+    A group whose two sides hold the same kinds of leaf, as many of each (20 biases, 9 norm
+    scales, 9 norm offsets of one width), is solved kind by kind: a bias never pairs with a
+    scale, and within one kind the orders of the two sides compare (a Keras counter numbers each
+    class of layer on its own: ``dense_8``..``dense_27`` beside ``layer_normalization_8``..)."""
+    kinds = leaf_kinds(tnames, snames, feats)
+    if kinds is not None:
+        return [u for ts, ss in kinds
+                for u in _solve_spec(ts, ss, spec, feats, hazards, t_order, s_order, matches)]
     seen = feats.with_positions(tnames, hazards[0]).with_positions(snames, hazards[1])  # (series positions)
     regular = _solve_regular(tnames, snames, spec, seen, matches)
     if regular is not None:

@@ -13,11 +13,13 @@ import functools
 import itertools
 import os
 import re
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .conventions import digit_sensitive, in_context, positional, rewrite, rewrite_all
 
-__all__ = ["tokens", "natural_key", "leaf_of", "SYNONYMS", "Features"]
+__all__ = ["tokens", "natural_key", "leaf_of", "SYNONYMS", "Features", "refined_ranks", "leaf_kinds"]
 
 _SPLIT = re.compile(r"[/_\-.:\s]+")
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")
@@ -287,3 +289,56 @@ def _side_positions(names: Sequence[str], feats: Features, hazards: FrozenSet[Fr
     if all(sc.count("0") == k for sc in scopes):
         return None
     return {n: numbers[n][:k] for n in names if numbers[n]}
+
+
+def refined_ranks(tnames: Sequence[str], snames: Sequence[str], rt: np.ndarray, rs: np.ndarray,
+                  t_order: Optional[Mapping[str, int]], s_order: Optional[Mapping[str, int]], feats: Features
+                  ) -> Tuple[np.ndarray, np.ndarray]:
+    """The ranks of ``align._ranks`` again, where the side that ranks its names more coarsely (a
+    numbered series ``block_1``..``block_4`` holding four tensors a block, against a flat Keras
+    counter ``dense_8``..``dense_23``) has a known order that refines its numbers: that order
+    ranks it instead, so that the two sides compare. Only an order that never contradicts the
+    series (its numbered names sorted by it have non-decreasing numbers; a name without numbers,
+    a final norm beside the blocks, has no place in the series to contradict) refines it; else
+    the ranks as they were (they do not compare, and no order evidence is used).
+
+    Example:
+        >>> t, s = ["b_1/q", "b_1/k"], ["dense_3/x", "dense_4/x"]
+        >>> refined_ranks(t, s, np.zeros(2), np.array([0.0, 1.0]), {"b_1/q": 0, "b_1/k": 1}, None,
+        ...               Features(t + s))[0].tolist()
+        [0.0, 1.0]
+    """
+    coarse_t = len(set(rt.tolist())) < len(set(rs.tolist()))
+    names, order = (tnames, t_order) if coarse_t else (snames, s_order)
+    if order is None or not all(x in order for x in names):
+        return rt, rs
+    numbers = [feats.numbers[x] for x in sorted(names, key=order.__getitem__) if feats.numbers[x]]
+    if any(a > b for a, b in zip(numbers, numbers[1:])):
+        return rt, rs
+    keys = sorted({order[x] for x in names})
+    if len(keys) < 2:
+        return rt, rs
+    pos = {k: i / (len(keys) - 1) for i, k in enumerate(keys)}
+    ranks = np.array([pos[order[x]] for x in names])
+    return (ranks, rs) if coarse_t else (rt, ranks)
+
+
+def leaf_kinds(tnames: List[str], snames: List[str], feats: Features
+               ) -> Optional[List[Tuple[List[str], List[str]]]]:
+    """``(targets, names)`` per leaf kind of a shape group, when both sides hold at least two kinds,
+    the same ones, as many of each; else ``None``.
+
+    Example:
+        >>> leaf_kinds(["a/bias", "a/gamma"], ["x/bias", "y/gamma"], Features(["a/bias", "a/gamma", "x/bias", "y/gamma"]))
+        [(['a/bias'], ['x/bias']), (['a/gamma'], ['y/gamma'])]
+    """
+    def split(names: List[str]) -> Dict[Tuple[str, ...], List[str]]:
+        out: Dict[Tuple[str, ...], List[str]] = {}
+        for n in names:
+            out.setdefault(feats.tokens(n)[0], []).append(n)
+        return out
+
+    t, s = split(tnames), split(snames)
+    if len(t) < 2 or set(t) != set(s) or any(len(t[k]) != len(s[k]) for k in t):
+        return None
+    return [(t[k], s[k]) for k in sorted(t)]
