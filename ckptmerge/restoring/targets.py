@@ -19,7 +19,9 @@ Every target variable gets exactly one name (see :func:`variable_name`):
   explicitly and is unique in the module; otherwise its attribute path (``sub/b``, ``layers/0``).
   TF's automatic names (``Variable``, ``Variable_1``) count as no name.
 
-Two target variables with one name are an error that lists every duplicate.
+A Keras model whose variables share a ``.path`` (sublayers built outside their parent's scope)
+names those by their object path (see :func:`keras_model_variables`). Any other two target
+variables with one name are an error that lists every duplicate.
 """
 
 from __future__ import annotations
@@ -141,7 +143,8 @@ def keras_backend(target: Any) -> Optional[str]:
 
 def keras_model_variables(target: Any, optimizer: bool = False) -> List[Tuple[str, Any]]:
     """A Keras model's (or layer's) variables as ``(name, variable)`` targets: its ``weights``
-    by ``.path``, then, with ``optimizer``, its optimizer's ``variables`` (in the optimizer's own
+    by ``.path`` (a path several variables share, by each one's object path instead:
+    ``layers/block_1/o_proj/kernel``), then, with ``optimizer``, its optimizer's ``variables`` (in the optimizer's own
     order), when it has one. An optimizer variable whose path another one has too (Adafactor
     names its factors after the model variable) is named ``<path>_<its index in the optimizer>``.
 
@@ -149,7 +152,7 @@ def keras_model_variables(target: Any, optimizer: bool = False) -> List[Tuple[st
         >>> [n for n, _ in keras_model_variables(model, optimizer=True)][-2:]   # doctest: +SKIP
         ['adam/dense_bias_momentum', 'adam/dense_bias_velocity']
     """
-    pairs = [(v.path, v) for v in target.weights]
+    pairs = _unique_paths([(v.path, v) for v in target.weights], target)
     opt = getattr(target, "optimizer", None) if optimizer else None
     if opt is not None and hasattr(opt, "variables"):
         seen = {id(v) for v in target.weights}
@@ -167,6 +170,39 @@ def keras_model_variables(target: Any, optimizer: bool = False) -> List[Tuple[st
                 taken.add(name)
             pairs.append((name, v))
     return pairs
+
+
+def _unique_paths(pairs: List[Tuple[str, Any]], model: Any) -> List[Tuple[str, Any]]:
+    """The model's ``(path, variable)`` pairs, each variable whose ``.path`` another one shares
+    (sublayers built outside their parent's name scope: ``o_proj/kernel`` in each of four layers)
+    named by its object path instead: where Keras's own saving walk keys it (the weights-file
+    entry ``layers/block_1/o_proj/vars/0``), without ``vars/N``, and its own name
+    (``layers/block_1/o_proj/kernel``); unique, and stable from one build of the model to the next.
+    A variable the walk does not reach keeps its path and gets ``_<its index in weights>``."""
+    counts: Dict[str, int] = {}
+    for name, _ in pairs:
+        counts[name] = counts.get(name, 0) + 1
+    if all(c == 1 for c in counts.values()):
+        return pairs
+    from .keraswalk import weights_file_keys
+
+    where = {}
+    for key, v in weights_file_keys(model).items():
+        group = key.rsplit("/vars/", 1)[0]
+        where.setdefault(id(v), (group, key))
+    taken = {n for n, c in counts.items() if c == 1}
+    out = []
+    for i, (name, v) in enumerate(pairs):
+        if counts[name] > 1:
+            group, key = where.get(id(v), (None, None))
+            leaf = str(getattr(v, "name", "") or "").rsplit("/", 1)[-1]
+            options = [f"{group}/{leaf}", key] if group is not None and leaf else [key] if key else []
+            name = next((o for o in options if o not in taken), f"{name}_{i}")
+            while name in taken:
+                name += "_"
+        taken.add(name)
+        out.append((name, v))
+    return out
 
 
 def _keras_native_set(target: Any, optimizer: bool) -> TargetSet:
