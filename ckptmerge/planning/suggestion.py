@@ -325,10 +325,13 @@ def slice_proposals(plan: Plan, src: SourceView, missing: Sequence[str], used: I
 
 def _align_source(plan: Plan, src: SourceView, missing: Sequence[str], target_order: Optional[Sequence[str]],
                   source_order: Optional[Sequence[str]] = None,
-                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None) -> Alignment:
+                  target_inputs: Optional[Mapping[str, Sequence[str]]] = None, taken: Iterable[str] = ()) -> Alignment:
     want = set(missing)
     variables, rules = src.variables, src.rules
     unused = plan.unused.get(src.label, [])
+    if taken:  # (tensors the first pass matched or joined)
+        gone = set(taken)
+        unused = [n for n in unused if n not in gone]
     if src.undecided:  # a tensor the layout could not decide (transposed or not) is never paired
         unused = [n for n in unused if not _undecided(src, n)]
     names = list(map(variables.get, unused))
@@ -433,15 +436,19 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
         mapping = found.mapping  # (built once: a dict of every match)
         taken = set(mapping.values())
         missing = [t for t in missing if t not in taken]
+        fusions = [f.concat for f in fused_proposals(plan, src, missing, mapping, mapping)
+                   if not f.review] if fuse else []
+        joined = {c.target for c in fusions}
+        missing = [t for t in missing if t not in joined]
+        if fusions:  # what stays open among tensors the joins took, again among the free ones
+            found, weak, missing = _after_fusion(plan, src, found, weak, missing, fusions,
+                                                 (target_order, order, target_inputs))
+            mapping = found.mapping
         notes = dict(src.notes)
         for m in found.matches:
             how = f"matched by structure: {'; '.join(m.reasons)} (confidence {m.confidence:.2f})"
             notes[m.name] = f"{notes[m.name]}; {how}" if notes.get(m.name) else how
         reshapes = tuple(reshape_transforms(found, src, plan.targets))
-        fusions = [f.concat for f in fused_proposals(plan, src, missing, mapping, mapping)
-                   if not f.review] if fuse else []
-        joined = {c.target for c in fusions}
-        missing = [t for t in missing if t not in joined]
         # position tables whose reserved rows the convention table names (RoBERTa's 2): sliced
         offsets = [e for e in slice_proposals(plan, src, missing, set(mapping)) if not e.review]
         if offsets:
@@ -460,6 +467,28 @@ def aligned_views(plan: Plan, views: Sequence[SourceView], which: Sequence[bool]
 
 def _shape(plan: Plan, target: str) -> Tuple[int, ...]:
     return next(tuple(t.shape) for t in plan.targets if t.name == target)
+
+
+def _after_fusion(plan: Plan, src: SourceView, found: Alignment, weak: List[Unresolved], missing: List[str],
+                  fusions: Sequence[Any], orders: Tuple[Any, Any, Any]
+                  ) -> Tuple[Alignment, List[Unresolved], List[str]]:
+    """Alignment's open groups again once the joins are decided: a group that named tensors a
+    Concat now takes (Swin's attention output tied with the ``query``/``key``/``value`` that
+    join into ``qkv``) is aligned again among the tensors still free, so it pairs with the
+    one that is left where the evidence says so, and else names every free candidate, never a
+    used one. ``orders``: the target order, source order and target inputs of the first pass."""
+    used = set(found.mapping) | {p for c in fusions for p in c.sources}
+    open_ = set(missing)
+    stale = [u for u in (*found.unresolved, *weak) if used.intersection(u.names) and open_.intersection(u.targets)]
+    if not stale:
+        return found, weak, missing
+    again = sorted({t for u in stale for t in u.targets if t in open_})
+    second, weak2 = below_floor(_align_source(plan, src, again, *orders, taken=used))
+    keep = [u for u in found.unresolved if u not in stale]
+    found = Alignment(sorted([*found.matches, *second.matches], key=lambda m: m.target), [*keep, *second.unresolved])
+    weak = [*(u for u in weak if u not in stale), *weak2]
+    placed = set(second.mapping.values())
+    return found, weak, [t for t in missing if t not in placed]
 
 
 def reshape_transforms(found: Alignment, src: SourceView, targets: Sequence[VariableInfo]) -> List[Any]:
