@@ -1,5 +1,25 @@
 """Benchmark: checkpoint arithmetic (ckptmerge.combine) against its baselines, side by side.
 
+The default run (issue 34, item 6), page cache warm, in one run:
+
+- averaging 8 safetensors inputs of 64 MiB (float32) with ``cm.merge(cm.combine(paths), out)``
+  into a ``.safetensors`` file, and 8 TF bundles of 256 MiB (checksums verified) into a bundle;
+- each against a warm ``cat`` of the same inputs to /dev/null, and against a no-ckptmerge NumPy
+  floor (the inputs read a chunk at a time with ``np.fromfile``, the mean taken in float64 and
+  rounded to float32, written to a file; for TF bundles the data files' CRC32C computed too);
+- every timing the median of 3 rounds (interleaved; the machine is shared, so the load average is
+  printed), each measured run a fresh process reporting its own time and peak RSS (VmHWM); the
+  peak RSS of averaging 2 inputs against 8 shows it does not grow with N.
+
+Targets (issue 34): safetensors <= 1.6x ``cat``, TF bundles <= 2.0x ``cat``; peak RSS independent
+of N. Inputs are written under /tmp and deleted at the end.
+
+    python scripts/bench_combine.py            # 8 x 64 MiB safetensors, 8 x 256 MiB TF bundles
+    python scripts/bench_combine.py --small    # 8 x 8 MiB and 8 x 32 MiB, 1 round: a quick check
+    python scripts/bench_combine.py --detail   # the older bench: TF floor's parts, NumPy load-all, mergekit
+
+The older bench (``--detail``):
+
 1. Averaging N checkpoints of SIZE MiB each (TF bundles the bench writes in a temp dir, with
    ckptmerge's TF-free writer): ``ckptmerge.merge(ckptmerge.combine(run, last=N), out)``
    against "load all with numpy, then mean" (peak RSS and time) and against reading every
@@ -12,8 +32,8 @@ Each measured run is a fresh Python process, which reports its own time and peak
 and its RSS after the imports. Targets (issue 21): peak RSS <= 64 MiB + 4x the largest chunk for
 any N; averaging time <= 1.3x reading every input once; TIES <= 1.0x mergekit's time.
 
-    python scripts/bench_combine.py                  # 8 x 256 MiB, mergekit if found
-    python scripts/bench_combine.py --n 4 --size-mib 64 --mergekit none
+    python scripts/bench_combine.py --detail                  # 8 x 256 MiB, mergekit if found
+    python scripts/bench_combine.py --detail --n 4 --size-mib 64 --mergekit none
 """
 
 from __future__ import annotations
@@ -67,7 +87,7 @@ def measure(imports: str, body: str, python: str = sys.executable) -> dict:
 
 def layout(size_mib: int) -> list:
     """Tensor shapes of one checkpoint of about ``size_mib`` MiB of float32: an embedding of an
-    eighth of it, the rest in layers of 8 MiB (two 2-D tensors and a bias each)."""
+    eighth of it, the rest in layers of 4 MiB (a 2-D kernel and a bias each) and a last 1-D tensor."""
     total = size_mib << 20 >> 2  # float32 elements
     emb_rows = max(1, total // 8 // 256)
     shapes = [("emb/embeddings", (emb_rows, 256))]
@@ -78,6 +98,8 @@ def layout(size_mib: int) -> list:
         shapes.append((f"layer_{i}/bias", (1024,)))
         left -= 1024 * 1024 + 1024
         i += 1
+    if left:
+        shapes.append(("tail/kernel", (left,)))
     return shapes
 
 
@@ -275,14 +297,162 @@ def bench_mergekit(root: Path, size_mib: int, venv: str) -> dict:
     return results
 
 
+# ---- issue 34: safetensors and TF bundles against cat and a NumPy floor, medians of rounds ----
+
+# The no-ckptmerge floor: each input's tensor bytes (safetensors: after the header; TF bundles:
+# the data files) read a chunk at a time with np.fromfile, added into a float64 chunk, the mean
+# rounded to float32 and written to a file; with ``crc``, each chunk's CRC32C computed as well
+# (what verifying a TF bundle's checksums costs at least).
+_NP_FLOOR = """
+import os, struct, numpy as np
+files, out, crc = {files!r}, {out!r}, {crc!r}
+if crc:
+    import crc32c
+def start(f):
+    if f.endswith(".safetensors"):
+        with open(f, "rb") as fh:
+            return 8 + struct.unpack("<Q", fh.read(8))[0]
+    return 0
+handles = [open(f, "rb") for f in files]
+for h, f in zip(handles, files):
+    h.seek(start(f))
+count = min((os.path.getsize(f) - start(f)) // 4 for f in files)
+CHUNK = 1 << 20
+acc = np.empty(CHUNK, np.float64)
+crcs = [0] * len(files)
+with open(out, "wb") as o:
+    for pos in range(0, count, CHUNK):
+        k = min(CHUNK, count - pos)
+        a = acc[:k]
+        for j, h in enumerate(handles):
+            x = np.fromfile(h, np.float32, k)
+            if crc:
+                crcs[j] = crc32c.crc32c(x, crcs[j])
+            if j:
+                np.add(a, x, out=a)
+            else:
+                np.copyto(a, x)
+        a /= len(files)
+        a.astype(np.float32).tofile(o)
+"""
+
+
+def write_safetensors_inputs(root: Path, n: int, size_mib: int) -> list:
+    """``n`` safetensors files of about ``size_mib`` MiB of float32 (the shapes of :func:`layout`)."""
+    from safetensors.numpy import save_file
+
+    shapes = [(name.replace("/", "."), shape) for name, shape in layout(size_mib)]
+    os.makedirs(root / "st", exist_ok=True)
+    paths = []
+    for k in range(n):
+        rng = np.random.default_rng(100 + k)
+        paths.append(str(root / "st" / f"model-{k}.safetensors"))
+        save_file({name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes}, paths[-1])
+    return paths
+
+
+def median_row(rounds: list) -> dict:
+    """The median of each figure over the rounds (3 rounds: the middle one of each)."""
+    import statistics
+
+    return {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+
+def bench_issue34(root: Path, kind: str, n: int, size_mib: int, rounds: int) -> dict:
+    """One input kind ("safetensors" or "tf"): cat, the NumPy floor and ckptmerge, ``rounds``
+    interleaved rounds each (medians), and the peak RSS of averaging 2 of the inputs."""
+    if kind == "safetensors":
+        inputs = write_safetensors_inputs(root, n, size_mib)
+        files, floor_files = inputs, inputs
+        out = str(root / "avg.safetensors")
+        writer = "ckptmerge.formats.safetensors.writer"
+    else:
+        inputs = write_run(root, n, size_mib)
+        files = data_files(inputs)
+        floor_files = [f for f in files if ".data-" in f]
+        out = str(root / "avg")
+        writer = "ckptmerge.formats.tf.writer"
+    imports = f"import ckptmerge as cm, ckptmerge.combining.combine, ckptmerge.merging.dispatch, {writer}"
+    ours_body = f"cm.merge(cm.combine({inputs!r}), {out!r}, overwrite=True)"
+    floor_body = _NP_FLOOR.format(files=floor_files, out=str(root / "floor.bin"), crc=kind == "tf")
+    load = [os.getloadavg()[0]]
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    cats, floor_runs, ours_runs = [], [], []
+    for _ in range(rounds):
+        t, c = cat_times(files)
+        cats.append({"time": t, "cpu": c})
+        floor_runs.append(measure("import numpy as np", floor_body))
+        ours_runs.append(measure(imports, ours_body))
+        load.append(os.getloadavg()[0])
+    out2 = str(root / "two") + (".safetensors" if kind == "safetensors" else "")
+    two = measure(imports, f"cm.merge(cm.combine({inputs[:2]!r}), {out2!r}, overwrite=True)")
+    # the result is the float64 mean rounded to float32, as NumPy makes it
+    import ckptmerge as cm
+
+    key = "layer_0.kernel" if kind == "safetensors" else "layer_0/kernel"
+    got = cm.load(out, [key])[key]
+    want = np.mean([cm.load(p, [key])[key].astype(np.float64) for p in inputs], axis=0).astype(np.float32)
+    assert np.array_equal(got, want), f"the {kind} average differs from NumPy's"
+    total = sum(os.path.getsize(f) for f in files)
+    return {"kind": kind, "n": n, "size_mib": size_mib, "input_mib": total / (1 << 20), "rounds": rounds,
+            "cat": median_row(cats), "floor": median_row(floor_runs), "ours": median_row(ours_runs),
+            "ours_all": ours_runs, "ours_n2": two, "load": load}
+
+
+def print_issue34(results: list) -> None:
+    print(f"Averaging, page cache warm: medians of {results[0]['rounds']} interleaved rounds, each measured run "
+          "a fresh process (imports not timed); CPU = user + system, every thread; 2-core machine")
+    head = f"  {'':40}{'wall':>8}{'x cat':>7}{'CPU':>8}{'x cat':>7}{'peak RSS':>10}"
+    for r in results:
+        target = 1.6 if r["kind"] == "safetensors" else 2.0
+        what = "safetensors" if r["kind"] == "safetensors" else "TF bundles, checksums verified"
+        print(f"{r['n']} x {r['size_mib']} MiB {what} ({r['input_mib']:.0f} MiB read); load average "
+              + ", ".join(f"{x:.1f}" for x in r["load"]))
+        print(head)
+        cat = r["cat"]
+
+        def row(label: str, m: dict, cat: dict = cat) -> None:
+            rss = f"{mib(m['hwm_kib']):6.0f} MiB" if "hwm_kib" in m else ""
+            print(f"  {label:40}{m['time']:7.2f}s{m['time'] / cat['time']:6.2f}x{m['cpu']:7.2f}s"
+                  f"{m['cpu'] / max(cat['cpu'], 1e-9):6.2f}x{rss:>10}")
+
+        row("cat inputs > /dev/null", cat)
+        row("NumPy floor (fromfile, float64)" + (" + CRC" if r["kind"] == "tf" else ""), r["floor"])
+        row(f"ckptmerge combine + merge, N={r['n']}", r["ours"])
+        row("ckptmerge combine + merge, N=2", r["ours_n2"])
+        ratio = r["ours"]["time"] / cat["time"]
+        print(f"  ckptmerge: {ratio:.2f}x cat (target <= {target}x: {'met' if ratio <= target else 'NOT met'}), "
+              f"{r['ours']['time'] / r['floor']['time']:.2f}x the NumPy floor; rounds "
+              + ", ".join(f"{m['time']:.2f}s" for m in r["ours_all"])
+              + f"; peak RSS N=2 {mib(r['ours_n2']['hwm_kib']):.0f} MiB, N={r['n']} {mib(r['ours']['hwm_kib']):.0f} MiB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=8, help="checkpoints to average (default 8)")
     ap.add_argument("--size-mib", type=int, default=256, help="MiB per checkpoint (default 256)")
     ap.add_argument("--mergekit", default="/work/venvs/mergekit", help="mergekit's venv, or 'none'")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--small", action="store_true", help="a quick run: 8 x 8 MiB safetensors, 8 x 32 MiB TF, 1 round")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of each timing (default 3; 1 with --small)")
+    ap.add_argument("--detail", action="store_true", help="the older bench (--n, --size-mib, --mergekit)")
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="bench-combine-"))
+    if not args.detail:
+        rounds = args.rounds or (1 if args.small else 3)
+        root = Path(tempfile.mkdtemp(prefix="bench-combine-", dir="/tmp"))
+        results = []
+        try:
+            for kind, size in (("safetensors", 8 if args.small else 64), ("tf", 32 if args.small else 256)):
+                results.append(bench_issue34(root / kind, kind, 8, size, rounds))
+                shutil.rmtree(root / kind, ignore_errors=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if args.json:
+            print(json.dumps(results, indent=2))
+        else:
+            print_issue34(results)
+        return
+    root = Path(tempfile.mkdtemp(prefix="bench-combine-", dir="/tmp"))
     try:
         avg = bench_average(root, args.n, args.size_mib)
         shutil.rmtree(root / "run")
