@@ -15,6 +15,10 @@ With the orders every case that names or orders can decide is complete (100%); w
 unresolved is one class, which nothing but a convention could decide: a Keras target with flat
 auto-names (``dense_3``, ``dense_4``..) against a checkpoint that records no saving order and
 names the layers of one shape by words (``attn/q_proj``, ``attn/k_proj``..; a PyTorch file).
+Without the orders, what is left is that class both ways round (a worded side with no order
+against a flat counter). The last tests run the ordered case through real Keras models: a flat,
+auto-named functional twin restored from a live subclassed model (which records its creation
+order), output equal.
 """
 
 from __future__ import annotations
@@ -97,3 +101,57 @@ def test_names_alone_leave_a_flat_counter_against_words_unresolved():
     names = [V(f"attn/{w}/kernel", (4, 4), "float32") for w in ("q_proj", "k_proj", "v_proj", "o_proj")]
     found = align(targets, names, target_order=[t.name for t in targets])
     assert found.matches == [] and len(found.unresolved[0].targets) == 4
+
+
+# -- the same through real Keras models: a live source records its creation order -------------
+
+def _keras_pair(seed: int):
+    import keras
+
+    rng = np.random.default_rng(seed)
+    d, f, depth = 8, 16, int(rng.integers(2, 4))
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.attn = [keras.layers.Dense(d, name=n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            self.norm1 = keras.layers.LayerNormalization(name="norm1")
+            self.fc1, self.fc2 = keras.layers.Dense(f, name="fc1"), keras.layers.Dense(d, name="fc2")
+            self.norm2 = keras.layers.LayerNormalization(name="norm2")
+
+        def call(self, x):
+            q, k, v = (layer(x) for layer in self.attn[:3])
+            x = self.norm1(x + self.attn[3](q * k + v))
+            return self.norm2(x + self.fc2(self.fc1(x)))
+
+    class Encoder(keras.Model):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.blocks = [Block(name=f"layer_{i + 1}") for i in range(depth)]
+
+        def call(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    source = Encoder(name="encoder")
+    x = np.asarray(rng.normal(size=(2, d)), np.float32)
+    source(x)
+    for v in source.weights:
+        v.assign(rng.normal(size=tuple(v.shape)).astype(np.float32))
+    inp = keras.Input((d,))
+    h = inp
+    for _ in range(depth):  # the same computation from flat, auto-named layers
+        q, k, v = (keras.layers.Dense(d)(h) for _ in range(3))
+        h = keras.layers.LayerNormalization()(h + keras.layers.Dense(d)(q * k + v))
+        h = keras.layers.LayerNormalization()(h + keras.layers.Dense(d)(keras.layers.Dense(f)(h)))
+    return source, keras.Model(inp, h), x
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_flat_auto_named_keras_twin_takes_a_live_model_by_creation_order(seed):
+    source, target, x = _keras_pair(seed)
+    plan = cm.plan(target, [cm.Source.from_values(source, align="structure")])
+    assert plan.missing == [] and plan.ok
+    cm.restore(target, [cm.Source.from_values(source, align="structure")])
+    np.testing.assert_allclose(target(x), source(x), rtol=1e-5, atol=1e-5)
