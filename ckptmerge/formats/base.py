@@ -334,8 +334,8 @@ class CheckpointReader:
     def __del__(self) -> None:  # a forgotten reader still releases its files
         try:
             self.close()
-        except Exception:  # pragma: no cover - interpreter shutdown, half-built reader
-            pass
+        except BaseException:  # noqa: BLE001 - interpreter shutdown, a half-built reader, or a Ctrl-C
+            pass               # that landed here: Python would only print it as "Exception ignored"
 
     def __enter__(self) -> "CheckpointReader":
         return self

@@ -62,7 +62,7 @@ from ..core.errors import (
     PlanError,
 )
 from ..formats import open_checkpoint
-from ..formats.io.output_prefix import check_no_output
+from ..formats.io.output_prefix import check_no_output, remove_stale_temps, temp_name
 from ..formats.io.storage import is_url
 from ..formats.tf.bundle import (
     DATA_RE,
@@ -410,7 +410,8 @@ def _write_state(out_abs: str, given: str, state: Any) -> str:
     """Write the output directory's ``checkpoint`` file atomically (temp file, fsync, rename)."""
     directory = os.path.dirname(out_abs)
     final = os.path.join(directory, STATE_FILE)
-    tmp = os.path.join(directory, f".{STATE_FILE}.ckptmerge-tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    remove_stale_temps(final)  # the copies of writers that were killed
+    tmp = temp_name(final)
     text = state_file_text(out_abs, state)
     try:
         with open(tmp, "x", encoding="utf-8", errors="surrogateescape") as f:

@@ -16,8 +16,10 @@ old checkpoint is untouched); a PUT whose answer was lost is read back to tell w
 Nothing is deleted before the new checkpoint is complete. A single-file output (``.safetensors``,
 ``.weights.h5``) is one object, replaced by one upload. With ``update_state`` the directory's
 ``checkpoint`` state file is written last, after the index (earlier entries kept, as for a local
-output). Ctrl-C is held back while a single request is in flight (an upload, the index PUT, the
-lock), so no request lands after the merge has cleaned up: it takes effect between requests.
+output). Ctrl-C is held back while a single request is in flight (an upload, the lock), so no
+request lands after the merge has cleaned up: it takes effect between requests; from the index
+PUT on, through the deletes of the replaced data objects and the state file, it waits until all
+are done (an interrupt just after the switch would leave the old data beside the new).
 
 A merge that is killed outright (SIGKILL, a lost machine) leaves at most data objects that no
 index names, and its lock: the next merge with ``overwrite`` removes such objects (without it,
@@ -393,8 +395,9 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
     state: Any = None
     _sweep_stale_temps()
     with contextlib.ExitStack() as stack:
-        tmp = _temp_folder()
-        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+        with HeldInterrupts():  # made and sure to be removed, or neither
+            tmp = _temp_folder()
+            stack.callback(shutil.rmtree, tmp, ignore_errors=True)
 
         def claim(inputs: Sequence[Tuple[str, str]]) -> None:
             nonlocal found, state
@@ -419,10 +422,12 @@ def merge_to_url(merge: Callable[..., Any], sources: Any, url: str, **options: A
         if not dry_run:
             if fmt != "tf":  # one file (.safetensors, .weights.h5): one object
                 _upload_object(local, url)
+            elif update_state:  # written in the step that switches the index (no Ctrl-C between them)
+                state_file = sibling(url, "checkpoint")
+                _upload_checkpoint(local, url, [u for u in found if DATA_RE.search(u)],
+                                   then=lambda: _publish_state(url, state))
             else:
                 _upload_checkpoint(local, url, [u for u in found if DATA_RE.search(u)])
-            if update_state:
-                state_file = _publish_state(url, state)
     return dataclasses.replace(report, output=url, state_file=state_file)
 
 
@@ -442,9 +447,12 @@ def _upload_object(local: str, url: str) -> None:
     logger.info("uploaded %s", url)
 
 
-def _upload_checkpoint(local: str, url: str, old_data: List[str]) -> None:
+def _upload_checkpoint(local: str, url: str, old_data: List[str], then: Optional[Callable[[], Any]] = None) -> None:
     """Upload the TF checkpoint at the local prefix ``local`` to ``url`` next to ``old_data``
-    (the data objects there now), publish its index, then remove ``old_data``."""
+    (the data objects there now), publish its index, then remove ``old_data`` and call ``then``
+    (the state file). From the index PUT to the end is one step that Ctrl-C waits for: an
+    interrupt in between would leave the replaced data objects beside the new ones, or the new
+    checkpoint without its state file."""
     folder, base = os.path.split(local)
     natural = sorted(n for n in os.listdir(folder) if n.startswith(base) and DATA_RE.fullmatch(n[len(base):]))
     count = shard_count(natural[0])
@@ -456,6 +464,7 @@ def _upload_checkpoint(local: str, url: str, old_data: List[str]) -> None:
     uploaded: List[str] = []
     index = add_suffix(url, INDEX)
     published: Optional[bool] = False
+    replaced = False
     try:
         for path in files:
             dest = add_suffix(url, path[len(local):])
@@ -463,11 +472,18 @@ def _upload_checkpoint(local: str, url: str, old_data: List[str]) -> None:
             with HeldInterrupts():
                 upload_file(path, dest)
             logger.info("uploaded %s", dest)
-        with HeldInterrupts():  # the switch, and knowing that it happened, are one step
+        with HeldInterrupts():  # the switch, knowing that it happened, and removing what it replaced: one step
             published = _publish_index(local + INDEX, index)
+            if published:
+                logger.info("published %s", index)
+                _remove(old_data, "of the replaced checkpoint")  # no index names them any more
+                replaced = True
+                if then is not None:
+                    then()
     except BaseException as e:
-        if published:  # Ctrl-C during the switch, which happened: finish it, then stop
-            _remove(old_data, "of the replaced checkpoint")
+        if published:  # the switch happened: finish it (an interrupt waited for it), then stop
+            if not replaced:
+                _remove(old_data, "of the replaced checkpoint")
             raise
         _remove(uploaded, "after a failed upload")
         if isinstance(e, Exception):
@@ -480,8 +496,6 @@ def _upload_checkpoint(local: str, url: str, old_data: List[str]) -> None:
             f"The prefix {quote_name(url)} reads as the old checkpoint or as the complete new one; its data "
             "objects were left in place. Merge again with overwrite=True (ckptmerge merge --force) to finish.",
             path=index)
-    logger.info("published %s", index)
-    _remove(old_data, "of the replaced checkpoint")  # no index names them any more
 
 
 def _publish_index(local_index: str, index: str) -> Optional[bool]:

@@ -28,7 +28,7 @@ TMP_MARK = ".ckptmerge-tmp-"
 _LOCK_MARK = ".ckptmerge-lock"
 
 
-# Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index".
+# Temp files are named ".<base>.ckptmerge-tmp-<pid>-<host tag>-<random>.data-N" / ".index" (temp_name).
 def _host_name() -> str:
     """This machine's name, without importing ``socket`` (start-up time matters for the CLI)."""
     if hasattr(os, "uname"):
@@ -36,7 +36,71 @@ def _host_name() -> str:
     return os.environ.get("COMPUTERNAME", "")  # pragma: no cover - Windows
 
 
-HOST_TAG = f"{_crc32c.crc32c(_host_name().encode('utf-8', 'replace')):08x}"
+def _pid_namespace() -> str:
+    """This process-id namespace (its inode; the same across reboots for a machine's own, another
+    for each container), or "" where that is unknown."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+#: This machine and process-id namespace, as it names its temporary files: a writer judges only
+#: temporary files with its own tag (a pid means nothing on another host or in another container).
+HOST_TAG = f"{_crc32c.crc32c((_host_name() + '/' + _pid_namespace()).encode('utf-8', 'replace')):08x}"
+
+
+def temp_name(abs_path: str, suffix: str = "") -> str:
+    """A hidden temporary name beside ``abs_path``, unique to this process and call:
+    ``.<name>.ckptmerge-tmp-<pid>-<host tag>-<random><suffix>`` (what :func:`remove_stale_temps`
+    recognises).
+
+    Example:
+        >>> os.path.basename(temp_name("/out/model.safetensors")).startswith(".model.safetensors.ckptmerge-tmp-")
+        True
+    """
+    directory, base = os.path.split(abs_path)
+    return os.path.join(directory, f".{base}{TMP_MARK}{os.getpid()}-{HOST_TAG}-{os.urandom(4).hex()}{suffix}")
+
+
+def remove_stale_temps(abs_path: str) -> List[str]:
+    """Remove the temporary files (and folders) of the writers of ``abs_path`` that were killed:
+    those named by :func:`temp_name` on this machine whose process is gone. Those of a writer
+    that runs, or of another machine (whose pids mean nothing here), are left; a link is removed,
+    never followed. Returns the names removed (each is logged).
+
+    Example:
+        >>> remove_stale_temps("/nowhere/model")
+        []
+    """
+    import shutil
+    import stat
+
+    directory, base = os.path.split(abs_path)
+    mark = f".{base}{TMP_MARK}"
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        if not name.startswith(mark):
+            continue
+        parts = name[len(mark):].split("-", 2)
+        if len(parts) < 3 or not parts[0].isdigit() or parts[1] != HOST_TAG or not process_gone(int(parts[0])):
+            continue  # still running (or ourselves), or not ours to judge
+        path = os.path.join(directory, name)
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        except OSError as e:
+            logger.warning("could not remove the stale temporary file %s: %s", path, e)
+            continue
+        logger.info("removed the stale temporary file %s (its writer, process %s, was killed)", name, parts[0])
+        removed.append(name)
+    return removed
 
 
 def process_gone(pid: int) -> bool:
@@ -49,7 +113,7 @@ def process_gone(pid: int) -> bool:
         >>> process_gone(os.getpid())
         False
     """
-    if pid <= 0 or pid == os.getpid():
+    if pid <= 0 or pid >= 1 << 31 or pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)

@@ -15,21 +15,23 @@ from typing import Any, Iterable, Optional, Sequence
 from ckptmerge.core.errors import (ArgumentError, ArgumentTypeError, CheckpointFormatError, CheckpointWriteError,
                               OutputExistsError)
 from ckptmerge.formats.io.interrupts import HeldInterrupts
-from ckptmerge.formats.io.output_prefix import remove_quietly
+from ckptmerge.formats.io.output_prefix import remove_quietly, remove_stale_temps, temp_name
 from ckptmerge.core.text import quote_name
 
 __all__ = ["SingleFileWriter", "publish_file", "temp_path"]
 
 
 def temp_path(abs_path: str) -> str:
-    """A hidden temporary name beside ``abs_path`` (unique to this process and call).
+    """A hidden temporary name beside ``abs_path`` (unique to this process and call), after
+    removing the ones that writers of ``abs_path`` on this machine left when they were killed
+    (:func:`~ckptmerge.formats.io.output_prefix.remove_stale_temps`).
 
     Example:
         >>> os.path.basename(temp_path("/out/model.safetensors")).startswith(".model.safetensors.ckptmerge-tmp-")
         True
     """
-    return os.path.join(os.path.dirname(abs_path), f".{os.path.basename(abs_path)}.ckptmerge-tmp-{os.getpid()}-"
-                                                   f"{os.urandom(4).hex()}")
+    remove_stale_temps(abs_path)
+    return temp_name(abs_path)
 
 
 def publish_file(tmp: str, abs_path: str, given: str, *, overwrite: bool, durable: bool) -> None:
@@ -115,8 +117,11 @@ class SingleFileWriter:
             self.abort()
 
     def __del__(self) -> None:  # a forgotten writer leaves no temporary file
-        if getattr(self, "_state", None) == "open":
-            self.abort()
+        try:
+            if getattr(self, "_state", None) == "open":
+                self.abort()
+        except BaseException:  # noqa: BLE001 - interpreter shutdown, or a Ctrl-C that landed here
+            pass               # (Python would only print it as "Exception ignored")
 
     def add_range(self, key: str, dtype_enum: int, shape: Sequence[int], src_fd: int, src_offset: int, *,
                   expected_crc32c: Optional[int] = None, verify: bool = True) -> None:

@@ -66,6 +66,11 @@ def load_tensorstore() -> Any:
         try:
             import tensorstore
         except ImportError as e:
+            cause: Optional[BaseException] = e
+            while cause is not None:  # Ctrl-C while its extension initialised: an interrupt, not a missing package
+                if isinstance(cause, KeyboardInterrupt):
+                    raise KeyboardInterrupt from None
+                cause = cause.__cause__ or cause.__context__
             raise CkptMergeError(
                 f"Reading or writing Orbax checkpoints needs the 'tensorstore' package ({escape_name(e)}). "
                 f"Install it with: {INSTALL_HINT}") from None

@@ -34,6 +34,7 @@ from ckptmerge.formats.tf.bundle import crc32c, mask_crc
 from ckptmerge.formats.dtypes import TF_TO_NUMPY, dtype_name, tf_dtype_name
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.publish import SingleFileWriter
+from ckptmerge.formats.io.output_prefix import remove_stale_temps, temp_name
 from ckptmerge.formats.orbax.aggregate import numpy_dtype_named
 from ckptmerge.formats.orbax.bridge import safe_key
 from ckptmerge.formats.orbax.store import load_tensorstore
@@ -203,9 +204,8 @@ class OrbaxWriter(SingleFileWriter):
             self._outs[name] = _Out(name, keys[name], dt, dims, is_string)
         self._check_existing()
         self._ts = load_tensorstore()
-        parent = os.path.dirname(self._abs)
-        self._tmp = os.path.join(parent, f".{os.path.basename(self._abs)}.ckptmerge-tmp-{os.getpid()}-"
-                                         f"{os.urandom(4).hex()}")
+        remove_stale_temps(self._abs)  # the folders of writers that were killed
+        self._tmp = temp_name(self._abs)
         self._item = os.path.join(self._tmp, ITEM)
         self._init_ns = time.time_ns()
         try:  # (one try from the folder's creation on: Ctrl-C just after it leaves no folder behind)

@@ -78,16 +78,15 @@ from ckptmerge.formats.io.bytecopy import (
 )
 from ckptmerge.formats.io.interrupts import HeldInterrupts
 from ckptmerge.formats.io.output_prefix import (
-    HOST_TAG,
-    TMP_MARK,
     OutputLock,
     check_no_output,
     existing_checkpoint_files,
     io_message,
-    process_gone,
     refuse_existing,
     remove_quietly,
+    remove_stale_temps,
     shard_count,
+    temp_name,
 )
 from ckptmerge.formats.tf.bundle import DATA_RE, data_file_name, mask_crc
 from ckptmerge.formats.tf.crc import string_lengths_crc
@@ -197,8 +196,7 @@ class BundleWriter:
         self._block_size = block_size
         self._durable = bool(durable)
         self._no_kernel_copy = False  # set once copy_file_range turns out unsupported here
-        self._tmp_stem = os.path.join(
-            self._dir, f".{self._base}{TMP_MARK}{os.getpid()}-{HOST_TAG}-{os.urandom(4).hex()}")
+        self._tmp_stem = temp_name(self._abs)
         self._shards: List[str] = []          # temp paths of the data shards
         self._shard_sizes: List[int] = []
         self._file: Optional[BinaryIO] = None  # the open current shard
@@ -232,8 +230,8 @@ class BundleWriter:
         try:
             if getattr(self, "_state", None) == "open":
                 self.abort()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+        except BaseException:  # noqa: BLE001 - interpreter shutdown, or a Ctrl-C that landed here
+            pass               # (Python would only print it as "Exception ignored")
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -242,25 +240,7 @@ class BundleWriter:
 
     def _remove_stale_temps(self) -> None:
         """Remove temp files of this prefix left by writers whose process no longer exists."""
-        mark = f".{self._base}{TMP_MARK}"
-        try:
-            names = os.listdir(self._dir)
-        except OSError:
-            return
-        for name in names:
-            if not name.startswith(mark):
-                continue
-            parts = name[len(mark):].split("-", 2)
-            # Only judge writers of this host: on a shared filesystem a pid means nothing elsewhere.
-            if len(parts) < 3 or not parts[0].isdigit() or parts[1] != HOST_TAG:
-                continue
-            if not process_gone(int(parts[0])):
-                continue  # still running (or ourselves, or not ours to judge)
-            try:
-                os.remove(os.path.join(self._dir, name))
-                logger.info("removed stale temporary file %s", name)
-            except OSError:
-                pass
+        remove_stale_temps(self._abs)
 
     def _fail(self, e: OSError, path: str, action: str) -> CheckpointWriteError:
         self.abort()
@@ -278,12 +258,12 @@ class BundleWriter:
         if self._file is not None:
             self._close_current()
         path = f"{self._tmp_stem}.data-{len(self._shards)}"
+        self._shards.append(path)  # before it exists: an abort (Ctrl-C just after the open) removes it
+        self._shard_sizes.append(0)
         try:
             self._file = open(path, "xb+")  # read back by add_range to check what it copied
         except OSError as e:
             raise self._fail(e, path, "create the temporary data file") from e
-        self._shards.append(path)
-        self._shard_sizes.append(0)
 
     def _close_current(self) -> None:
         f, self._file = self._file, None
