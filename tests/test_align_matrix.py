@@ -179,3 +179,20 @@ def test_a_pairing_against_the_modules_own_numbers_is_refused_while_the_right_on
 def test_align_never_pairs_a_misnumbered_norm():
     found = align([f32("blk_0/blk_0_bn2/gamma", 8)], [f32("b/0/bn1/gamma", 8), f32("b/0/bn2/gamma", 8)])
     assert found.mapping in ({"b/0/bn2/gamma": "blk_0/blk_0_bn2/gamma"}, {})
+
+
+# -- names and order disagreeing about two pairings of one shape: neither is kept ----------------------
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_two_pairings_whose_names_point_the_other_way_round_are_refused(stage):
+    from ckptmerge.alignment.units import name_swaps
+
+    def toks(n):
+        return frozenset(n.replace("_", "/").split("/")[:-1])
+
+    t1, t2 = f"stage_{stage}_csp_conv_down_1/kernel", f"stage_{stage}_block_0_bottleneck_block_conv_2/kernel"
+    s1, s2 = f"stages/{stage}/conv_down/conv/kernel", f"stages/{stage}/blocks/0/conv2/conv/kernel"
+    shapes = {t1: (3, 3, 8, 256), t2: (3, 3, 8, 256)}
+    assert name_swaps(_cols([(t1, s2), (t2, s1)]), shapes, toks) == {0, 1}
+    assert name_swaps(_cols([(t1, s1), (t2, s2)]), shapes, toks) == set()
+    assert name_swaps(_cols([(t1, s2), (t2, s1)]), {t1: (1,), t2: (2,)}, toks) == set()  # two shapes: no swap

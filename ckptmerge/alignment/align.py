@@ -496,12 +496,15 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
         matches, unresolved = _layers_as_units(matches, unresolved, feats)
     if target_inputs:  # (never kept: a pairing that splits a conv from its norm)
         matches, unresolved = _drop_contradicted(matches, unresolved, groups, target_inputs, feats)
-    bad = units.misnumbered(matches, s_names)  # (never kept: bn2 <- bn1 beside a free bn2)
-    if bad:
-        rows = sorted(bad)
-        unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)),
-                                     tuple(sorted(matches.name[i] for i in rows)), (), "", units.NUMBER_REASON))
-        matches, unresolved = _layers_as_units(matches.without(bad), unresolved, feats)
+    # (never kept: bn2 <- bn1 beside a free bn2; two pairings whose names point the other way round)
+    shape_of = {t.name: (tuple(t.shape), t.dtype) for t in targets}
+    for bad, why in ((units.misnumbered(matches, s_names), units.NUMBER_REASON),
+                     (units.name_swaps(matches, shape_of, lambda n: frozenset(feats.tokens(n)[1])), units.SWAP_REASON)):
+        if bad:
+            rows = sorted(bad)
+            unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)),
+                                         tuple(sorted(matches.name[i] for i in rows)), (), "", why))
+            matches, unresolved = _layers_as_units(matches.without(bad), unresolved, feats)
     unresolved += _left_over(groups, matches, unresolved)
     unresolved.sort(key=lambda u: u.targets)
     return Alignment(matches.sorted_by_target(), unresolved)

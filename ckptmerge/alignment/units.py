@@ -32,7 +32,8 @@ from ..core.text import quote_name
 from .entries import Columns, Match, Unresolved
 from .features import SYNONYMS
 
-__all__ = ["NORM_LEAVES", "Anchor", "anchors", "contradicted", "enforce", "UNIT_REASON", "misnumbered", "NUMBER_REASON"]
+__all__ = ["NORM_LEAVES", "Anchor", "anchors", "contradicted", "enforce", "UNIT_REASON", "misnumbered", "NUMBER_REASON",
+           "name_swaps", "SWAP_REASON"]
 
 #: Leaves (synonyms folded) of a normalisation layer's variables.
 NORM_LEAVES = frozenset({"gamma", "beta", "moving_mean", "moving_variance", "running_mean", "running_var"})
@@ -264,4 +265,45 @@ def misnumbered(matches: Columns, names: Sequence[str]) -> Set[int]:
         alt = ss[:len(ss) - len(sm)] + sm[:b.start(2)] + a.group(2) + s[len(ss):]
         if alt in free:
             bad.add(i)
+    return bad
+
+
+#: Why two pairings whose names point the other way round are refused.
+SWAP_REASON = ("names and order disagree: exchanged, these two pairings share more name words each, while the order "
+               "of the two sides pairs them as they are")
+
+
+def name_swaps(matches: Columns, shape_of: Mapping[str, object], scope_tokens: Callable[[str], FrozenSet[str]],
+               limit: int = 200) -> Set[int]:
+    """Rows of ``matches`` that come in pairs of one shape whose checkpoint tensors, exchanged,
+    share more scope words with one target and no fewer with the other (``stage_1_csp_conv_down_1`` took
+    ``blocks/0/conv2`` while ``conv_down`` went to a block's ``conv_2``): the order evidence that
+    paired them outvoted the names, so neither pairing is certain. Groups of more than ``limit``
+    matches are not compared.
+
+    Example:
+        >>> m = Columns(); m.extend([Match("s_down/k", "b/conv2/k", 0.6, ()), Match("blk_conv_2/k", "b/down/k", 0.6, ())])
+        >>> toks = lambda n: frozenset(n.replace("_", "/").split("/")[:-1])
+        >>> sorted(name_swaps(m, {"s_down/k": 1, "blk_conv_2/k": 1}, toks))
+        [0, 1]
+    """
+    by_shape: Dict[object, List[int]] = {}
+    for i, t in enumerate(matches.target):
+        by_shape.setdefault(shape_of.get(t), []).append(i)
+    bad: Set[int] = set()
+
+    def share(t: str, s: str) -> float:
+        a, b = scope_tokens(t), scope_tokens(s)
+        return len(a & b) / len(a | b) if a or b else 0.0
+
+    for rows in by_shape.values():
+        if len(rows) < 2 or len(rows) > limit:
+            continue
+        for x, i in enumerate(rows):
+            ti, si = matches.target[i], matches.name[i]
+            for j in rows[x + 1:]:
+                tj, sj = matches.target[j], matches.name[j]
+                a, b, c, d = share(ti, sj), share(ti, si), share(tj, si), share(tj, sj)
+                if a >= b and c >= d and a + c > b + d:
+                    bad.update((i, j))
     return bad
