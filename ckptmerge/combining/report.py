@@ -47,7 +47,7 @@ class CombineReport:
         >>> r = CombineReport("mean", [{"label": "a", "path": "/r/a", "note": "", "step": 1, "weight": 1.0}],
         ...                   None, {"keys": "strict"}, [("weights 1", 2, ["x", "y"])], tensors=2)
         >>> r.summary()
-        'mean of 1 input: 2 tensors'
+        'mean of 1 input (step 1): 2 tensors'
     """
 
     __repr__ = redacted_repr  # (a REPL, a notebook or a log line shows no credential)
