@@ -99,6 +99,18 @@ def test_ranges_read_any_order_from_any_thread_and_check_the_crc_once_complete(r
             got.span(0, 2).read(np.empty(3, np.float32))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_crc_combine_equals_the_crc_of_the_concatenation(seed):
+    # the fold of the spans' CRCs (crc32c_combine) over lengths with one, many and no set bits
+    from ckptmerge.formats.tf.crc import crc32c_combine
+
+    rng = np.random.default_rng(seed)
+    for n in (0, 1, 7, 64, 4096, 1 << 16, (1 << 16) + 3, int(rng.integers(1, 200_000))):
+        a = rng.integers(0, 256, int(rng.integers(0, 5000)), dtype=np.uint8).tobytes()
+        b = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b), (len(a), n)
+
+
 def test_a_checksum_mismatch_raises_the_readers_error():
     data = np.arange(10, dtype="<f4").tobytes()
 

@@ -5,7 +5,7 @@ tensor's lengths, and combining the CRCs of consecutive segments (read in parall
 from __future__ import annotations
 
 import struct
-from typing import Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from .table import crc32c
 
@@ -53,6 +53,22 @@ def _zero_operators() -> List[List[int]]:
 
 
 _ZERO_OPS: List[List[int]] = []
+#: ``_ZERO_TABLES[k]``: ``_ZERO_OPS[k]`` as four tables of 256 entries, one per byte of the CRC
+#: (four lookups instead of a loop over 32 bits: combining is on the path of every TF read).
+_ZERO_TABLES: Dict[int, Tuple[List[int], List[int], List[int], List[int]]] = {}
+
+
+def _byte_tables(mat: Sequence[int]) -> Tuple[List[int], List[int], List[int], List[int]]:
+    """``_gf2_times(mat, v)`` for each value of one byte of ``v``, the other bytes 0."""
+    tables = []
+    for k in range(4):
+        cols = mat[8 * k:8 * k + 8]
+        t = [0] * 256
+        for b in range(1, 256):
+            low = b & -b
+            t[b] = t[b ^ low] ^ cols[low.bit_length() - 1]
+        tables.append(t)
+    return tables[0], tables[1], tables[2], tables[3]
 
 
 def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
@@ -66,10 +82,12 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
     """
     if not _ZERO_OPS:
         _ZERO_OPS.extend(_zero_operators())
-    k = 0
-    while len2:
-        if len2 & 1:
-            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
-        len2 >>= 1
-        k += 1
+    while len2:  # each set bit of len2, lowest first
+        low = len2 & -len2
+        len2 ^= low
+        k = low.bit_length() - 1
+        t = _ZERO_TABLES.get(k)
+        if t is None:  # (built once per power of two; a race builds the same tables twice)
+            t = _ZERO_TABLES[k] = _byte_tables(_ZERO_OPS[k])
+        crc1 = t[0][crc1 & 0xFF] ^ t[1][(crc1 >> 8) & 0xFF] ^ t[2][(crc1 >> 16) & 0xFF] ^ t[3][crc1 >> 24]
     return crc1 ^ crc2
