@@ -500,6 +500,9 @@ def align(targets: Iterable[VariableInfo], names: Iterable[VariableInfo], *,
     shape_of = {t.name: (tuple(t.shape), t.dtype) for t in targets}
     for bad, why in ((units.misnumbered(matches, s_names), units.NUMBER_REASON),
                      (units.name_swaps(matches, shape_of, lambda n: frozenset(feats.tokens(n)[1])), units.SWAP_REASON)):
+        if bad and target_inputs:  # (and the norms placed beside a conv whose pairing is dropped)
+            dropped = {matches.target[i] for i in bad}
+            bad |= {i for i, t in enumerate(matches.target) if dropped.intersection(target_inputs.get(t, ()))}
         if bad:
             rows = sorted(bad)
             unresolved.append(Unresolved(tuple(sorted(matches.target[i] for i in rows)),
