@@ -382,3 +382,11 @@ def test_ckptmerge_suggest_with_a_target_checkpoint_never_imports_tensorflow(tmp
     assert out["code"] == 0, out
     assert out["tf_modules"] == []
     assert "'dnn/hiddenlayer_0/kernel' -> 'h0/kernel'" in out["stdout"]
+
+
+def test_an_unresolved_group_names_each_candidate_once():
+    from ckptmerge.alignment.entries import Unresolved
+
+    u = Unresolved(("t/b", "t/a", "t/b"), ("c/kernel", "a/kernel", "c/kernel"), (3, 3), "float32", "a tie")
+    assert u.targets == ("t/a", "t/b") and u.names == ("a/kernel", "c/kernel")
+    assert u.describe().count("'c/kernel'") == 1

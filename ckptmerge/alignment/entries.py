@@ -68,8 +68,17 @@ class Unresolved:
     dtype: str
     reason: str
 
+    def __post_init__(self) -> None:  # each name once, sorted, however the groups were gathered
+        object.__setattr__(self, "targets", tuple(sorted(set(self.targets))))
+        object.__setattr__(self, "names", tuple(sorted(set(self.names))))
+
     def describe(self) -> str:
-        """One line: the targets, the names, and why."""
+        """One line: the targets, the names, and why.
+
+        Example:
+            >>> Unresolved(("b", "a"), ("y", "x", "y"), (2,), "float32", "a tie").describe()
+            "'a', 'b' <- one of 'x', 'y' (float32 (2,)): a tie"
+        """
         return (f"{', '.join(map(quote_name, self.targets))} <- one of "
                 f"{', '.join(map(quote_name, self.names))} ({self.dtype} {self.shape}): {self.reason}")
 
