@@ -434,7 +434,7 @@ def render(data: Dict[str, Any]) -> str:
         "shows) is built from the library's own config class and saved as PyTorch saves it; KerasHub's converter",
         "gives the ground truth; ckptmerge restores the same backbone with **no map**:",
         "",
-        "```python",
+        "```text",
         'cm.restore(backbone, [cm.Source("model.safetensors", layout="torch", align="structure")], strict=False)',
         "```",
         "",
