@@ -117,13 +117,21 @@ def test_a_local_merge_stopped_at_any_instant_keeps_the_old_output_and_leaves_no
     for t in _sweep_times(duration, seed=zlib.crc32(f'{kind}/{how}'.encode())):
         child = forks.start(cmd)
         time.sleep(t)
-        child.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        try:
+            child.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        except ProcessLookupError:  # the run ended first (a quiet machine): its output is the new one
+            pass
         _, err = child.communicate(timeout=60)
         v0 = _old_new(str(out), 1.0, new)
         seen.add(v0)
         names = sorted(os.listdir(out_dir))
         if how == "sigint":
-            assert child.returncode in (0, 130) and "Traceback" not in err, (t, child.returncode, err)
+            # (a SIGINT in the first milliseconds, before the forked child has run a line of its own,
+            # kills it as it would any process: silently, nothing written; from ckptmerge's first line
+            # on it is 130, as tests/test_cli_interrupt.py checks)
+            early = child.returncode == -signal.SIGINT and err == ""
+            assert child.returncode in (0, 130) or early, (t, child.returncode, err)
+            assert "Traceback" not in err, (t, child.returncode, err)
             assert names == (new_names if v0 == new else old_names), (t, names)
         else:  # the next run removes what the killed one left
             # (at most: its temporary files, its lock file, and data files no index names, which a
