@@ -11,8 +11,8 @@ So the program installs :func:`on_interrupt` as the SIGINT handler as the first 
 (``import ckptmerge`` does it when the process is the ``ckptmerge`` program:
 :func:`started_as_program`; ``ckptmerge.__main__`` and ``ckptmerge.cli.main`` do it too).
 Inside a command (:func:`command_scope`) it raises ``KeyboardInterrupt`` as Python's handler
-does; outside, it writes ``Aborted!`` to stderr and exits 130 at once (``SystemExit``, so
-buffered output is still flushed). A handler someone else installed, or SIGINT ignored (a
+does; outside, it flushes stdout and stderr, writes ``Aborted!`` and ends the process with 130 at
+once (``os._exit``: no exception that some ``except`` could swallow). A handler someone else installed, or SIGINT ignored (a
 background job of a non-interactive shell), is left as it is. Importing ckptmerge as a library
 changes no signal handler.
 
@@ -90,11 +90,20 @@ def on_interrupt(signum: int, frame: Any) -> None:
     """The SIGINT handler: ``KeyboardInterrupt`` inside a command, else ``Aborted!`` and exit 130."""
     if _commands[0] > 0:
         raise KeyboardInterrupt
+    # (outside a command there is nothing to clean up; an exception could be swallowed by whatever
+    # the main thread is running, e.g. an import's fallback, leaving the program running after its
+    # "Aborted!" (seen: watch): output is flushed, then the process ends at once)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # pragma: no cover - closed or broken
+            pass
     try:
         os.write(2, _MESSAGE)
     except OSError:  # pragma: no cover - stderr closed
         pass
-    raise SystemExit(EXIT_INTERRUPTED)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def installed() -> bool:
