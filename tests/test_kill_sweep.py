@@ -129,9 +129,10 @@ def test_a_local_merge_stopped_at_any_instant_keeps_the_old_output_and_leaves_no
             # (a SIGINT in the first milliseconds, before the forked child has run a line of its own,
             # kills it as it would any process: silently, nothing written; from ckptmerge's first line
             # on it is 130, as tests/test_cli_interrupt.py checks)
-            early = child.returncode == -signal.SIGINT and err == ""
+            # (the fork server's own lines before it runs ckptmerge may print the interpreter's traceback)
+            early = child.returncode == -signal.SIGINT and "ckptmerge" not in err
             assert child.returncode in (0, 130) or early, (t, child.returncode, err)
-            assert "Traceback" not in err, (t, child.returncode, err)
+            assert early or "Traceback" not in err, (t, child.returncode, err)
             assert names == (new_names if v0 == new else old_names), (t, names)
         else:  # the next run removes what the killed one left
             # (at most: its temporary files, its lock file, and data files no index names, which a
